@@ -1,0 +1,3 @@
+"""lab: a network-namespace emulation lab for benchmarking VPNs."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,66 @@
+"""The lab's error hierarchy. Only the CLI maps these to exit codes and prints them."""
+
+from __future__ import annotations
+
+
+class LabError(Exception):
+    """Base of every error the lab raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(LabError):
+    """Bad user input: topology, profile, impairment spec, plan, CLI arguments.
+
+    Raised before anything is created. The message names the file, the field and the accepted
+    values.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
+        self.source = source
+        self.field = field
+        where = ": ".join(p for p in (source, field) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class PreconditionError(LabError):
+    """This machine lacks something the request needs (tool, kernel feature, root, free id)."""
+
+    exit_code = 3
+
+
+class CommandError(LabError):
+    """An external command failed. Carries argv, namespace, exit code and the tail of stderr."""
+
+    exit_code = 4
+
+    def __init__(self, argv, returncode, stderr="", *, where: str | None = None, stdout=""):
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr or ""
+        self.stdout = stdout or ""
+        self.where = where
+        tail = "\n".join(self.stderr.strip().splitlines()[-8:])
+        loc = f" in {where}" if where else ""
+        msg = f"command failed{loc} (exit {returncode}): {' '.join(map(str, self.argv))}"
+        if tail:
+            msg += "\n" + tail
+        super().__init__(msg)
+
+
+class StartupError(LabError):
+    """Something the lab started (a daemon, a tunnel) did not come up; carries a log tail."""
+
+    exit_code = 5
+
+
+class TeardownIncomplete(LabError):
+    """Teardown finished but could not remove everything; `leftovers` lists what remains."""
+
+    exit_code = 6
+
+    def __init__(self, leftovers: list[str]):
+        self.leftovers = leftovers
+        super().__init__("teardown incomplete; left over:\n  " + "\n  ".join(leftovers))

@@ -1,0 +1,89 @@
+"""Running commands on a node: the one small interface everything above the build layer uses.
+
+A node is where commands run: today a network namespace on this machine (LocalNode); later a
+Raspberry Pi over SSH or a namespace inside a full-kernel VM. Code outside lab/build and
+lab/lab.py must use only this interface, never assume a local namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import proc
+
+
+@dataclass
+class Daemon:
+    """A background process the lab started in a node (recorded in the ledger by PID)."""
+
+    node: str
+    name: str
+    pid: int
+    start_time: int | None
+    log: Path | None
+    popen: subprocess.Popen | None = field(default=None, repr=False)
+
+    def alive(self) -> bool:
+        if self.popen is not None and self.popen.poll() is not None:
+            return False
+        return proc.is_same_process(self.pid, self.start_time)
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log or not self.log.exists():
+            return ""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Node(ABC):
+    """Run commands on one node of a lab."""
+
+    name: str
+    #: environment every process started on this node gets (e.g. the CPU profile's crypto masks)
+    env: dict[str, str]
+
+    @abstractmethod
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        timeout: float | None = 60,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
+        """Run argv on the node to completion and capture its output (text)."""
+
+    @abstractmethod
+    def spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Daemon:
+        """Start argv in the background on the node; its PID is recorded before this returns."""
+
+    @abstractmethod
+    def stop(self, daemon: Daemon, *, grace: float = 3.0) -> bool:
+        """Stop a daemon this lab started (SIGTERM, wait, SIGKILL, reap). True if gone."""
+
+    @abstractmethod
+    def popen(
+        self, argv: Sequence[str], *, stdout=None, stderr=None, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen:
+        """Start argv on the node attached to the caller (foreground helpers, e.g. tcpdump)."""
+
+
+def merged_env(base: Mapping[str, str], *extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(base)
+    for e in extra:
+        if e:
+            env.update(e)
+    return env
