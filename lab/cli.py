@@ -1,0 +1,217 @@
+"""The `lab` command line. The only module that prints or exits; errors map to exit codes here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .errors import ConfigError, LabError, TeardownIncomplete
+
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _add_id(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--id", dest="lab_id", help="lab id (default: the only lab that is up)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="lab", description="Network-namespace lab for benchmarking VPNs.")
+    ap.add_argument("--version", action="version", version=f"lab {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("up", help="build a topology (and optionally a VPN) as namespaces")
+    p.add_argument("topology", help="topology file (Python module with topos = {...})")
+    p.add_argument("--topo", help="which entry of the file's topos dict")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="parameter passed to the Topo constructor (repeatable)")
+    p.add_argument("--id", dest="lab_id", default=None, help="lab id (default: lab)")
+    p.add_argument("--json", action="store_true", help="print the lab's status as JSON")
+
+    p = sub.add_parser("down", help="tear a lab down (exactly what it created)")
+    _add_id(p)
+
+    sub.add_parser("clean", help="tear down every lab recorded on this machine, even half-built ones")
+
+    p = sub.add_parser("status", help="list labs, nodes and addresses")
+    _add_id(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("exec", help="run a command in a node (its namespaces, cgroup and env)")
+    _add_id(p)
+    p.add_argument("node")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+    p = sub.add_parser("shell", help="open a shell in a node")
+    _add_id(p)
+    p.add_argument("node")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.cmd](args) or 0
+    except TeardownIncomplete as e:
+        err.print(f"[yellow]lab:[/] {e}", markup=True, highlight=False)
+        return e.exit_code
+    except LabError as e:
+        err.print(f"lab: error: {e}", markup=False, highlight=False)
+        return e.exit_code
+    except KeyboardInterrupt:
+        err.print("lab: interrupted")
+        return 130
+
+
+def cmd_up(args) -> int:
+    from .lab import up
+    from .topology import load_topology, parse_param
+
+    params = dict(parse_param(p) for p in args.param)
+    spec = load_topology(args.topology, args.topo, params)
+    t0 = time.monotonic()
+    lab = up(spec, args.lab_id)
+    dt = time.monotonic() - t0
+    for w in lab.info.get("warnings", []):
+        err.print(f"lab: warning: {w}", markup=False, highlight=False)
+    if args.json:
+        print(json.dumps(lab.status(), indent=2))
+    else:
+        _print_status(lab.status())
+        out.print(f"lab {lab.id!r} up in {dt:.2f} s; `lab exec NODE -- CMD`, `lab down` when done")
+    return 0
+
+
+def cmd_down(args) -> int:
+    from .state import check_id, lab_dir, list_lab_ids
+    from .teardown import teardown
+
+    if args.lab_id:
+        lab_id = check_id(args.lab_id)
+    else:
+        ids = list_lab_ids()
+        if len(ids) > 1:
+            raise ConfigError(f"several labs are up ({', '.join(ids)}); choose one with --id", source="--id")
+        lab_id = ids[0] if ids else None
+    if lab_id is None or not (lab_dir(lab_id) / "ledger.jsonl").exists():
+        out.print(f"lab {lab_id or ''} is not up; nothing to do".replace("  ", " "))
+        return 0
+    left = teardown(lab_id)
+    if left:
+        raise TeardownIncomplete(left)
+    out.print(f"lab {lab_id!r} down")
+    return 0
+
+
+def cmd_clean(args) -> int:
+    from .state import list_lab_ids, state_root
+    from .teardown import teardown
+
+    ids = list_lab_ids()
+    left_all = []
+    for lab_id in ids:
+        left = teardown(lab_id)
+        left_all += [f"{lab_id}: {x}" for x in left]
+        out.print(f"lab {lab_id!r}: {'removed' if not left else 'left over: ' + '; '.join(left)}")
+    # a lab killed between creating its state directory and its first ledger line owns nothing else
+    root = state_root()
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and not (p / "ledger.jsonl").exists() and not any(p.iterdir()):
+                p.rmdir()
+    if not ids:
+        out.print("no labs recorded; nothing to do")
+    if left_all:
+        raise TeardownIncomplete(left_all)
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .lab import Lab
+    from .state import list_lab_ids
+
+    ids = [args.lab_id] if args.lab_id else list_lab_ids()
+    statuses = []
+    for lab_id in ids:
+        try:
+            statuses.append(Lab.open(lab_id).status())
+        except LabError as e:
+            statuses.append({"id": lab_id, "state": f"broken ({e}); run `lab clean`"})
+    if args.json:
+        print(json.dumps(statuses, indent=2))
+        return 0
+    if not statuses:
+        out.print("no labs are up")
+    for s in statuses:
+        _print_status(s)
+    return 0
+
+
+def _print_status(s: dict) -> None:
+    t = Table(title=f"lab {s['id']} ({s.get('state')}) — {s.get('topology', '')}", title_justify="left")
+    for col in ("node", "netns", "cpu", "interface", "IPv4", "IPv6", "peer"):
+        t.add_column(col)
+    for name, n in s.get("nodes", {}).items():
+        cpu = n.get("cpu") or {}
+        cpu_s = cpu.get("profile") or (f"{cpu['cores']:.2f} cores" if cpu.get("cores") else "-")
+        if cpu.get("profile") and cpu.get("cores"):
+            cpu_s += f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
+        kind = n["kind"] + (" router" if n.get("router") else "")
+        first = True
+        for i in n["interfaces"] or [{}]:
+            t.add_row(
+                f"{name} ({kind})" if first else "", n["netns"] if first else "", cpu_s if first else "",
+                i.get("name", ""), i.get("ip") or "", i.get("ip6") or "", i.get("peer", ""),
+            )
+            first = False
+    out.print(t)
+
+
+def _command(args) -> list[str]:
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError("no command given; usage: lab exec NODE -- CMD [ARGS...]", source="lab exec")
+    return cmd
+
+
+def cmd_exec(args) -> int:
+    from .lab import Lab
+
+    node = Lab.open(args.lab_id).node(args.node)
+    sys.stdout.flush()
+    return node.interactive(_command(args))
+
+
+def cmd_shell(args) -> int:
+    from .lab import Lab
+
+    lab = Lab.open(args.lab_id)
+    node = lab.node(args.node)
+    shell = os.environ.get("SHELL") or shutil.which("bash") or "/bin/sh"
+    env_ps1 = {"PS1": f"[{lab.id}:{args.node}] \\w# "}
+    node.env.update(env_ps1)
+    return node.interactive([shell, "--norc"] if shell.endswith("bash") else [shell])
+
+
+COMMANDS = {
+    "up": cmd_up,
+    "down": cmd_down,
+    "clean": cmd_clean,
+    "status": cmd_status,
+    "exec": cmd_exec,
+    "shell": cmd_shell,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""A running lab: build a LabSpec into namespaces, links and cgroups; open it again; tear it down.
+
+Every object is recorded in the ledger before it is created (see lab.state). A failure during
+`up` unwinds everything already built before the error propagates.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import cgroups, netops
+from .cpuprofile import load_profile
+from .errors import ConfigError, LabError, PreconditionError
+from .localnode import LocalNode
+from .state import Ledger, check_id, lab_dir, list_lab_ids, run_root, write_json_atomic
+from .topology import LabSpec
+
+CGROUP_PARENT = "lab"
+ROUTER_SYSCTLS = {"net.ipv4.ip_forward": "1", "net.ipv6.conf.all.forwarding": "1"}
+NODE_SYSCTLS = {
+    # no duplicate address detection: IPv6 addresses usable at once, not after ~2 s
+    "net.ipv6.conf.all.accept_dad": "0",
+    "net.ipv6.conf.default.accept_dad": "0",
+    "net.ipv6.conf.default.accept_ra": "0",
+    "net.ipv4.ping_group_range": "0 2147483647",
+}
+
+
+class _FaultInjector:
+    """Test hook: LAB_KILL_AT_RECORD=N SIGKILLs this process right after ledger record N.
+
+    Lets the crash-safety test stop `lab up` deterministically at every step of the build.
+    """
+
+    def __init__(self) -> None:
+        v = os.environ.get("LAB_KILL_AT_RECORD")
+        self.at = int(v) if v else None
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+        if self.at is not None and self.count == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _HookedLedger(Ledger):
+    def __init__(self, path: Path, hook):
+        super().__init__(path)
+        self.hook = hook
+
+    def record(self, kind, **data):
+        entry = super().record(kind, **data)
+        self.hook()
+        return entry
+
+
+@dataclass
+class NodeRuntime:
+    name: str
+    kind: str
+    netns: str
+    mntns: str | None
+    cgroup: str
+    cpu: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+
+
+class Lab:
+    """An existing (or being built) lab on this machine."""
+
+    def __init__(self, lab_id: str, info: dict):
+        self.id = lab_id
+        self.info = info
+        self.dir = lab_dir(lab_id)
+        self.ledger = Ledger(self.dir / "ledger.jsonl")
+        self.spec = LabSpec.from_json(info["spec"])
+        layout = info["cgroup"]
+        self.cg = cgroups.CgroupLayout(layout["version"], Path(layout["root"]))
+        self.runtime = {n: NodeRuntime(**r) for n, r in info["nodes"].items()}
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, lab_id: str | None = None) -> Lab:
+        lab_id = resolve_id(lab_id)
+        import json
+
+        path = lab_dir(lab_id) / "lab.json"
+        try:
+            info = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise PreconditionError(f"lab {lab_id!r} is not up (no {path}); `lab clean` removes remains")
+        return cls(lab_id, info)
+
+    def save(self) -> None:
+        write_json_atomic(self.dir / "lab.json", self.info)
+
+    def node(self, name: str) -> LocalNode:
+        rt = self.runtime.get(name)
+        if rt is None or rt.kind != "host":
+            hosts = [n for n, r in self.runtime.items() if r.kind == "host"]
+            raise ConfigError(f"no host {name!r} in lab {self.id!r}; hosts: {', '.join(hosts)}", source="NODE")
+        return LocalNode(
+            self.id,
+            name,
+            netns=rt.netns,
+            mntns=Path(rt.mntns) if rt.mntns else None,
+            procs_files=cgroups.procs_files(self.cg, rt.cgroup),
+            env=rt.env,
+            ledger=self.ledger,
+            log_dir=self.dir / "logs",
+        )
+
+    def nodes(self) -> dict[str, LocalNode]:
+        return {n: self.node(n) for n, r in self.runtime.items() if r.kind == "host"}
+
+    def status(self) -> dict:
+        out = {"id": self.id, "state": self.info.get("state"), "topology": self.spec.source,
+               "topo": self.spec.topo_name, "created": self.info.get("created"), "nodes": {}}
+        for name, rt in self.runtime.items():
+            n = self.spec.nodes[name]
+            out["nodes"][name] = {
+                "kind": rt.kind,
+                "netns": rt.netns,
+                "router": n.router,
+                "cpu": rt.cpu,
+                "interfaces": [{"name": i.name, "ip": i.ip, "ip6": i.ip6, "peer": f"{i.peer_node}:{i.peer_name}"}
+                               for i in n.interfaces],
+            }
+        for k in ("vpn", "impair", "warnings"):
+            if k in self.info:
+                out[k] = self.info[k]
+        return out
+
+
+def resolve_id(lab_id: str | None) -> str:
+    if lab_id:
+        return check_id(lab_id)
+    ids = list_lab_ids()
+    if len(ids) == 1:
+        return ids[0]
+    if not ids:
+        raise PreconditionError("no lab is up; start one with `lab up TOPOLOGY`")
+    raise ConfigError(f"several labs are up ({', '.join(ids)}); choose one with --id", source="--id")
+
+
+def default_id() -> str:
+    return "lab"
+
+
+# ---------------------------------------------------------------------- building
+
+
+def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dict], list[str]]:
+    """Resolve each host's cpu= into cgroup settings; returns (per-node plan, warnings)."""
+    plan, warnings = {}, []
+    host_cores = os.cpu_count() or 1
+    for n in spec.hosts():
+        if n.cpu is None:
+            plan[n.name] = {"profile": None, "cores": None, "env": {}}
+        elif isinstance(n.cpu, float):
+            plan[n.name] = {"profile": None, "cores": n.cpu, "env": {}}
+        else:
+            prof = load_profile(n.cpu)
+            if not prof.calibrated:
+                warnings.append(
+                    f"CPU profile {prof.name!r} is uncalibrated on this machine (core_share "
+                    f"{prof.core_share} is a placeholder); run `sudo lab calibrate {prof.name}`"
+                )
+            plan[n.name] = {
+                "profile": prof.name,
+                "cores": prof.quota_cores,
+                "board_cores": prof.cores,
+                "core_share": prof.core_share,
+                "calibrated": prof.calibrated,
+                "env": prof.env,
+            }
+        c = plan[n.name]["cores"]
+        if c is not None and c > host_cores:
+            plan[n.name]["cores"] = float(host_cores)
+            warnings.append(f"node {n.name}: cap of {c:.2f} cores exceeds this machine's {host_cores}; capped")
+    return plan, list(dict.fromkeys(warnings))
+
+
+def up(spec: LabSpec, lab_id: str | None = None) -> Lab:
+    """Build `spec` as lab `lab_id`. On any failure everything built so far is removed."""
+    netops.check_root()
+    lab_id = check_id(lab_id or default_id())
+    layout = cgroups.probe()
+    cpu, warnings = cpu_plan(spec, layout)
+    for n in spec.nodes.values():
+        if netops.netns_exists(f"{lab_id}-{n.name}"):
+            raise PreconditionError(
+                f"network namespace {lab_id}-{n.name} already exists: lab {lab_id!r} is up or was not "
+                f"cleaned; run `lab down --id {lab_id}` / `lab clean`, or pick another --id"
+            )
+    d = lab_dir(lab_id)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        raise PreconditionError(
+            f"lab {lab_id!r} already exists ({d}); `lab down --id {lab_id}` or `lab clean` first, "
+            "or choose another --id"
+        )
+    ledger = _HookedLedger(d / "ledger.jsonl", _FaultInjector())
+    info = {
+        "id": lab_id,
+        "state": "building",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "spec": spec.to_json(),
+        "cgroup": {"version": layout.version, "root": str(layout.root)},
+        "nodes": {},
+        "warnings": warnings,
+    }
+    ledger.record("lab", id=lab_id, cgroup_version=layout.version, cgroup_root=str(layout.root))
+    try:
+        _build(spec, lab_id, layout, cpu, ledger, info)
+    except BaseException as e:
+        from .teardown import teardown
+
+        left = teardown(lab_id)
+        if left and isinstance(e, LabError):
+            e.args = (f"{e.args[0]}\n(unwinding left over: {'; '.join(left)})",)
+        raise
+    info["state"] = "up"
+    lab = Lab(lab_id, info)
+    lab.save()
+    return lab
+
+
+def _build(spec, lab_id, layout, cpu, ledger, info) -> None:
+    d = lab_dir(lab_id)
+    for sub in ("logs", "secrets", "config"):
+        (d / sub).mkdir(mode=0o700, exist_ok=True)
+    # only lab.json is needed to open a lab; write it early so `down` works mid-build too
+    write_json_atomic(d / "lab.json", info)
+    ns_dir = run_root() / lab_id / "ns"
+    ledger.record("mntdir", path=str(ns_dir))
+    netops.create_private_dir_mount(ns_dir)
+
+    for rel in (CGROUP_PARENT, f"{CGROUP_PARENT}/{lab_id}"):
+        ledger.record("cgroup", rel=rel, shared=rel == CGROUP_PARENT)
+        cgroups.ensure_dir(layout, rel)
+
+    all_cpus = cgroups.all_cpus(layout)
+    for n in spec.nodes.values():
+        netns_name = f"{lab_id}-{n.name}"
+        rel = f"{CGROUP_PARENT}/{lab_id}/{n.name}"
+        mnt = ns_dir / n.name if n.kind == "host" else None
+        plan = cpu.get(n.name, {"cores": None, "env": {}})
+        info["nodes"][n.name] = NodeRuntime(
+            n.name, n.kind, netns_name, str(mnt) if mnt else None, rel, plan, plan.get("env", {})
+        ).__dict__
+        ledger.record("cgroup", rel=rel, node=n.name)
+        cgroups.ensure_dir(layout, rel)
+        cgroups.set_cpu(layout, rel, plan.get("cores"), all_cpus)
+        ledger.record("netns", name=netns_name, node=n.name)
+        netops.create_netns(netns_name)
+        if mnt is not None:
+            sysctls = dict(NODE_SYSCTLS)
+            if n.router:
+                sysctls.update(ROUTER_SYSCTLS)
+            ledger.record("mntns", path=str(mnt), node=n.name)
+            netops.create_node_mntns(netns_name, mnt, sysctls)
+    write_json_atomic(d / "lab.json", info)
+
+    for lk in spec.links:
+        ns1, ns2 = f"{lab_id}-{lk.node1}", f"{lab_id}-{lk.node2}"
+        ledger.record("veth", ns=ns1, ifname=lk.intf1, peer_ns=ns2, peer=lk.intf2)
+        netops.create_veth(ns1, lk.intf1, ns2, lk.intf2, lk.mtu)
+
+    for n in spec.nodes.values():
+        ns = f"{lab_id}-{n.name}"
+        if n.kind == "switch":
+            ledger.record("bridge", ns=ns, ifname="br0")
+            netops.configure_node(ns, [{"name": i.name} for i in n.interfaces], [],
+                                  bridge_ports=[i.name for i in n.interfaces])
+        else:
+            netops.configure_node(ns, [i.__dict__ for i in n.interfaces], n.routes,
+                                  default_route=n.default_route)
+
+    for lk in spec.links:
+        if lk.bw:
+            for node, ifname in ((lk.node1, lk.intf1), (lk.node2, lk.intf2)):
+                ns = f"{lab_id}-{node}"
+                ledger.record("qdisc", ns=ns, ifname=ifname, qdisc="tbf")
+                netops.set_tbf(ns, ifname, lk.bw, limit_pkts=lk.max_queue_size)

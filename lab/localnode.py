@@ -1,0 +1,123 @@
+"""LocalNode: a node that is a network namespace (+ mount namespace + cgroup) on this machine.
+
+Every process started here joins the node's cgroup before it executes (preexec), then nsenter
+moves it into the node's network and mount namespaces and execs the command under the same PID.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from . import cgroups, proc
+from .node import Daemon, Node, merged_env
+from .state import Ledger
+
+
+class LocalNode(Node):
+    def __init__(
+        self,
+        lab_id: str,
+        name: str,
+        *,
+        netns: str,
+        mntns: Path | None,
+        procs_files: list[str],
+        env: Mapping[str, str] | None = None,
+        ledger: Ledger | None = None,
+        log_dir: Path | None = None,
+    ):
+        self.lab_id = lab_id
+        self.name = name
+        self.netns = netns
+        self.mntns = mntns
+        self.procs_files = list(procs_files)
+        self.env = dict(env or {})
+        self.ledger = ledger
+        self.log_dir = log_dir
+
+    def __repr__(self) -> str:
+        return f"LocalNode({self.lab_id}:{self.name})"
+
+    # the argv prefix that enters the node; the process keeps its PID (nsenter execs, no fork)
+    def wrap(self, argv: Sequence[str], cwd: str | None = None) -> list[str]:
+        pre = ["nsenter", f"--net=/var/run/netns/{self.netns}"]
+        if self.mntns is not None:
+            pre.append(f"--mount={self.mntns}")
+            # the node's /run is private: a caller's cwd under /run does not exist there
+            wd = cwd if cwd and not cwd.startswith(("/run", "/var/run")) else "/"
+            pre.append(f"--wd={wd}")
+        return [*pre, "--", *argv]
+
+    def _preexec(self):
+        files = self.procs_files
+
+        def join():
+            cgroups.join(files)
+
+        return join
+
+    def run(self, argv, *, check=True, timeout=60, input=None, env=None):
+        return proc.run(
+            self.wrap(argv, os.getcwd()),
+            check=check,
+            timeout=timeout,
+            input=input,
+            env=merged_env(self.env, env),
+            where=f"node {self.name}",
+            preexec=self._preexec(),
+        )
+
+    def popen(self, argv, *, stdout=None, stderr=None, env=None, stdin=None):
+        return proc.spawn(
+            self.wrap(argv, os.getcwd()),
+            stdout=stdout,
+            stderr=stderr,
+            stdin=stdin,
+            env=merged_env(self.env, env),
+            preexec=self._preexec(),
+            new_session=True,
+        )
+
+    def interactive(self, argv: Sequence[str]) -> int:
+        """Run attached to the caller's terminal (lab exec / lab shell); returns the exit code."""
+        return subprocess.call(
+            self.wrap(argv, os.getcwd()), env=merged_env(self.env, None), preexec_fn=self._preexec()
+        )
+
+    def spawn(self, name, argv, *, log=None, env=None):
+        if log is None and self.log_dir is not None:
+            log = self.log_dir / f"{self.name}-{name}.log"
+        if self.ledger is not None:
+            # intent first: if we die between fork and the PID line, the node's cgroup still
+            # holds the process and teardown ends it from there
+            self.ledger.record("process-intent", node=self.name, name=name)
+        out = open(log, "ab") if log else subprocess.DEVNULL
+        try:
+            p = proc.spawn(
+                self.wrap(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+                env=merged_env(self.env, env),
+                preexec=self._preexec(),
+            )
+        finally:
+            if log:
+                out.close()
+        st = proc.proc_start_time(p.pid)
+        if self.ledger is not None:
+            self.ledger.record("process", node=self.name, name=name, pid=p.pid, start_time=st, argv=list(argv))
+        return Daemon(self.name, name, p.pid, st, log, p)
+
+    def stop(self, daemon: Daemon, *, grace: float = 3.0) -> bool:
+        gone = proc.stop_pid(daemon.pid, daemon.start_time, grace=grace)
+        if daemon.popen is not None:
+            try:
+                daemon.popen.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.ledger is not None and gone:
+            self.ledger.record("process-stopped", node=self.name, name=daemon.name, pid=daemon.pid)
+        return gone

@@ -1,0 +1,271 @@
+"""What every measurement test shares: the context it runs in, its parameter schema, its records,
+running a tool with its raw output streamed to a file, and waiting for a server to listen.
+
+A test never prints, never exits and never raises on a *measurement* failure (the tool ran but
+reported an error, nothing came back): it returns a record with ``ok=False`` and ``error`` set, so
+the runner decides what a failed point means for the campaign. Bad parameters raise ConfigError in
+``validate`` before anything runs; a missing tool raises PreconditionError.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, StartupError
+from ..node import Daemon, Node
+
+
+class MeasurementFailed(Exception):
+    """A tool ran but gave no usable measurement. Internal: tests turn it into ok=False."""
+
+
+Record = dict[str, Any]
+"""One measured point: metrics plus ``test``, ``ok``, ``error`` and ``raw_files``."""
+
+
+@dataclass
+class Context:
+    """Where a test runs. The same object drives an emulated lab and real boards."""
+
+    client: Node
+    server: Node
+    #: address the client targets on the server (IPv4 or IPv6 literal, or a name)
+    server_addr: str
+    #: every tool invocation's raw output goes here, one file per invocation, as it arrives
+    raw_dir: Path
+    #: tunnel interface on the client (read by the mtu test)
+    iface: str | None = None
+    #: grace, in seconds, beyond an invocation's planned duration before it is killed
+    timeout_s: float = 30.0
+    #: private per-lab scratch (ssh keys, scp payload); never part of results.
+    #: None: a directory named ``measure-state`` beside raw_dir.
+    state_dir: Path | None = None
+    _seq: int = field(default=0, repr=False)
+
+    def state_path(self) -> Path:
+        return (
+            self.state_dir if self.state_dir is not None else self.raw_dir.parent / "measure-state"
+        )
+
+    def next_raw(self, label: str, suffix: str = ".txt") -> Path:
+        """A fresh raw-output path: ``NNN-label.suffix`` (never overwrites an earlier one)."""
+        self.raw_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            self._seq += 1
+            p = self.raw_dir / f"{self._seq:03d}-{label}{suffix}"
+            if not p.exists():
+                return p
+
+
+def family_of(addr: str) -> int | None:
+    """4 or 6 for an IP literal (brackets allowed), None for a name."""
+    try:
+        return ipaddress.ip_address(addr.strip("[]")).version
+    except ValueError:
+        return None
+
+
+# --- parameters -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    """One accepted parameter: its type, default and allowed values."""
+
+    type: type | tuple[type, ...]
+    default: Any = None
+    choices: Sequence[Any] | None = None
+    min: float | None = None
+    max: float | None = None
+    #: None is accepted (the default is None) and means "not set"
+    optional: bool = False
+    #: extra check returning an error message or None
+    check: Callable[[Any], str | None] | None = None
+    doc: str = ""
+
+    def accepted(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        names = self.type if isinstance(self.type, tuple) else (self.type,)
+        what = " or ".join(t.__name__ for t in names)
+        lo = f" >= {self.min}" if self.min is not None else ""
+        hi = f" <= {self.max}" if self.max is not None else ""
+        sep = " and" if lo and hi else ""
+        return f"{what}{lo}{sep}{hi}" + (" or null" if self.optional else "")
+
+
+def validate_params(
+    test: str, schema: Mapping[str, Param], params: Mapping[str, Any] | None, source: str
+) -> dict[str, Any]:
+    """Check `params` against `schema` and return them with defaults filled in."""
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(schema))
+    if unknown:
+        raise ConfigError(
+            f"unknown parameter for test '{test}'; accepted: {', '.join(sorted(schema))}",
+            source=source,
+            field=unknown[0],
+        )
+    out: dict[str, Any] = {}
+    for name, p in schema.items():
+        value = params.get(name, p.default)
+        out[name] = _check_value(test, name, p, value, source)
+    return out
+
+
+def _check_value(test: str, name: str, p: Param, value: Any, source: str) -> Any:
+    def bad(why: str) -> ConfigError:
+        return ConfigError(
+            f"{why} (test '{test}'); accepted: {p.accepted()}", source=source, field=name
+        )
+
+    if value is None:
+        if p.optional:
+            return None
+        raise bad("missing value")
+    types = p.type if isinstance(p.type, tuple) else (p.type,)
+    # bool is an int in Python; a YAML/TOML `true` for a number is a typo, not a 1.
+    if isinstance(value, bool) and bool not in types:
+        raise bad(f"got {value!r}")
+    if float in types and isinstance(value, int):
+        value = float(value)
+    if not isinstance(value, types):
+        raise bad(f"got {type(value).__name__} {value!r}")
+    if p.choices is not None and value not in p.choices:
+        raise bad(f"got {value!r}")
+    if p.min is not None and value < p.min:
+        raise bad(f"got {value!r}")
+    if p.max is not None and value > p.max:
+        raise bad(f"got {value!r}")
+    if p.check is not None:
+        msg = p.check(value)
+        if msg:
+            raise bad(msg)
+    return value
+
+
+# --- the interface --------------------------------------------------------------------------
+
+
+class Test(ABC):
+    """One measurement. Subclasses set `name` and `schema` and implement `run`."""
+
+    name: str
+    schema: Mapping[str, Param]
+    #: external tools needed on the client / server nodes (checked by the runner)
+    client_tools: tuple[str, ...] = ()
+    server_tools: tuple[str, ...] = ()
+
+    def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
+        """Reject unknown keys and impossible values (ConfigError naming source and field)."""
+        return validate_params(self.name, self.schema, params, source)
+
+    @abstractmethod
+    def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
+        """Run with validated params; one record per measured point."""
+
+    def record(
+        self,
+        *,
+        ok: bool = True,
+        error: str | None = None,
+        raw_files: Sequence[Path] = (),
+        **metrics: Any,
+    ) -> Record:
+        return {
+            "test": self.name,
+            "ok": ok,
+            "error": error,
+            "raw_files": [str(p) for p in raw_files],
+            **metrics,
+        }
+
+
+# --- running tools --------------------------------------------------------------------------
+
+
+@dataclass
+class Invocation:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    raw_files: list[Path]
+    timed_out: bool
+    seconds: float
+
+
+def invoke(
+    ctx: Context,
+    node: Node,
+    argv: Sequence[str],
+    *,
+    label: str,
+    timeout: float,
+    suffix: str = ".txt",
+) -> Invocation:
+    """Run argv on `node`, streaming stdout into a fresh raw file as it arrives.
+
+    stderr goes to ``<same name>.stderr``, kept only when non-empty. Never raises on a non-zero
+    exit or a time-out (the caller turns them into a failed record); the process is killed and
+    reaped on time-out so nothing outlives the test.
+    """
+    argv = [str(a) for a in argv]
+    out_path = ctx.next_raw(label, suffix)
+    err_path = out_path.with_suffix(out_path.suffix + ".stderr")
+    timed_out = False
+    t0 = time.monotonic()
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        out.write("")  # the file exists even if the tool never writes
+        p = node.popen(argv, stdout=out, stderr=err)
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            p.kill()
+            p.wait()
+    seconds = time.monotonic() - t0
+    stdout = out_path.read_text(errors="replace")
+    stderr = err_path.read_text(errors="replace")
+    files = [out_path]
+    if stderr:
+        files.append(err_path)
+    else:
+        err_path.unlink()
+    return Invocation(argv, p.returncode, stdout, stderr, files, timed_out, seconds)
+
+
+def describe_failure(inv: Invocation, tool: str) -> str:
+    if inv.timed_out:
+        return f"{tool} timed out after {inv.seconds:.1f}s and was killed"
+    tail = " | ".join((inv.stderr or inv.stdout).strip().splitlines()[-3:])
+    return f"{tool} exited {inv.returncode}" + (f": {tail}" if tail else "")
+
+
+def wait_listening(
+    node: Node, daemon: Daemon, *, proto: str, port: int, timeout: float = 10.0
+) -> None:
+    """Poll `ss` in `node` until something listens on `port`; StartupError if the daemon dies."""
+    flag = "-Hltn" if proto == "tcp" else "-Hlun"
+    deadline = time.monotonic() + timeout
+    while True:
+        cp = node.run(["ss", flag, f"sport = :{port}"], check=False, timeout=10)
+        if cp.returncode == 0 and cp.stdout.strip():
+            return
+        if not daemon.alive():
+            raise StartupError(
+                f"{daemon.name} exited before listening on {proto}/{port}:\n{daemon.log_tail()}"
+            )
+        if time.monotonic() > deadline:
+            raise StartupError(
+                f"{daemon.name} not listening on {proto}/{port} after "
+                f"{timeout:.0f}s:\n{daemon.log_tail()}"
+            )
+        time.sleep(0.05)

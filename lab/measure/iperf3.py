@@ -1,0 +1,228 @@
+"""iperf3 plumbing shared by the tcp, udp and udp-sweep tests: one server per test run, client
+invocations with their JSON streamed to raw files, and the pure parsers of that JSON.
+
+iperf3 3.12 exits 0 even when ``-J`` output carries ``"error"`` (seen for "server is busy" and
+"connection refused"), so success is decided on the JSON, never on the exit code alone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .base import (
+    Context,
+    MeasurementFailed,
+    describe_failure,
+    family_of,
+    invoke,
+    wait_listening,
+)
+
+DEFAULT_PORT = 5201
+BUSY = "the server is busy"
+
+
+@contextmanager
+def iperf3_server(ctx: Context, port: int) -> Iterator[None]:
+    """iperf3 -s on the server node, bound to the target address, stopped in finally."""
+    argv = ["iperf3", "-s", "-p", str(port)]
+    if family_of(ctx.server_addr):
+        argv += ["-B", ctx.server_addr.strip("[]")]
+    daemon = ctx.server.spawn(
+        f"iperf3-server-{port}", argv, log=ctx.next_raw("iperf3-server", ".log")
+    )
+    try:
+        wait_listening(ctx.server, daemon, proto="tcp", port=port)
+        yield
+    finally:
+        ctx.server.stop(daemon)
+
+
+def client_argv(
+    addr: str,
+    port: int,
+    *,
+    duration: float,
+    omit: float = 0,
+    streams: int = 1,
+    reverse: bool = False,
+    udp: bool = False,
+    rate_bps: float | None = None,
+    length: int | None = None,
+    mss: int | None = None,
+) -> list[str]:
+    argv = [
+        "iperf3",
+        "-c",
+        addr.strip("[]"),
+        "-p",
+        str(port),
+        "-J",
+        "-i",
+        "1",
+        "-t",
+        _num(duration),
+    ]
+    if omit:
+        argv += ["-O", _num(omit)]
+    if streams != 1:
+        argv += ["-P", str(streams)]
+    if reverse:
+        argv.append("-R")
+    if udp:
+        argv.append("-u")
+    if rate_bps is not None:
+        argv += ["-b", str(int(rate_bps))]
+    if length is not None:
+        argv += ["-l", str(length)]
+    if mss is not None:
+        argv += ["-M", str(mss)]
+    return argv
+
+
+def run_client(
+    ctx: Context,
+    argv: list[str],
+    *,
+    expected_s: float,
+    label: str,
+    files: list[Path],
+    busy_retries: int = 5,
+) -> str:
+    """Run the client and return its JSON text; retry while the server is still busy.
+
+    Appends every attempt's raw files to `files`. Raises MeasurementFailed on a time-out or
+    when there is no JSON; an iperf3 error document is left to the parser to report.
+    """
+    for attempt in range(busy_retries + 1):
+        inv = invoke(
+            ctx, ctx.client, argv, label=label, suffix=".json", timeout=expected_s + ctx.timeout_s
+        )
+        files += inv.raw_files
+        if inv.timed_out:
+            raise MeasurementFailed(describe_failure(inv, "iperf3"))
+        try:
+            doc = json.loads(inv.stdout)
+        except ValueError:
+            raise MeasurementFailed(describe_failure(inv, "iperf3") + " (no JSON output)") from None
+        if BUSY in str(doc.get("error", "")) and attempt < busy_retries:
+            time.sleep(0.5 * (attempt + 1))
+            continue
+        if inv.returncode != 0 and not doc.get("error"):
+            raise MeasurementFailed(describe_failure(inv, "iperf3"))
+        return inv.stdout
+    raise AssertionError("unreachable")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _load(json_text: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(json_text)
+    except ValueError as e:
+        raise MeasurementFailed(f"iperf3 output is not JSON: {e}") from None
+    if doc.get("error"):
+        raise MeasurementFailed(f"iperf3: {doc['error']}")
+    if not doc.get("end"):
+        raise MeasurementFailed("iperf3 output has no 'end' section (run did not finish)")
+    return doc
+
+
+def _intervals(doc: dict[str, Any], *, udp: bool) -> list[dict[str, Any]]:
+    out = []
+    for iv in doc.get("intervals", []):
+        s = iv["sum"]
+        row = {
+            "start": s["start"],
+            "end": s["end"],
+            "bps": s["bits_per_second"],
+            "omitted": bool(s.get("omitted", False)),
+        }
+        if "retransmits" in s:
+            row["retransmits"] = s["retransmits"]
+        if udp and "packets" in s:
+            row["packets"] = s["packets"]
+        out.append(row)
+    return out
+
+
+def _common(doc: dict[str, Any]) -> dict[str, Any]:
+    ts = doc["start"].get("test_start", {})
+    cpu = doc["end"].get("cpu_utilization_percent", {})
+    return {
+        "direction": "server-to-client" if ts.get("reverse") else "client-to-server",
+        "streams": ts.get("num_streams"),
+        "duration_s": ts.get("duration"),
+        "omit_s": ts.get("omit"),
+        "iperf3_version": doc["start"].get("version"),
+        "cpu_client_pct": cpu.get("host_total"),
+        "cpu_server_pct": cpu.get("remote_total"),
+    }
+
+
+def parse_iperf3_tcp(json_text: str) -> dict[str, Any]:
+    """Metrics of an ``iperf3 -J`` TCP run. Raises MeasurementFailed on an error document.
+
+    sender/receiver are the TCP roles, whichever node they ran on (with -R the server sends).
+    """
+    doc = _load(json_text)
+    end = doc["end"]
+    sent, recv = end.get("sum_sent", {}), end.get("sum_received", {})
+    start = doc["start"]
+    mss_set = "tcp_mss" in start and bool(start["tcp_mss"])
+    return {
+        **_common(doc),
+        "sender_bps": sent.get("bits_per_second"),
+        "receiver_bps": recv.get("bits_per_second"),
+        "sender_bytes": sent.get("bytes"),
+        "receiver_bytes": recv.get("bytes"),
+        "retransmits": sent.get("retransmits"),
+        "tcp_mss": start.get("tcp_mss") if mss_set else start.get("tcp_mss_default"),
+        "tcp_mss_set": mss_set,
+        "congestion": end.get("sender_tcp_congestion"),
+        "intervals": _intervals(doc, udp=False),
+    }
+
+
+def parse_iperf3_udp(json_text: str) -> dict[str, Any]:
+    """Metrics of an ``iperf3 -u -J`` run: achieved rate, jitter, lost/sent, packets/s.
+
+    iperf3 >= 3.10 reports sum_sent (sender) and sum_received (receiver: its `packets` counts
+    every datagram the sender numbered, `lost_packets` those that never came). Older versions
+    (Debian 11 on the boards ships 3.9) have only `sum`, from the receiver's report.
+    """
+    doc = _load(json_text)
+    end = doc["end"]
+    total = end.get("sum", {})
+    sent = end.get("sum_sent", total)
+    recv = end.get("sum_received", total)
+    packets = recv.get("packets") or sent.get("packets") or 0
+    lost = recv.get("lost_packets", 0)
+    sent_s = sent.get("seconds") or 0
+    recv_s = recv.get("seconds") or 0
+    received = packets - lost
+    return {
+        **_common(doc),
+        "target_bps": doc["start"].get("test_start", {}).get("target_bitrate"),
+        "datagram_bytes": doc["start"].get("test_start", {}).get("blksize"),
+        "sender_bps": sent.get("bits_per_second"),
+        "receiver_bps": recv.get("bits_per_second"),
+        "jitter_ms": recv.get("jitter_ms"),
+        "packets_sent": packets,
+        "packets_lost": lost,
+        "packets_received": received,
+        "loss_pct": (100.0 * lost / packets) if packets else None,
+        "out_of_order": sum(
+            s.get("udp", {}).get("out_of_order", 0) for s in end.get("streams", [])
+        ),
+        "sent_pps": packets / sent_s if sent_s else None,
+        "received_pps": received / recv_s if recv_s else None,
+        "intervals": _intervals(doc, udp=True),
+    }

@@ -1,0 +1,173 @@
+"""scp: copy a file of a given size to a real sshd in the server node; time and rate.
+
+sshd runs from an explicit config (no PAM, no passwords, listening only on the target address,
+its own host key, authorized_keys and pid file) written into a fresh 0700 directory under the
+lab's private state, never into results; keys are generated per run and removed after it. The
+client pins the host key (StrictHostKeyChecking=yes with its own known_hosts) and ignores every
+user or system ssh config (-F /dev/null), so the same cipher negotiation happens everywhere
+unless `cipher` is set. The time includes the SSH handshake, as a user's scp does.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .. import proc
+from ..errors import StartupError
+from ..node import Node
+from .base import Context, Param, Record, Test, describe_failure, family_of, invoke, wait_listening
+
+MIB = 1024 * 1024
+
+
+def sshd_config(*, addr: str, port: int, state: Path) -> str:
+    """The whole sshd configuration: nothing is inherited from /etc/ssh."""
+    return "\n".join(
+        [
+            f"Port {port}",
+            f"ListenAddress {addr.strip('[]')}",
+            f"HostKey {state / 'ssh_host_ed25519_key'}",
+            f"PidFile {state / 'sshd.pid'}",
+            f"AuthorizedKeysFile {state / 'authorized_keys'}",
+            "UsePAM no",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password",
+            # the state directory may sit under a group-writable tree; keys are still 0600
+            "StrictModes no",
+            "UseDNS no",
+            "PrintMotd no",
+            "X11Forwarding no",
+            "Subsystem sftp internal-sftp",
+            "LogLevel VERBOSE",
+            "",
+        ]
+    )
+
+
+def scp_argv(
+    *,
+    key: Path,
+    known_hosts: Path,
+    port: int,
+    src: Path,
+    user: str,
+    addr: str,
+    dest: str,
+    cipher: str | None,
+) -> list[str]:
+    host = addr.strip("[]")
+    if family_of(host) == 6:
+        host = f"[{host}]"
+    argv = ["scp", "-F", "/dev/null", "-i", str(key), "-P", str(port)]
+    argv += ["-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes"]
+    argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "LogLevel=ERROR"]
+    if cipher:
+        argv += ["-c", cipher]
+    return argv + [str(src), f"{user}@{host}:{dest}"]
+
+
+def _write(node: Node, path: Path, text: str) -> None:
+    node.run(["tee", str(path)], input=text)
+    node.run(["chmod", "0600", str(path)])
+
+
+class ScpTest(Test):
+    name = "scp"
+    client_tools = ("scp", "ssh-keygen", "dd")
+    server_tools = ("sshd", "ssh-keygen", "ss")
+    schema: ClassVar[dict[str, Param]] = {
+        "size_mb": Param(int, 256, min=1, max=65536, doc="file size in MiB"),
+        "port": Param(int, 2222, min=1, max=65535),
+        "cipher": Param(str, None, optional=True, doc="scp -c, e.g. aes128-gcm@openssh.com"),
+        "dest": Param(str, "/dev/null", doc="path written on the server"),
+    }
+
+    def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
+        state = ctx.state_path() / f"scp-{secrets.token_hex(4)}"
+        nodes = [ctx.server] if ctx.server is ctx.client else [ctx.server, ctx.client]
+        for node in nodes:
+            node.run(["mkdir", "-p", "-m", "0700", str(ctx.state_path()), str(state)])
+        daemon = None
+        files: list[Path] = []
+        size = params["size_mb"] * MIB
+        base = {"size_bytes": size, "cipher": params["cipher"], "dest": params["dest"]}
+        try:
+            host_key, client_key = state / "ssh_host_ed25519_key", state / "id_ed25519"
+            for node, key in ((ctx.server, host_key), (ctx.client, client_key)):
+                node.run(
+                    ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "lab-scp", "-f", str(key)]
+                )
+            client_pub = ctx.client.run(["cat", f"{client_key}.pub"]).stdout
+            host_pub = ctx.server.run(["cat", f"{host_key}.pub"]).stdout.split()
+            _write(ctx.server, state / "authorized_keys", client_pub)
+            host = ctx.server_addr.strip("[]")
+            known = f"[{host}]:{params['port']} {host_pub[0]} {host_pub[1]}\n"
+            _write(ctx.client, state / "known_hosts", known)
+            cfg = state / "sshd_config"
+            _write(ctx.server, cfg, sshd_config(addr=host, port=params["port"], state=state))
+            user = ctx.server.run(["id", "-un"]).stdout.strip()
+            payload = state / "payload.bin"
+            ctx.client.run(
+                [
+                    "dd",
+                    "if=/dev/urandom",
+                    f"of={payload}",
+                    "bs=1M",
+                    f"count={params['size_mb']}",
+                    "status=none",
+                ],
+                timeout=600,
+            )
+
+            sshd = proc.which("sshd") or "/usr/sbin/sshd"  # sshd re-execs itself: absolute path
+            # privilege separation directory Debian's service unit normally creates
+            ctx.server.run(["mkdir", "-p", "-m", "0755", "/run/sshd"], check=False)
+            test = ctx.server.run([sshd, "-t", "-f", str(cfg)], check=False)
+            if test.returncode != 0:
+                raise StartupError(f"sshd rejected its config {cfg}:\n{test.stderr.strip()}")
+            daemon = ctx.server.spawn(
+                f"sshd-scp-{params['port']}",
+                [sshd, "-D", "-e", "-f", str(cfg)],
+                log=ctx.next_raw("sshd", ".log"),
+            )
+            wait_listening(ctx.server, daemon, proto="tcp", port=params["port"])
+
+            argv = scp_argv(
+                key=client_key,
+                known_hosts=state / "known_hosts",
+                port=params["port"],
+                src=payload,
+                user=user,
+                addr=host,
+                dest=params["dest"],
+                cipher=params["cipher"],
+            )
+            # a Pi moves ~10-40 MB/s through scp; allow 1 MiB/s before calling it hung
+            inv = invoke(
+                ctx, ctx.client, argv, label="scp", timeout=params["size_mb"] + ctx.timeout_s
+            )
+            files += inv.raw_files
+            if inv.timed_out or inv.returncode != 0:
+                return [
+                    self.record(
+                        ok=False, error=describe_failure(inv, "scp"), raw_files=files, **base
+                    )
+                ]
+            return [
+                self.record(
+                    raw_files=files,
+                    seconds=inv.seconds,
+                    rate_bps=size * 8 / inv.seconds,
+                    handshake_included=True,
+                    **base,
+                )
+            ]
+        finally:
+            if daemon is not None:
+                ctx.server.stop(daemon)
+            for node in nodes:
+                node.run(["rm", "-rf", "--", str(state)], check=False)

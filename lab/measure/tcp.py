@@ -1,0 +1,106 @@
+"""tcp: iperf3 TCP bulk transfer in either direction, with optional MSS for small packets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .base import Context, MeasurementFailed, Param, Record, Test, family_of
+from .iperf3 import DEFAULT_PORT, client_argv, iperf3_server, parse_iperf3_tcp, run_client
+
+DIRECTIONS = ("client-to-server", "server-to-client")
+
+#: TCP timestamp option bytes per segment (Linux default net.ipv4.tcp_timestamps=1)
+TCP_TIMESTAMPS = 12
+ETHERNET_HEADER = 14
+IP_HEADER = {4: 20, 6: 40}
+TCP_HEADER = 20
+
+
+def packet_rate(
+    bps: float | None, tcp_mss: int | None, *, mss_set: bool, family: int | None
+) -> dict[str, Any]:
+    """Packets/s from goodput, and the on-wire rate under a stated header assumption.
+
+    iperf3 reports the socket's TCP_MAXSEG: unset, that is the payload per segment already
+    (Linux returns mss_cache, e.g. 1448 on a 1500 MTU); set with -M, it is the value requested,
+    from which the kernel still subtracts the 12 timestamp bytes (-M 88 -> 76 B payload).
+    """
+    if not bps or not tcp_mss:
+        return {"packets_per_s": None}
+    payload = tcp_mss - TCP_TIMESTAMPS if mss_set else tcp_mss
+    fam = family or 4
+    overhead = ETHERNET_HEADER + IP_HEADER[fam] + TCP_HEADER + TCP_TIMESTAMPS
+    pps = bps / 8 / payload
+    return {
+        "payload_bytes_per_packet": payload,
+        "packets_per_s": pps,
+        "header_bytes_per_packet": overhead,
+        "wire_bps": pps * (payload + overhead) * 8,
+        "pps_assumption": (
+            f"full-size segments of {payload} B payload; per packet {overhead} B of headers = "
+            f"Ethernet {ETHERNET_HEADER} + IPv{fam} {IP_HEADER[fam]} + TCP {TCP_HEADER} + "
+            f"timestamps {TCP_TIMESTAMPS} (no FCS/preamble, no tunnel encapsulation)"
+        ),
+    }
+
+
+class TcpTest(Test):
+    name = "tcp"
+    client_tools = ("iperf3",)
+    server_tools = ("iperf3", "ss")
+    schema: ClassVar[dict[str, Param]] = {
+        "direction": Param(
+            str,
+            "client-to-server",
+            choices=DIRECTIONS,
+            doc="server-to-client runs iperf3 -R (study B's IN)",
+        ),
+        "duration_s": Param(float, 10.0, min=1, max=36000, doc="iperf3 -t"),
+        "omit_s": Param(float, 0.0, min=0, max=600, doc="warm-up seconds discarded, iperf3 -O"),
+        "streams": Param(int, 1, min=1, max=128, doc="parallel streams, iperf3 -P"),
+        "mss": Param(
+            int,
+            None,
+            optional=True,
+            min=88,
+            max=9000,
+            doc="TCP_MAXSEG, iperf3 -M (88 = Linux minimum, 76 B payload)",
+        ),
+        "port": Param(int, DEFAULT_PORT, min=1, max=65535),
+    }
+
+    def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
+        argv = client_argv(
+            ctx.server_addr,
+            params["port"],
+            duration=params["duration_s"],
+            omit=params["omit_s"],
+            streams=params["streams"],
+            reverse=params["direction"] == "server-to-client",
+            mss=params["mss"],
+        )
+        base = {"direction": params["direction"], "mss": params["mss"]}
+        files: list[Path] = []
+        try:
+            with iperf3_server(ctx, params["port"]):
+                text = run_client(
+                    ctx,
+                    argv,
+                    label="iperf3-tcp",
+                    files=files,
+                    expected_s=params["duration_s"] + params["omit_s"],
+                )
+            metrics = parse_iperf3_tcp(text)
+        except MeasurementFailed as e:
+            return [self.record(ok=False, error=str(e), raw_files=files, **base)]
+        metrics.update(
+            packet_rate(
+                metrics["receiver_bps"],
+                metrics["tcp_mss"],
+                mss_set=metrics["tcp_mss_set"],
+                family=family_of(ctx.server_addr),
+            )
+        )
+        return [self.record(raw_files=files, **{**base, **metrics})]

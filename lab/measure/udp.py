@@ -1,0 +1,118 @@
+"""udp and udp-sweep: iperf3 UDP at a target rate (one point, or a sweep of rates).
+
+The sweep sends the same datagram size at rising target rates through one iperf3 server and
+reports sent vs received packets/s per step, which tells a sender-bound implementation (sent
+falls short of the target) from a receiver-bound one (sent keeps up, received does not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .base import Context, MeasurementFailed, Param, Record, Test
+from .iperf3 import DEFAULT_PORT, client_argv, iperf3_server, parse_iperf3_udp, run_client
+from .tcp import DIRECTIONS
+
+MBIT = 1_000_000
+
+
+def _common_schema(duration: float) -> dict[str, Param]:
+    return {
+        "direction": Param(str, "client-to-server", choices=DIRECTIONS, doc="-R for IN"),
+        "size": Param(int, 1300, min=16, max=65507, doc="datagram payload bytes, iperf3 -l"),
+        "duration_s": Param(float, duration, min=1, max=36000, doc="iperf3 -t (per step)"),
+        "port": Param(int, DEFAULT_PORT, min=1, max=65535),
+    }
+
+
+def _one(
+    test: Test, ctx: Context, params: Mapping[str, Any], rate_mbit: float, label: str
+) -> Record:
+    argv = client_argv(
+        ctx.server_addr,
+        params["port"],
+        duration=params["duration_s"],
+        reverse=params["direction"] == "server-to-client",
+        udp=True,
+        rate_bps=rate_mbit * MBIT,
+        length=params["size"],
+    )
+    base = {"direction": params["direction"], "rate_mbit": rate_mbit, "size": params["size"]}
+    files: list[Path] = []
+    try:
+        text = run_client(ctx, argv, label=label, files=files, expected_s=params["duration_s"])
+        metrics = parse_iperf3_udp(text)
+    except MeasurementFailed as e:
+        return test.record(ok=False, error=str(e), raw_files=files, **base)
+    target_pps = rate_mbit * MBIT / 8 / params["size"]
+    metrics["target_pps"] = target_pps
+    return test.record(raw_files=files, **{**base, **metrics})
+
+
+class UdpTest(Test):
+    name = "udp"
+    client_tools = ("iperf3",)
+    server_tools = ("iperf3", "ss")
+    schema: ClassVar[dict[str, Param]] = {
+        "rate_mbit": Param(float, 1.0, min=0.001, max=100_000, doc="target rate, iperf3 -b"),
+        **_common_schema(10.0),
+    }
+
+    def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
+        with iperf3_server(ctx, params["port"]):
+            return [_one(self, ctx, params, params["rate_mbit"], "iperf3-udp")]
+
+
+def _positive_rates(rates: list) -> str | None:
+    if not rates:
+        return "empty list"
+    if not all(isinstance(r, int | float) and not isinstance(r, bool) and r > 0 for r in rates):
+        return "every rate must be a number > 0"
+    return None
+
+
+class UdpSweepTest(Test):
+    name = "udp-sweep"
+    client_tools = ("iperf3",)
+    server_tools = ("iperf3", "ss")
+    schema: ClassVar[dict[str, Param]] = {
+        "start_mbit": Param(float, 25.0, min=0.001, max=100_000),
+        "stop_mbit": Param(float, 400.0, min=0.001, max=100_000, doc="inclusive"),
+        "step_mbit": Param(float, 25.0, min=0.001, max=100_000),
+        "rates_mbit": Param(
+            list, None, optional=True, check=_positive_rates, doc="explicit rates; overrides range"
+        ),
+        **_common_schema(10.0),
+    }
+
+    def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
+        out = super().validate(params, source=source)
+        if out["rates_mbit"] is None and out["stop_mbit"] < out["start_mbit"]:
+            from ..errors import ConfigError
+
+            raise ConfigError(
+                f"stop_mbit {out['stop_mbit']} is below start_mbit {out['start_mbit']}; "
+                "accepted: stop_mbit >= start_mbit",
+                source=source,
+                field="stop_mbit",
+            )
+        return out
+
+    @staticmethod
+    def rates(params: Mapping[str, Any]) -> list[float]:
+        if params["rates_mbit"] is not None:
+            return [float(r) for r in params["rates_mbit"]]
+        start, stop, step = params["start_mbit"], params["stop_mbit"], params["step_mbit"]
+        n = int((stop - start) / step + 1e-9)
+        return [round(start + i * step, 6) for i in range(n + 1)]
+
+    def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
+        records = []
+        with iperf3_server(ctx, params["port"]):
+            for i, rate in enumerate(self.rates(params)):
+                rec = _one(self, ctx, params, rate, f"iperf3-udp-sweep-{rate:g}M")
+                rec["step"] = i
+                records.append(rec)
+        return records

@@ -1,0 +1,184 @@
+"""Kernel objects on this machine: network namespaces, node mount namespaces, veths, bridges, tbf.
+
+pyroute2 for netlink; "already exists"/"already gone" decided on errno, never on message text.
+`create_*` fails when the object exists (it may belong to someone else); `remove_*` is idempotent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shlex
+from pathlib import Path
+
+from pyroute2 import IPRoute, NetNS, netns
+from pyroute2.netlink.exceptions import NetlinkError
+
+from . import proc
+from .errors import CommandError, PreconditionError
+
+NETNS_DIR = Path("/var/run/netns")
+_libc = ctypes.CDLL(None, use_errno=True)
+MS_BIND, MS_PRIVATE, MS_REC = 4096, 1 << 18, 16384
+MNT_DETACH = 2
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int) -> None:
+    if _libc.mount(
+        src.encode() if src else None, target.encode(), fstype.encode() if fstype else None, flags, None
+    ) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount {target}: {os.strerror(e)}")
+
+
+def is_mountpoint(path: str) -> bool:
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+def umount(path: str) -> None:
+    """Lazily unmount `path` if mounted (idempotent)."""
+    if _libc.umount2(path.encode(), MNT_DETACH) != 0:
+        e = ctypes.get_errno()
+        if e not in (errno.EINVAL, errno.ENOENT):
+            raise OSError(e, f"umount {path}: {os.strerror(e)}")
+
+
+# ----------------------------------------------------------------------------- namespaces
+
+
+def netns_exists(name: str) -> bool:
+    return (NETNS_DIR / name).exists()
+
+
+def create_netns(name: str) -> None:
+    if netns_exists(name):
+        raise PreconditionError(f"network namespace {name!r} already exists (not created by this lab)")
+    netns.create(name)
+
+
+def remove_netns(name: str) -> None:
+    if netns_exists(name):
+        netns.remove(name)
+
+
+def create_private_dir_mount(path: Path) -> None:
+    """Make `path` a private bind mount of itself: mount-namespace handles may only live there."""
+    path.mkdir(parents=True, exist_ok=True)
+    if not is_mountpoint(str(path)):
+        _mount(str(path), str(path), None, MS_BIND)
+    _mount(None, str(path), None, MS_PRIVATE)
+
+
+def create_node_mntns(netns_name: str, handle: Path, sysctls: dict[str, str]) -> None:
+    """A persistent mount namespace for a node: private /run (tmpfs) and a /sys of its netns.
+
+    `unshare --mount=FILE` keeps the namespace alive by bind-mounting it on FILE; inside it we
+    enter the node's netns so the sysfs mount shows the node's interfaces, and we set the node's
+    sysctls in the same process (they are per network namespace).
+    """
+    handle.touch(exist_ok=True)
+    script = "mount -t tmpfs -o mode=0755,size=64m lab-run /run && mount -t sysfs lab-sys /sys"
+    for k, v in sysctls.items():
+        script += f" && echo {shlex.quote(v)} > /proc/sys/{k.replace('.', '/')}"
+    proc.run(
+        [
+            "unshare",
+            f"--mount={handle}",
+            "--propagation",
+            "private",
+            "--",
+            "nsenter",
+            f"--net={NETNS_DIR / netns_name}",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        where=f"netns {netns_name}",
+        timeout=20,
+    )
+
+
+def remove_node_mntns(handle: Path) -> None:
+    umount(str(handle))
+    try:
+        handle.unlink()
+    except FileNotFoundError:
+        pass
+
+
+# ----------------------------------------------------------------------------- links
+
+
+def create_veth(ns1: str, if1: str, ns2: str, if2: str, mtu: int | None = None) -> None:
+    """A veth pair born directly inside the two namespaces (never visible in the root netns)."""
+    kw = {"mtu": mtu} if mtu else {}
+    peer = {"ifname": if2, "net_ns_fd": ns2, **kw}
+    try:
+        with IPRoute() as ipr:
+            ipr.link("add", ifname=if1, kind="veth", net_ns_fd=ns1, peer=peer, **kw)
+    except NetlinkError as e:
+        raise CommandError(["netlink", "link add veth", if1, if2], e.code, os.strerror(e.code),
+                           where=f"{ns1}/{ns2}") from e
+
+
+def remove_link(ns: str, ifname: str) -> None:
+    if not netns_exists(ns):
+        return
+    with NetNS(ns) as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if idx:
+            try:
+                ipr.link("del", index=idx[0])
+            except NetlinkError as e:
+                if e.code != errno.ENODEV:
+                    raise
+
+
+def configure_node(ns: str, interfaces: list[dict], routes: list[dict], *, bridge_ports: list[str] | None = None,
+                   default_route: str | None = None) -> None:
+    """Bring up lo and the interfaces, add addresses and routes (all in one netlink session)."""
+    with NetNS(ns) as ipr:
+        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        if bridge_ports is not None:
+            ipr.link("add", ifname="br0", kind="bridge")
+            br = ipr.link_lookup(ifname="br0")[0]
+            for port in bridge_ports:
+                ipr.link("set", index=ipr.link_lookup(ifname=port)[0], master=br)
+            ipr.link("set", index=br, state="up")
+        for intf in interfaces:
+            idx = ipr.link_lookup(ifname=intf["name"])[0]
+            for key in ("ip", "ip6"):
+                if intf.get(key):
+                    addr, plen = intf[key].split("/")
+                    ipr.addr("add", index=idx, address=addr, prefixlen=int(plen))
+            ipr.link("set", index=idx, state="up")
+        for r in routes:
+            idx = ipr.link_lookup(ifname=r["dev"])[0]
+            ipr.route("add", dst=r["dst"], gateway=r["via"], oif=idx)
+        if default_route:
+            kind, value = default_route.split()
+            if kind == "via":
+                ipr.route("add", dst="default" if ":" not in value else "::/0", gateway=value,
+                          **({"family": 10} if ":" in value else {}))
+            else:
+                ipr.route("add", dst="default", oif=ipr.link_lookup(ifname=value)[0])
+
+
+def set_tbf(ns: str, ifname: str, mbit: float, *, limit_pkts: int | None = None) -> None:
+    """Shape egress to `mbit` Mbit/s with tbf (Mininet TCLink's bw)."""
+    rate_bps = int(mbit * 1_000_000)
+    # burst must hold at least one MTU-sized frame and one timer tick of traffic (HZ=1000 worst case)
+    burst = max(15000, rate_bps // 8 // 250)
+    latency_ms = 50 if limit_pkts is None else None
+    argv = ["tc", "qdisc", "replace", "dev", ifname, "root", "tbf", "rate", f"{rate_bps}bit",
+            "burst", str(burst)]
+    argv += ["latency", f"{latency_ms}ms"] if latency_ms else ["limit", str(limit_pkts * 1514)]
+    proc.run(["nsenter", f"--net={NETNS_DIR / ns}", "--", *argv], where=f"netns {ns}")
+
+
+def check_root() -> None:
+    if os.geteuid() != 0:
+        raise PreconditionError("this command needs root (namespaces, cgroups): run it with sudo")

@@ -1,0 +1,141 @@
+"""Remove exactly what a lab's ledger records, newest first, continuing past failures.
+
+Works from the ledger alone (the topology file may be gone, the CLI that built the lab may have
+been killed). Processes are ended by PID, verified by their recorded start time, and the node
+cgroups' members (processes the lab started there) are ended before the cgroups go. Running it
+twice is harmless: everything already gone is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from . import cgroups, netops, proc
+from .state import Ledger, lab_dir, run_root
+
+
+def teardown(lab_id: str) -> list[str]:
+    """Tear lab `lab_id` down. Returns a description of everything that is left over."""
+    d = lab_dir(lab_id)
+    ledger = Ledger(d / "ledger.jsonl")
+    entries = ledger.entries()
+    layout = None
+    for e in entries:
+        if e["kind"] == "lab":
+            layout = cgroups.CgroupLayout(e["cgroup_version"], Path(e["cgroup_root"]))
+    errors: list[str] = []
+
+    # 1. processes recorded by PID (daemons), newest first
+    stopped = {(e["pid"]) for e in entries if e["kind"] == "process-stopped"}
+    for e in reversed(entries):
+        if e["kind"] == "process" and e["pid"] not in stopped:
+            try:
+                if not proc.stop_pid(e["pid"], e.get("start_time"), grace=2.0):
+                    errors.append(f"process {e['pid']} ({e.get('name')}) still running")
+            except PermissionError as ex:
+                errors.append(f"process {e['pid']}: {ex}")
+
+    # 2. whatever else the lab started inside its nodes' cgroups (they joined before exec)
+    if layout is not None:
+        node_groups = [e["rel"] for e in entries if e["kind"] == "cgroup" and e.get("node")]
+        _end_cgroup_members(layout, node_groups, errors)
+
+    # 3. kernel objects, newest first
+    for e in reversed(entries):
+        try:
+            _remove(e, layout, errors)
+        except Exception as ex:  # keep going: report, never stop half-way
+            errors.append(f"{e['kind']} {_desc(e)}: {type(ex).__name__}: {ex}")
+
+    errors += leftovers(lab_id, entries, layout)
+    errors = list(dict.fromkeys(errors))
+    if not errors:
+        shutil.rmtree(d, ignore_errors=True)
+        # parents the lab created on first use go when no other lab needs them
+        for parent in (run_root() / lab_id, run_root(), d.parent):
+            try:
+                parent.rmdir()
+            except OSError:
+                pass
+    return errors
+
+
+def _desc(e: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in e.items() if k != "kind")
+
+
+def _end_cgroup_members(layout, rels: list[str], errors: list[str]) -> None:
+    pids = {p for rel in rels for p in cgroups.pids(layout, rel)}
+    me = os.getpid()
+    pids.discard(me)
+    if not pids:
+        return
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            for p in list(pids):
+                try:
+                    os.waitpid(p, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            pids = {p for rel in rels for p in cgroups.pids(layout, rel)} - {me}
+            if not pids:
+                return
+            time.sleep(0.02)
+    errors.append(f"processes still in the lab's cgroups: {sorted(pids)}")
+
+
+def _remove(e: dict, layout, errors: list[str]) -> None:
+    kind = e["kind"]
+    if kind == "mntns":
+        netops.remove_node_mntns(Path(e["path"]))
+    elif kind == "netns":
+        netops.remove_netns(e["name"])
+    elif kind == "veth":
+        # normally gone with its namespaces; removed here if the namespaces outlived it
+        netops.remove_link(e["ns"], e["ifname"])
+    elif kind == "mntdir":
+        p = Path(e["path"])
+        netops.umount(str(p))
+        if p.exists():
+            for child in p.iterdir():  # handles of nodes whose mntns entry was never reached
+                netops.umount(str(child))
+                child.unlink(missing_ok=True)
+            p.rmdir()
+    elif kind == "cgroup" and layout is not None:
+        if e.get("shared"):
+            cgroups.remove_dir(layout, e["rel"])  # shared parent: removed only when empty
+            return
+        errors.extend(cgroups.remove_dir(layout, e["rel"]))
+    elif kind == "file":
+        Path(e["path"]).unlink(missing_ok=True)
+    elif kind == "dir":
+        shutil.rmtree(e["path"], ignore_errors=True)
+    # bridge, qdisc: live inside a namespace and go with it
+
+
+def leftovers(lab_id: str, entries: list[dict], layout) -> list[str]:
+    """Check every recorded object is really gone."""
+    left = []
+    for e in entries:
+        k = e["kind"]
+        if k == "netns" and netops.netns_exists(e["name"]):
+            left.append(f"network namespace {e['name']}")
+        elif k in ("mntns", "mntdir") and netops.is_mountpoint(e["path"]):
+            left.append(f"mount {e['path']}")
+        elif k == "cgroup" and layout is not None and not e.get("shared"):
+            for dpath in layout.dirs(e["rel"]):
+                if dpath.exists():
+                    left.append(f"cgroup {dpath}")
+        elif k == "process" and proc.is_same_process(e["pid"], e.get("start_time")):
+            left.append(f"process {e['pid']} ({e.get('name')})")
+    return left

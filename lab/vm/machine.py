@@ -1,0 +1,358 @@
+"""Boot the full-kernel VM, run commands in it through its agent, and shut it down.
+
+Everything a VM owns lives in its state directory, recorded in vm.json before QEMU runs so that
+another process (or a later `lab down`) can attach to it or remove it:
+
+  state_dir/vm.json        pid + start time of QEMU, kernel, accel, shares (written atomically)
+  state_dir/initramfs.cpio built for this boot
+  state_dir/agent.sock     QEMU's end of the agent's virtio-serial port
+  state_dir/console.log    the guest's serial console
+  state_dir/qemu.log       QEMU's own stderr
+  state_dir/qemu.pid       QEMU's -pidfile
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .. import proc
+from ..errors import CommandError, PreconditionError, StartupError, TeardownIncomplete
+from .channel import Channel, ChannelClosed
+from .initramfs import build_initramfs
+from .kernel import Kernel, find_kernel
+from .qemu import MSIZE, ROOT_TAG, Share, probe_accel, qemu_argv, require_qemu
+
+STATE_FILES = ("vm.json", "initramfs.cpio", "agent.sock", "qemu.pid", "console.log", "qemu.log")
+DEFAULT_TMPFS = ("/tmp", "/var/run", "/var/lib/lab", "/var/log", "/var/tmp")
+#: environment for the agent: -B keeps it from writing .pyc next to itself, -u for live logs.
+AGENT_ARGV = "/usr/bin/python3 -B -u /run/lab/agent.py"
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"({path} not readable)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class VM:
+    """A running lab VM. Obtain one from boot() or VM.attach(state_dir)."""
+
+    def __init__(self, state_dir: Path, record: dict, popen: subprocess.Popen | None = None):
+        self.state_dir = Path(state_dir)
+        self.record = record
+        self._popen = popen
+        self._channel: Channel | None = None
+
+    # -- identity --------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int:
+        return self.record["pid"]
+
+    @property
+    def console_log(self) -> Path:
+        return self.state_dir / "console.log"
+
+    @property
+    def agent_socket(self) -> Path:
+        return self.state_dir / "agent.sock"
+
+    @property
+    def accel(self) -> str:
+        return self.record["accel"]
+
+    @property
+    def kernel_release(self) -> str:
+        return self.record["kernel"]
+
+    @property
+    def boot_seconds(self) -> float | None:
+        """Host wall time from starting QEMU to the agent's first message."""
+        return self.record.get("boot_seconds")
+
+    def alive(self) -> bool:
+        if self._popen is not None and self._popen.poll() is not None:
+            return False
+        return proc.is_same_process(self.pid, self.record.get("start_time"))
+
+    def __repr__(self) -> str:
+        return f"VM(pid={self.pid}, accel={self.accel}, kernel={self.kernel_release})"
+
+    @classmethod
+    def attach(cls, state_dir: Path) -> VM:
+        """The VM recorded in `state_dir` (booted by this or another process)."""
+        try:
+            record = json.loads((Path(state_dir) / "vm.json").read_text())
+        except (OSError, ValueError) as e:
+            raise PreconditionError(f"no lab VM recorded in {state_dir}: {e}") from e
+        return cls(Path(state_dir), record)
+
+    # -- commands --------------------------------------------------------------------------------
+    def _chan(self) -> Channel:
+        if self._channel is None or self._channel.closed:
+            if not self.alive():
+                raise StartupError(f"lab VM (pid {self.pid}) is not running\n{tail(self.console_log)}")
+            self._channel = Channel(self.agent_socket)
+        return self._channel
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        timeout: float | None = 60,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> subprocess.CompletedProcess:
+        """Run argv in the VM (as root, in its initial namespaces) and capture its output.
+
+        Like lab.proc.run: CommandError on a non-zero exit when `check`, and always on timeout.
+        The agent enforces `timeout` (killing the command's process group); the host waits a
+        little longer for the reply, and treats silence beyond that as a dead agent.
+        """
+        argv = [str(a) for a in argv]
+        req = {"op": "run", "argv": argv, "env": dict(env or {}), "timeout": timeout}
+        if input is not None:
+            req["input"] = input
+        if cwd is not None:
+            req["cwd"] = str(cwd)
+        try:
+            reply = self._chan().request(req, None if timeout is None else timeout + 30)
+        except ChannelClosed as e:
+            raise CommandError(argv, -1, f"{e}\n{tail(self.console_log, 10)}", where="vm") from e
+        if reply is None:
+            raise CommandError(argv, -1, f"no reply from the VM agent within {timeout}s + 30s",
+                               where="vm")  # fmt: skip
+        if "error" in reply:
+            raise CommandError(argv, -1, f"agent: {reply['error']}", where="vm")
+        if reply.get("timed_out"):
+            raise CommandError(argv, -1, f"timed out after {timeout}s\n{reply.get('stderr', '')}",
+                               where="vm", stdout=reply.get("stdout", ""))  # fmt: skip
+        cp = subprocess.CompletedProcess(argv, reply["rc"], reply["stdout"], reply["stderr"])
+        if check and cp.returncode != 0:
+            raise CommandError(argv, cp.returncode, cp.stderr, where="vm", stdout=cp.stdout)
+        return cp
+
+    def ping(self, timeout: float = 5.0) -> dict | None:
+        """The agent's pong ({"kernel", "uptime"}), or None if it did not answer in time."""
+        try:
+            return self._chan().request({"op": "ping"}, timeout)
+        except (ChannelClosed, OSError):
+            return None
+
+    # -- shutdown --------------------------------------------------------------------------------
+    def shutdown(self, *, grace: float = 15.0, keep_logs: bool = False) -> None:
+        """Power the guest off, wait up to `grace` s, then stop QEMU by PID (TERM, then KILL),
+        and remove the state files (the console and QEMU logs too unless `keep_logs`).
+
+        Harmless to call twice. Raises TeardownIncomplete naming whatever is left.
+        """
+        leftovers: list[str] = []
+        if self.alive():
+            try:
+                chan = self._chan()
+                chan.request({"op": "poweroff"}, min(grace, 5.0))
+            except (OSError, StartupError):
+                pass  # the agent is gone or wedged: QEMU is stopped by PID below
+            deadline = time.monotonic() + grace
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self.alive() and not proc.stop_pid(self.pid, self.record.get("start_time")):
+            leftovers.append(f"QEMU process {self.pid}")
+        if self._popen is not None:
+            try:
+                self._popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        keep = {"console.log", "qemu.log"} if keep_logs else set()
+        for name in STATE_FILES:
+            if name in keep:
+                continue
+            path = self.state_dir / name
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                leftovers.append(f"{path}: {e.strerror}")
+        try:
+            self.state_dir.rmdir()
+        except OSError:
+            pass  # not empty (kept logs, or the caller's own files): not ours to remove
+        if leftovers:
+            raise TeardownIncomplete(leftovers)
+
+    def __enter__(self) -> VM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _write_record(state_dir: Path, record: dict) -> None:
+    tmp = state_dir / "vm.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, state_dir / "vm.json")
+
+
+def plan_shares(
+    project_dir: Path | None, runs_dir: Path | None, shares: Mapping[str | Path, str | Path] | None
+) -> list[Share]:
+    """The host root (read-only, tag labroot) followed by the read-write shares: the project
+    dir and the runs dir at their host paths, then `shares` ({guest_path: host_path})."""
+    planned = [Share(ROOT_TAG, Path("/"), "/", readonly=True, cache="loose")]
+    wanted: dict[str, Path] = {}
+    for d in (project_dir, runs_dir):
+        if d is not None:
+            wanted[str(Path(d).resolve())] = Path(d).resolve()
+    for guest, host in (shares or {}).items():
+        wanted[str(guest)] = Path(host).resolve()
+    for i, (guest, host) in enumerate(sorted(wanted.items())):  # parents before children
+        if not host.is_dir():
+            raise PreconditionError(f"VM share {guest}: host directory {host} does not exist")
+        if not guest.startswith("/") or any(c in guest for c in "|\n"):
+            raise PreconditionError(f"VM share {guest!r}: guest path must be absolute, no '|'")
+        planned.append(Share(f"labshare{i}", host, guest))
+    return planned
+
+
+def boot(
+    state_dir: Path,
+    *,
+    mem_mb: int = 2048,
+    cpus: int = 2,
+    shares: Mapping[str | Path, str | Path] | None = None,
+    project_dir: Path | None = Path("/work/main"),
+    runs_dir: Path | None = None,
+    accel: str | None = None,
+    kernel: Kernel | None = None,
+    cgroup: str = "v2",
+    hostname: str = "lab-vm",
+    timeout: float = 90.0,
+) -> VM:
+    """Boot the lab VM and return once its agent answers.
+
+    The host root is the guest's root (read-only 9p under a tmpfs overlay); `project_dir`,
+    `runs_dir` (default: project_dir/runs if it exists) and `shares` ({guest_path: host_path})
+    are mounted read-write. `accel` defaults to probe_accel(). `cgroup` is "v2" (cgroup2 only,
+    like users' machines) or "hybrid" (v1 cpu/cpuset/memory/pids + cgroup2 at
+    /sys/fs/cgroup/unified, like this project's CI hosts).
+
+    PreconditionError if QEMU or the kernel is missing; StartupError (with the console tail) if
+    the guest does not come up within `timeout` s. A failed boot leaves only its logs behind.
+    """
+    if cgroup not in ("v2", "hybrid"):
+        raise PreconditionError(f"cgroup={cgroup!r}: accepted values are 'v2', 'hybrid'")
+    qemu = require_qemu()
+    kernel = kernel or find_kernel()
+    accel = accel or probe_accel(kernel=kernel)
+    if accel not in ("kvm", "tcg"):
+        raise PreconditionError(f"accel={accel!r}: accepted values are 'kvm', 'tcg'")
+    if runs_dir is None and project_dir is not None and (Path(project_dir) / "runs").is_dir():
+        runs_dir = Path(project_dir) / "runs"
+    planned = plan_shares(project_dir, runs_dir, shares)
+
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    existing = state_dir / "vm.json"
+    if existing.exists():
+        old = VM.attach(state_dir)
+        if old.alive():
+            raise PreconditionError(f"a lab VM (pid {old.pid}) already runs from {state_dir}")
+        old.shutdown()  # stale files of a VM that died: clear them before starting afresh
+        state_dir.mkdir(parents=True, exist_ok=True)
+    for name in STATE_FILES:
+        (state_dir / name).unlink(missing_ok=True)
+
+    config = {
+        "LAB_KVER": kernel.release,
+        "LAB_MODDIR": str(kernel.modules_dir),
+        "LAB_MSIZE": str(MSIZE),
+        "LAB_ROOT_CACHE": "loose",
+        "LAB_SHARES": "\n".join(
+            f"{s.tag}|{s.guest_path}|{'ro' if s.readonly else 'rw'}|{s.cache}" for s in planned[1:]
+        ),
+        "LAB_TMPFS": " ".join(DEFAULT_TMPFS),
+        "LAB_CGROUP": cgroup,
+        "LAB_HOSTNAME": hostname,
+        "LAB_AGENT": AGENT_ARGV,
+    }
+    initramfs = build_initramfs(state_dir / "initramfs.cpio", kernel, config)
+    console, sock = state_dir / "console.log", state_dir / "agent.sock"
+    argv = qemu_argv(
+        qemu=qemu, kernel=kernel, initramfs=initramfs, accel=accel, mem_mb=mem_mb, cpus=cpus,
+        console_log=console, agent_socket=sock, pidfile=state_dir / "qemu.pid", shares=planned,
+    )  # fmt: skip
+    started = time.monotonic()
+    with open(state_dir / "qemu.log", "wb") as qlog:
+        popen = proc.spawn(argv, stderr=qlog, stdout=qlog)
+    record = {
+        "pid": popen.pid,
+        "start_time": proc.proc_start_time(popen.pid),
+        "accel": accel,
+        "kernel": kernel.release,
+        "kernel_image": str(kernel.image),
+        "mem_mb": mem_mb,
+        "cpus": cpus,
+        "cgroup": cgroup,
+        "shares": {s.guest_path: str(s.host_path) for s in planned[1:]},
+        "argv": argv,
+    }
+    _write_record(state_dir, record)
+    vm = VM(state_dir, record, popen)
+    try:
+        _wait_ready(vm, started, timeout)
+    except BaseException:
+        try:
+            vm.shutdown(grace=0, keep_logs=True)
+        except TeardownIncomplete:
+            pass
+        raise
+    record["boot_seconds"] = round(time.monotonic() - started, 3)
+    _write_record(state_dir, record)
+    return vm
+
+
+def _wait_ready(vm: VM, started: float, timeout: float) -> None:
+    """Connect to QEMU's agent socket as soon as it exists (QEMU holds the guest until then),
+    then wait for the agent's ready event, failing fast if QEMU exits."""
+    deadline = started + timeout
+
+    def failed(why: str) -> StartupError:
+        qlog = tail(vm.state_dir / "qemu.log", 10)
+        return StartupError(
+            f"lab VM did not come up: {why}\n"
+            f"--- QEMU stderr ({vm.state_dir / 'qemu.log'}) ---\n{qlog}\n"
+            f"--- console tail ({vm.console_log}) ---\n{tail(vm.console_log)}"
+        )
+
+    while vm._channel is None:
+        if not vm.alive():
+            raise failed("QEMU exited before opening the agent socket")
+        if time.monotonic() > deadline:
+            raise failed(f"no agent socket after {timeout:.0f} s")
+        if vm.agent_socket.exists():
+            try:
+                vm._channel = Channel(vm.agent_socket)
+            except OSError:
+                pass
+        if vm._channel is None:
+            time.sleep(0.02)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise failed(f"agent not ready after {timeout:.0f} s")
+        if vm._channel.wait_event("ready", min(left, 0.25)) is not None:
+            return
+        if not vm.alive() or vm._channel.closed:
+            raise failed("QEMU exited during boot (see the console tail)")
