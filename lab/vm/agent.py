@@ -92,7 +92,11 @@ class Port:
 def run_request(req: dict) -> dict:
     argv = req.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        return {"rc": 127, "stdout": "", "stderr": "lab-agent: argv must be a non-empty list of str"}
+        return {
+            "rc": 127,
+            "stdout": "",
+            "stderr": "lab-agent: argv must be a non-empty list of str",
+        }
     env = dict(BASE_ENV)
     env.update(req.get("env") or {})
     timeout = req.get("timeout")
@@ -156,8 +160,8 @@ def main() -> None:
         try:
             req = json.loads(line)
             if not isinstance(req, dict):
-                raise ValueError("request is not an object")
-        except ValueError as e:
+                raise TypeError("request is not an object")
+        except (ValueError, TypeError) as e:
             port.send({"id": None, "error": f"bad request: {e}"})
             continue
         threading.Thread(target=handle, args=(port, req), daemon=True).start()

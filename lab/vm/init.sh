@@ -25,7 +25,10 @@
 #   LAB_AGENT     argv of the agent (a python3 from the host root)
 
 BB=/bin/busybox
-say() { echo "lab-init: $*" >/dev/console 2>/dev/null || echo "lab-init: $*"; }
+say() {
+    read -r up _ </proc/uptime 2>/dev/null
+    echo "lab-init: [$up] $*" >/dev/console 2>/dev/null || echo "lab-init: $*"
+}
 fail() {
     echo "LAB-INIT-FAILED $*" >/dev/console 2>/dev/null
     $BB sync
@@ -84,7 +87,6 @@ stage2() {
     # Modules of the guest kernel: the host root has none for this release (or none at all).
     $BB mkdir -p "/lib/modules/$LAB_KVER" 2>/dev/null
     $BB mount --bind "$LAB_MODDIR" "/lib/modules/$LAB_KVER" || fail "bind $LAB_MODDIR"
-    $BB mount -o remount,bind,ro "/lib/modules/$LAB_KVER" 2>/dev/null
 
     echo "$LAB_SHARES" | while IFS='|' read -r tag path mode cache; do
         [ -n "$tag" ] || continue

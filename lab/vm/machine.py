@@ -19,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Self
 
 from .. import proc
 from ..errors import CommandError, PreconditionError, StartupError, TeardownIncomplete
@@ -97,7 +98,9 @@ class VM:
     def _chan(self) -> Channel:
         if self._channel is None or self._channel.closed:
             if not self.alive():
-                raise StartupError(f"lab VM (pid {self.pid}) is not running\n{tail(self.console_log)}")
+                raise StartupError(
+                    f"lab VM (pid {self.pid}) is not running\n{tail(self.console_log)}"
+                )
             self._channel = Channel(self.agent_socket)
         return self._channel
 
@@ -192,7 +195,7 @@ class VM:
         if leftovers:
             raise TeardownIncomplete(leftovers)
 
-    def __enter__(self) -> VM:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

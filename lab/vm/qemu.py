@@ -24,7 +24,7 @@ QEMU = "qemu-system-x86_64"
 QEMU_HINT = "apt-get install qemu-system-x86"
 AGENT_PORT = "lab.agent"  # must match agent.PORT_NAME
 ROOT_TAG = "labroot"
-MSIZE = 512 * 1024
+MSIZE = 512000  # the virtio transport's maximum in 6.x kernels (it clamps larger values)
 
 #: Kernel command line. panic=-1 + QEMU's -no-reboot turn a guest panic into QEMU exiting, which
 #: boot() notices at once instead of waiting for its timeout. tsc=reliable and no_timer_check
@@ -128,8 +128,10 @@ def _boot_id() -> str:
         return ""
 
 
-def probe_accel(*, kernel: Kernel | None = None, timeout: float = 8.0, use_cache: bool = True):
-    """"kvm" if a KVM guest really boots the stock kernel to its init here, else "tcg".
+def probe_accel(
+    *, kernel: Kernel | None = None, timeout: float = 8.0, use_cache: bool = True
+) -> str:
+    """Return "kvm" if a KVM guest really boots the stock kernel to its init here, else "tcg".
 
     /dev/kvm existing proves nothing (on this project's CI hosts it is a hypervisor that cannot
     run stock kernels), so the probe boots the kernel with a three-line init under KVM and waits
