@@ -1,0 +1,118 @@
+"""The one small interface every VPN driver implements, and the context it works in.
+
+A driver knows one technology (WireGuard, strongSwan, OpenVPN, ...). A profile (vpn_profiles/*.toml)
+picks a driver and its parameters. The lab calls, in order:
+    check()  -> can this run here, and which data-plane path would it use (before anything starts)
+    secrets() -> fresh per-lab keys/PSKs/certs, written mode 0600 into ctx.secrets_dir
+    render() -> the config files per node, exactly as they would be deployed on a board
+    start()  -> write the rendered files, start daemons with node.spawn (PIDs go to the ledger)
+    wait_ready() -> poll until traffic really passes the tunnel (ping through it), with a timeout
+    describe() -> implementation, version, data-plane path, cipher, tunnel MTU, config hash
+    stop()   -> stop what start() started (teardown also ends every recorded PID on its own)
+Drivers run commands only through ctx.nodes[...] (lab.node.Node), never on the host directly, so
+the same driver later drives Raspberry Pi boards over SSH and labs inside a VM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..node import Daemon, Node
+
+
+@dataclass
+class Endpoint:
+    """One tunnel end: a node, its underlay address(es) and its tunnel address(es)."""
+
+    name: str  # node name
+    node: Node
+    underlay_v4: str  # address the peer reaches this end at, e.g. "10.0.1.2"
+    underlay_v6: str | None
+    tunnel_v4: str  # e.g. "10.99.0.1/24"
+    tunnel_v6: str  # e.g. "fd99::1/64"
+    # networks behind this end that the other end routes through the tunnel (site-to-site)
+    behind: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TunnelContext:
+    lab_id: str
+    client: Endpoint  # initiator
+    server: Endpoint  # responder
+    secrets_dir: Path  # mode 0700; every file in it 0600; never copied into results
+    config_dir: Path  # rendered configs, one sub-directory per node
+    log_dir: Path
+    daemons: list[Daemon] = field(default_factory=list)
+
+    def ends(self) -> tuple[Endpoint, Endpoint]:
+        return self.client, self.server
+
+    def peer(self, end: Endpoint) -> Endpoint:
+        return self.server if end is self.client else self.client
+
+
+@dataclass
+class Availability:
+    ok: bool
+    path: str  # data-plane path that would be used, e.g. "kernel", "wireguard-go", "kernel-libipsec"
+    why: str = ""  # when not ok: what is missing (and e.g. "use --vm")
+
+
+@dataclass
+class Param:
+    """A profile parameter: type, default, allowed values (or None), one-line doc."""
+
+    type: type
+    default: Any
+    doc: str
+    choices: tuple | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class Driver(ABC):
+    name: str = ""
+    params: dict[str, Param] = {}
+    #: keys of rendered-config values that are secret (redacted unless asked)
+    secret_markers: tuple[str, ...] = ()
+
+    @abstractmethod
+    def tools(self, params: dict) -> list[str]:
+        """Executables this profile needs on the machine (or board)."""
+
+    @abstractmethod
+    def check(self, params: dict) -> Availability:
+        """Can it run here, and which data-plane path? Must not change the system."""
+
+    def secrets(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
+        """Generate fresh secrets (write them 0600 under ctx.secrets_dir); returns name -> value."""
+        return {}
+
+    @abstractmethod
+    def render(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict[str, dict[str, str]]:
+        """{node name: {relative file path: content}} as deployed on a board."""
+
+    @abstractmethod
+    def start(self, ctx: TunnelContext, params: dict, rendered: dict[str, dict[str, str]]) -> None:
+        """Bring the tunnel up (configs in ctx.config_dir/<node>/, daemons via node.spawn)."""
+
+    @abstractmethod
+    def describe(self, ctx: TunnelContext, params: dict) -> dict:
+        """{implementation, version, path, cipher, mtu, config_hash, ...}."""
+
+    def stop(self, ctx: TunnelContext, params: dict) -> None:
+        for d in reversed(ctx.daemons):
+            ctx.client.node.stop(d) if d.node == ctx.client.name else ctx.server.node.stop(d)
+
+
+def config_hash(rendered: dict[str, dict[str, str]]) -> str:
+    h = hashlib.sha256()
+    for node in sorted(rendered):
+        for path in sorted(rendered[node]):
+            h.update(f"{node}/{path}\0".encode())
+            h.update(rendered[node][path].encode())
+    return h.hexdigest()[:16]
