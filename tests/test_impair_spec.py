@@ -105,7 +105,7 @@ GOOD = [
     (
         "  delay   5ms \n loss  1% ",
         {"delay_us": 5000, "loss": {"model": "random", "p_pct": 1.0, "corr_pct": 0.0}},
-    ),  # fmt: skip
+    ),
 ]
 
 
