@@ -28,17 +28,19 @@ BUSY = "the server is busy"
 
 
 @contextmanager
-def iperf3_server(ctx: Context, port: int) -> Iterator[None]:
-    """iperf3 -s on the server node, bound to the target address, stopped in finally."""
+def iperf3_server(ctx: Context, port: int) -> Iterator[Path]:
+    """iperf3 -s on the server node, bound to the target address, stopped in finally.
+
+    Yields the server's log (its text report, kept with the raw output).
+    """
     argv = ["iperf3", "-s", "-p", str(port)]
     if family_of(ctx.server_addr):
         argv += ["-B", ctx.server_addr.strip("[]")]
-    daemon = ctx.server.spawn(
-        f"iperf3-server-{port}", argv, log=ctx.next_raw("iperf3-server", ".log")
-    )
+    log = ctx.next_raw("iperf3-server", ".log")
+    daemon = ctx.server.spawn(f"iperf3-server-{port}", argv, log=log)
     try:
         wait_listening(ctx.server, daemon, proto="tcp", port=port)
-        yield
+        yield log
     finally:
         ctx.server.stop(daemon)
 

@@ -21,6 +21,10 @@ from ..node import Node
 from .base import Context, Param, Record, Test, describe_failure, family_of, invoke, wait_listening
 
 MIB = 1024 * 1024
+#: OpenSSH >= 9.0 speaks SFTP underneath scp; -O forces the legacy protocol that older
+#: releases (like the studies' boards) used; writing /dev/null over SFTP also draws a harmless
+#: "remote fsetstat" warning. Both flags need OpenSSH 9.0+; "default" passes neither.
+PROTOCOL_FLAGS = {"default": [], "scp": ["-O"], "sftp": ["-s"]}
 
 
 def sshd_config(*, addr: str, port: int, state: Path) -> str:
@@ -58,6 +62,7 @@ def scp_argv(
     addr: str,
     dest: str,
     cipher: str | None,
+    protocol: str = "default",
 ) -> list[str]:
     host = addr.strip("[]")
     if family_of(host) == 6:
@@ -67,6 +72,7 @@ def scp_argv(
     argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "LogLevel=ERROR"]
     if cipher:
         argv += ["-c", cipher]
+    argv += PROTOCOL_FLAGS[protocol]
     return argv + [str(src), f"{user}@{host}:{dest}"]
 
 
@@ -84,6 +90,7 @@ class ScpTest(Test):
         "port": Param(int, 2222, min=1, max=65535),
         "cipher": Param(str, None, optional=True, doc="scp -c, e.g. aes128-gcm@openssh.com"),
         "dest": Param(str, "/dev/null", doc="path written on the server"),
+        "protocol": Param(str, "default", choices=tuple(PROTOCOL_FLAGS), doc="scp -O / -s"),
     }
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
@@ -94,7 +101,12 @@ class ScpTest(Test):
         daemon = None
         files: list[Path] = []
         size = params["size_mb"] * MIB
-        base = {"size_bytes": size, "cipher": params["cipher"], "dest": params["dest"]}
+        base = {
+            "size_bytes": size,
+            "cipher": params["cipher"],
+            "dest": params["dest"],
+            "protocol": params["protocol"],
+        }
         try:
             host_key, client_key = state / "ssh_host_ed25519_key", state / "id_ed25519"
             for node, key in ((ctx.server, host_key), (ctx.client, client_key)):
@@ -129,10 +141,10 @@ class ScpTest(Test):
             test = ctx.server.run([sshd, "-t", "-f", str(cfg)], check=False)
             if test.returncode != 0:
                 raise StartupError(f"sshd rejected its config {cfg}:\n{test.stderr.strip()}")
+            log = ctx.next_raw("sshd", ".log")
+            files.append(log)
             daemon = ctx.server.spawn(
-                f"sshd-scp-{params['port']}",
-                [sshd, "-D", "-e", "-f", str(cfg)],
-                log=ctx.next_raw("sshd", ".log"),
+                f"sshd-scp-{params['port']}", [sshd, "-D", "-e", "-f", str(cfg)], log=log
             )
             wait_listening(ctx.server, daemon, proto="tcp", port=params["port"])
 
@@ -145,6 +157,7 @@ class ScpTest(Test):
                 addr=host,
                 dest=params["dest"],
                 cipher=params["cipher"],
+                protocol=params["protocol"],
             )
             # a Pi moves ~10-40 MB/s through scp; allow 1 MiB/s before calling it hung
             inv = invoke(

@@ -84,7 +84,8 @@ class TcpTest(Test):
         base = {"direction": params["direction"], "mss": params["mss"]}
         files: list[Path] = []
         try:
-            with iperf3_server(ctx, params["port"]):
+            with iperf3_server(ctx, params["port"]) as server_log:
+                files.append(server_log)
                 text = run_client(
                     ctx,
                     argv,

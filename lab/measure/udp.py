@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..errors import ConfigError
 from .base import Context, MeasurementFailed, Param, Record, Test
 from .iperf3 import DEFAULT_PORT, client_argv, iperf3_server, parse_iperf3_udp, run_client
 from .tcp import DIRECTIONS
@@ -28,7 +29,12 @@ def _common_schema(duration: float) -> dict[str, Param]:
 
 
 def _one(
-    test: Test, ctx: Context, params: Mapping[str, Any], rate_mbit: float, label: str
+    test: Test,
+    ctx: Context,
+    params: Mapping[str, Any],
+    rate_mbit: float,
+    label: str,
+    server_log: Path,
 ) -> Record:
     argv = client_argv(
         ctx.server_addr,
@@ -40,7 +46,7 @@ def _one(
         length=params["size"],
     )
     base = {"direction": params["direction"], "rate_mbit": rate_mbit, "size": params["size"]}
-    files: list[Path] = []
+    files: list[Path] = [server_log]
     try:
         text = run_client(ctx, argv, label=label, files=files, expected_s=params["duration_s"])
         metrics = parse_iperf3_udp(text)
@@ -61,8 +67,8 @@ class UdpTest(Test):
     }
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
-        with iperf3_server(ctx, params["port"]):
-            return [_one(self, ctx, params, params["rate_mbit"], "iperf3-udp")]
+        with iperf3_server(ctx, params["port"]) as log:
+            return [_one(self, ctx, params, params["rate_mbit"], "iperf3-udp", log)]
 
 
 def _positive_rates(rates: list) -> str | None:
@@ -90,8 +96,6 @@ class UdpSweepTest(Test):
     def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
         out = super().validate(params, source=source)
         if out["rates_mbit"] is None and out["stop_mbit"] < out["start_mbit"]:
-            from ..errors import ConfigError
-
             raise ConfigError(
                 f"stop_mbit {out['stop_mbit']} is below start_mbit {out['start_mbit']}; "
                 "accepted: stop_mbit >= start_mbit",
@@ -110,9 +114,9 @@ class UdpSweepTest(Test):
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         records = []
-        with iperf3_server(ctx, params["port"]):
+        with iperf3_server(ctx, params["port"]) as log:
             for i, rate in enumerate(self.rates(params)):
-                rec = _one(self, ctx, params, rate, f"iperf3-udp-sweep-{rate:g}M")
+                rec = _one(self, ctx, params, rate, f"iperf3-udp-sweep-{rate:g}M", log)
                 rec["step"] = i
                 records.append(rec)
         return records

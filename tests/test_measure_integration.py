@@ -1,0 +1,242 @@
+"""Real iperf3/ping/sshd/rr runs between two network namespaces this test creates.
+
+Uses a tiny local Node (``ip netns exec`` through lab.proc) so the tests need nothing but root
+and the tools; the lab's real LocalNode can replace it later. Addresses are from the
+benchmarking ranges (198.18.0.0/15, 2001:2::/48) inside namespaces named ``meas<random>-*``,
+which are removed in finally; no packet leaves them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from lab import proc
+from lab.measure import TESTS, Context, get_test
+from lab.node import Daemon, Node, merged_env
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces"),
+    pytest.mark.skipif(
+        not all(proc.which(t) for t in ("ip", "iperf3", "ping", "sshd", "scp", "ss")),
+        reason="needs ip, iperf3, ping, sshd, scp, ss",
+    ),
+]
+
+C4, S4 = "198.18.0.1", "198.18.0.2"
+C6, S6 = "2001:2::1", "2001:2::2"
+MTU = 1420
+
+
+class NetnsNode(Node):
+    """Commands in one network namespace of this machine."""
+
+    def __init__(self, name: str, netns: str):
+        self.name = name
+        self.netns = netns
+        self.env: dict[str, str] = {}
+
+    def _argv(self, argv: Sequence[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, *map(str, argv)]
+
+    def run(self, argv, *, check=True, timeout=60, input=None, env=None):
+        return proc.run(
+            self._argv(argv),
+            check=check,
+            timeout=timeout,
+            input=input,
+            env=merged_env(self.env, env),
+            where=self.netns,
+        )
+
+    def spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Daemon:
+        out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - child keeps it
+        try:
+            p = proc.spawn(
+                self._argv(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=merged_env(self.env, env),
+            )
+        finally:
+            if log:
+                out.close()
+        return Daemon(self.name, name, p.pid, proc.proc_start_time(p.pid), log, p)
+
+    def stop(self, daemon: Daemon, *, grace: float = 3.0) -> bool:
+        gone = proc.stop_pid(daemon.pid, daemon.start_time, grace=grace)
+        if daemon.popen is not None:
+            daemon.popen.wait(timeout=5)
+        return gone
+
+    def popen(self, argv, *, stdout=None, stderr=None, env=None):
+        return proc.spawn(
+            self._argv(argv), stdout=stdout, stderr=stderr, env=merged_env(self.env, env)
+        )
+
+
+@pytest.fixture(scope="module")
+def pair():
+    tag = f"meas{secrets.token_hex(3)}"
+    cns, sns = f"{tag}-c", f"{tag}-s"
+    created = []
+    try:
+        for ns in (cns, sns):
+            proc.run(["ip", "netns", "add", ns])
+            created.append(ns)
+        proc.run(
+            [
+                "ip",
+                "link",
+                "add",
+                f"{tag}-c",
+                "netns",
+                cns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"{tag}-s",
+                "netns",
+                sns,
+            ]
+        )
+        for ns, dev, a4, a6 in ((cns, f"{tag}-c", C4, C6), (sns, f"{tag}-s", S4, S6)):
+            ip = ["ip", "-n", ns]
+            proc.run([*ip, "link", "set", "lo", "up"])
+            proc.run([*ip, "link", "set", dev, "mtu", str(MTU), "up"])
+            proc.run([*ip, "addr", "add", f"{a4}/24", "dev", dev])
+            proc.run([*ip, "addr", "add", f"{a6}/64", "dev", dev, "nodad"])
+        client, server = NetnsNode("client", cns), NetnsNode("server", sns)
+        yield client, server, f"{tag}-c"
+        for ns in (cns, sns):  # every test stopped what it started
+            assert proc.run(["ip", "netns", "pids", ns]).stdout.strip() == "", ns
+    finally:
+        for ns in created:
+            proc.run(["ip", "netns", "del", ns], check=False)
+
+
+def ctx_for(pair, tmp_path: Path, addr: str = S4) -> Context:
+    client, server, iface = pair
+    return Context(
+        client,
+        server,
+        addr,
+        tmp_path / "raw",
+        iface=iface,
+        timeout_s=20,
+        state_dir=tmp_path / "state",
+    )
+
+
+def run(test: str, ctx: Context, /, **params):
+    t = get_test(test)
+    records = t.run(ctx, t.validate(params, source="test"))
+    for r in records:
+        assert r["raw_files"], r
+        assert all(Path(f).exists() for f in r["raw_files"])
+    return records
+
+
+def test_tcp_both_directions_and_small_mss(pair, tmp_path):
+    ctx = ctx_for(pair, tmp_path)
+    [up] = run("tcp", ctx, duration_s=1)
+    assert up["ok"], up["error"]
+    assert up["direction"] == "client-to-server" and up["receiver_bps"] > 1e6
+    [down] = run("tcp", ctx, duration_s=1, direction="server-to-client", streams=2, mss=88)
+    assert down["ok"], down["error"]
+    assert down["direction"] == "server-to-client" and down["streams"] == 2
+    assert down["payload_bytes_per_packet"] == 76 and down["packets_per_s"] > 0
+
+
+def test_tcp_ipv6(pair, tmp_path):
+    [r] = run("tcp", ctx_for(pair, tmp_path, S6), duration_s=1)
+    assert r["ok"], r["error"]
+    assert r["tcp_mss"] == MTU - 40 - 20 - 12
+    assert "IPv6 40" in r["pps_assumption"]
+
+
+def test_udp_and_sweep(pair, tmp_path):
+    ctx = ctx_for(pair, tmp_path)
+    [r] = run("udp", ctx, rate_mbit=1, size=256, duration_s=1)
+    assert r["ok"], r["error"]
+    assert r["packets_sent"] > 0 and r["jitter_ms"] is not None
+    recs = run("udp-sweep", ctx, rates_mbit=[10, 20], duration_s=1)
+    assert [x["rate_mbit"] for x in recs] == [10, 20] and all(x["ok"] for x in recs)
+    assert recs[1]["sent_pps"] > recs[0]["sent_pps"]
+
+
+def test_ping_ok_v4_v6_and_total_loss(pair, tmp_path):
+    [r] = run("ping", ctx_for(pair, tmp_path), count=20, interval_s=0.01)
+    assert r["ok"] and r["received"] == 20 and len(r["rtts"]) == 20
+    [r6] = run("ping", ctx_for(pair, tmp_path, S6), count=5, interval_s=0.01)
+    assert r6["ok"] and r6["family"] == 6
+    [lost] = run(
+        "ping",
+        ctx_for(pair, tmp_path, "198.18.0.99"),
+        count=3,
+        interval_s=0.01,
+        reply_timeout_s=0.5,
+    )
+    assert not lost["ok"] and lost["loss_pct"] == 100.0
+
+
+def test_mtu_bisection(pair, tmp_path):
+    recs = run("mtu", ctx_for(pair, tmp_path), addr6=S6)
+    assert [(r["family"], r["path_mtu"], r["iface_mtu"]) for r in recs] == [
+        (4, MTU, MTU),
+        (6, MTU, MTU),
+    ]
+    assert all(r["matches_iface"] for r in recs)
+
+
+def test_scp(pair, tmp_path):
+    ctx = ctx_for(pair, tmp_path)
+    [r] = run("scp", ctx, size_mb=8, port=2299)
+    assert r["ok"], r["error"]
+    assert r["rate_bps"] > 0 and r["size_bytes"] == 8 * 1024 * 1024
+    assert list((tmp_path / "state").iterdir()) == []  # keys and payload removed
+    assert not any("PRIVATE KEY" in Path(f).read_text() for f in r["raw_files"])
+
+
+def test_rr_tcp_and_udp(pair, tmp_path):
+    ctx = ctx_for(pair, tmp_path)
+    [t] = run("rr", ctx, duration_s=1)
+    assert t["ok"] and t["transactions_per_s"] > 1000 and t["latency_p99_us"] > 0
+    [u] = run("rr", ctx, proto="udp", request=516, response=4, duration_s=1)
+    assert u["ok"] and u["request_bytes"] == 516 and u["response_bytes"] == 4
+
+
+def test_contention_wraps_and_stops_hog(pair, tmp_path):
+    [r] = run(
+        "contention", ctx_for(pair, tmp_path), test="rr", node="server", params={"duration_s": 1}
+    )
+    assert r["ok"], r["error"]
+    assert r["contention"]["node"] == "server" and r["contention"]["alive_throughout"]
+
+
+def test_tcp_unreachable_port_is_failed_record(pair, tmp_path):
+    """Connect to a port nobody listens on: the server-side bind still works, the client fails."""
+    from lab.measure.iperf3 import client_argv, run_client
+
+    ctx = ctx_for(pair, tmp_path)
+    files: list[Path] = []
+    text = run_client(ctx, client_argv(S4, 5999, duration=1), expected_s=1, label="x", files=files)
+    assert "Connection refused" in text and files
+
+
+def test_registry_is_complete():
+    assert set(TESTS) == {"tcp", "udp", "udp-sweep", "ping", "scp", "mtu", "rr", "contention"}
