@@ -9,8 +9,9 @@ Why our own: sockperf's ping-pong mode echoes the request back (same size both w
 
 The client sends N bytes, waits for all M bytes of the answer, and repeats for S seconds; it
 prints one JSON object: transactions, transactions/s and latency percentiles in microseconds.
-UDP has no retransmission: an answer not back within --udp-timeout-ms counts as a timeout and the
-client moves on (netperf's UDP_RR would stall forever). Standard library only, so it runs on any
+UDP has no retransmission: an answer not back within --udp-timeout-ms (or refused by ICMP) counts
+as a timeout and the client moves on (netperf's UDP_RR would stall forever); a late answer may
+then be taken for the next one's, so under loss UDP latencies are approximate. Standard library only, so it runs on any
 node with python3 >= 3.9; it stops by itself after --duration (client) and on SIGTERM (server).
 """
 
@@ -139,6 +140,12 @@ def client(
                 s.recv(65535)
             except TimeoutError:
                 timeouts += 1
+                t = now()
+                continue
+            except ConnectionRefusedError:
+                # ICMP port unreachable: no server (yet). Count it as lost; do not spin.
+                timeouts += 1
+                time.sleep(udp_timeout_ms / 1000.0)
                 t = now()
                 continue
             t2 = now()
