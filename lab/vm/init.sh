@@ -74,6 +74,10 @@ stage2() {
     $BB mkdir -p /dev/pts /dev/shm
     $BB mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
     $BB mount -t tmpfs -o mode=1777,nosuid,nodev shm /dev/shm
+    # No udev here: create the TUN node so that opening it autoloads tun (char-major-10-200),
+    # as on a normal system, for wireguard-go, OpenVPN and strongSwan's kernel-libipsec.
+    $BB mkdir -p /dev/net
+    [ -e /dev/net/tun ] || $BB mknod -m 0666 /dev/net/tun c 10 200
     for d in $LAB_TMPFS; do
         if [ -L "$d" ]; then continue; fi      # /var/run -> /run on Debian: already tmpfs
         $BB mkdir -p "$d" 2>/dev/null

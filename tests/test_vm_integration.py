@@ -1,0 +1,214 @@
+"""The full-kernel VM really boots here and gives the lab the kernel features this host lacks.
+
+Skipped (naming what is missing) without QEMU or the kernel cache (scripts/fetch-kernel.sh).
+One VM serves most tests of this module; two more boots check the failure paths and the cgroup
+v1 layout + complete shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lab import proc
+from lab.errors import CommandError, PreconditionError, StartupError
+from lab.vm import VM, boot, find_kernel
+from lab.vm.kernel import Kernel
+from lab.vm.qemu import QEMU
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def _kernel_or_skip() -> Kernel:
+    if not proc.which(QEMU):
+        pytest.skip(f"{QEMU} not installed (apt-get install qemu-system-x86)")
+    try:
+        return find_kernel()
+    except PreconditionError as e:
+        pytest.skip(f"VM kernel cache missing: {e}")
+
+
+def _assert_gone(vm: VM, state_dir: Path) -> None:
+    assert not proc.is_same_process(vm.pid, vm.record["start_time"]), "QEMU still running"
+    assert (
+        not Path(f"/proc/{vm.pid}").exists()
+        or proc.proc_start_time(vm.pid) != vm.record["start_time"]
+    )
+    assert not state_dir.exists(), f"left behind: {list(state_dir.iterdir())}"
+
+
+@pytest.fixture(scope="module")
+def kern():
+    return _kernel_or_skip()
+
+
+@pytest.fixture(scope="module")
+def share_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("vmshare")
+
+
+@pytest.fixture(scope="module")
+def vm(kern, tmp_path_factory, share_dir):
+    state = tmp_path_factory.mktemp("vm") / "state"
+    machine = boot(state, mem_mb=1024, shares={"/mnt/lab-test": share_dir})
+    yield machine
+    machine.shutdown()
+    _assert_gone(machine, state)
+
+
+def sh(vm: VM, script: str, timeout: float = 60):
+    return vm.run(["sh", "-euc", script], timeout=timeout)
+
+
+def test_boot_and_run(vm, kern):
+    cp = vm.run(["uname", "-r"])
+    assert cp.returncode == 0 and cp.stdout.strip() == kern.release
+    assert vm.accel in ("kvm", "tcg") and vm.boot_seconds and vm.boot_seconds > 0
+    assert vm.console_log.exists() and "LAB-INIT-DONE" in vm.console_log.read_text()
+    assert vm.run(["cat"], input="hello").stdout == "hello"
+    assert vm.run(["sh", "-c", "echo $X"], env={"X": "y"}).stdout == "y\n"
+    assert vm.run(["pwd"], cwd="/tmp").stdout == "/tmp\n"
+    assert vm.run(["false"], check=False).returncode == 1
+    with pytest.raises(CommandError) as e:
+        vm.run(["sh", "-c", "echo bad >&2; exit 7"])
+    assert (e.value.returncode, e.value.where) == (7, "vm") and "bad" in e.value.stderr
+    with pytest.raises(CommandError, match="timed out"):
+        vm.run(["sleep", "30"], timeout=1)
+
+
+def test_guest_layout(vm):
+    """Read-only host root under a tmpfs overlay; tmpfs where the lab writes; cgroup2."""
+    mounts = vm.run(["cat", "/proc/mounts"]).stdout
+    fstype = {line.split()[1]: line.split()[2] for line in mounts.splitlines()}
+    assert fstype["/"] == "overlay"
+    for d in ("/run", "/tmp", "/var/lib/lab", "/var/log"):
+        assert fstype[d] == "tmpfs", d
+    assert fstype["/sys/fs/cgroup"] == "cgroup2"
+    assert fstype["/work/main"] == "9p"
+    # writes to the root land in guest RAM, never on the host
+    marker = f"/etc/lab-vm-test-{os.getpid()}"
+    vm.run(["touch", marker])
+    assert not Path(marker).exists()
+
+
+def test_kernel_modules_the_host_lacks(vm):
+    mods = ["sch_netem", "wireguard", "macsec", "esp4", "ip_gre", "ipip", "l2tp_eth"]
+    vm.run(["modprobe", "-a", *mods])
+    lsmod = vm.run(["cat", "/proc/modules"]).stdout
+    for m in mods:
+        assert f"{m} " in lsmod, m
+
+
+def test_netns_veth_netem_and_wireguard(vm):
+    sh(vm, """
+        for n in a b; do ip netns add $n; ip -n $n link set lo up; done
+        ip link add va netns a type veth peer name vb netns b
+        ip -n a addr add 10.0.0.1/24 dev va; ip -n a link set va up
+        ip -n b addr add 10.0.0.2/24 dev vb; ip -n b link set vb up
+        ip netns exec a tc qdisc add dev va root netem delay 10ms
+    """)  # fmt: skip
+    qd = vm.run(["ip", "netns", "exec", "a", "tc", "qdisc", "show", "dev", "va"]).stdout
+    assert "netem" in qd and "delay 10ms" in qd
+    out = vm.run(["ip", "netns", "exec", "a", "ping", "-c", "3", "-i", "0.2", "10.0.0.2"]).stdout
+    rtt_min = float(out.split("rtt min/avg/max/mdev = ")[1].split("/")[0])
+    assert rtt_min >= 10.0, out
+
+    if not proc.which("wg"):
+        pytest.skip("wg (wireguard-tools) not installed on the host root")
+    sh(vm, """
+        ka=$(wg genkey); kb=$(wg genkey)
+        pa=$(echo "$ka" | wg pubkey); pb=$(echo "$kb" | wg pubkey)
+        echo "$ka" >/tmp/ka; echo "$kb" >/tmp/kb
+        ip -n a link add wga type wireguard; ip -n b link add wgb type wireguard
+        ip netns exec a wg set wga private-key /tmp/ka listen-port 51820 \
+            peer "$pb" endpoint 10.0.0.2:51821 allowed-ips 10.9.0.2/32
+        ip netns exec b wg set wgb private-key /tmp/kb listen-port 51821 \
+            peer "$pa" endpoint 10.0.0.1:51820 allowed-ips 10.9.0.1/32
+        ip -n a addr add 10.9.0.1/24 dev wga; ip -n a link set wga up
+        ip -n b addr add 10.9.0.2/24 dev wgb; ip -n b link set wgb up
+    """)  # fmt: skip
+    vm.run(["ip", "netns", "exec", "a", "ping", "-c", "3", "-i", "0.2", "-W", "5", "10.9.0.2"])
+    show = vm.run(["ip", "netns", "exec", "a", "wg", "show", "wga", "transfer"]).stdout
+    rx, tx = (int(x) for x in show.split()[1:3])
+    assert rx > 0 and tx > 0, show
+    sh(vm, "ip netns del a; ip netns del b")
+
+
+def test_concurrent_requests(vm):
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            results[i] = vm.run(["sh", "-c", f"sleep 1; echo {i}"]).stdout.strip()
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and results == {i: str(i) for i in range(6)}
+    assert time.monotonic() - t0 < 5, "requests ran one after another"
+
+
+def test_shares_are_read_write(vm, share_dir):
+    vm.run(["sh", "-c", "echo from-guest >/mnt/lab-test/out.txt"])
+    assert (share_dir / "out.txt").read_text() == "from-guest\n"
+    (share_dir / "in.txt").write_text("from-host\n")
+    assert vm.run(["cat", "/mnt/lab-test/in.txt"]).stdout == "from-host\n"
+
+
+def test_attach_from_a_second_client(vm):
+    """A later process (e.g. `lab down`) reaches the same VM through its state directory."""
+    vm.disconnect()
+    other = VM.attach(vm.state_dir)
+    assert other.pid == vm.pid
+    assert other.run(["cat", "/proc/sys/kernel/hostname"]).stdout.strip() == "lab-vm"
+    other.disconnect()
+    assert vm.run(["true"]).returncode == 0  # the first client reconnects
+
+
+def test_hybrid_cgroups_and_clean_shutdown(kern, tmp_path):
+    state = tmp_path / "vm"
+    machine = boot(state, mem_mb=512, cpus=1, cgroup="hybrid", project_dir=None)
+    try:
+        assert machine.run(["test", "-f", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"]).returncode == 0
+        assert machine.run(["test", "-f", "/sys/fs/cgroup/unified/cgroup.procs"]).returncode == 0
+    finally:
+        machine.shutdown()
+    _assert_gone(machine, state)
+    machine.shutdown()  # twice is harmless
+
+
+def test_boot_failure_reports_qemu_and_console(kern, tmp_path):
+    junk = tmp_path / "k" / "boot" / f"vmlinuz-{kern.release}"
+    junk.parent.mkdir(parents=True)
+    junk.write_bytes(b"not a kernel")
+    bad = Kernel(release=kern.release, root=tmp_path / "k", busybox=kern.busybox)
+    (tmp_path / "k" / "lib").symlink_to(kern.root / "lib")
+    with pytest.raises(StartupError, match="did not come up") as e:
+        boot(tmp_path / "vm", kernel=bad, accel="tcg", project_dir=None)
+    assert "QEMU stderr" in str(e.value) and "console tail" in str(e.value)
+    leftovers = {p.name for p in (tmp_path / "vm").iterdir()}
+    assert leftovers <= {"console.log", "qemu.log"}, leftovers
+
+
+def test_boot_timeout_kills_qemu(kern, tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(StartupError, match="after 1 s"):
+        boot(tmp_path / "vm", accel="tcg", project_dir=None, timeout=1)
+    assert time.monotonic() - t0 < 15
+    rec_pids = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+    for p in rec_pids:
+        try:
+            cmd = (p / "cmdline").read_bytes()
+        except OSError:
+            continue
+        assert str(tmp_path / "vm").encode() not in cmd, f"QEMU {p.name} survived"
