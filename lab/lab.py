@@ -185,8 +185,17 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
     return plan, list(dict.fromkeys(warnings))
 
 
-def up(spec: LabSpec, lab_id: str | None = None) -> Lab:
-    """Build `spec` as lab `lab_id`. On any failure everything built so far is removed."""
+def up(spec: LabSpec, lab_id: str | None = None, *, vpn=None) -> Lab:
+    """Build `spec` as lab `lab_id`. On any failure everything built so far is removed.
+
+    `vpn`: a profile spec ("wireguard:mtu=1280") or a lab.vpn.tunnel.TunnelPlan from
+    prepare() (validated before anything is created); the tunnel is started inside the same
+    unwind scope, so a tunnel that fails to come up removes the whole lab.
+    """
+    if isinstance(vpn, str):
+        from .vpn.tunnel import prepare
+
+        vpn = prepare(spec, vpn)
     netops.check_root()
     lab_id = check_id(lab_id or default_id())
     layout = cgroups.probe()
@@ -219,6 +228,10 @@ def up(spec: LabSpec, lab_id: str | None = None) -> Lab:
     ledger.record("lab", id=lab_id, cgroup_version=layout.version, cgroup_root=str(layout.root))
     try:
         _build(spec, lab_id, layout, cpu, ledger, info)
+        if vpn is not None:
+            from .vpn.tunnel import bring_up
+
+            bring_up(Lab(lab_id, info), vpn)
     except BaseException as e:
         from .teardown import teardown
 

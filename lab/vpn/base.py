@@ -19,9 +19,10 @@ import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..node import Daemon, Node
+from ..state import write_text_atomic
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Endpoint:
     tunnel_v6: str  # e.g. "fd99::1/64"
     # networks behind this end that the other end routes through the tunnel (site-to-site)
     behind: list[str] = field(default_factory=list)
+    underlay_if: str | None = None  # this end's interface facing the peer
 
 
 @dataclass
@@ -53,6 +55,16 @@ class TunnelContext:
 
     def peer(self, end: Endpoint) -> Endpoint:
         return self.server if end is self.client else self.client
+
+    def write_config(self, end: Endpoint, files: dict[str, str]) -> dict[str, Path]:
+        """Write one node's rendered files under config_dir/<node>/ (0600: they may hold keys)."""
+        out = {}
+        for rel, text in files.items():
+            path = self.config_dir / end.name / rel
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_text_atomic(path, text, mode=0o600)
+            out[rel] = path
+        return out
 
 
 @dataclass
@@ -76,13 +88,18 @@ class Param:
 
 class Driver(ABC):
     name: str = ""
-    params: dict[str, Param] = {}
+    #: False for the baseline: no tunnel, traffic goes to the peer's underlay address
+    has_tunnel: bool = True
+    params: ClassVar[dict[str, Param]] = {}
     #: keys of rendered-config values that are secret (redacted unless asked)
     secret_markers: tuple[str, ...] = ()
 
     @abstractmethod
     def tools(self, params: dict) -> list[str]:
         """Executables this profile needs on the machine (or board)."""
+
+    def validate(self, params: dict, *, source: str) -> None:
+        """Checks across parameters (each one alone is already valid); raise ConfigError."""
 
     @abstractmethod
     def check(self, params: dict) -> Availability:
@@ -116,3 +133,23 @@ def config_hash(rendered: dict[str, dict[str, str]]) -> str:
             h.update(f"{node}/{path}\0".encode())
             h.update(rendered[node][path].encode())
     return h.hexdigest()[:16]
+
+
+def write_secret(secrets_dir: Path, name: str, value: str) -> Path:
+    """A secret file, mode 0600, in a mode-0700 directory."""
+    secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    secrets_dir.chmod(0o700)
+    path = secrets_dir / name
+    write_text_atomic(path, value, mode=0o600)
+    return path
+
+
+def route_through(end: Endpoint, peer: Endpoint, dev: str) -> None:
+    """Send the networks behind `peer` through the tunnel device `dev` on `end`.
+
+    `replace`, not `add`: the topology already routes them over the underlay, and that route
+    must stop carrying them (otherwise traffic between the sites bypasses the tunnel).
+    """
+    for net in peer.behind:
+        fam = "-6" if ":" in net else "-4"
+        end.node.run(["ip", fam, "route", "replace", net, "dev", dev])

@@ -1,0 +1,52 @@
+"""VPN drivers: the registry that maps a driver name to its class.
+
+Drivers are discovered, not listed: every module in this package that defines a `Driver`
+subclass with a `name` registers it, so adding a technology means adding one module (plus its
+profiles in vpn_profiles/) and touching nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from ..errors import ConfigError
+from .base import Driver
+
+#: modules of this package that are infrastructure, not drivers
+_NOT_DRIVERS = {"base", "profiles", "tunnel"}
+_registry: dict[str, type[Driver]] | None = None
+
+
+def drivers() -> dict[str, type[Driver]]:
+    """{driver name: class} for every driver module in this package (imported once)."""
+    global _registry
+    if _registry is None:
+        found: dict[str, type[Driver]] = {}
+        for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+            if mod.name in _NOT_DRIVERS or mod.name.startswith("_"):
+                continue
+            module = importlib.import_module(f"{__name__}.{mod.name}")
+            for obj in vars(module).values():
+                if (
+                    isinstance(obj, type)
+                    and issubclass(obj, Driver)
+                    and obj is not Driver
+                    and obj.name
+                    and obj.__module__ == module.__name__
+                ):
+                    found[obj.name] = obj
+        _registry = found
+    return _registry
+
+
+def get_driver(name: str, *, source: str | None = None) -> Driver:
+    """An instance of driver `name`; ConfigError listing the valid drivers when unknown."""
+    cls = drivers().get(name)
+    if cls is None:
+        raise ConfigError(
+            f"unknown driver {name!r}; valid: {', '.join(sorted(drivers()))}",
+            source=source,
+            field="driver",
+        )
+    return cls()

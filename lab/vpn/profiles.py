@@ -1,0 +1,216 @@
+"""VPN profiles: TOML data files in vpn_profiles/ that pick a driver and its parameters.
+
+    driver = "wireguard"
+    description = "..."
+    study = "A"
+    [params]
+    listen_port = 51820
+
+A profile spec on the command line is `NAME[:key=value,...]` (or a path to a .toml file instead
+of NAME); the overrides go through the same validation as the file's [params]. Every problem is a
+ConfigError naming the file (or --vpn), the field and the accepted values, raised before anything
+is created.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from . import get_driver
+from .base import Driver, Param
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent.parent / "vpn_profiles"
+TOP_KEYS = {"driver": str, "description": str, "study": str, "params": dict}
+
+
+def profile_dirs() -> list[Path]:
+    extra = os.environ.get("LAB_VPN_PROFILES")
+    return ([Path(extra)] if extra else []) + [PROFILE_DIR]
+
+
+def template_dir() -> Path:
+    return PROFILE_DIR / "templates"
+
+
+@dataclass
+class Profile:
+    name: str
+    path: Path
+    driver_name: str
+    description: str
+    study: str
+    params: dict[str, Any]  # complete: defaults filled in, overrides applied, validated
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def driver(self) -> Driver:
+        return get_driver(self.driver_name, source=str(self.path))
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "file": str(self.path),
+            "driver": self.driver_name,
+            "description": self.description,
+            "study": self.study,
+            "params": dict(self.params),
+            "overrides": dict(self.overrides),
+        }
+
+
+def known_profiles() -> list[str]:
+    names: set[str] = set()
+    for d in profile_dirs():
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.toml"))
+    return sorted(names)
+
+
+def find_profile(name: str) -> Path:
+    if name.endswith(".toml") or "/" in name:
+        p = Path(name)
+        if not p.is_file():
+            raise ConfigError("profile file not found", source=name)
+        return p
+    for d in profile_dirs():
+        p = d / f"{name}.toml"
+        if p.is_file():
+            return p
+    raise ConfigError(
+        f"unknown VPN profile {name!r}; valid: {', '.join(known_profiles())}", source="--vpn"
+    )
+
+
+def split_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """'wireguard:mtu=1280,listen_port=51821' -> ('wireguard', {'mtu': '1280', ...})."""
+    name, _, rest = spec.partition(":")
+    if not name:
+        raise ConfigError(f"expected PROFILE[:key=value,...], got {spec!r}", source="--vpn")
+    overrides: dict[str, str] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(
+                f"override {item!r} must be key=value (PROFILE:key=value,key=value)", source="--vpn"
+            )
+        overrides[key.strip()] = value.strip()
+    return name, overrides
+
+
+def load_profile(spec: str) -> Profile:
+    """Load, override and validate a profile spec `NAME[:k=v,...]`."""
+    name, overrides = split_spec(spec)
+    path = find_profile(name)
+    src = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not valid TOML: {e}", source=src)
+    for key, value in data.items():
+        if key not in TOP_KEYS:
+            raise ConfigError(
+                f"unknown key {key!r}; valid: {', '.join(TOP_KEYS)}", source=src, field=key
+            )
+        if not isinstance(value, TOP_KEYS[key]):
+            raise ConfigError(
+                f"must be a {TOP_KEYS[key].__name__}, got {value!r}", source=src, field=key
+            )
+    if "driver" not in data:
+        raise ConfigError("missing (which driver runs this profile)", source=src, field="driver")
+    driver = get_driver(data["driver"], source=src)
+    params = validate_params(driver, data.get("params", {}), source=src)
+    typed = {}
+    for key, raw in overrides.items():
+        typed[key] = coerce(driver, key, raw)
+    params = validate_params(driver, {**params, **typed}, source="--vpn")
+    return Profile(
+        name=path.stem,
+        path=path,
+        driver_name=driver.name,
+        description=data.get("description", ""),
+        study=data.get("study", ""),
+        params=params,
+        overrides=typed,
+    )
+
+
+def _accepted(p: Param) -> str:
+    if p.choices is not None:
+        return "one of " + ", ".join(map(str, p.choices))
+    if p.min is not None or p.max is not None:
+        return f"a {p.type.__name__} in {p.min}..{p.max}"
+    return f"a {p.type.__name__}"
+
+
+def _unknown(driver: Driver, key: str, source: str) -> ConfigError:
+    valid = ", ".join(sorted(driver.params)) or "(none)"
+    return ConfigError(
+        f"unknown parameter for driver {driver.name!r}; valid: {valid}",
+        source=source,
+        field=f"params.{key}",
+    )
+
+
+def coerce(driver: Driver, key: str, raw: str) -> Any:
+    """A command-line override string converted to the parameter's type."""
+    p = driver.params.get(key)
+    if p is None:
+        raise _unknown(driver, key, "--vpn")
+    try:
+        if p.type is bool:
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return raw.lower() in ("true", "1", "yes")
+        return p.type(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{raw!r} is not {_accepted(p)}", source="--vpn", field=f"params.{key}"
+        ) from None
+
+
+def validate_params(driver: Driver, given: dict[str, Any], *, source: str) -> dict[str, Any]:
+    """Check type, choices and range of every parameter; returns them with defaults filled in."""
+    out = {k: p.default for k, p in driver.params.items()}
+    for key, value in given.items():
+        p = driver.params.get(key)
+        if p is None:
+            raise _unknown(driver, key, source)
+        where = f"params.{key}"
+        ok_type = isinstance(value, p.type) and not (p.type is not bool and isinstance(value, bool))
+        if p.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok_type = float(value), True
+        if not ok_type:
+            raise ConfigError(f"{value!r} is not {_accepted(p)}", source=source, field=where)
+        if p.choices is not None and value not in p.choices:
+            raise ConfigError(
+                f"{value!r} is not accepted; valid: {', '.join(map(str, p.choices))}",
+                source=source,
+                field=where,
+            )
+        if (p.min is not None and value < p.min) or (p.max is not None and value > p.max):
+            raise ConfigError(
+                f"{value!r} is out of range; accepted: {p.min}..{p.max}", source=source, field=where
+            )
+        out[key] = value
+    driver.validate(out, source=source)
+    return out
+
+
+def render_template(rel: str, **values: Any) -> str:
+    """Render vpn_profiles/templates/<rel> (Jinja2; an undefined name is an error, not '')."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    return env.get_template(rel).render(**values)

@@ -1,0 +1,462 @@
+"""Tunnel orchestration: from a lab and a profile to a tunnel that really passes traffic.
+
+    prepare(spec, profile)  validate the profile, place the tunnel in the topology, check the
+                            driver can run here -- before anything is created
+    bring_up(lab, profile)  secrets -> render -> start -> wait until a ping passes -> describe;
+                            the result is recorded in lab.info["vpn"] (and lab.json)
+    tear_down(lab)          stop the tunnel, keep the lab
+    render(spec, profile)   the config files per node, for `lab render` (no lab needed)
+
+Placement is pure topology arithmetic: the VPN endpoints come from LabSpec.endpoints("vpn"), each
+end's underlay address is its address nearest to the peer, the tunnel net is 10.99.0.0/24 +
+fd99::/64 (client .1, server .2), and the networks behind each end (segments on its far side,
+e.g. a router's LAN) are routed through the tunnel so traffic between the traffic endpoints
+(LabSpec.endpoints("traffic")) crosses it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError, LabError, PreconditionError, StartupError
+from ..node import Daemon
+from ..proc import which
+from ..topology import Interface, LabSpec
+from .base import Driver, Endpoint, TunnelContext, config_hash
+from .profiles import Profile, load_profile
+
+TUNNEL_V4 = ipaddress.ip_network("10.99.0.0/24")
+TUNNEL_V6 = ipaddress.ip_network("fd99::/64")
+READY_TIMEOUT = 20.0
+REDACTED = "<redacted:{}>"
+
+
+@dataclass
+class Side:
+    """Where one end of the tunnel sits in the topology (pure data)."""
+
+    node: str
+    underlay_v4: str  # the address the peer reaches this end at
+    underlay_v6: str | None
+    underlay_prefix: int  # prefix length of underlay_v4 on its segment
+    underlay_if: str  # this end's interface facing the peer
+    behind: list[str]  # networks on this end's far side (v4 and v6)
+
+
+@dataclass
+class TunnelPlan:
+    """A validated profile placed in a topology: everything bring_up needs, nothing started."""
+
+    profile: Profile
+    client: Side
+    server: Side
+    traffic_client: str
+    traffic_server: str
+
+    @property
+    def driver(self) -> Driver:
+        return self.profile.driver
+
+    def tunnel_addrs(self, side: Side) -> tuple[str, str]:
+        if not self.driver.has_tunnel:
+            return f"{side.underlay_v4}/{side.underlay_prefix}", side.underlay_v6 or ""
+        host = 1 if side is self.client else 2
+        return (
+            f"{TUNNEL_V4.network_address + host}/{TUNNEL_V4.prefixlen}",
+            f"{TUNNEL_V6.network_address + host}/{TUNNEL_V6.prefixlen}",
+        )
+
+    def traffic_target(self, spec: LabSpec) -> dict:
+        """Where the traffic client sends to: the server's tunnel address, or a host behind it."""
+        if self.traffic_server == self.server.node:
+            v4, v6 = self.tunnel_addrs(self.server)
+            return {"v4": v4.split("/")[0], "v6": v6.split("/")[0] or None}
+        intf = _nearest_iface(spec, self.server.node, self.traffic_server)
+        return {"v4": intf.ip.split("/")[0], "v6": intf.ip6.split("/")[0] if intf.ip6 else None}
+
+
+# ------------------------------------------------------------------------------- placement
+
+
+def _seg_members(spec: LabSpec) -> dict[int, list[Interface]]:
+    members: dict[int, list[Interface]] = {s.index: [] for s in spec.segments}
+    for n in spec.hosts():
+        for i in n.interfaces:
+            members[i.segment].append(i)
+    return members
+
+
+def _bfs(spec: LabSpec, start: str, *, skip_ifs=(), blocked=()) -> dict[int, tuple[int, Interface]]:
+    """Segments reachable from host `start` through forwarding hosts: {segment: (hops, first if)}."""
+    members = _seg_members(spec)
+    seen: dict[int, tuple[int, Interface]] = {}
+    q: deque[int] = deque()
+    for i in spec.nodes[start].interfaces:
+        if i.name not in skip_ifs and i.segment not in seen:
+            seen[i.segment] = (0, i)
+            q.append(i.segment)
+    while q:
+        seg = q.popleft()
+        hops, first = seen[seg]
+        for m in members[seg]:
+            node = spec.nodes[m.node]
+            if m.node in (start, *blocked) or not node.router:
+                continue
+            for other in node.interfaces:
+                if other.segment not in seen:
+                    seen[other.segment] = (hops + 1, first)
+                    q.append(other.segment)
+    return seen
+
+
+def _nearest_iface(spec: LabSpec, frm: str, to: str) -> Interface:
+    """The interface of `to` whose segment is fewest hops from `frm`."""
+    reach = _bfs(spec, frm)
+    best = [
+        (reach[i.segment][0], k, i)
+        for k, i in enumerate(spec.nodes[to].interfaces)
+        if i.segment in reach and i.ip
+    ]
+    if not best:
+        raise ConfigError(f"host {to!r} is unreachable from {frm!r}", source=spec.source)
+    return min(best, key=lambda t: t[:2])[2]
+
+
+def _side(spec: LabSpec, node: str, peer: str) -> Side:
+    # my interface nearest to the peer: its address is what the peer sends to, and it faces
+    # the peer; everything reachable from my other interfaces (not through the peer) is behind me
+    mine = _nearest_iface(spec, peer, node)
+    far = _bfs(spec, node, skip_ifs={mine.name}, blocked={peer})
+    behind = []
+    for seg in sorted(far):
+        if seg != mine.segment:
+            s = spec.segments[seg]
+            behind += [s.v4, s.v6]
+    return Side(
+        node=node,
+        underlay_v4=mine.ip.split("/")[0],
+        underlay_v6=mine.ip6.split("/")[0] if mine.ip6 else None,
+        underlay_prefix=int(mine.ip.split("/")[1]),
+        underlay_if=mine.name,
+        behind=behind,
+    )
+
+
+def plan(spec: LabSpec, profile: str | Profile) -> TunnelPlan:
+    """Validate the profile and place the tunnel in `spec`. Pure: nothing is touched."""
+    if isinstance(profile, str):
+        profile = load_profile(profile)
+    client, server = spec.endpoints("vpn")
+    tc, ts = spec.endpoints("traffic")
+    return TunnelPlan(profile, _side(spec, client, server), _side(spec, server, client), tc, ts)
+
+
+def prepare(spec: LabSpec, profile: str | Profile) -> TunnelPlan:
+    """plan() plus: every tool present and the driver able to run here (PreconditionError)."""
+    p = plan(spec, profile)
+    drv, params = p.driver, p.profile.params
+    missing = [t for t in drv.tools(params) if not which(t)]
+    if missing:
+        raise PreconditionError(
+            f"profile {p.profile.name!r} needs {', '.join(missing)} (not on PATH); run ./setup.sh"
+        )
+    avail = drv.check(params)
+    if not avail.ok:
+        raise PreconditionError(f"profile {p.profile.name!r} cannot run here: {avail.why}")
+    return p
+
+
+def availability(profile: Profile) -> dict:
+    """For `lab profiles`: can this profile run here, on which data-plane path, why not."""
+    drv = profile.driver
+    missing = [t for t in drv.tools(profile.params) if not which(t)]
+    a = drv.check(profile.params)
+    why = a.why
+    if missing:
+        why = f"missing tools: {', '.join(missing)}" + (f"; {why}" if why else "")
+    return {"ok": a.ok and not missing, "path": a.path, "why": why}
+
+
+# ------------------------------------------------------------------------------- context
+
+
+def _endpoint(p: TunnelPlan, side: Side, node) -> Endpoint:
+    t4, t6 = p.tunnel_addrs(side)
+    return Endpoint(
+        name=side.node,
+        node=node,
+        underlay_v4=side.underlay_v4,
+        underlay_v6=side.underlay_v6,
+        tunnel_v4=t4,
+        tunnel_v6=t6,
+        behind=list(side.behind),
+        underlay_if=side.underlay_if,
+    )
+
+
+def make_context(lab_id: str, p: TunnelPlan, nodes: dict, base: Path) -> TunnelContext:
+    return TunnelContext(
+        lab_id=lab_id,
+        client=_endpoint(p, p.client, nodes.get(p.client.node)),
+        server=_endpoint(p, p.server, nodes.get(p.server.node)),
+        secrets_dir=base / "secrets",
+        config_dir=base / "config" / "vpn",
+        log_dir=base / "logs",
+    )
+
+
+def secret_values(drv: Driver, secrets: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in secrets.items() if k in drv.secret_markers and v}
+
+
+def redact(
+    rendered: dict[str, dict[str, str]], secret: dict[str, str]
+) -> dict[str, dict[str, str]]:
+    """Every secret value replaced by <redacted:NAME> (longest first: a value may contain another)."""
+    out = {}
+    for node, files in rendered.items():
+        out[node] = {}
+        for rel, text in files.items():
+            for name, value in sorted(secret.items(), key=lambda kv: -len(kv[1])):
+                text = text.replace(value.strip(), REDACTED.format(name))
+            out[node][rel] = text
+    return out
+
+
+def render(spec: LabSpec, profile: str | Profile, *, show_secrets: bool = False) -> dict:
+    """Render a profile for a topology without a lab: fresh throwaway secrets, redacted."""
+    p = plan(spec, profile)
+    drv = p.driver
+    with tempfile.TemporaryDirectory(prefix="lab-render-") as tmp:
+        ctx = make_context("render", p, {}, Path(tmp))
+        secrets = drv.secrets(ctx, p.profile.params)
+        rendered = drv.render(ctx, p.profile.params, secrets)
+    shown = rendered if show_secrets else redact(rendered, secret_values(drv, secrets))
+    return {
+        "profile": p.profile.to_json(),
+        "client": p.client.node,
+        "server": p.server.node,
+        "files": shown,
+        "config_hash": config_hash(shown),
+        "redacted": not show_secrets,
+    }
+
+
+def write_rendered(result: dict, out: Path) -> list[Path]:
+    """`lab render --out DIR`: DIR/<node>/<file>; files holding secrets stay 0600."""
+    written = []
+    for node, files in result["files"].items():
+        for rel, text in files.items():
+            path = out / node / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            path.chmod(0o644 if result["redacted"] else 0o600)
+            written.append(path)
+    return written
+
+
+# ------------------------------------------------------------------------------- bring-up
+
+
+def bring_up(lab, profile: str | Profile | TunnelPlan) -> dict:
+    """Start the profile's tunnel in a running lab and wait until traffic passes it.
+
+    Records {profile, driver, describe(), addresses, traffic target, timing} in lab.info["vpn"]
+    and saves lab.json. A daemon that dies or a tunnel that passes nothing raises StartupError
+    with the daemons' log tails; the caller (lab.up) then unwinds the whole lab.
+    """
+    t0 = time.monotonic()
+    p = profile if isinstance(profile, TunnelPlan) else prepare(lab.spec, profile)
+    if "vpn" in lab.info:
+        raise PreconditionError(f"lab {lab.id!r} already has a VPN ({lab.info['vpn']['profile']})")
+    drv, params = p.driver, p.profile.params
+    nodes = {p.client.node: lab.node(p.client.node), p.server.node: lab.node(p.server.node)}
+    ctx = make_context(lab.id, p, nodes, lab.dir)
+    record = {
+        "profile": p.profile.name,
+        "driver": drv.name,
+        "state": "starting",
+        "params": params,
+        "overrides": p.profile.overrides,
+        "client": p.client.node,
+        "server": p.server.node,
+        "daemons": [],
+    }
+    lab.info["vpn"] = record
+    lab.save()
+    secrets = drv.secrets(ctx, params)
+    rendered = drv.render(ctx, params, secrets)
+    try:
+        drv.start(ctx, params, rendered)
+        t_started = time.monotonic()
+        wait_ready(ctx, p, timeout=READY_TIMEOUT)
+    finally:
+        record["daemons"] = [
+            {
+                "node": d.node,
+                "name": d.name,
+                "pid": d.pid,
+                "start_time": d.start_time,
+                "log": str(d.log) if d.log else None,
+            }
+            for d in ctx.daemons
+        ]
+        lab.save()
+    t_ready = time.monotonic()
+    desc = drv.describe(ctx, params)
+    if not desc.get("config_hash"):
+        # of the redacted files: equal configs hash equal across labs although keys differ
+        desc["config_hash"] = config_hash(redact(rendered, secret_values(drv, secrets)))
+    record.update(
+        state="up",
+        describe=desc,
+        path=desc.get("path"),
+        tunnel={
+            "client": {
+                "node": ctx.client.name,
+                "v4": ctx.client.tunnel_v4,
+                "v6": ctx.client.tunnel_v6,
+                "underlay_v4": ctx.client.underlay_v4,
+                "behind": ctx.client.behind,
+            },
+            "server": {
+                "node": ctx.server.name,
+                "v4": ctx.server.tunnel_v4,
+                "v6": ctx.server.tunnel_v6,
+                "underlay_v4": ctx.server.underlay_v4,
+                "behind": ctx.server.behind,
+            },
+        },
+        traffic={
+            "client": p.traffic_client,
+            "server": p.traffic_server,
+            **p.traffic_target(lab.spec),
+        },
+        timing={"start_s": round(t_started - t0, 3), "ready_s": round(t_ready - t0, 3)},
+        configs=sorted(f"{n}/{f}" for n, fs in rendered.items() for f in fs),
+    )
+    lab.save()
+    return record
+
+
+def wait_ready(ctx: TunnelContext, p: TunnelPlan, *, timeout: float) -> None:
+    """Poll a ping from the client to the server's tunnel address (IPv4, then IPv6).
+
+    One ping process per attempt asks for a single reply and sends every 50 ms, so readiness is
+    seen within ~50 ms of the first packet passing; between attempts every daemon is checked, and
+    one that has died ends the wait at once with its log tail.
+    """
+    deadline = time.monotonic() + timeout
+    for addr in (ctx.server.tunnel_v4, ctx.server.tunnel_v6):
+        addr = addr.split("/")[0]
+        if not addr:
+            continue
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StartupError(
+                    f"tunnel {p.profile.name!r}: no reply from {addr} through the tunnel within "
+                    f"{timeout:.0f} s" + _tails(ctx.daemons)
+                )
+            pop = ctx.client.node.popen(
+                [
+                    "ping",
+                    "-n",
+                    "-q",
+                    "-c",
+                    "1",
+                    "-i",
+                    "0.05",
+                    "-w",
+                    str(max(1, min(int(left), 2))),
+                    addr,
+                ],
+                stdout=_devnull(),
+                stderr=_devnull(),
+            )
+            while pop.poll() is None:
+                _check_daemons(ctx, p)
+                time.sleep(0.01)
+            if pop.returncode == 0:
+                break
+            _check_daemons(ctx, p)
+            time.sleep(0.02)
+
+
+def _devnull():
+    import subprocess
+
+    return subprocess.DEVNULL
+
+
+def _check_daemons(ctx: TunnelContext, p: TunnelPlan) -> None:
+    dead = [d for d in ctx.daemons if not d.alive()]
+    if dead:
+        names = ", ".join(f"{d.name} on {d.node}" for d in dead)
+        raise StartupError(
+            f"tunnel {p.profile.name!r}: {names} exited during start-up" + _tails(dead)
+        )
+
+
+def _tails(daemons: list[Daemon], lines: int = 15) -> str:
+    out = ""
+    for d in daemons:
+        tail = d.log_tail(lines)
+        out += f"\n--- {d.name} on {d.node} ({d.log}) ---\n{tail or '(empty log)'}"
+    return out
+
+
+def tear_down(lab) -> None:
+    """Stop the lab's tunnel and undo its routes; the lab itself stays up."""
+    rec = lab.info.get("vpn")
+    if not rec:
+        return
+    profile = Profile(rec["profile"], Path(), rec["driver"], "", "", rec["params"])
+    p = TunnelPlan(profile, *_sides_from_record(lab.spec, rec), rec["client"], rec["server"])
+    nodes = {p.client.node: lab.node(p.client.node), p.server.node: lab.node(p.server.node)}
+    ctx = make_context(lab.id, p, nodes, lab.dir)
+    ctx.daemons = [
+        Daemon(
+            d["node"],
+            d["name"],
+            d["pid"],
+            d["start_time"],
+            Path(d["log"]) if d.get("log") else None,
+        )
+        for d in rec.get("daemons", [])
+    ]
+    errors = []
+    try:
+        p.driver.stop(ctx, rec["params"])
+    except (LabError, OSError) as e:  # keep going: the routes and files still have to go
+        errors.append(f"stop: {e}")
+    for end in ctx.ends():
+        peer = ctx.peer(end)
+        underlay = {r["dst"]: r for r in lab.spec.nodes[end.name].routes}
+        for net in peer.behind:
+            fam = "-6" if ":" in net else "-4"
+            r = underlay.get(net)
+            argv = (
+                ["ip", fam, "route", "replace", net, "via", r["via"], "dev", r["dev"]]
+                if r
+                else ["ip", fam, "route", "del", net]
+            )
+            end.node.run(argv, check=False)
+    shutil.rmtree(ctx.config_dir, ignore_errors=True)
+    for f in ctx.secrets_dir.glob("*"):
+        f.unlink(missing_ok=True)
+    del lab.info["vpn"]
+    lab.save()
+    if errors:
+        raise StartupError("; ".join(errors))
+
+
+def _sides_from_record(spec: LabSpec, rec: dict) -> tuple[Side, Side]:
+    c, s = rec["client"], rec["server"]
+    return _side(spec, c, s), _side(spec, s, c)
