@@ -104,7 +104,10 @@ def cmd_down(args) -> int:
     if lab_id is None or not (lab_dir(lab_id) / "ledger.jsonl").exists():
         out.print(f"lab {lab_id or ''} is not up; nothing to do".replace("  ", " "))
         return 0
-    left = teardown(lab_id)
+    notes: list[str] = []
+    left = teardown(lab_id, notes)
+    for n in notes:
+        err.print(f"lab: note: {n}", markup=False, highlight=False)
     if left:
         raise TeardownIncomplete(left)
     out.print(f"lab {lab_id!r} down")
@@ -118,7 +121,10 @@ def cmd_clean(args) -> int:
     ids = list_lab_ids()
     left_all = []
     for lab_id in ids:
-        left = teardown(lab_id)
+        notes: list[str] = []
+        left = teardown(lab_id, notes)
+        for n in notes:
+            err.print(f"lab: note: {n}", markup=False, highlight=False)
         left_all += [f"{lab_id}: {x}" for x in left]
         out.print(f"lab {lab_id!r}: {'removed' if not left else 'left over: ' + '; '.join(left)}")
     # a lab killed between creating its state directory and its first ledger line owns nothing else

@@ -12,11 +12,11 @@ import os
 import shlex
 from pathlib import Path
 
-from pyroute2 import IPRoute, NetNS, netns
-from pyroute2.netlink.exceptions import NetlinkError
-
 from . import proc
 from .errors import CommandError, PreconditionError
+
+# pyroute2 is imported inside the functions that build things: `lab down`, `lab exec` and
+# `lab status` never need it, and importing it costs a quarter of a second.
 
 NETNS_DIR = Path("/var/run/netns")
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -55,12 +55,19 @@ def netns_exists(name: str) -> bool:
 def create_netns(name: str) -> None:
     if netns_exists(name):
         raise PreconditionError(f"network namespace {name!r} already exists (not created by this lab)")
+    from pyroute2 import netns
+
     netns.create(name)
 
 
 def remove_netns(name: str) -> None:
-    if netns_exists(name):
-        netns.remove(name)
+    """Drop the namespace's handle (as `ip netns del`): it goes when its last process does."""
+    path = NETNS_DIR / name
+    umount(str(path))
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def create_private_dir_mount(path: Path) -> None:
@@ -114,6 +121,9 @@ def remove_node_mntns(handle: Path) -> None:
 
 def create_veth(ns1: str, if1: str, ns2: str, if2: str, mtu: int | None = None) -> None:
     """A veth pair born directly inside the two namespaces (never visible in the root netns)."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
     kw = {"mtu": mtu} if mtu else {}
     peer = {"ifname": if2, "net_ns_fd": ns2, **kw}
     try:
@@ -127,6 +137,9 @@ def create_veth(ns1: str, if1: str, ns2: str, if2: str, mtu: int | None = None) 
 def remove_link(ns: str, ifname: str) -> None:
     if not netns_exists(ns):
         return
+    from pyroute2 import NetNS
+    from pyroute2.netlink.exceptions import NetlinkError
+
     with NetNS(ns) as ipr:
         idx = ipr.link_lookup(ifname=ifname)
         if idx:
@@ -140,6 +153,8 @@ def remove_link(ns: str, ifname: str) -> None:
 def configure_node(ns: str, interfaces: list[dict], routes: list[dict], *, bridge_ports: list[str] | None = None,
                    default_route: str | None = None) -> None:
     """Bring up lo and the interfaces, add addresses and routes (all in one netlink session)."""
+    from pyroute2 import NetNS
+
     with NetNS(ns) as ipr:
         ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
         if bridge_ports is not None:

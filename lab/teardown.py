@@ -18,8 +18,13 @@ from . import cgroups, netops, proc
 from .state import Ledger, lab_dir, run_root
 
 
-def teardown(lab_id: str) -> list[str]:
-    """Tear lab `lab_id` down. Returns a description of everything that is left over."""
+def teardown(lab_id: str, notes: list[str] | None = None) -> list[str]:
+    """Tear lab `lab_id` down. Returns a description of everything of the lab left over.
+
+    `notes` collects what is not the lab's but worth saying: processes the lab did not start
+    that still sit in one of its network namespaces (never signalled; the namespace lives on
+    until they exit).
+    """
     d = lab_dir(lab_id)
     ledger = Ledger(d / "ledger.jsonl")
     entries = ledger.entries()
@@ -44,6 +49,14 @@ def teardown(lab_id: str) -> list[str]:
         node_groups = [e["rel"] for e in entries if e["kind"] == "cgroup" and e.get("node")]
         _end_cgroup_members(layout, node_groups, errors)
 
+    netns_inodes = {}
+    for e in entries:
+        if e["kind"] == "netns":
+            try:
+                netns_inodes[os.stat(f"/var/run/netns/{e['name']}").st_ino] = e["name"]
+            except OSError:
+                pass
+
     # 3. kernel objects, newest first
     for e in reversed(entries):
         try:
@@ -52,6 +65,8 @@ def teardown(lab_id: str) -> list[str]:
             errors.append(f"{e['kind']} {_desc(e)}: {type(ex).__name__}: {ex}")
 
     errors += leftovers(lab_id, entries, layout)
+    if notes is not None and netns_inodes:
+        notes.extend(_strangers(netns_inodes))
     errors = list(dict.fromkeys(errors))
     if not errors:
         shutil.rmtree(d, ignore_errors=True)
@@ -62,6 +77,25 @@ def teardown(lab_id: str) -> list[str]:
             except OSError:
                 pass
     return errors
+
+
+def _strangers(netns_inodes: dict[int, str]) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            ino = os.stat(f"/proc/{pid}/ns/net").st_ino
+        except OSError:
+            continue
+        if ino in netns_inodes:
+            try:
+                comm = open(f"/proc/{pid}/comm").read().strip()
+            except OSError:
+                comm = "?"
+            found.append(f"process {pid} ({comm}), not started by the lab, still in the removed "
+                         f"namespace {netns_inodes[ino]}; it was left alone")
+    return found
 
 
 def _desc(e: dict) -> str:
@@ -101,8 +135,8 @@ def _remove(e: dict, layout, errors: list[str]) -> None:
     elif kind == "netns":
         netops.remove_netns(e["name"])
     elif kind == "veth":
-        # normally gone with its namespaces; removed here if the namespaces outlived it
-        netops.remove_link(e["ns"], e["ifname"])
+        # lives inside the lab's namespaces (born there) and goes with them: nothing to do
+        pass
     elif kind == "mntdir":
         p = Path(e["path"])
         netops.umount(str(p))

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Install everything the lab needs on a fresh Debian 12 / Ubuntu 22.04+ machine. Idempotent.
+#   sudo ./setup.sh            # apt packages, .venv with Python deps, compiled helpers, VM kernel
+#   LAB_SETUP_SKIP_VM=1 ...    # skip fetching the full-kernel VM image
+set -euo pipefail
+cd "$(dirname "$0")"
+here=$(pwd)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup.sh: run as root (sudo ./setup.sh): it installs packages" >&2
+  exit 1
+fi
+
+log() { printf '\n== %s\n' "$*"; }
+
+APT_PACKAGES=(
+  # namespaces, links, capture
+  iproute2 iputils-ping util-linux procps psmisc tcpdump ethtool kmod
+  # measurement tools
+  iperf3 sockperf openssh-server openssh-client openssl
+  # VPN data planes
+  wireguard-tools wireguard-go openvpn
+  strongswan-swanctl charon-systemd strongswan-charon libcharon-extra-plugins libstrongswan-extra-plugins
+  # python, build tools for the compiled helpers
+  python3 python3-venv python3-dev build-essential pkg-config curl ca-certificates
+  # full-kernel VM substrate
+  qemu-system-x86 busybox-static cpio
+)
+
+log "apt packages"
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "all present"
+fi
+log "Python virtualenv (.venv)"
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+ln -sf "$here/.venv/bin/lab" /usr/local/bin/lab
+
+log "compiled helpers"
+if [ -f engine/Cargo.toml ]; then
+  if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+  fi
+  export PATH="$HOME/.cargo/bin:$PATH"
+  cargo build --release --quiet --manifest-path engine/Cargo.toml
+fi
+for d in tools/*/; do
+  [ -f "$d/Makefile" ] && make -s -C "$d"
+done
+if [ -d tools/gobench ] && command -v go >/dev/null 2>&1; then
+  (cd tools/gobench && go build -o gobench . )
+fi
+
+if [ -z "${LAB_SETUP_SKIP_VM:-}" ] && [ -x scripts/fetch-kernel.sh ]; then
+  log "full-kernel VM image"
+  scripts/fetch-kernel.sh
+fi
+
+log "done: try  sudo lab up topologies/pi_pair_middlebox.py"

@@ -1,0 +1,88 @@
+"""Shared fixtures. Privileged tests are marked `root` and skipped (saying so) without root."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TOPOS = REPO / "topologies"
+LAB = [sys.executable, "-m", "lab.cli"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason="needs root: creates network namespaces, cgroups and mounts")
+    for item in items:
+        if "root" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def lab_id():
+    """A fresh lab id for one test; the lab is always torn down afterwards."""
+    lid = "t" + secrets.token_hex(3)
+    yield lid
+    from lab.teardown import teardown
+
+    teardown(lid)
+
+
+def run_lab(*args, env=None, check=False, timeout=120):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([*LAB, *map(str, args)], capture_output=True, text=True, env=e,
+                          timeout=timeout, cwd=REPO, check=check)
+
+
+def lab_traces(lab_id: str) -> list[str]:
+    """Everything of lab `lab_id` still on the machine (empty when fully removed)."""
+    from lab import cgroups
+    from lab.state import lab_dir, run_root
+
+    found = []
+    for ns in Path("/var/run/netns").glob(f"{lab_id}-*") if Path("/var/run/netns").exists() else []:
+        found.append(f"netns {ns.name}")
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4]
+            if f"/lab/{lab_id}" in mp:
+                found.append(f"mount {mp}")
+    layout = cgroups.probe()
+    for d in layout.dirs(f"lab/{lab_id}"):
+        if d.exists():
+            found.append(f"cgroup {d}")
+    if lab_dir(lab_id).exists():
+        found.append(f"state {lab_dir(lab_id)}")
+    if (run_root() / lab_id).exists():
+        found.append(f"run {run_root() / lab_id}")
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cg = Path(f"/proc/{pid}/cgroup").read_text()
+            except OSError:
+                continue
+            if f"/lab/{lab_id}/" in cg:
+                found.append(f"process {pid}")
+    return found
+
+
+def machine_snapshot() -> dict:
+    """What `lab down` must leave as it found: netns list, links, cgroup tree, mounts, processes."""
+    from lab import cgroups
+
+    layout = cgroups.probe()
+    cg = sorted(str(p) for d in layout.dirs("") for p in d.rglob("*") if p.is_dir())
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return {
+        "netns": sorted(os.listdir("/var/run/netns")) if os.path.isdir("/var/run/netns") else [],
+        "links": sorted(line.split(":")[1].strip() for line in links.splitlines()),
+        "cgroups": cg,
+        "mounts": sorted(line.split()[4] for line in open("/proc/self/mountinfo")),
+    }

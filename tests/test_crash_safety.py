@@ -1,0 +1,87 @@
+"""Privileged: `lab up` SIGKILLed at every step of the build, and node daemons killed behind the
+lab's back; `lab clean` must then remove everything of that lab."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from lab.lab import up
+from lab.state import Ledger, lab_dir
+from lab.topology import load_topology
+
+from .conftest import LAB, REPO, TOPOS, lab_traces, run_lab
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(autouse=True)
+def private_state_root(tmp_path, monkeypatch):
+    """`lab clean` removes every lab it finds: give these tests a state root of their own so
+    they never touch labs of other tests or users running on the same machine."""
+    monkeypatch.setenv("LAB_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("LAB_RUN_DIR", f"/run/lab-test-{os.getpid()}")
+
+
+def _records_of_full_up(topo, lab_id) -> int:
+    r = run_lab("up", TOPOS / topo, "--id", lab_id)
+    assert r.returncode == 0, r.stderr
+    n = len(Ledger(lab_dir(lab_id) / "ledger.jsonl").entries())
+    assert run_lab("down", "--id", lab_id).returncode == 0
+    return n
+
+
+@pytest.mark.parametrize("topo", ["pi_pair_middlebox.py", "site_to_site.py"])
+def test_sigkill_at_every_build_step_then_clean(lab_id, topo):
+    total = _records_of_full_up(topo, lab_id)
+    assert total >= 19, total
+    for k in range(1, total + 1):
+        r = run_lab("up", TOPOS / topo, "--id", lab_id, env={"LAB_KILL_AT_RECORD": str(k)})
+        assert r.returncode == -signal.SIGKILL, (k, r.returncode, r.stderr)
+        c = run_lab("clean")
+        assert c.returncode == 0, (k, c.stdout, c.stderr)
+        assert lab_traces(lab_id) == [], f"after kill at record {k}/{total}"
+
+
+def test_sigkill_at_random_times_then_clean(lab_id):
+    rng = random.Random(1234)
+    for _ in range(6):
+        p = subprocess.Popen([*LAB, "up", str(TOPOS / "site_to_site.py"), "--id", lab_id], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.2, 0.8))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        c = run_lab("clean")
+        assert c.returncode == 0, c.stdout + c.stderr
+        assert lab_traces(lab_id) == []
+
+
+def test_node_daemons_killed_behind_the_labs_back(lab_id):
+    lab = up(load_topology(TOPOS / "pi_pair_middlebox.py"), lab_id)
+    daemons = [lab.node(n).spawn(f"d{n}", ["sleep", "1000"]) for n in ("client", "router", "server")]
+    survivor = lab.node("server").spawn("survivor", ["sleep", "1000"])
+    for d in daemons:
+        os.kill(d.pid, signal.SIGKILL)
+        d.popen.wait()
+    # a process the lab did not start, in the same netns, is reported but never signalled
+    stranger = subprocess.Popen(["ip", "netns", "exec", f"{lab_id}-client", "sleep", "1000"])
+    try:
+        c = run_lab("clean")
+        assert c.returncode == 0, c.stdout + c.stderr
+        assert f"process {stranger.pid} (sleep), not started by the lab" in c.stderr
+        assert not survivor.alive()
+        assert stranger.poll() is None, "clean must not kill a process the lab did not start"
+        assert lab_traces(lab_id) == []
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_clean_is_harmless_twice_and_with_nothing_up():
+    assert run_lab("clean").returncode == 0
+    assert run_lab("clean").returncode == 0
