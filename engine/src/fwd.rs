@@ -66,6 +66,8 @@ pub struct DirShared {
     pending: Mutex<Option<Option<Netem>>>,
     gen: AtomicU64,
     pub counters: Counters,
+    /// Whether the forwarding thread runs with SCHED_FIFO.
+    pub realtime: AtomicBool,
     pub rx: Arc<PacketSocket>,
     pub tx: Arc<PacketSocket>,
 }
@@ -79,6 +81,7 @@ impl DirShared {
             pending: Mutex::new(None),
             gen: AtomicU64::new(0),
             counters: Counters::default(),
+            realtime: AtomicBool::new(false),
             rx,
             tx,
         }
@@ -101,7 +104,11 @@ impl DirShared {
     pub fn show(&self) -> Value {
         let (_, drops) = self.rx.take_stats();
         self.counters.dropped_rx.fetch_add(drops, R);
-        json!({"spec": self.spec_json.lock().unwrap().clone(), "counters": self.counters.to_json()})
+        json!({
+            "spec": self.spec_json.lock().unwrap().clone(),
+            "counters": self.counters.to_json(),
+            "realtime": self.realtime.load(R),
+        })
     }
 }
 
@@ -132,6 +139,9 @@ impl Ord for Entry {
 const SMALL_BUF: usize = 2048 + VNET_HDR_LEN;
 const POOL_MAX: usize = 8192;
 const IDLE_POLL_MS: i32 = 100;
+/// Upper bound of the spin before a deadline: spinning longer would burn the CPU the measured
+/// traffic needs (two cores are shared by every node).
+const MAX_LEAD_NS: u64 = 50_000;
 
 pub struct Forwarder {
     shared: Arc<DirShared>,
@@ -368,14 +378,21 @@ impl Forwarder {
             unsafe { libc::read(self.timerfd, &mut v as *mut u64 as *mut libc::c_void, 8) };
             // Adapt the lead to the observed wake-up latency (EWMA, kept within 5..200 us).
             let late = now_ns().saturating_sub(wake);
-            let target = (late * 2 + 5_000).clamp(5_000, 200_000);
+            let target = (late * 2 + 5_000).clamp(5_000, MAX_LEAD_NS);
             self.lead_ns = (self.lead_ns * 7 + target) / 8;
         }
     }
 
-    pub fn run(mut self) {
+    pub fn run(mut self, rt_prio: i32) {
         // Precise timers: the default 50 us timer slack would be the whole error budget.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0) };
+        // netem runs in softirq context, ahead of every task; the closest userspace equivalent
+        // is a SCHED_FIFO thread. Best effort: a cgroup without RT runtime refuses it.
+        if rt_prio > 0 {
+            let p = libc::sched_param { sched_priority: rt_prio };
+            let ok = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } == 0;
+            self.shared.realtime.store(ok, R);
+        }
         let rxfd = self.shared.rx.fd;
         let txfd = self.shared.tx.fd;
         let mut rx = RxBatch::new();

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-const USAGE: &str = "usage: lab-impaird --a IFACE --b IFACE --control SOCKET [--config FILE.json] [--cpu N]";
+const USAGE: &str = "usage: lab-impaird --a IFACE --b IFACE --control SOCKET [--config FILE.json] [--cpu N] [--rt-prio N (0 = off, default 10)]";
 
 struct Args {
     a: String,
@@ -19,11 +19,13 @@ struct Args {
     control: String,
     config: Option<String>,
     cpu: Option<usize>,
+    rt_prio: i32,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let (mut a, mut b, mut control, mut config, mut cpu) = (None, None, None, None, None);
+    let mut rt_prio = 10;
     while let Some(arg) = it.next() {
         let mut val = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value\n{USAGE}"));
         match arg.as_str() {
@@ -32,6 +34,12 @@ fn parse_args() -> Result<Args, String> {
             "--control" => control = Some(val("--control")?),
             "--config" => config = Some(val("--config")?),
             "--cpu" => cpu = Some(val("--cpu")?.parse().map_err(|_| "--cpu: expected a CPU number".to_string())?),
+            "--rt-prio" => {
+                rt_prio = val("--rt-prio")?.parse().map_err(|_| "--rt-prio: expected 0..99".to_string())?;
+                if !(0..=99).contains(&rt_prio) {
+                    return Err("--rt-prio: expected 0..99".into());
+                }
+            }
             "--version" => {
                 eprintln!("lab-impaird {}", control::VERSION);
                 std::process::exit(0);
@@ -46,6 +54,7 @@ fn parse_args() -> Result<Args, String> {
         control: control.ok_or(format!("--control is required\n{USAGE}"))?,
         config,
         cpu,
+        rt_prio,
     })
 }
 
@@ -76,6 +85,7 @@ fn pin_cpu(cpu: usize) -> Result<(), String> {
 
 fn run() -> Result<(), String> {
     let args = parse_args()?;
+    let rt_prio = args.rt_prio;
     if let Some(c) = args.cpu {
         pin_cpu(c)?;
     }
@@ -104,7 +114,7 @@ fn run() -> Result<(), String> {
         workers.push(
             std::thread::Builder::new()
                 .name(format!("fwd-{}", d.name))
-                .spawn(move || fwd.run())
+                .spawn(move || fwd.run(rt_prio))
                 .map_err(|e| format!("cannot start thread: {e}"))?,
         );
     }
