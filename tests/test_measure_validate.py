@@ -106,3 +106,8 @@ def test_contention_validates_the_wrapped_test():
     with pytest.raises(ConfigError) as e:
         c.validate({}, source=SRC)
     assert e.value.field == "test"
+
+
+def test_params_must_be_a_mapping():
+    with pytest.raises(ConfigError, match="must be a table/mapping, got list"):
+        TESTS["ping"].validate([500], source=SRC)

@@ -105,6 +105,12 @@ def validate_params(
     test: str, schema: Mapping[str, Param], params: Mapping[str, Any] | None, source: str
 ) -> dict[str, Any]:
     """Check `params` against `schema` and return them with defaults filled in."""
+    if params is not None and not isinstance(params, Mapping):
+        raise ConfigError(
+            f"parameters of test '{test}' must be a table/mapping, got {type(params).__name__}; "
+            f"accepted keys: {', '.join(sorted(schema))}",
+            source=source,
+        )
     params = dict(params or {})
     unknown = sorted(set(params) - set(schema))
     if unknown:
