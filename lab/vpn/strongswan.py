@@ -34,13 +34,22 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import ConfigError, PreconditionError, StartupError, TeardownIncomplete
-from .base import Availability, Driver, Endpoint, Param, TunnelContext, config_hash
+from .base import (
+    Availability,
+    Driver,
+    Endpoint,
+    Param,
+    TunnelContext,
+    config_hash,
+    write_secret,
+)
 
 CHARON = "/usr/lib/ipsec/charon"
 PLUGIN_DIR = Path("/usr/lib/ipsec/plugins")
 RUN_DIR = "/run/lab-strongswan"  # inside the node's private /run
 VICI_URI = f"unix://{RUN_DIR}/charon.vici"
 PID_FILE = "/run/charon.pid"  # compiled into charon (IPSEC_PIDDIR)
+PSK_FILE = "strongswan-psk"
 CONN = "lab"  # IKE and CHILD config name
 LIBIPSEC_TUN = "ipsec0"
 ROUTE_TABLE = "220"  # charon.routing_table default
@@ -270,12 +279,7 @@ class StrongSwanDriver(Driver):
 
     def secrets(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
         psk = "0s" + base64.b64encode(pysecrets.token_bytes(32)).decode()
-        ctx.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = ctx.secrets_dir / "strongswan-psk"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(psk + "\n")
-        os.chmod(path, 0o600)
+        write_secret(ctx.secrets_dir, PSK_FILE, psk + "\n")
         return {"psk": psk}
 
     def render(
@@ -292,10 +296,7 @@ class StrongSwanDriver(Driver):
             for end in ctx.ends():
                 probe_kernel_esp(end, params["esp_proposals"])
         for end in ctx.ends():
-            d = ctx.config_dir / end.name
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            for rel, text in rendered[end.name].items():
-                _write(d / rel, text, 0o600 if rel == "swanctl.conf" else 0o644)
+            ctx.write_config(end, rendered[end.name])
         ctx.log_dir.mkdir(parents=True, exist_ok=True)
         for end in ctx.ends():
             _ensure_tunnel_addrs(end)
@@ -511,7 +512,7 @@ class StrongSwanDriver(Driver):
 
     def _deployed(self, ctx: TunnelContext) -> dict[str, dict[str, str]]:
         """The config files as written by start(), PSK redacted (the hash the framework records)."""
-        psk = (ctx.secrets_dir / "strongswan-psk").read_text().strip()
+        psk = (ctx.secrets_dir / PSK_FILE).read_text().strip()
         files = {}
         for end in ctx.ends():
             files[end.name] = {
@@ -731,15 +732,6 @@ def _xfrm_pairs(node, kind: str, *, normalize: bool) -> set[tuple]:
 
 def _net(text: str):
     return ipaddress.ip_network(text, strict=False)
-
-
-def _write(path: Path, text: str, mode: int) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 def _provider(algs: dict, name: str) -> str | None:
