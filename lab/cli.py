@@ -35,6 +35,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parameter passed to the Topo constructor (repeatable)")
     p.add_argument("--id", dest="lab_id", default=None, help="lab id (default: lab)")
     p.add_argument("--json", action="store_true", help="print the lab's status as JSON")
+    p.add_argument("--vpn", metavar="PROFILE[:K=V,...]",
+                   help="start this VPN profile (vpn_profiles/, `lab profiles`) with overrides")
+
+    p = sub.add_parser("render", help="write a VPN profile's config files for a topology")
+    p.add_argument("topology")
+    p.add_argument("--topo", help="which entry of the file's topos dict")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--vpn", required=True, metavar="PROFILE[:K=V,...]")
+    p.add_argument("--out", required=True, metavar="DIR", help="writes DIR/<node>/<file>")
+    p.add_argument("--show-secrets", action="store_true", help="keep keys in (files mode 0600)")
+
+    p = sub.add_parser("profiles", help="list VPN profiles and whether they can run here")
+    p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("down", help="tear a lab down (exactly what it created)")
     _add_id(p)
@@ -77,8 +90,13 @@ def cmd_up(args) -> int:
 
     params = dict(parse_param(p) for p in args.param)
     spec = load_topology(args.topology, args.topo, params)
+    vpn = None
+    if args.vpn:
+        from .vpn.tunnel import prepare
+
+        vpn = prepare(spec, args.vpn)  # bad profile or missing tool: nothing is created
     t0 = time.monotonic()
-    lab = up(spec, args.lab_id)
+    lab = up(spec, args.lab_id, vpn=vpn)
     dt = time.monotonic() - t0
     for w in lab.info.get("warnings", []):
         err.print(f"lab: warning: {w}", markup=False, highlight=False)
@@ -86,7 +104,54 @@ def cmd_up(args) -> int:
         print(json.dumps(lab.status(), indent=2))
     else:
         _print_status(lab.status())
+        if "vpn" in lab.info:
+            v = lab.info["vpn"]
+            d = v["describe"]
+            out.print(f"vpn {v['profile']}: {d.get('implementation')} {d.get('version') or ''} "
+                      f"({d.get('path')}), cipher {d.get('cipher')}, mtu {d.get('mtu')}; "
+                      f"traffic {v['traffic']['client']} -> {v['traffic']['v4']}", highlight=False)
         out.print(f"lab {lab.id!r} up in {dt:.2f} s; `lab exec NODE -- CMD`, `lab down` when done")
+    return 0
+
+
+def cmd_render(args) -> int:
+    from pathlib import Path
+
+    from .topology import load_topology, parse_param
+    from .vpn.tunnel import render, write_rendered
+
+    params = dict(parse_param(p) for p in args.param)
+    spec = load_topology(args.topology, args.topo, params)
+    result = render(spec, args.vpn, show_secrets=args.show_secrets)
+    for path in write_rendered(result, Path(args.out)):
+        out.print(str(path), highlight=False)
+    if not result["files"]:
+        out.print(f"profile {result['profile']['name']!r} has no config files", highlight=False)
+    return 0
+
+
+def cmd_profiles(args) -> int:
+    from .vpn.profiles import known_profiles, load_profile
+    from .vpn.tunnel import availability
+
+    rows = []
+    for name in known_profiles():
+        try:
+            prof = load_profile(name)
+            rows.append({"profile": name, "driver": prof.driver_name, "study": prof.study,
+                         "description": prof.description, **availability(prof)})
+        except LabError as e:  # one broken file must not hide the others
+            rows.append({"profile": name, "driver": None, "ok": False, "path": None, "why": str(e)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    t = Table(title="VPN profiles", title_justify="left")
+    for col in ("profile", "driver", "study", "runs here", "data plane", "why not"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["profile"], r["driver"] or "-", r.get("study") or "",
+                  "yes" if r["ok"] else "no", r["path"] or "-", r["why"] or "")
+    out.print(t)
     return 0
 
 
@@ -211,6 +276,8 @@ def cmd_shell(args) -> int:
 
 COMMANDS = {
     "up": cmd_up,
+    "render": cmd_render,
+    "profiles": cmd_profiles,
     "down": cmd_down,
     "clean": cmd_clean,
     "status": cmd_status,

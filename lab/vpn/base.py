@@ -49,6 +49,7 @@ class TunnelContext:
     config_dir: Path  # rendered configs, one sub-directory per node
     log_dir: Path
     daemons: list[Daemon] = field(default_factory=list)
+    profile: str = ""  # the profile's name, for headers of rendered files
 
     def ends(self) -> tuple[Endpoint, Endpoint]:
         return self.client, self.server
@@ -70,7 +71,9 @@ class TunnelContext:
 @dataclass
 class Availability:
     ok: bool
-    path: str  # data-plane path that would be used, e.g. "kernel", "wireguard-go", "kernel-libipsec"
+    path: (
+        str  # data-plane path that would be used, e.g. "kernel", "wireguard-go", "kernel-libipsec"
+    )
     why: str = ""  # when not ok: what is missing (and e.g. "use --vm")
 
 
@@ -110,7 +113,9 @@ class Driver(ABC):
         return {}
 
     @abstractmethod
-    def render(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict[str, dict[str, str]]:
+    def render(
+        self, ctx: TunnelContext, params: dict, secrets: dict[str, str]
+    ) -> dict[str, dict[str, str]]:
         """{node name: {relative file path: content}} as deployed on a board."""
 
     @abstractmethod

@@ -189,7 +189,7 @@ class OpenVPNDriver(Driver):
             values = {
                 "node": end.name,
                 "role": role,
-                "profile": params.get("_profile", self.name),
+                "profile": ctx.profile or self.name,
                 "ifname": IFNAME,
                 "proto": proto,
                 "port": params["port"],

@@ -208,6 +208,7 @@ def make_context(lab_id: str, p: TunnelPlan, nodes: dict, base: Path) -> TunnelC
         secrets_dir=base / "secrets",
         config_dir=base / "config" / "vpn",
         log_dir=base / "logs",
+        profile=p.profile.name,
     )
 
 

@@ -157,7 +157,7 @@ class WireGuardDriver(Driver):
                     ifname=IFNAME,
                     node=end.name,
                     role=role,
-                    profile=self.name,
+                    profile=ctx.profile or self.name,
                     address_v4=end.tunnel_v4,
                     address_v6=end.tunnel_v6,
                     listen_port=params["listen_port"],
