@@ -1,0 +1,190 @@
+"""Client of the userspace impairment engine `lab-impaird` (engine/, a Rust program).
+
+The engine forwards frames between two interfaces of a hidden "bump" namespace and applies the
+JSON impairment spec of docs/impairment-spec.md per direction (a2b, b2a). This module finds the
+binary, builds its argument list, and talks to its control socket (Unix stream, one JSON object
+per line each way). Starting it in the namespace is the caller's job (through lab.proc).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import CommandError, ConfigError, PreconditionError, StartupError
+from ..proc import which
+
+ENGINE_DIR = Path(__file__).resolve().parents[2] / "engine"
+BUILD_COMMAND = "cargo build --release --manifest-path engine/Cargo.toml"
+DIRECTIONS = ("a2b", "b2a", "both")
+COUNTERS = (
+    "seen",
+    "forwarded",
+    "dropped_loss",
+    "dropped_limit",
+    "duplicated",
+    "reordered",
+    "corrupted",
+    "queue_depth",
+    "queue_depth_max",
+    "bytes",
+)
+
+
+def _find(name: str) -> str:
+    built = ENGINE_DIR / "target" / "release" / name
+    if built.is_file() and os.access(built, os.X_OK):
+        return str(built)
+    found = which(name)
+    if found:
+        return found
+    raise PreconditionError(
+        f"the userspace impairment engine '{name}' is not built; run: {BUILD_COMMAND} "
+        f"(expected {built} or {name} on PATH)"
+    )
+
+
+def engine_binary() -> str:
+    """Path of lab-impaird: engine/target/release/lab-impaird, else lab-impaird on PATH."""
+    return _find("lab-impaird")
+
+
+def probe_binary() -> str:
+    """Path of lab-probe, the UDP sequence/timestamp probe built with the engine."""
+    return _find("lab-probe")
+
+
+def engine_argv(
+    a: str,
+    b: str,
+    control: str,
+    config: str | None = None,
+    *,
+    cpu: int | None = None,
+    rt_prio: int | None = None,
+) -> list[str]:
+    """Arguments to run the engine between interfaces `a` and `b` (run it inside the bump
+    namespace, e.g. behind nsenter). `config` is a JSON file {"a2b": spec, "b2a": spec}."""
+    argv = [engine_binary(), "--a", a, "--b", b, "--control", control]
+    if config is not None:
+        argv += ["--config", str(config)]
+    if cpu is not None:
+        argv += ["--cpu", str(int(cpu))]
+    if rt_prio is not None:
+        argv += ["--rt-prio", str(int(rt_prio))]
+    return argv
+
+
+def _check_direction(direction: str) -> None:
+    if direction not in DIRECTIONS:
+        raise ConfigError(
+            f"{direction!r} not accepted; accepted: {', '.join(DIRECTIONS)}",
+            source="impairment engine",
+            field="direction",
+        )
+
+
+class EngineClient:
+    """Requests to one engine's control socket; one short connection per request."""
+
+    def __init__(self, control_path: str | os.PathLike, *, timeout: float = 5.0):
+        self.path = str(control_path)
+        self.timeout = timeout
+
+    def _request(self, req: dict[str, Any]) -> dict[str, Any]:
+        data = (json.dumps(req, separators=(",", ":")) + "\n").encode()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(self.timeout)
+                s.connect(self.path)
+                s.sendall(data)
+                buf = b""
+                while not buf.endswith(b"\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+        except OSError as e:
+            raise StartupError(f"impairment engine at {self.path} not reachable: {e}") from e
+        try:
+            resp = json.loads(buf)
+        except ValueError as e:
+            raise CommandError(
+                ["lab-impaird", "control", self.path, req.get("cmd", "?")],
+                -1,
+                f"bad response {buf[:200]!r}",
+            ) from e
+        if not resp.get("ok"):
+            err = resp.get("error", "unknown error")
+            if req.get("cmd") == "set":
+                raise ConfigError(err, source="lab-impaird", field=f"spec[{req.get('dir')}]")
+            raise CommandError(["lab-impaird", "control", self.path, req.get("cmd", "?")], -1, err)
+        return resp
+
+    def ping(self) -> str:
+        """The engine's version; raises StartupError when it does not answer."""
+        return self._request({"cmd": "ping"}).get("version", "")
+
+    def set(self, direction: str, spec: dict[str, Any]) -> None:
+        """Replace the whole spec of `direction` ("a2b", "b2a" or "both"); {} = pass-through."""
+        _check_direction(direction)
+        self._request({"cmd": "set", "dir": direction, "spec": dict(spec)})
+
+    def update(self, direction: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Set some fields and keep the others (a value of None removes the field). Returns the
+        spec now in force for `direction` (for "both", each side keeps its own other fields)."""
+        _check_direction(direction)
+        cur = self.show()
+        dirs = ("a2b", "b2a") if direction == "both" else (direction,)
+        merged: dict[str, Any] = {}
+        for d in dirs:
+            merged = dict(cur[d]["spec"])
+            for k, v in changes.items():
+                if v is None:
+                    merged.pop(k, None)
+                else:
+                    merged[k] = v
+            self.set(d, merged)
+        return merged
+
+    def show(self) -> dict[str, Any]:
+        """{"a2b": {"spec", "counters", "realtime"}, "b2a": {...}, "backend", "version"}."""
+        resp = self._request({"cmd": "show"})
+        resp.pop("ok", None)
+        return resp
+
+    def clear(self) -> None:
+        """Both directions back to pass-through (counters are kept)."""
+        self._request({"cmd": "clear"})
+
+    def wait_ready(self, timeout: float = 5.0, *, proc=None, interval: float = 0.02) -> str:
+        """Poll ping until the engine answers. With `proc` (its Popen), fail early with its
+        stderr tail if it exits. Returns the version."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while True:
+            if proc is not None and proc.poll() is not None:
+                tail = ""
+                if proc.stderr is not None:
+                    try:
+                        tail = proc.stderr.read()
+                        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+                    except (OSError, ValueError):
+                        tail = ""
+                raise StartupError(
+                    f"impairment engine exited with code {proc.returncode} before answering on "
+                    f"{self.path}: {tail.strip()[-800:]}"
+                )
+            try:
+                return self.ping()
+            except StartupError as e:
+                last = e
+            if time.monotonic() >= deadline:
+                raise StartupError(
+                    f"impairment engine did not answer on {self.path} within {timeout}s: {last}"
+                )
+            time.sleep(interval)
