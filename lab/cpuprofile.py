@@ -1,20 +1,56 @@
-"""CPU profiles: data files in cpu_profiles/ that say how to make a node behave like a board."""
+"""CPU profiles: data files in cpu_profiles/ that say how to make a node behave like a board.
+
+A profile says what the board is (cores, clock, word size), what it can do (reference throughput
+per crypto primitive, each with its source), and how to strip this machine down to the board's
+instruction set (environment masks every process of a capped node gets). `lab calibrate` measures
+this machine and fits `core_share` (host cores per board core); the result lives in a
+machine-local calibration file that `load_profile` merges in. `scale_to_host` turns profiles into
+per-node cgroup quotas that fit the machine; `coverage` says which crypto that really covers.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, PreconditionError
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "cpu_profiles"
+CALIBRATION_DIR = Path("/var/lib/lab/calibration")
+CALIBRATION_SCHEMA = 1
+
+#: primitives a reference may name -> how `lab calibrate` measures them on this machine
+PRIMITIVES: dict[str, dict[str, str]] = {
+    "aes-128-gcm": {"tool": "openssl", "evp": "aes-128-gcm"},
+    "aes-256-gcm": {"tool": "openssl", "evp": "aes-256-gcm"},
+    "aes-128-cbc": {"tool": "openssl", "evp": "aes-128-cbc"},
+    "aes-256-cbc": {"tool": "openssl", "evp": "aes-256-cbc"},
+    "chacha20-poly1305": {"tool": "openssl", "evp": "chacha20-poly1305"},
+    # x/crypto's AEAD, as used by wireguard-go; measured by tools/gobench
+    "go-chacha20-poly1305": {"tool": "go"},
+}
+
+_TOP_FIELDS = {
+    "name", "description", "cores", "emulated_cores", "clock_mhz", "word_bits", "arch",
+    "core_share", "calibrated", "env", "reference", "assumptions",
+}
+_REF_FIELDS = {"mbps", "source", "derivation", "weight", "confidence"}
+_CONFIDENCE = ("high", "medium", "low")
 
 
 def profile_dirs() -> list[Path]:
     extra = os.environ.get("LAB_CPU_PROFILES")
     return ([Path(extra)] if extra else []) + [PROFILE_DIR]
+
+
+def calibration_dir() -> Path:
+    """Machine-local calibration results (LAB_CALIBRATION_DIR overrides, e.g. for tests)."""
+    return Path(os.environ.get("LAB_CALIBRATION_DIR") or CALIBRATION_DIR)
 
 
 def known_profiles() -> list[str]:
@@ -25,40 +61,360 @@ def known_profiles() -> list[str]:
     return sorted(names)
 
 
+@dataclass(frozen=True)
+class Reference:
+    """What one board core does for one primitive (MB/s = 10^6 bytes/s, 16 KiB messages)."""
+
+    primitive: str
+    mbps: float
+    source: str
+    derivation: str = ""
+    weight: float = 1.0
+    confidence: str = "medium"
+
+
 @dataclass
 class CpuProfile:
     name: str
-    cores: int  # 0 = no cap
-    core_share: float  # share of one host core per board core
+    cores: int  # board cores; 0 = no cap (the host as it is)
+    core_share: float  # host cores per board core (calibrated, else the file's placeholder)
     calibrated: bool
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
+    emulated_cores: float = 1.0  # board cores' worth of CPU time one node gets (before scaling)
+    clock_mhz: int | None = None
+    word_bits: int | None = None
+    arch: str = ""
+    references: dict[str, Reference] = field(default_factory=dict)
+    assumptions: list[str] = field(default_factory=list)
+    path: str = ""
+    calibration: dict | None = None  # summary of the merged calibration file
+    uncalibrated_reason: str = ""
+
+    @property
+    def capped(self) -> bool:
+        return self.cores > 0
 
     @property
     def quota_cores(self) -> float | None:
-        """Host cores' worth of CPU time the whole board gets, None when uncapped."""
-        return None if self.cores == 0 else self.cores * self.core_share
+        """Host cores' worth of CPU time one node gets before fitting to the host, None if uncapped."""
+        return None if not self.capped else self.emulated_cores * self.core_share
+
+    def fingerprint(self) -> str:
+        """Hash of what a calibration depends on: references and masks. Editing either
+        makes an existing calibration stale."""
+        data = {
+            "references": {k: [r.mbps, r.weight] for k, r in sorted(self.references.items())},
+            "env": dict(sorted(self.env.items())),
+        }
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_profile(name: str) -> CpuProfile:
+# ---------------------------------------------------------------------- loading
+
+
+def _find(name: str) -> Path:
     for d in profile_dirs():
         p = d / f"{name}.toml"
         if p.is_file():
-            break
-    else:
-        raise ConfigError(f"unknown CPU profile {name!r}; valid: {', '.join(known_profiles())}")
+            return p
+    raise ConfigError(
+        f"unknown CPU profile {name!r}; valid: {', '.join(known_profiles())}", source="cpu"
+    )
+
+
+def _num(v: Any, src: str, fld: str, *, integer: bool = False, minimum: float | None = None,
+         positive: bool = False) -> float:
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"must be {kind}, got {v!r}", source=src, field=fld)
+    if positive and v <= 0:
+        raise ConfigError(f"must be > 0, got {v!r}", source=src, field=fld)
+    if minimum is not None and v < minimum:
+        raise ConfigError(f"must be >= {minimum}, got {v!r}", source=src, field=fld)
+    return v
+
+
+def _str(v: Any, src: str, fld: str) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"must be a string, got {v!r}", source=src, field=fld)
+    return v
+
+
+def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
+    """Validate a profile's TOML data. Errors name the file, the field and what is accepted."""
+    unknown = sorted(set(data) - _TOP_FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_TOP_FIELDS))}",
+                          source=src, field=unknown[0])
+    if "name" in data and data["name"] != name:
+        raise ConfigError(f"is {data['name']!r} but the file is {name}.toml; they must match",
+                          source=src, field="name")
+    for req in ("cores", "core_share"):
+        if req not in data:
+            raise ConfigError("missing (required: cores, core_share)", source=src, field=req)
+    cores = int(_num(data["cores"], src, "cores", integer=True, minimum=0))
+    core_share = float(_num(data["core_share"], src, "core_share", positive=True))
+    if core_share > 64:
+        raise ConfigError(f"must be <= 64 host cores per board core, got {core_share}", source=src,
+                          field="core_share")
+    emulated = float(_num(data.get("emulated_cores", 1 if cores else 0), src, "emulated_cores", minimum=0))
+    if cores and not 0 < emulated <= cores:
+        raise ConfigError(f"must be in (0, cores={cores}], got {emulated}", source=src, field="emulated_cores")
+    word_bits = data.get("word_bits")
+    if word_bits is not None and word_bits not in (32, 64):
+        raise ConfigError(f"must be 32 or 64, got {word_bits!r}", source=src, field="word_bits")
+    clock = data.get("clock_mhz")
+    if clock is not None:
+        clock = int(_num(clock, src, "clock_mhz", integer=True, positive=True))
+    calibrated = data.get("calibrated", cores == 0)
+    if not isinstance(calibrated, bool):
+        raise ConfigError(f"must be true or false, got {calibrated!r}", source=src, field="calibrated")
+    env = data.get("env", {})
+    if not isinstance(env, dict):
+        raise ConfigError("must be a table of NAME = \"value\"", source=src, field="env")
+    for k, v in env.items():
+        _str(v, src, f"env.{k}")
+    assumptions = data.get("assumptions", [])
+    if not isinstance(assumptions, list) or not all(isinstance(a, str) for a in assumptions):
+        raise ConfigError("must be a list of strings", source=src, field="assumptions")
+
+    refs_raw = data.get("reference", {})
+    if not isinstance(refs_raw, dict):
+        raise ConfigError("must be a table of [reference.PRIMITIVE] tables", source=src, field="reference")
+    refs: dict[str, Reference] = {}
+    for prim, r in refs_raw.items():
+        where = f"reference.{prim}"
+        if prim not in PRIMITIVES:
+            raise ConfigError(f"unknown primitive {prim!r}; accepted: {', '.join(PRIMITIVES)}",
+                              source=src, field=where)
+        if not isinstance(r, dict):
+            raise ConfigError("must be a table with mbps and source", source=src, field=where)
+        bad = sorted(set(r) - _REF_FIELDS)
+        if bad:
+            raise ConfigError(f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(sorted(_REF_FIELDS))}",
+                              source=src, field=f"{where}.{bad[0]}")
+        for req in ("mbps", "source"):
+            if req not in r:
+                raise ConfigError("missing (every reference needs mbps and source)", source=src,
+                                  field=f"{where}.{req}")
+        conf = r.get("confidence", "medium")
+        if conf not in _CONFIDENCE:
+            raise ConfigError(f"must be one of {', '.join(_CONFIDENCE)}, got {conf!r}", source=src,
+                              field=f"{where}.confidence")
+        refs[prim] = Reference(
+            primitive=prim,
+            mbps=float(_num(r["mbps"], src, f"{where}.mbps", positive=True)),
+            source=_str(r["source"], src, f"{where}.source"),
+            derivation=_str(r.get("derivation", ""), src, f"{where}.derivation"),
+            weight=float(_num(r.get("weight", 1.0), src, f"{where}.weight", positive=True)),
+            confidence=conf,
+        )
+    if cores and not refs:
+        raise ConfigError(
+            f"a capped profile (cores={cores}) needs reference throughputs to calibrate against; "
+            f"add [reference.PRIMITIVE] tables (accepted primitives: {', '.join(PRIMITIVES)})",
+            source=src, field="reference",
+        )
+    if cores and not any(PRIMITIVES[p]["tool"] == "openssl" for p in refs):
+        raise ConfigError("needs at least one OpenSSL primitive to fit the quota on", source=src,
+                          field="reference")
+    return CpuProfile(
+        name=name,
+        cores=cores,
+        core_share=core_share,
+        calibrated=calibrated,
+        env={str(k): v for k, v in env.items()},
+        description=_str(data.get("description", ""), src, "description"),
+        emulated_cores=emulated,
+        clock_mhz=clock,
+        word_bits=word_bits,
+        arch=_str(data.get("arch", ""), src, "arch"),
+        references=refs,
+        assumptions=list(assumptions),
+        path=src,
+    )
+
+
+def load_profile(name: str, *, merge_calibration: bool = True) -> CpuProfile:
+    """Load and validate cpu_profiles/NAME.toml and merge this machine's calibration if valid."""
+    p = _find(name)
     try:
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(str(e), source=str(p))
+        raise ConfigError(f"not valid TOML: {e}", source=str(p))
+    prof = parse_profile(name, data, str(p))
+    if merge_calibration and prof.capped:
+        _merge_calibration(prof)
+    return prof
+
+
+def host_cpu_model() -> str:
     try:
-        return CpuProfile(
-            name=name,
-            cores=int(data["cores"]),
-            core_share=float(data["core_share"]),
-            calibrated=bool(data.get("calibrated", False)),
-            env={str(k): str(v) for k, v in data.get("env", {}).items()},
-            description=data.get("description", ""),
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def calibration_path(name: str) -> Path:
+    return calibration_dir() / f"{name}.json"
+
+
+def _merge_calibration(prof: CpuProfile) -> None:
+    path = calibration_path(prof.name)
+    hint = f"run `sudo lab calibrate {prof.name}`"
+    try:
+        cal = json.loads(path.read_text())
+    except FileNotFoundError:
+        prof.calibrated = False
+        prof.uncalibrated_reason = f"no calibration on this machine ({path}); {hint}"
+        return
+    except (OSError, ValueError) as e:
+        prof.calibrated = False
+        prof.uncalibrated_reason = f"calibration file {path} unreadable ({e}); {hint}"
+        return
+    why = None
+    if cal.get("schema") != CALIBRATION_SCHEMA:
+        why = f"schema {cal.get('schema')!r} is not {CALIBRATION_SCHEMA}"
+    elif cal.get("profile_fingerprint") != prof.fingerprint():
+        why = "the profile's references or masks changed since"
+    elif cal.get("host", {}).get("cpu_model") != host_cpu_model():
+        why = f"it was made on another CPU ({cal.get('host', {}).get('cpu_model')!r})"
+    if why:
+        prof.calibrated = False
+        prof.uncalibrated_reason = f"calibration {path} is stale: {why}; {hint}"
+        return
+    prof.core_share = float(cal["core_share"])
+    prof.calibrated = True
+    prof.calibration = {
+        "file": str(path),
+        "created": cal.get("created"),
+        "mode": cal.get("mode"),
+        "residuals": cal.get("residuals", {}),
+        "max_abs_residual": cal.get("max_abs_residual"),
+    }
+
+
+# ---------------------------------------------------------------------- fitting to the host
+
+#: share of the host's cores that capped nodes may be given together; the rest is left for the
+#: lab's own processes (impairment engine, measurement tools outside nodes, the kernel's softirqs)
+HOST_BUDGET_FRACTION = 0.9
+#: below this share of what its profile asks for, a node no longer represents the board at all
+MIN_SCALE = 0.25
+#: the smallest CFS quota the kernel accepts is 1 ms per period; below ~1 % results are noise
+MIN_QUOTA_CORES = 0.01
+
+
+def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
+    """Fit the capped nodes of `plan` (node -> cpu dict, as cpu_plan builds it) onto this machine.
+
+    Decision (docs/cpu.md "Many boards on a small machine"): the speed of one board core is kept
+    exact (core_share host cores per board core) as long as the sum of all capped nodes' quotas
+    fits within HOST_BUDGET_FRACTION of the host; beyond that every profile node is scaled by the
+    same factor, so all nodes stay equally fast relative to each other and the shortfall is stated
+    (`scale`, `board_cores_emulated`, `share_of_board`, `single_thread_vs_board`). A request that
+    would leave a node less than MIN_SCALE of its profile, or below the kernel's smallest quota, is
+    refused with PreconditionError. Explicit core fractions (cpu=0.5) are never scaled, only checked.
+    Mutates `plan` in place; returns warnings.
+    """
+    warnings: list[str] = []
+    budget = host_cores * HOST_BUDGET_FRACTION
+    fixed = {n: p for n, p in plan.items() if p.get("cores") is not None and not p.get("profile")}
+    prof = {n: p for n, p in plan.items() if p.get("cores") is not None and p.get("profile")}
+    for n, p in fixed.items():
+        if p["cores"] > host_cores:
+            raise PreconditionError(
+                f"node {n}: cpu={p['cores']} cores but this machine has {host_cores}; "
+                f"use at most {host_cores} or a CPU profile"
+            )
+    fixed_sum = sum(p["cores"] for p in fixed.values())
+    want = sum(p["cores"] for p in prof.values())
+    room = budget - fixed_sum
+    scale = 1.0
+    if prof and want > room:
+        scale = room / want if room > 0 else 0.0
+        if scale < MIN_SCALE or any(p["cores"] * scale < MIN_QUOTA_CORES for p in prof.values()):
+            need = (want * MIN_SCALE + fixed_sum) / HOST_BUDGET_FRACTION
+            raise PreconditionError(
+                f"this machine cannot honour the CPU request: {len(prof)} profile node(s) want "
+                f"{want:.2f} host cores (plus {fixed_sum:.2f} fixed) but {host_cores} cores leave "
+                f"{room:.2f} for them, {scale:.0%} of what they need (minimum {MIN_SCALE:.0%}); use "
+                f"fewer capped nodes, a profile with fewer emulated_cores, or a machine with at "
+                f"least {need:.1f} cores"
+            )
+        warnings.append(
+            f"CPU profiles scaled to fit {host_cores} host cores: every profile node gets "
+            f"{scale:.0%} of its board's CPU time (see the nodes' cpu.scale in `lab status`)"
         )
-    except KeyError as e:
-        raise ConfigError(f"missing field {e.args[0]}", source=str(p))
+    for p in prof.values():
+        share = p["core_share"]
+        quota = p["cores"] * scale
+        p["scale"] = round(scale, 4)
+        p["cores"] = quota
+        p["board_cores_emulated"] = round(quota / share, 3)
+        p["share_of_board"] = round(quota / share / p["board_cores"], 4)
+        # a single thread can use at most one host core, however large the quota
+        p["single_thread_vs_board"] = round(min(1.0, quota) / share, 3)
+    if fixed_sum > budget:
+        warnings.append(
+            f"fixed CPU caps add up to {fixed_sum:.2f} of {host_cores} host cores: nodes will "
+            "compete and may not get their caps"
+        )
+    return warnings
+
+
+def plan_entry(prof: CpuProfile) -> dict:
+    """The cpu dict of one node using `prof`, before scale_to_host; goes into lab.json/status."""
+    entry = {
+        "profile": prof.name,
+        "cores": prof.quota_cores,
+        "board_cores": prof.cores,
+        "emulated_cores": prof.emulated_cores if prof.capped else None,
+        "core_share": prof.core_share,
+        "calibrated": prof.calibrated,
+        "env": dict(prof.env),
+        "coverage": coverage(prof),
+    }
+    if prof.calibration:
+        entry["calibration"] = prof.calibration
+    return entry
+
+
+# ---------------------------------------------------------------------- what it covers
+
+
+def coverage(profile: CpuProfile) -> dict:
+    """Which crypto the profile's cap and masks really cover, stated for result manifests."""
+    masked_ossl = "OPENSSL_ia32cap" in profile.env
+    masked_go = "GODEBUG" in profile.env and "cpu." in profile.env["GODEBUG"]
+    capped = profile.capped
+    return {
+        "userspace_openssl": {
+            "used_by": ["OpenVPN", "strongSwan openssl plugin (charon, kernel-libipsec ESP)"],
+            "masked": masked_ossl,
+            "quota_scaled": capped,
+            "how": "OPENSSL_ia32cap in every process of the node" if masked_ossl else "not masked",
+        },
+        "userspace_go": {
+            "used_by": ["wireguard-go (golang.org/x/crypto)"],
+            "masked": masked_go,
+            "quota_scaled": capped,
+            "how": "GODEBUG cpu.* options in every process of the node" if masked_go else "not masked",
+        },
+        "kernel": {
+            "used_by": ["kernel WireGuard", "XFRM ESP", "MACsec", "dm-crypt"],
+            "masked": False,
+            "quota_scaled": "partial" if capped else False,
+            "how": (
+                "not maskable per namespace: the kernel uses the host's AES-NI/AVX whatever the "
+                "node's environment; only crypto done in the node's process context (e.g. ESP "
+                "output of locally sent packets) is charged to its cgroup, softirq and kworker "
+                "work (kernel WireGuard's encryption workers, received packets) is not"
+            ),
+        },
+    }

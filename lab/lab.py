@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import cgroups, netops
-from .cpuprofile import load_profile
+from .cpuprofile import load_profile, plan_entry, scale_to_host
 from .errors import ConfigError, LabError, PreconditionError
 from .localnode import LocalNode
 from .state import Ledger, check_id, lab_dir, list_lab_ids, run_root, write_json_atomic
@@ -168,20 +168,11 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
             if not prof.calibrated:
                 warnings.append(
                     f"CPU profile {prof.name!r} is uncalibrated on this machine (core_share "
-                    f"{prof.core_share} is a placeholder); run `sudo lab calibrate {prof.name}`"
+                    f"{prof.core_share} is a placeholder): {prof.uncalibrated_reason}"
                 )
-            plan[n.name] = {
-                "profile": prof.name,
-                "cores": prof.quota_cores,
-                "board_cores": prof.cores,
-                "core_share": prof.core_share,
-                "calibrated": prof.calibrated,
-                "env": prof.env,
-            }
-        c = plan[n.name]["cores"]
-        if c is not None and c > host_cores:
-            plan[n.name]["cores"] = float(host_cores)
-            warnings.append(f"node {n.name}: cap of {c:.2f} cores exceeds this machine's {host_cores}; capped")
+            plan[n.name] = plan_entry(prof)
+    # fit the capped nodes onto this machine (or refuse); see cpuprofile.scale_to_host
+    warnings += scale_to_host(plan, host_cores)
     return plan, list(dict.fromkeys(warnings))
 
 
