@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("shell", help="open a shell in a node")
     _add_id(p)
     p.add_argument("node")
+
+    p = sub.add_parser("calibrate", help="fit a CPU profile (e.g. pi4) to this machine and verify it")
+    p.add_argument("profile", help="CPU profile name (cpu_profiles/NAME.toml)")
+    p.add_argument("--quick", action="store_true", help="one short round, verify two primitives")
+    p.add_argument("--no-verify", action="store_true", help="skip the check inside a capped cgroup")
+    p.add_argument("--json", action="store_true", help="print the calibration record as JSON")
     return ap
 
 
@@ -274,6 +280,51 @@ def cmd_shell(args) -> int:
     return node.interactive([shell, "--norc"] if shell.endswith("bash") else [shell])
 
 
+def cmd_calibrate(args) -> int:
+    from .calibrate import RESIDUAL_GOAL, SECONDS_GOAL, calibrate
+
+    progress = None if args.json else (lambda s: err.print(f"  {s}", markup=False, highlight=False))
+    r = calibrate(args.profile, quick=args.quick, verify=not args.no_verify, progress=progress)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    ver = (r.get("verification") or {}).get("results", {})
+    t = Table(title=f"lab calibrate {r['profile']} ({r['mode']}) on {r['host']['cpu_model']}",
+              title_justify="left")
+    for col in ("primitive", "reference MB/s", "host masked MB/s", "fitted board MB/s", "residual",
+                "capped MB/s", "capped vs ref"):
+        t.add_column(col, justify="left" if col == "primitive" else "right")
+    for p, m in r["measured"].items():
+        host = m["best"]["cpu_mbps"]
+        ref = r["references"].get(p, {}).get("mbps")
+        res = r["residuals"].get(p)
+        v = ver.get(p)
+        t.add_row(
+            p, f"{ref:g}" if ref else "-", f"{host:.1f}", f"{host * r['core_share']:.1f}",
+            (f"{res:+.1%}" + ("" if abs(res) <= RESIDUAL_GOAL else " (!)")) if res is not None else "n/a",
+            f"{v['elapsed_mbps']:.1f}" if v else "", f"{v['error']:+.1%}" if v else "",
+        )
+    out.print(t)
+    share = r["core_share"]
+    out.print(f"core_share = {share:.4f} host cores per board core: a node gets a CFS quota of "
+              f"{share * 100_000:.0f} us per 100000 us period per emulated board core")
+    out.print(f"max |residual| {r['max_abs_residual']:.1%} (goal <= {RESIDUAL_GOAL:.0%}); "
+              f"took {r['duration_s']:.1f} s (goal < {SECONDS_GOAL:.0f} s)")
+    if r.get("unmasked_cpu_mbps"):
+        out.print("masks bite: " + ", ".join(
+            f"{p} {v:.0f} -> {r['measured'][p]['best']['cpu_mbps']:.0f} MB/s"
+            for p, v in r["unmasked_cpu_mbps"].items()))
+    for p, why in r.get("skipped", {}).items():
+        out.print(f"skipped {p}: {why}")
+    if r.get("verification"):
+        v = r["verification"]
+        out.print(f"verified in cgroup v{v['cgroup_version']} {v['cgroup']} at {v['quota_cores']} cores "
+                  "with openssl speed -elapsed; group removed" + (
+                      f" except: {'; '.join(v['left_over'])}" if v["left_over"] else ""))
+    out.print(f"stored in {r.get('stored', '(not stored)')}")
+    return 0
+
+
 COMMANDS = {
     "up": cmd_up,
     "render": cmd_render,
@@ -283,6 +334,7 @@ COMMANDS = {
     "status": cmd_status,
     "exec": cmd_exec,
     "shell": cmd_shell,
+    "calibrate": cmd_calibrate,
 }
 
 
