@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the lab's status as JSON")
     p.add_argument("--vpn", metavar="PROFILE[:K=V,...]",
                    help="start this VPN profile (vpn_profiles/, `lab profiles`) with overrides")
+    p.add_argument("--impair", metavar="SPEC",
+                   help="build impairment points and apply SPEC (tc-netem words, a preset, or 'none')")
+    p.add_argument("--placement", choices=["middlebox", "egress", "ingress"],
+                   help="where impairment goes (default: middlebox when a router sits between the "
+                        "VPN endpoints, else egress)")
+    p.add_argument("--impair-backend", default="auto", choices=["auto", "kernel-netem", "userspace"])
 
     p = sub.add_parser("render", help="write a VPN profile's config files for a topology")
     p.add_argument("topology")
@@ -62,6 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_id(p)
     p.add_argument("node")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+    p = sub.add_parser("impair", help="show or change impairment at run time")
+    isub = p.add_subparsers(dest="impair_cmd", required=True, metavar="ACTION")
+    q = isub.add_parser("set", help="lab impair set TARGET SPEC...  (TARGET: LINK, NODE:IFACE or all)")
+    _add_id(q)
+    q.add_argument("target")
+    q.add_argument("spec", nargs="+", help="tc-netem words; parameters not given keep their values")
+    q = isub.add_parser("show", help="what is really applied, plus the engine's counters")
+    _add_id(q)
+    q.add_argument("--json", action="store_true")
+    q = isub.add_parser("clear", help="remove all impairment (undisturbed forwarding)")
+    _add_id(q)
 
     p = sub.add_parser("shell", help="open a shell in a node")
     _add_id(p)
@@ -102,7 +120,8 @@ def cmd_up(args) -> int:
 
         vpn = prepare(spec, args.vpn)  # bad profile or missing tool: nothing is created
     t0 = time.monotonic()
-    lab = up(spec, args.lab_id, vpn=vpn)
+    lab = up(spec, args.lab_id, vpn=vpn, impair=args.impair, placement=args.placement,
+             impair_backend=args.impair_backend)
     dt = time.monotonic() - t0
     for w in lab.info.get("warnings", []):
         err.print(f"lab: warning: {w}", markup=False, highlight=False)
@@ -280,6 +299,36 @@ def cmd_shell(args) -> int:
     return node.interactive([shell, "--norc"] if shell.endswith("bash") else [shell])
 
 
+def cmd_impair(args) -> int:
+    from .impair.runtime import clear_impairment, set_impairment, show_impairment
+    from .lab import Lab
+
+    lab = Lab.open(args.lab_id)
+    if args.impair_cmd == "set":
+        target = None if args.target in ("all", "default") else args.target
+        res = set_impairment(lab, " ".join(args.spec), target)
+    elif args.impair_cmd == "clear":
+        res = clear_impairment(lab)
+    else:
+        res = show_impairment(lab)
+    if getattr(args, "json", False):
+        print(json.dumps(res, indent=2, default=str))
+        return 0
+    out.print(f"backend {res.get('backend')} ({res.get('why', '')}), placement {res.get('placement')}",
+              markup=False, highlight=False)
+    for where, req in (res.get("requested") or {}).items():
+        out.print(f"  requested {where}: {req}", markup=False, highlight=False)
+    for where, applied in (res.get("applied") or {}).items():
+        out.print(f"  applied {where}: {applied}", markup=False, highlight=False)
+    for name, e in (res.get("engines") or {}).items():
+        for d in ("a2b", "b2a"):
+            c = (e.get(d) or {}).get("counters") if isinstance(e, dict) else None
+            if c:
+                out.print(f"  {name} {d}: " + ", ".join(f"{k}={v}" for k, v in c.items()),
+                          markup=False, highlight=False)
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from .calibrate import RESIDUAL_GOAL, SECONDS_GOAL, calibrate
 
@@ -326,6 +375,7 @@ def cmd_calibrate(args) -> int:
 
 
 COMMANDS = {
+    "impair": cmd_impair,
     "up": cmd_up,
     "render": cmd_render,
     "profiles": cmd_profiles,

@@ -176,13 +176,27 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
     return plan, list(dict.fromkeys(warnings))
 
 
-def up(spec: LabSpec, lab_id: str | None = None, *, vpn=None) -> Lab:
+def up(spec: LabSpec, lab_id: str | None = None, *, vpn=None, impair: str | None = None,
+       placement: str | None = None, impair_backend: str = "auto") -> Lab:
     """Build `spec` as lab `lab_id`. On any failure everything built so far is removed.
 
     `vpn`: a profile spec ("wireguard:mtu=1280") or a lab.vpn.tunnel.TunnelPlan from
     prepare() (validated before anything is created); the tunnel is started inside the same
     unwind scope, so a tunnel that fails to come up removes the whole lab.
+
+    `impair`: build impairment points (placement: middlebox/egress/ingress, default by topology)
+    and apply this spec ("none" = points only, for `lab impair set` later). Links with their own
+    impairment options in the topology imply `impair="none"` at least.
+    `impair_backend`: "auto" (kernel netem when present, else the userspace engine),
+    "kernel-netem" or "userspace".
     """
+    if impair is None and any(lk.impair for lk in spec.links):
+        impair = "none"
+    if impair is not None:
+        from .impair.runtime import plan_for
+
+        # validated before anything exists; the backend is settled once nodes exist
+        plan_for(spec, placement, impair, "userspace", "")
     if isinstance(vpn, str):
         from .vpn.tunnel import prepare
 
@@ -218,7 +232,7 @@ def up(spec: LabSpec, lab_id: str | None = None, *, vpn=None) -> Lab:
     }
     ledger.record("lab", id=lab_id, cgroup_version=layout.version, cgroup_root=str(layout.root))
     try:
-        _build(spec, lab_id, layout, cpu, ledger, info)
+        _build(spec, lab_id, layout, cpu, ledger, info, impair, placement, impair_backend)
         if vpn is not None:
             from .vpn.tunnel import bring_up
 
@@ -236,7 +250,73 @@ def up(spec: LabSpec, lab_id: str | None = None, *, vpn=None) -> Lab:
     return lab
 
 
-def _build(spec, lab_id, layout, cpu, ledger, info) -> None:
+def _impair_plan(spec, lab_id, info, impair, placement, backend):
+    from .impair import runtime
+
+    if backend == "auto":
+        first = next(n for n in spec.hosts())
+        probe_node = Lab(lab_id, info).node(first.name)
+        backend, why = runtime.choose_backend(probe_node)
+    elif backend in ("kernel-netem", "userspace"):
+        why = "chosen with --impair-backend"
+    else:
+        raise ConfigError(f"impairment backend must be auto, kernel-netem or userspace, got {backend!r}",
+                          source="--impair-backend")
+    return runtime.plan_for(spec, placement, impair, backend, why)
+
+
+def _build_bump(lab_id, lk, layout, ledger, info, all_cpus) -> None:
+    """Splice a bump-in-the-wire namespace into link `lk`: node1 <-> [imp-a engine imp-b] <-> node2."""
+    from .impair import runtime
+
+    name = f"imp{lk.index}"
+    ns = runtime.bump_ns(lab_id, lk.index)
+    rel = f"{CGROUP_PARENT}/{lab_id}/{name}"
+    ledger.record("cgroup", rel=rel, node=name)
+    cgroups.ensure_dir(layout, rel)
+    cgroups.set_cpu(layout, rel, None, all_cpus)
+    ledger.record("netns", name=ns, node=name)
+    netops.create_netns(ns)
+    ns1, ns2 = f"{lab_id}-{lk.node1}", f"{lab_id}-{lk.node2}"
+    ledger.record("veth", ns=ns1, ifname=lk.intf1, peer_ns=ns, peer=runtime.BUMP_A)
+    netops.create_veth(ns1, lk.intf1, ns, runtime.BUMP_A, lk.mtu)
+    ledger.record("veth", ns=ns, ifname=runtime.BUMP_B, peer_ns=ns2, peer=lk.intf2)
+    netops.create_veth(ns, runtime.BUMP_B, ns2, lk.intf2, lk.mtu)
+    netops.configure_node(ns, [{"name": runtime.BUMP_A}, {"name": runtime.BUMP_B}], [])
+    info["impair"]["engines"].append(
+        {"name": name, "link": lk.index, "netns": ns, "cgroup": rel,
+         "a": f"{lk.node1}:{lk.intf1}", "b": f"{lk.node2}:{lk.intf2}"}
+    )
+
+
+def _start_engines(lab: "Lab", iplan) -> None:
+    """Start one engine per bump with the initial spec; wait until each answers."""
+    from .impair import runtime
+    from .impair.engine import EngineClient, engine_argv
+
+    st = lab.info["impair"]
+    idir = lab.dir / "impair"
+    idir.mkdir(mode=0o700, exist_ok=True)
+    for eng in st["engines"]:
+        node = LocalNode(lab.id, eng["name"], netns=eng["netns"], mntns=None,
+                         procs_files=cgroups.procs_files(lab.cg, eng["cgroup"]), ledger=lab.ledger,
+                         log_dir=lab.dir / "logs")
+        control = idir / f"{eng['name']}.sock"
+        eng["control"] = str(control)
+        eng["fwd_dir"] = runtime.engine_fwd_dir(lab.spec, eng["link"])
+        d = node.spawn("lab-impaird", engine_argv(runtime.BUMP_A, runtime.BUMP_B, str(control)))
+        eng["pid"], eng["start_time"] = d.pid, d.start_time
+        try:
+            EngineClient(control).wait_ready(5.0, proc=d.popen)
+        except Exception as e:
+            from .errors import StartupError
+
+            raise StartupError(f"{e}\n{d.log_tail()}") from e
+    lab.save()
+
+
+def _build(spec, lab_id, layout, cpu, ledger, info, impair=None, placement=None,
+           impair_backend="auto") -> None:
     d = lab_dir(lab_id)
     for sub in ("logs", "secrets", "config"):
         (d / sub).mkdir(mode=0o700, exist_ok=True)
@@ -272,8 +352,19 @@ def _build(spec, lab_id, layout, cpu, ledger, info) -> None:
             netops.create_node_mntns(netns_name, mnt, sysctls)
     write_json_atomic(d / "lab.json", info)
 
+    iplan = None
+    if impair is not None:
+        from .impair import runtime
+
+        iplan = _impair_plan(spec, lab_id, info, impair, placement, impair_backend)
+        info["impair"] = runtime.plan_json(iplan)
+        write_json_atomic(d / "lab.json", info)
+
     for lk in spec.links:
         ns1, ns2 = f"{lab_id}-{lk.node1}", f"{lab_id}-{lk.node2}"
+        if iplan is not None and lk.index in iplan.engine_links:
+            _build_bump(lab_id, lk, layout, ledger, info, all_cpus)
+            continue
         ledger.record("veth", ns=ns1, ifname=lk.intf1, peer_ns=ns2, peer=lk.intf2)
         netops.create_veth(ns1, lk.intf1, ns2, lk.intf2, lk.mtu)
 
@@ -286,6 +377,17 @@ def _build(spec, lab_id, layout, cpu, ledger, info) -> None:
         else:
             netops.configure_node(ns, [i.__dict__ for i in n.interfaces], n.routes,
                                   default_route=n.default_route)
+
+    if iplan is not None:
+        from .impair import runtime
+
+        lab = Lab(lab_id, info)
+        if iplan.backend == "userspace":
+            _start_engines(lab, iplan)
+        runtime.set_impairment(lab, iplan.initial)
+        for lk in spec.links:
+            if lk.impair:
+                runtime.set_impairment(lab, lk.impair, f"{lk.node1}-{lk.node2}")
 
     for lk in spec.links:
         if lk.bw:

@@ -1,0 +1,81 @@
+"""Impairment placement (no root) and run-time control in a real lab (root)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lab.errors import ConfigError, PreconditionError
+from lab.impair import runtime
+from lab.lab import up
+from lab.teardown import teardown
+from lab.topology import load_topology
+
+from .conftest import TOPOS, lab_traces, run_lab
+
+
+def test_placements_resolve_to_egress_points():
+    mb = load_topology(TOPOS / "pi_pair_middlebox.py")
+    assert runtime.default_placement(mb) == "middlebox"
+    pts = runtime.points(mb, "middlebox")
+    assert {(p.node, p.ifname, p.way) for p in pts} == {
+        ("router", "router-eth0", "rev"), ("router", "router-eth1", "fwd")}
+    assert runtime.engine_links(mb, "middlebox") == [1]  # one engine hop: router-server
+    eg = runtime.points(mb, "egress")
+    assert {(p.node, p.way) for p in eg} == {("client", "fwd"), ("server", "rev")}
+    assert runtime.engine_links(mb, "egress") == [0, 1]
+    pair = load_topology(TOPOS / "pi_pair.py")
+    assert runtime.default_placement(pair) == "egress"
+    assert runtime.engine_links(pair, "ingress") == [0]
+    with pytest.raises(ConfigError, match="placement 'middlebox' needs a node between client and server"):
+        runtime.points(pair, "middlebox")
+    s2s = load_topology(TOPOS / "site_to_site.py")
+    assert [(i, a, b) for i, a, b in runtime.path_links(s2s, "gw1", "gw2")] == [(1, "gw1", "gw2")]
+
+
+def test_bad_impairment_at_up_creates_nothing(lab_id):
+    spec = load_topology(TOPOS / "pi_pair_middlebox.py")
+    with pytest.raises(ConfigError, match="loss must be 0..100"):
+        up(spec, lab_id, impair="loss 120%")
+    with pytest.raises(ConfigError, match="placement must be one of"):
+        up(spec, lab_id, impair="none", placement="sideways")
+    assert lab_traces(lab_id) == []
+
+
+def _rtt_ms(node, addr, n=5):
+    out = node.run(["ping", "-c", str(n), "-i", "0.05", "-W", "2", addr]).stdout
+    return float(re.search(r"= ([\d.]+)/", out).group(1))
+
+
+@pytest.mark.root
+def test_runtime_set_merge_clear_and_teardown(lab_id):
+    lab = up(load_topology(TOPOS / "pi_pair_middlebox.py"), lab_id, impair="delay 10ms")
+    c = lab.node("client")
+    assert 19.5 < _rtt_ms(c, "10.0.2.2") < 24  # 10 ms each way, once per direction
+    shown = runtime.set_impairment(lab, "delay 20ms")
+    assert shown["requested"]["router:router-eth1"] == "delay 20ms"
+    assert 39.5 < _rtt_ms(c, "10.0.2.2") < 45
+    # one parameter on one point: the rest kept
+    shown = runtime.set_impairment(lab, "duplicate 100%", "router:router-eth1")
+    assert shown["requested"]["router:router-eth1"] == "delay 20ms duplicate 100%"
+    assert shown["requested"]["router:router-eth0"] == "delay 20ms"
+    out = c.run(["ping", "-c", "2", "-i", "0.2", "10.0.2.2"], check=False).stdout
+    assert "DUP!" in out
+    runtime.clear_impairment(lab)
+    assert _rtt_ms(c, "10.0.2.2") < 2
+    if shown["backend"] == "userspace":
+        counters = runtime.show_impairment(lab)["engines"]["imp1"]["a2b"]["counters"]
+        assert counters["duplicated"] >= 2 and counters["forwarded"] > 10
+    with pytest.raises(ConfigError, match="unknown impairment target 'x'; valid:"):
+        runtime.set_impairment(lab, "delay 1ms", "x")
+    assert teardown(lab_id) == []
+    assert lab_traces(lab_id) == []
+
+
+@pytest.mark.root
+def test_cli_impair_on_lab_without_points(lab_id):
+    assert run_lab("up", TOPOS / "pi_pair.py", "--id", lab_id).returncode == 0
+    r = run_lab("impair", "set", "--id", lab_id, "all", "delay", "5ms")
+    assert r.returncode == PreconditionError.exit_code and "--impair none" in r.stderr
+    assert run_lab("down", "--id", lab_id).returncode == 0
