@@ -230,11 +230,25 @@ class OpenVPNDriver(Driver):
             d = end.node.spawn("openvpn", ["openvpn", "--config", str(conf)])
             ctx.daemons.append(d)
             self._wait_log(end.name, d, READY_LOG, timeout=5.0)
-        if ctx.client.behind or ctx.server.behind:
-            for d in ctx.daemons:
-                self._wait_log(d.node, d, ("Initialization Sequence Completed",), timeout=15.0)
-            for end in ctx.ends():
+        for end in ctx.ends():
+            if ctx.peer(end).behind:
+                self._wait_configured(ctx, end)
                 route_through(end, ctx.peer(end), IFNAME)
+
+    @staticmethod
+    def _wait_configured(ctx: TunnelContext, end, timeout: float = 15.0) -> None:
+        """Until OpenVPN has opened and addressed the TUN device (routes need it up)."""
+        want = end.tunnel_v4.split("/")[0]
+        deadline = time.monotonic() + timeout
+        while True:
+            cp = end.node.run(["ip", "-j", "-4", "addr", "show", "dev", IFNAME], check=False)
+            if cp.returncode == 0 and want in cp.stdout:
+                return
+            dead = [d for d in ctx.daemons if not d.alive()]
+            if dead or time.monotonic() > deadline:
+                tail = dead[0].log_tail(20) if dead else ""
+                raise StartupError(f"openvpn on {end.name}: {IFNAME} never got {want}\n{tail}")
+            time.sleep(0.02)
 
     @staticmethod
     def _wait_log(node: str, daemon, needles: tuple[str, ...], *, timeout: float) -> None:

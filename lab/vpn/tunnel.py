@@ -148,6 +148,49 @@ def _side(spec: LabSpec, node: str, peer: str) -> Side:
     )
 
 
+def tunnel_routes(spec: LabSpec, p: TunnelPlan) -> list[tuple[str, list[str]]]:
+    """(node, `ip route replace` argv) for hosts behind either end: the tunnel nets via the
+    router that leads them to that end (their default route may be IPv4 only, or absent)."""
+    if not p.driver.has_tunnel:
+        return []
+    out = []
+    for side in (p.client, p.server):
+        end_seg = next(
+            i.segment for i in spec.nodes[side.node].interfaces if i.name == side.underlay_if
+        )
+        far = set(side.behind)
+        for n in spec.hosts():
+            if n.name in (p.client.node, p.server.node):
+                continue
+            if not any(
+                i.segment < len(spec.segments) and spec.segments[i.segment].v4 in far
+                for i in n.interfaces
+            ):
+                continue
+            seg = spec.segments[end_seg]
+            for net, dst in ((TUNNEL_V4, seg.v4), (TUNNEL_V6, seg.v6)):
+                r = next((r for r in n.routes if r["dst"] == dst), None)
+                if r:
+                    fam = "-6" if net.version == 6 else "-4"
+                    out.append(
+                        (
+                            n.name,
+                            [
+                                "ip",
+                                fam,
+                                "route",
+                                "replace",
+                                str(net),
+                                "via",
+                                r["via"],
+                                "dev",
+                                r["dev"],
+                            ],
+                        )
+                    )
+    return out
+
+
 def plan(spec: LabSpec, profile: str | Profile) -> TunnelPlan:
     """Validate the profile and place the tunnel in `spec`. Pure: nothing is touched."""
     if isinstance(profile, str):
@@ -295,6 +338,8 @@ def bring_up(lab, profile: str | Profile | TunnelPlan) -> dict:
     rendered = drv.render(ctx, params, secrets)
     try:
         drv.start(ctx, params, rendered)
+        for node, argv in tunnel_routes(lab.spec, p):
+            lab.node(node).run(argv)
         t_started = time.monotonic()
         wait_ready(ctx, p, timeout=READY_TIMEOUT)
     finally:
@@ -449,6 +494,8 @@ def tear_down(lab) -> None:
                 else ["ip", fam, "route", "del", net]
             )
             end.node.run(argv, check=False)
+    for node, argv in tunnel_routes(lab.spec, p):
+        lab.node(node).run(["ip", argv[1], "route", "del", argv[4]], check=False)
     shutil.rmtree(ctx.config_dir, ignore_errors=True)
     for f in ctx.secrets_dir.glob("*"):
         f.unlink(missing_ok=True)
