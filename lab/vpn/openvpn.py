@@ -287,7 +287,7 @@ class OpenVPNDriver(Driver):
         cipher = params["cipher"] if params["cipher"] != "none" else "none"
         return {
             "implementation": "OpenVPN",
-            "version": " ".join(lines[0].split()[:2]) if lines else None,
+            "version": lines[0].split()[1] if lines else None,
             "library": lines[1].strip() if len(lines) > 1 else None,
             "path": "userspace",
             "mode": params["mode"],
