@@ -25,6 +25,7 @@ import threading
 import time
 
 PORT_NAME = "lab.agent"
+INIT_DONE = "/run/lab/init-done"
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/root",
@@ -153,6 +154,9 @@ def handle(port: Port, req: dict) -> None:
 
 
 def main() -> None:
+    # The init starts us early, to overlap our start-up with its mounts; wait until it is done.
+    while not os.path.exists(INIT_DONE):
+        time.sleep(0.01)
     port = Port(find_port(PORT_NAME))
     port.send({"event": "ready", "kernel": os.uname().release, "uptime": uptime()})
     log(f"ready after {uptime():.2f} s of uptime")

@@ -48,6 +48,7 @@ stage1() {
     done
     $BB mount -t 9p -o "trans=virtio,version=9p2000.L,ro,msize=$LAB_MSIZE,cache=$LAB_ROOT_CACHE" \
         labroot /mnt/lower || fail "mount host root (9p tag labroot)"
+    say "modules loaded, host root mounted"
     # The overlay's upper layer: every write to the root ends up in guest RAM, never on the host.
     $BB mount -t tmpfs -o mode=0755 lab-rootrw /mnt/rw || fail "tmpfs for overlay"
     $BB mkdir -p /mnt/rw/upper /mnt/rw/work
@@ -63,6 +64,7 @@ stage1() {
     for fs in dev proc sys; do
         $BB mount --move "/$fs" "/newroot/$fs" || fail "move /$fs"
     done
+    say "switching root"
     exec $BB switch_root /newroot /run/lab/busybox sh /run/lab/init stage2
     fail "switch_root"
 }
@@ -71,6 +73,10 @@ stage2() {
     BB=/run/lab/busybox
     . /run/lab/config
     export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+    # Start the agent now: its Python start-up (~1.5 s emulated) overlaps the mounts below. It
+    # answers nothing until /run/lab/init-done exists, so no command sees a half-built system.
+    $LAB_AGENT </dev/null >>/dev/console 2>&1 &
+    agent=$!
     $BB mkdir -p /dev/pts /dev/shm
     $BB mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
     $BB mount -t tmpfs -o mode=1777,nosuid,nodev shm /dev/shm
@@ -87,6 +93,7 @@ stage2() {
     $BB mount -t bpf bpf /sys/fs/bpf 2>/dev/null
     $BB mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
     mount_cgroups
+    say "stage 2: filesystems mounted"
 
     # Modules of the guest kernel: the host root has none for this release (or none at all).
     $BB mkdir -p "/lib/modules/$LAB_KVER" 2>/dev/null
@@ -101,15 +108,18 @@ stage2() {
 
     $BB hostname "$LAB_HOSTNAME"
     $BB ip link set lo up
-    say "stage 2 done; starting agent"
+    say "stage 2 done"
     echo "LAB-INIT-DONE" >/dev/console
+    : >/run/lab/init-done
     # PID 1 must never exit, and as the parent of every orphan it must reap: ash waits with
     # waitpid(-1), so orphans are collected while it waits for the agent. A crashed agent is
-    # restarted; the host notices the gap as a dropped request, never as a hung VM.
+    # restarted; the host sees the gap as a dropped request, never as a hung VM.
     while :; do
-        $LAB_AGENT </dev/null >>/dev/console 2>&1
+        wait "$agent"
         say "agent exited (rc $?); restarting in 1 s"
         $BB sleep 1
+        $LAB_AGENT </dev/null >>/dev/console 2>&1 &
+        agent=$!
     done
 }
 
