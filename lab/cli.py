@@ -370,6 +370,9 @@ def cmd_calibrate(args) -> int:
         out.print(f"verified in cgroup v{v['cgroup_version']} {v['cgroup']} at {v['quota_cores']} cores "
                   "with openssl speed -elapsed; group removed" + (
                       f" except: {'; '.join(v['left_over'])}" if v["left_over"] else ""))
+        if v.get("contended"):
+            out.print(f"note: the host was busy; {', '.join(v['contended'])} got less CPU than the "
+                      "quota while verifying, so those capped figures read low")
     out.print(f"stored in {r.get('stored', '(not stored)')}")
     return 0
 

@@ -1,0 +1,297 @@
+"""CPU profiles without root: loading, validation, calibration merge, fitting, cgroup files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lab import cgroups
+from lab.calibrate import fit_core_share, parse_openssl_mr
+from lab.cpuprofile import (
+    PRIMITIVES,
+    Reference,
+    coverage,
+    host_cpu_model,
+    known_profiles,
+    load_profile,
+    plan_entry,
+    scale_to_host,
+)
+from lab.errors import ConfigError, PreconditionError
+
+GOOD = """
+cores = 4
+core_share = 0.3
+[env]
+OPENSSL_ia32cap = "~0x200000200000000"
+[reference.aes-128-gcm]
+mbps = 70
+source = "somewhere"
+"""
+
+
+@pytest.fixture
+def profdir(tmp_path, monkeypatch):
+    d = tmp_path / "profiles"
+    d.mkdir()
+    monkeypatch.setenv("LAB_CPU_PROFILES", str(d))
+    monkeypatch.setenv("LAB_CALIBRATION_DIR", str(tmp_path / "cal"))
+    return d
+
+
+# ---------------------------------------------------------------- the shipped catalogue
+
+
+@pytest.mark.parametrize("name", ["host", "pi4", "pi4-64"])
+def test_shipped_profiles_load(name, monkeypatch, tmp_path):
+    monkeypatch.setenv("LAB_CALIBRATION_DIR", str(tmp_path))
+    assert name in known_profiles()
+    p = load_profile(name)
+    if name == "host":
+        assert p.quota_cores is None and p.calibrated and p.env == {}
+        return
+    assert p.cores == 4 and p.emulated_cores == 1
+    assert not p.calibrated and "lab calibrate" in p.uncalibrated_reason
+    assert set(p.references) >= {"aes-128-gcm", "aes-256-gcm", "aes-256-cbc", "chacha20-poly1305"}
+    assert all(r.source for r in p.references.values())
+    assert p.assumptions
+    # the masks: AES-NI (57), PCLMULQDQ (33) and AVX (60) off in word 1, all of word 2 off
+    first, second = p.env["OPENSSL_ia32cap"].split(":")
+    mask = int(first.lstrip("~"), 16)
+    assert mask & (1 << 57) and mask & (1 << 33) and mask & (1 << 60) and not mask & (1 << 41)
+    assert second == "~0xffffffffffffffff"
+    assert "cpu.aes=off" in p.env["GODEBUG"] and "cpu.avx2=off" in p.env["GODEBUG"]
+
+
+def test_pi4_figures_follow_the_stated_derivation():
+    """pi4 (armv7l, 1.5 GHz) AES-128-GCM = lelegard 64-bit 1.8 GHz x 2.3 x 1.5/1.8."""
+    pi4, pi64 = load_profile("pi4", merge_calibration=False), load_profile("pi4-64", merge_calibration=False)
+    derived = pi64.references["aes-128-gcm"].mbps * 2.3 * pi4.clock_mhz / pi64.clock_mhz
+    assert pi4.references["aes-128-gcm"].mbps == pytest.approx(derived, rel=0.01)
+    assert pi4.word_bits == 32 and pi64.word_bits == 64
+
+
+# ---------------------------------------------------------------- bad files
+
+BAD = {
+    "missing_cores": ("core_share = 0.3\n", "cores", "required"),
+    "negative_cores": ("cores = -1\ncore_share = 0.3\n", "cores", ">= 0"),
+    "cores_string": ('cores = "four"\ncore_share = 0.3\n', "cores", "integer"),
+    "share_zero": ("cores = 0\ncore_share = 0\n", "core_share", "> 0"),
+    "share_bool": ("cores = 0\ncore_share = true\n", "core_share", "number"),
+    "no_references": ("cores = 4\ncore_share = 0.3\n", "reference", "aes-128-gcm"),
+    "unknown_primitive": (GOOD + '[reference.rot13]\nmbps = 1\nsource = "x"\n', "reference.rot13",
+                          "chacha20-poly1305"),
+    "reference_without_source": ("cores = 4\ncore_share = 0.3\n[reference.aes-128-gcm]\nmbps = 70\n",
+                                 "reference.aes-128-gcm.source", "mbps and source"),
+    "reference_negative": ("cores = 4\ncore_share = 0.3\n[reference.aes-128-gcm]\nmbps = -3\nsource = 'x'\n",
+                           "reference.aes-128-gcm.mbps", "> 0"),
+    "reference_bad_confidence": (GOOD.replace('source = "somewhere"', 'source = "s"\nconfidence = "sure"'),
+                                 "reference.aes-128-gcm.confidence", "high, medium, low"),
+    "unknown_top_field": (GOOD.replace("cores = 4", "cores = 4\ncore_sahre = 1"), "core_sahre", "accepted"),
+    "env_not_string": (GOOD.replace('OPENSSL_ia32cap = "~0x200000200000000"', "OPENSSL_ia32cap = 5"),
+                       "env.OPENSSL_ia32cap", "string"),
+    "word_bits": (GOOD + "", None, None),  # placeholder replaced below
+    "emulated_too_many": (GOOD.replace("cores = 4", "cores = 4\nemulated_cores = 5"), "emulated_cores", "(0, cores=4]"),
+    "name_mismatch": ('name = "pi5"\n' + GOOD, "name", "must match"),
+    "only_go_reference": ("cores = 4\ncore_share = 0.3\n[reference.go-chacha20-poly1305]\nmbps = 1\nsource = 'x'\n",
+                          "reference", "OpenSSL"),
+    "not_toml": ("cores = = 4\n", None, "not valid TOML"),
+}
+BAD["word_bits"] = ("word_bits = 16\n" + GOOD, "word_bits", "32 or 64")
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_profile_rejected_naming_file_field_and_accepted_values(case, profdir):
+    text, field, accepted = BAD[case]
+    (profdir / f"bad-{case}.toml").write_text(text)
+    with pytest.raises(ConfigError) as ei:
+        load_profile(f"bad-{case}")
+    msg = str(ei.value)
+    assert f"bad-{case}.toml" in msg
+    if field:
+        assert ei.value.field == field
+    assert accepted in msg
+
+
+def test_unknown_profile_lists_valid_ones(profdir):
+    with pytest.raises(ConfigError, match="valid: .*pi4"):
+        load_profile("pi9")
+
+
+def test_adding_a_profile_is_adding_a_file(profdir):
+    (profdir / "board.toml").write_text(GOOD)
+    assert "board" in known_profiles()
+    p = load_profile("board")
+    assert p.quota_cores == pytest.approx(0.3) and not p.calibrated
+
+
+# ---------------------------------------------------------------- calibration merge
+
+
+def _calibration(prof, **over):
+    cal = {"schema": 1, "profile_fingerprint": prof.fingerprint(), "core_share": 0.25,
+           "host": {"cpu_model": host_cpu_model()}, "residuals": {"aes-128-gcm": 0.01},
+           "created": "2026-01-01T00:00:00Z", "mode": "quick", "max_abs_residual": 0.01}
+    cal.update(over)
+    return cal
+
+
+def test_calibration_is_merged(profdir, tmp_path):
+    (profdir / "board.toml").write_text(GOOD)
+    cal = _calibration(load_profile("board"))
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "cal" / "board.json").write_text(json.dumps(cal))
+    p = load_profile("board")
+    assert p.calibrated and p.core_share == 0.25 and p.calibration["residuals"] == {"aes-128-gcm": 0.01}
+
+
+@pytest.mark.parametrize("over,why", [
+    ({"profile_fingerprint": "0" * 16}, "references or masks changed"),
+    ({"host": {"cpu_model": "Some Other CPU"}}, "another CPU"),
+    ({"schema": 99}, "schema"),
+])
+def test_stale_calibration_is_not_used(profdir, tmp_path, over, why):
+    (profdir / "board.toml").write_text(GOOD)
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "cal" / "board.json").write_text(json.dumps(_calibration(load_profile("board"), **over)))
+    p = load_profile("board")
+    assert not p.calibrated and p.core_share == 0.3
+    assert why in p.uncalibrated_reason and "lab calibrate board" in p.uncalibrated_reason
+
+
+# ---------------------------------------------------------------- fitting
+
+
+def test_fit_is_least_squares_of_log_ratios():
+    refs = {"a": Reference("a", 100, "s"), "b": Reference("b", 50, "s", weight=3)}
+    measured = {"a": 400.0, "b": 100.0}  # ratios 0.25 and 0.5
+    s, res = fit_core_share(measured, refs)
+    assert math.log(s) == pytest.approx((math.log(0.25) + 3 * math.log(0.5)) / 4)
+    assert res["a"] == pytest.approx(s * 4 - 1) and res["b"] == pytest.approx(s * 2 - 1)
+    s1, res1 = fit_core_share({"a": 400.0}, refs)
+    assert s1 == pytest.approx(0.25) and res1 == {"a": pytest.approx(0.0)}
+
+
+def test_parse_openssl_machine_readable_output():
+    text = "+DT:AES-128-GCM:1:16384\n+R:106115:AES-128-GCM:1.000000\n+H:16384\n+F:25:AES-128-GCM:1.7e9\n"
+    assert parse_openssl_mr(text) == (106115, 1.0)
+    with pytest.raises(ValueError):
+        parse_openssl_mr("nothing")
+
+
+def test_primitives_catalogue():
+    assert {p["tool"] for p in PRIMITIVES.values()} == {"openssl", "go"}
+
+
+# ---------------------------------------------------------------- scaling onto the host
+
+
+def _plan(n, share=0.26, emulated=1, fixed=()):
+    prof = load_profile("pi4", merge_calibration=False)
+    prof.core_share, prof.emulated_cores = share, emulated
+    plan = {f"n{i}": plan_entry(prof) for i in range(n)}
+    for i, c in enumerate(fixed):
+        plan[f"f{i}"] = {"profile": None, "cores": c, "env": {}}
+    return plan
+
+
+def test_pi_pair_fits_two_cores_unscaled():
+    plan = _plan(2)
+    assert scale_to_host(plan, 2) == []
+    for p in plan.values():
+        assert p["cores"] == pytest.approx(0.26) and p["scale"] == 1.0
+        assert p["board_cores_emulated"] == pytest.approx(1.0)
+        assert p["share_of_board"] == pytest.approx(0.25)
+        assert p["single_thread_vs_board"] == pytest.approx(1.0)
+        assert p["coverage"]["kernel"]["masked"] is False
+
+
+def test_whole_boards_are_scaled_down_equally_and_said_so():
+    plan = _plan(2, emulated=4)  # 2 x 4 x 0.26 = 2.08 host cores > 0.9 x 2
+    warnings = scale_to_host(plan, 2)
+    assert warnings and "scaled" in warnings[0]
+    for p in plan.values():
+        assert p["scale"] == pytest.approx(1.8 / 2.08, abs=1e-3)
+        assert p["cores"] == pytest.approx(0.9)
+        assert p["board_cores_emulated"] == pytest.approx(0.9 / 0.26, abs=1e-3)
+        # a single thread may use a whole host core: faster than one Pi core, and stated
+        assert p["single_thread_vs_board"] == pytest.approx(0.9 / 0.26, abs=1e-3)
+
+
+def test_impossible_request_is_refused():
+    with pytest.raises(PreconditionError, match="cannot honour"):
+        scale_to_host(_plan(40), 2)  # 40 x 0.26 = 10.4 host cores on 2
+    with pytest.raises(PreconditionError, match="this machine has 2"):
+        scale_to_host(_plan(0, fixed=[3.0]), 2)
+
+
+def test_fixed_caps_leave_less_room_for_profiles():
+    plan = _plan(2, fixed=[1.5])  # 0.3 left for 0.52 wanted
+    scale_to_host(plan, 2)
+    assert plan["n0"]["scale"] == pytest.approx(0.3 / 0.52, abs=1e-3)
+    assert plan["f0"]["cores"] == 1.5
+
+
+def test_coverage_states_what_is_and_is_not_masked():
+    c = coverage(load_profile("pi4", merge_calibration=False))
+    assert c["userspace_openssl"]["masked"] and c["userspace_openssl"]["quota_scaled"]
+    assert c["userspace_go"]["masked"] and "wireguard-go" in c["userspace_go"]["used_by"][0]
+    assert c["kernel"]["masked"] is False and c["kernel"]["quota_scaled"] == "partial"
+    assert "kernel WireGuard" in c["kernel"]["used_by"]
+    h = coverage(load_profile("host"))
+    assert not h["userspace_openssl"]["masked"] and not h["kernel"]["quota_scaled"]
+
+
+# ---------------------------------------------------------------- cgroup files, v2 and v1
+
+
+def _fake_v2(root):
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    (root / "cgroup.procs").write_text("")
+    (root / "cpuset.cpus.effective").write_text("0-1\n")
+    return root
+
+
+def test_profile_quota_on_fake_cgroup_v2(tmp_path):
+    root = _fake_v2(tmp_path / "cg2")
+    layout = cgroups.probe(root)
+    assert layout.version == 2
+    plan = _plan(2)
+    scale_to_host(plan, 2)
+    cgroups.ensure_dir(layout, "lab")
+    # the fake tree does not populate children the way cgroupfs does: play the kernel's part
+    (root / "lab" / "cgroup.controllers").write_text("cpuset cpu\n")
+    (root / "lab" / "cgroup.subtree_control").write_text("")
+    cgroups.ensure_dir(layout, "lab/x")
+    (root / "lab" / "x" / "cpuset.cpus").write_text("")
+    cgroups.set_cpu(layout, "lab/x", plan["n0"]["cores"], cgroups.all_cpus(layout))
+    assert (root / "cgroup.subtree_control").read_text() == "+cpu +cpuset"
+    assert (root / "lab" / "x" / "cpu.max").read_text() == "26000 100000"
+    assert (root / "lab" / "x" / "cpuset.cpus").read_text() == "0-1"
+
+
+def test_profile_quota_on_fake_cgroup_v1(tmp_path):
+    root = tmp_path / "cg1"
+    for c in cgroups.V1_CONTROLLERS:
+        (root / c).mkdir(parents=True)
+        (root / c / "cgroup.procs").write_text("")
+    (root / "cpuset" / "cpuset.cpus").write_text("0-1\n")
+    (root / "cpuset" / "cpuset.mems").write_text("0\n")
+    layout = cgroups.probe(root)
+    assert layout.version == 1
+    for rel in ("lab", "lab/x"):
+        (root / "cpuset" / rel).mkdir()
+        for f in ("cpuset.cpus", "cpuset.mems"):
+            (root / "cpuset" / rel / f).write_text("")
+        cgroups.ensure_dir(layout, rel)
+    assert (root / "cpuset" / "lab" / "x" / "cpuset.mems").read_text() == "0"
+    plan = _plan(2)
+    scale_to_host(plan, 2)
+    cgroups.set_cpu(layout, "lab/x", plan["n0"]["cores"], "0-1")
+    assert (root / "cpu" / "lab" / "x" / "cpu.cfs_quota_us").read_text() == "26000"
+    assert (root / "cpu" / "lab" / "x" / "cpu.cfs_period_us").read_text() == "100000"
