@@ -259,7 +259,7 @@ class StrongSwanDriver(Driver):
             )
         if path == "":
             return Availability(False, "kernel", why)
-        return Availability(True, path, why)
+        return Availability(True, path)  # why: only when it cannot run (`lab profiles`)
 
     def _dataplane(self, params: dict) -> tuple[str, str]:
         """('kernel' | 'kernel-libipsec' | '' when impossible, explanation)."""
