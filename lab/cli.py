@@ -90,6 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="one short round, verify two primitives")
     p.add_argument("--no-verify", action="store_true", help="skip the check inside a capped cgroup")
     p.add_argument("--json", action="store_true", help="print the calibration record as JSON")
+
+    p = sub.add_parser("run", help="run a plan (profiles x impairments x tests x repetitions)")
+    p.add_argument("plan", nargs="?", help="plan file or name in plans/ (optional with --resume)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run, skipping finished cases")
+    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a plan value: reps=1, duration=3, profiles=a,b, ...")
+    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<UTC>_<plan>)")
+
+    p = sub.add_parser("report", help="regenerate a run's tables, plots and report")
+    p.add_argument("run_dir")
+
+    p = sub.add_parser("compare", help="two runs side by side per case, with ratios and plots")
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.add_argument("--out", help="output directory (default RUN_B/compare-<A>)")
     return ap
 
 
@@ -377,7 +392,63 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    from pathlib import Path
+
+    from .plan import load_plan
+    from .report import generate
+    from .results import RunDir
+    from .runner import Runner, create_run_dir, resume_plan
+    from .runprogress import RunProgress
+
+    if args.resume:
+        run = RunDir(Path(args.resume)).check()
+        plan = resume_plan(run, args.plan, args.override)
+    elif args.plan:
+        plan = load_plan(args.plan, args.override)
+        run = create_run_dir(plan, Path(args.out) if args.out else None)
+    else:
+        raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")
+    out.print(f"run directory: {run.path}")
+    interrupted = False
+    try:
+        with RunProgress(out) as progress:
+            Runner(plan, run, progress, argv=["lab", *sys.argv[1:]]).execute()
+    except KeyboardInterrupt:
+        interrupted = True
+    s = generate(run.path)
+    b = s["budget"]
+    out.print(f"{s['cases']} case repetitions, {s['failed']} failed; outside measurement "
+              f"{100 * (b['outside_share'] or 0):.1f} % of {b['wall_s']:.0f} s")
+    out.print(f"report: {s['report']}")
+    if interrupted:
+        err.print(f"lab: interrupted; the lab is down. Continue: lab run --resume {run.path}")
+        return 130
+    return 1 if s["failed"] else 0
+
+
+def cmd_report(args) -> int:
+    from .report import generate
+
+    s = generate(args.run_dir)
+    out.print(f"{s['report']} ({s['cases']} case repetitions, {s['failed']} failed, "
+              f"{len(s['plots'])} plots)")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare
+
+    s = compare(args.run_a, args.run_b, args.out)
+    out.print(f"{s['out']}/compare.md: {s['matched']} case metrics in both runs, "
+              f"{s['only_a']} only in A, {s['only_b']} only in B")
+    return 0
+
+
 COMMANDS = {
+    "run": cmd_run,
+    "report": cmd_report,
+    "compare": cmd_compare,
     "impair": cmd_impair,
     "up": cmd_up,
     "render": cmd_render,

@@ -1,0 +1,694 @@
+"""Plan files: a campaign as data (profiles x impairments x tests x repetitions), validated whole.
+
+A plan is a TOML file (see plans/ and docs/results.md):
+
+    name = "quick"
+    profiles = ["baseline", "wireguard"]
+    impairments = ["none", "network1", {sweep = "delay", from = 0, to = 100, step = 10}]
+    reps = 5                 # repetitions of every test without impairment
+    impaired_reps = 1        # repetitions at each impairment point (study A: 1)
+    duration = 5             # duration_s of every test that takes one (unless the test sets it)
+    [topology]
+    file = "topologies/pi_pair.py"
+    cpu = "pi4"              # the topology's cpu parameter: a CPU profile name
+    params = { bw = 1000 }   # the other -p parameters
+    [defaults]               # parameters given to every test that accepts them
+    omit_s = 1
+    [[tests]]
+    test = "tcp"             # a name from lab.measure.TESTS
+    name = "tcp-out"         # label, unique in the plan (default: the test name)
+    duration_s = 10          # the test's own parameters
+
+`load_plan(path, overrides)` reads, applies `-o key=value` overrides and validates everything
+(topology, profiles, impairment specs, every test's parameters) without touching the system:
+every problem is a ConfigError naming the file, the field and the accepted values. `Plan.cases()`
+lists the cases in the order the runner runs them (fewest lab bring-ups).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, LabError
+
+SCHEMA = 1
+REPO = Path(__file__).resolve().parent.parent
+PLAN_DIR = REPO / "plans"
+
+#: top-level keys -> what they mean (for error messages and docs)
+TOP_KEYS: dict[str, str] = {
+    "schema": f"plan schema version (only {SCHEMA})",
+    "name": "plan name (letters, digits, - _ .); default: the file name",
+    "description": "free text",
+    "study": "which study the plan reproduces (free text)",
+    "notes": "free text or a list of strings (gaps, stand-ins), copied into the report",
+    "topology": "table: file, topo, cpu, params",
+    "profiles": "list of VPN profile specs (NAME or NAME:key=value,...)",
+    "impairments": "list of: 'none', a preset, tc-netem words, {name, spec} or a sweep table",
+    "placement": "where impairment goes: egress, ingress or middlebox (default: the lab's)",
+    "reps": "repetitions per test without impairment (>= 1)",
+    "impaired_reps": "repetitions per test at each impairment point (>= 1; default: reps)",
+    "duration": "seconds for every test with a duration_s parameter that does not set its own",
+    "timeout_s": "grace beyond a tool's planned duration before it is killed (default 30)",
+    "error_bars": "'sd' (study A) or 'minmax' (study D) in the report's bar charts",
+    "defaults": "table of test parameters given to every test that accepts them",
+    "tests": "array of tables: test, name, reps and the test's parameters",
+}
+TOPOLOGY_KEYS = {
+    "file": "topology file (relative to the plan, else to the repository)",
+    "topo": "entry of the file's topos dict",
+    "cpu": "CPU profile name given as the topology's cpu parameter",
+    "params": "table of other topology parameters (the -p of `lab up`)",
+}
+TEST_META_KEYS = ("test", "name", "reps")
+ERROR_BARS = ("sd", "minmax")
+#: keys `-o key=value` accepts (the dotted ones reach into [topology])
+OVERRIDE_KEYS = {
+    "reps": "all repetitions (reps, impaired_reps and per-test reps) to this number",
+    "impaired_reps": "repetitions at each impairment point",
+    "duration": "duration_s of every test that takes one (wins over per-test values)",
+    "profiles": "comma-separated profile specs",
+    "impairments": "comma-separated impairment names ('none', presets) or ';'-separated specs",
+    "tests": "comma-separated test labels to keep",
+    "placement": "egress, ingress or middlebox",
+    "timeout_s": "grace in seconds",
+    "name": "plan name",
+    "topology.file": "topology file",
+    "topology.topo": "topology entry",
+    "topology.cpu": "CPU profile",
+    "topology.params.KEY": "one topology parameter",
+}
+SWEEP_KEYS = {"sweep", "from", "to", "step", "base", "name"}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class ImpairmentPoint:
+    """One network condition: `name` (file-name safe) and the spec handed to set_impairment."""
+
+    name: str
+    spec: str  # canonical tc-netem words ("" = none); directional as 'a2b: ...; b2a: ...'
+    group: str  # the plan entry it came from: "none", a preset, a sweep name
+    parameter: str | None = None  # the swept parameter, e.g. "delay"
+    value: float | None = None  # its value at this point (ms, %, Mbit/s)
+
+    @property
+    def impaired(self) -> bool:
+        return bool(self.spec)
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "spec": self.spec,
+            "group": self.group,
+            "parameter": self.parameter,
+            "value": self.value,
+        }
+
+
+@dataclass(frozen=True)
+class TestEntry:
+    """One [[tests]] entry: the registered test, its label, repetitions and validated params."""
+
+    label: str
+    test: str
+    params: dict[str, Any]
+    reps: int | None  # None: the plan's reps / impaired_reps
+
+    def to_json(self) -> dict:
+        return {"label": self.label, "test": self.test, "reps": self.reps, "params": self.params}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: a test at one repetition, for one profile at one impairment point."""
+
+    profile: str
+    point: ImpairmentPoint
+    test: TestEntry
+    rep: int
+
+    @property
+    def key(self) -> str:
+        return case_key(self.profile, self.point.name, self.test.label, self.rep)
+
+
+def case_key(profile: str, point: str, label: str, rep: int) -> str:
+    return f"{profile}|{point}|{label}|{rep}"
+
+
+@dataclass
+class Plan:
+    name: str
+    source: str
+    description: str
+    study: str
+    notes: list[str]
+    topology_file: str
+    topo: str | None
+    topology_params: dict[str, Any]
+    profiles: list[str]
+    points: list[ImpairmentPoint]
+    placement: str | None
+    reps: int
+    impaired_reps: int
+    timeout_s: float
+    error_bars: str
+    tests: list[TestEntry]
+    overrides: list[str] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ derived
+    def reps_for(self, test: TestEntry, point: ImpairmentPoint) -> int:
+        if test.reps is not None:
+            return test.reps
+        return self.impaired_reps if point.impaired else self.reps
+
+    def groups(self) -> list[tuple[str, list[ImpairmentPoint]]]:
+        """Points that share one bring-up of a profile's lab.
+
+        The unimpaired points run in a lab built without any impairment machinery (with the
+        userspace engine a hidden bump namespace would otherwise forward the baseline's
+        packets); every impaired point shares a second lab whose impairment is changed in place.
+        """
+        clean = [p for p in self.points if not p.impaired]
+        dirty = [p for p in self.points if p.impaired]
+        return [(g, pts) for g, pts in (("unimpaired", clean), ("impaired", dirty)) if pts]
+
+    def cases(self) -> list[Case]:
+        """Every case in run order: profile, impairment group, point, repetition, test.
+
+        Repetitions are interleaved (rep 0 of every test, then rep 1, ...) so a slow drift of
+        the host shows up as spread rather than as a difference between tests.
+        """
+        out = []
+        for profile in self.profiles:
+            for _, pts in self.groups():
+                for pt in pts:
+                    n = max(self.reps_for(t, pt) for t in self.tests)
+                    for rep in range(n):
+                        for t in self.tests:
+                            if rep < self.reps_for(t, pt):
+                                out.append(Case(profile, pt, t, rep))
+        return out
+
+    def estimate_s(self, case: Case) -> float:
+        return estimate_s(case.test.test, case.test.params)
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "name": self.name,
+            "source": self.source,
+            "description": self.description,
+            "study": self.study,
+            "notes": self.notes,
+            "topology": {
+                "file": self.topology_file,
+                "topo": self.topo,
+                "params": self.topology_params,
+            },
+            "profiles": self.profiles,
+            "impairments": [p.to_json() for p in self.points],
+            "placement": self.placement,
+            "reps": self.reps,
+            "impaired_reps": self.impaired_reps,
+            "timeout_s": self.timeout_s,
+            "error_bars": self.error_bars,
+            "tests": [t.to_json() for t in self.tests],
+            "overrides": self.overrides,
+        }
+
+    def digest(self) -> str:
+        """Hash of what the plan runs (cases and parameters), to match a run it resumes."""
+        d = self.to_json()
+        for k in ("source", "description", "notes", "overrides"):
+            d.pop(k)
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------- estimates
+
+
+def estimate_s(test: str, params: dict[str, Any]) -> float:
+    """Expected wall time of one run of `test` (for the progress bar's ETA)."""
+    if test == "tcp":
+        return params["duration_s"] + params["omit_s"] + 0.5
+    if test in ("udp", "rr"):
+        return params["duration_s"] + 0.5
+    if test == "udp-sweep":
+        from .measure.udp import UdpSweepTest
+
+        return len(UdpSweepTest.rates(params)) * (params["duration_s"] + 0.3) + 0.5
+    if test == "ping":
+        return params["count"] * params["interval_s"] + 0.3
+    if test == "mtu":
+        return 1.5 * (2 if params.get("addr6") else 1)
+    if test == "scp":
+        return 1.0 + params["size_mb"] * 8 / 100  # ~100 Mbit/s through a capped tunnel
+    if test == "contention":
+        from .measure import TESTS
+
+        inner = TESTS[params["test"]].validate(params["params"], source="estimate")
+        return estimate_s(params["test"], inner) + 0.5
+    return 5.0
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def find_plan(name: str) -> Path:
+    """A path, or the name of a file in plans/ (with or without .toml)."""
+    p = Path(name)
+    if p.is_file():
+        return p
+    for cand in (PLAN_DIR / name, PLAN_DIR / f"{name}.toml"):
+        if cand.is_file():
+            return cand
+    known = sorted(q.stem for q in PLAN_DIR.glob("*.toml"))
+    raise ConfigError(f"plan file not found; plans in {PLAN_DIR}: {', '.join(known)}", source=name)
+
+
+def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
+    path = find_plan(str(path))
+    src = str(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not valid TOML: {e}", source=src) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", source=src) from None
+    overrides = list(overrides or [])
+    if overrides:
+        raw = apply_overrides(raw, overrides, source=src)
+        src = f"{src} (with -o {' -o '.join(overrides)})"
+    plan = validate(raw, source=src, base_dir=path.parent, default_name=path.stem)
+    plan.overrides = overrides
+    return plan
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`key=value`; the value is read as a TOML value when it is one, else as a string."""
+    if "=" not in text:
+        raise ConfigError(
+            f"expected key=value, got {text!r}; keys: {', '.join(OVERRIDE_KEYS)}", source="-o"
+        )
+    key, value = (s.strip() for s in text.split("=", 1))
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return key, parsed
+
+
+def _split_list(key: str, value: Any) -> list:
+    if isinstance(value, list):
+        return value
+    if not isinstance(value, str):
+        return [value]
+    if key == "impairments" and ";" in value:
+        # specs contain spaces and commas never; ';' separates full specs
+        return [s.strip() for s in value.split(";") if s.strip()]
+    return [s.strip() for s in value.split(",") if s.strip()]
+
+
+def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
+    """Apply `-o key=value` to the raw plan. CLI values win over every level of the file."""
+    raw = copy.deepcopy(raw)
+    for text in overrides:
+        key, value = parse_override(text)
+        if key == "reps":
+            raw["reps"] = value
+            raw["impaired_reps"] = value
+            for t in raw.get("tests") or []:
+                if isinstance(t, dict):
+                    t.pop("reps", None)
+        elif key == "duration":
+            raw["duration"] = value
+            for t in raw.get("tests") or []:
+                if isinstance(t, dict):
+                    t.pop("duration_s", None)
+            if isinstance(raw.get("defaults"), dict):
+                raw["defaults"].pop("duration_s", None)
+        elif key in ("profiles", "impairments"):
+            raw[key] = _split_list(key, value)
+        elif key == "tests":
+            keep = _split_list(key, value)
+            tests = [t for t in raw.get("tests") or [] if isinstance(t, dict)]
+            labels = [str(t.get("name") or t.get("test")) for t in tests]
+            unknown = [k for k in keep if k not in labels]
+            if unknown:
+                raise ConfigError(
+                    f"no test labelled {unknown[0]!r} in the plan; labels: {', '.join(labels)}",
+                    source="-o",
+                    field="tests",
+                )
+            raw["tests"] = [t for t, lbl in zip(tests, labels, strict=True) if lbl in keep]
+        elif key in ("impaired_reps", "placement", "timeout_s", "name"):
+            raw[key] = value
+        elif key.startswith("topology."):
+            parts = key.split(".")
+            topo = raw.setdefault("topology", {})
+            if not isinstance(topo, dict):
+                raise ConfigError("[topology] must be a table", source=source, field="topology")
+            if len(parts) == 2 and parts[1] in ("file", "topo", "cpu"):
+                topo[parts[1]] = value
+            elif len(parts) == 3 and parts[1] == "params":
+                topo.setdefault("params", {})[parts[2]] = value
+            else:
+                raise ConfigError(
+                    f"unknown override key {key!r}; accepted: {', '.join(OVERRIDE_KEYS)}",
+                    source="-o",
+                    field=key,
+                )
+        else:
+            raise ConfigError(
+                f"unknown override key {key!r}; accepted: {', '.join(OVERRIDE_KEYS)}",
+                source="-o",
+                field=key,
+            )
+    return raw
+
+
+def _bad(msg: str, source: str, fld: str) -> ConfigError:
+    return ConfigError(msg, source=source, field=fld)
+
+
+def _int(raw: dict, key: str, source: str, default: int | None, lo: int = 1) -> int | None:
+    v = raw.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise _bad(f"got {v!r}; accepted: an integer >= {lo}", source, key)
+    return v
+
+
+def _num(v: Any, key: str, source: str, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+        raise _bad(f"got {v!r}; accepted: a number {lo:g}..{hi:g}", source, key)
+    return float(v)
+
+
+def _str(raw: dict, key: str, source: str, default: str = "") -> str:
+    v = raw.get(key, default)
+    if not isinstance(v, str):
+        raise _bad(f"got {type(v).__name__} {v!r}; accepted: a string", source, key)
+    return v
+
+
+def validate(raw: dict, *, source: str, base_dir: Path, default_name: str) -> Plan:
+    """Turn a raw plan dict into a Plan; ConfigError on the first problem found."""
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    if unknown:
+        raise _bad(f"unknown key; accepted: {', '.join(TOP_KEYS)}", source, unknown[0])
+    schema = raw.get("schema", SCHEMA)
+    if schema != SCHEMA:
+        raise _bad(f"got {schema!r}; accepted: {SCHEMA}", source, "schema")
+    name = _str(raw, "name", source, default_name)
+    if not NAME_RE.match(name):
+        raise _bad(f"got {name!r}; accepted: letters, digits, '-', '_', '.'", source, "name")
+    notes = raw.get("notes", [])
+    if isinstance(notes, str):
+        notes = [notes]
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise _bad("accepted: a string or a list of strings", source, "notes")
+
+    topo_file, topo, params, spec = _topology(raw, source, base_dir)
+    profiles = _profiles(raw, source, spec)
+    points = _impairments(raw, source)
+    placement = raw.get("placement")
+    if placement is not None:
+        from .impair.presets import PLACEMENTS
+
+        if placement not in PLACEMENTS:
+            raise _bad(f"got {placement!r}; accepted: {', '.join(PLACEMENTS)}", source, "placement")
+    reps = _int(raw, "reps", source, 1)
+    impaired_reps = _int(raw, "impaired_reps", source, reps)
+    timeout_s = _num(raw.get("timeout_s", 30), "timeout_s", source, 1, 3600)
+    error_bars = raw.get("error_bars", "sd")
+    if error_bars not in ERROR_BARS:
+        raise _bad(f"got {error_bars!r}; accepted: {', '.join(ERROR_BARS)}", source, "error_bars")
+    tests = _tests(raw, source)
+    return Plan(
+        name=name,
+        source=source,
+        description=_str(raw, "description", source),
+        study=_str(raw, "study", source),
+        notes=notes,
+        topology_file=topo_file,
+        topo=topo,
+        topology_params=params,
+        profiles=profiles,
+        points=points,
+        placement=placement,
+        reps=reps,
+        impaired_reps=impaired_reps,
+        timeout_s=timeout_s,
+        error_bars=error_bars,
+        tests=tests,
+        raw=raw,
+    )
+
+
+def _topology(raw: dict, source: str, base_dir: Path):
+    from .cpuprofile import known_profiles as known_cpu
+    from .topology import load_topology
+
+    t = raw.get("topology")
+    if not isinstance(t, dict):
+        raise _bad(f"missing or not a table; keys: {', '.join(TOPOLOGY_KEYS)}", source, "topology")
+    unknown = sorted(set(t) - set(TOPOLOGY_KEYS))
+    if unknown:
+        raise _bad(
+            f"unknown key; accepted: {', '.join(TOPOLOGY_KEYS)}", source, f"topology.{unknown[0]}"
+        )
+    f = t.get("file")
+    if not isinstance(f, str) or not f:
+        raise _bad(
+            "missing; accepted: a topology file path, e.g. topologies/pi_pair.py",
+            source,
+            "topology.file",
+        )
+    path = next((p for p in (base_dir / f, REPO / f, Path(f)) if p.is_file()), None)
+    if path is None:
+        known = sorted(str(p.relative_to(REPO)) for p in (REPO / "topologies").glob("*.py"))
+        raise _bad(f"file {f!r} not found; topologies: {', '.join(known)}", source, "topology.file")
+    topo = t.get("topo")
+    if topo is not None and not isinstance(topo, str):
+        raise _bad(f"got {topo!r}; accepted: a string", source, "topology.topo")
+    params = t.get("params", {})
+    if not isinstance(params, dict):
+        raise _bad("accepted: a table of parameters", source, "topology.params")
+    params = dict(params)
+    if "cpu" in t:
+        cpu = t["cpu"]
+        if isinstance(cpu, str):
+            if cpu not in known_cpu():
+                raise _bad(
+                    f"unknown CPU profile {cpu!r}; accepted: {', '.join(known_cpu())} "
+                    "or a fraction of one core",
+                    source,
+                    "topology.cpu",
+                )
+        elif isinstance(cpu, bool) or not isinstance(cpu, int | float) or cpu <= 0:
+            raise _bad(
+                f"got {cpu!r}; accepted: a CPU profile name or cores > 0", source, "topology.cpu"
+            )
+        params["cpu"] = cpu
+    try:
+        spec = load_topology(path, topo, params)
+    except ConfigError as e:
+        raise _bad(str(e), source, "topology") from None
+    rel = (
+        str(path.resolve().relative_to(REPO)) if path.resolve().is_relative_to(REPO) else str(path)
+    )
+    return rel, spec.topo_name, params, spec
+
+
+def _profiles(raw: dict, source: str, spec) -> list[str]:
+    from .vpn.profiles import known_profiles, load_profile
+    from .vpn.tunnel import plan as place
+
+    profiles = raw.get("profiles")
+    if not isinstance(profiles, list) or not profiles:
+        raise _bad(
+            f"missing or empty; accepted: a list of {', '.join(known_profiles())}",
+            source,
+            "profiles",
+        )
+    for i, p in enumerate(profiles):
+        if not isinstance(p, str):
+            raise _bad(f"got {p!r}; accepted: a profile name", source, f"profiles[{i}]")
+        try:
+            place(spec, load_profile(p))
+        except ConfigError as e:
+            raise _bad(
+                f"{e}; profiles: {', '.join(known_profiles())}", source, f"profiles[{i}]"
+            ) from None
+    dup = sorted({p for p in profiles if profiles.count(p) > 1})
+    if dup:
+        raise _bad(f"profile {dup[0]!r} listed twice", source, "profiles")
+    return list(profiles)
+
+
+def slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
+    return s or "none"
+
+
+def _impairments(raw: dict, source: str) -> list[ImpairmentPoint]:
+    from .impair.presets import PRESETS, SWEEP_PARAMETERS, preset, sweep
+    from .impair.spec import parse_directional
+
+    items = raw.get("impairments", ["none"])
+    if not isinstance(items, list) or not items:
+        raise _bad(
+            "accepted: a non-empty list ('none', presets, specs, sweeps)", source, "impairments"
+        )
+    points: list[ImpairmentPoint] = []
+    for i, item in enumerate(items):
+        fld = f"impairments[{i}]"
+        if isinstance(item, str):
+            item = {"spec": item}
+        if not isinstance(item, dict):
+            raise _bad(f"got {item!r}; accepted: a string or a table", source, fld)
+        if "sweep" in item:
+            unknown = sorted(set(item) - SWEEP_KEYS)
+            if unknown:
+                raise _bad(
+                    f"unknown key in a sweep; accepted: {', '.join(sorted(SWEEP_KEYS))}",
+                    source,
+                    f"{fld}.{unknown[0]}",
+                )
+            par = item["sweep"]
+            if par not in SWEEP_PARAMETERS:
+                raise _bad(
+                    f"got {par!r}; accepted: {', '.join(SWEEP_PARAMETERS)}", source, f"{fld}.sweep"
+                )
+            missing = [k for k in ("from", "to", "step") if k not in item]
+            if missing:
+                raise _bad("a sweep needs from, to and step", source, f"{fld}.{missing[0]}")
+            nums = {k: _num(item[k], f"{fld}.{k}", source, 0, 1e6) for k in ("from", "to", "step")}
+            base = item.get("base")
+            if base is not None and not isinstance(base, str):
+                raise _bad("accepted: tc-netem words", source, f"{fld}.base")
+            prefix = item.get("name")
+            try:
+                pts = sweep(
+                    par,
+                    nums["from"],
+                    nums["to"],
+                    nums["step"],
+                    base=base,
+                    prefix=prefix,
+                    source=f"{source}: {fld}",
+                )
+            except ConfigError as e:
+                raise _bad(str(e), source, fld) from None
+            group = prefix or par
+            points += [ImpairmentPoint(p.name, str(p.impairment), group, par, p.value) for p in pts]
+            continue
+        unknown = sorted(set(item) - {"spec", "name"})
+        if unknown:
+            raise _bad(
+                "unknown key; accepted: spec, name (or a sweep: sweep, from, to, step, base, name)",
+                source,
+                f"{fld}.{unknown[0]}",
+            )
+        text = item.get("spec")
+        if not isinstance(text, str):
+            raise _bad(
+                "missing spec; accepted: 'none', a preset "
+                f"({', '.join(PRESETS)}) or tc-netem words",
+                source,
+                fld,
+            )
+        words = text.strip()
+        try:
+            if words in PRESETS:
+                imp = preset(words, source=f"{source}: {fld}")
+            else:
+                imp = parse_directional(words, source=f"{source}: {fld}")
+            canonical = "" if imp.is_empty() else str(imp)
+        except ConfigError as e:
+            raise _bad(f"{e}; presets: {', '.join(PRESETS)}", source, fld) from None
+        name = item.get("name") or (words if words in PRESETS else slug(words))
+        if not canonical:
+            name = item.get("name") or "none"
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise _bad(
+                f"name {name!r}: accepted letters, digits, '-', '_', '.'", source, f"{fld}.name"
+            )
+        points.append(ImpairmentPoint(name, canonical, name if canonical else "none"))
+    names = [p.name for p in points]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise _bad(
+            f"impairment point {dup[0]!r} appears twice (give one a name=)", source, "impairments"
+        )
+    return points
+
+
+def _tests(raw: dict, source: str) -> list[TestEntry]:
+    from .measure import TESTS, get_test
+
+    tests = raw.get("tests")
+    if not isinstance(tests, list) or not tests:
+        raise _bad(
+            f"missing or empty; add [[tests]] with test = one of {', '.join(sorted(TESTS))}",
+            source,
+            "tests",
+        )
+    defaults = raw.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise _bad("accepted: a table of test parameters", source, "defaults")
+    used_defaults: set[str] = set()
+    duration = raw.get("duration")
+    if duration is not None:
+        duration = _num(duration, "duration", source, 0.1, 36000)
+    out: list[TestEntry] = []
+    for i, t in enumerate(tests):
+        fld = f"tests[{i}]"
+        if not isinstance(t, dict):
+            raise _bad("accepted: a table with test = NAME", source, fld)
+        if "test" not in t:
+            raise _bad(f"missing test; accepted: {', '.join(sorted(TESTS))}", source, f"{fld}.test")
+        test = get_test(t["test"], source=source, field=f"{fld}.test")
+        label = t.get("name", t["test"])
+        if not isinstance(label, str) or not NAME_RE.match(label):
+            raise _bad(
+                f"got {label!r}; accepted: letters, digits, '-', '_', '.'", source, f"{fld}.name"
+            )
+        reps = _int(t, "reps", f"{source}: {fld}", None)
+        params = {k: v for k, v in t.items() if k not in TEST_META_KEYS}
+        for k, v in defaults.items():
+            if k in test.schema and k not in params:
+                params[k] = v
+                used_defaults.add(k)
+        if duration is not None and "duration_s" in test.schema and "duration_s" not in params:
+            params["duration_s"] = duration
+        try:
+            params = test.validate(params, source=f"{source}: {fld} ({label})")
+        except LabError as e:
+            raise ConfigError(str(e)) from None
+        out.append(TestEntry(label, test.name, params, reps))
+    unused = sorted(set(defaults) - used_defaults - {k for t in out for k in TESTS[t.test].schema})
+    if unused:
+        accepted = sorted({k for t in out for k in TESTS[t.test].schema})
+        raise _bad(
+            f"no test of the plan takes this parameter; accepted: {', '.join(accepted)}",
+            source,
+            f"defaults.{unused[0]}",
+        )
+    labels = [t.label for t in out]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise _bad(f"test label {dup[0]!r} used twice; give each a unique name=", source, "tests")
+    return out

@@ -1,0 +1,436 @@
+"""A run directory and what is stored in it: the results, the timeline, and the tables made of them.
+
+    runs/<UTC time>_<plan>/
+      plan.json        the validated plan (what --resume runs again)
+      manifest.json    versions, kernel, topology, CPU profile, data-plane paths, configs, impairment
+      results.jsonl    one line per finished case x repetition (appended, fsynced)
+      timeline.jsonl   sessions, bring-ups, teardowns, impairment changes (for the time budget)
+      raw/             tool output as it arrives, per case
+      monitor/         monitor samples per case
+      results.csv      one row per case x repetition x measured point (docs/results.md)
+      summary.csv      n, mean, sd, min, max per case and metric
+
+A line reaches results.jsonl only when its case is finished, and is fsynced before the next case
+starts, so a run killed at any moment loses at most the case in flight.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .state import write_text_atomic
+
+RESULT_SCHEMA = 1
+
+#: results.csv columns: (name, dtype, meaning). dtype is the pandas dtype after read_csv:
+#: "string" (object), "int64" (never empty), "float64" (empty = not measured), "bool".
+#: docs/results.md documents the same list; tests/test_results.py checks they agree.
+CSV_COLUMNS: list[tuple[str, str, str]] = [
+    ("run", "string", "run directory name"),
+    ("case", "string", "profile|impairment|test label|rep: the key --resume matches on"),
+    ("profile", "string", "VPN profile spec"),
+    ("driver", "string", "VPN driver of the profile"),
+    ("datapath", "string", "data-plane path the driver chose (describe()['path'])"),
+    ("impairment", "string", "impairment point name ('none', a preset, 'delay-40ms', ...)"),
+    ("impairment_spec", "string", "tc-netem words requested (empty: none)"),
+    ("sweep_parameter", "string", "swept parameter (delay, jitter, loss, ...), empty otherwise"),
+    ("sweep_value", "float64", "its value at this point (ms, %, Mbit/s)"),
+    ("test", "string", "registered test (tcp, udp, udp-sweep, ping, mtu, rr, scp, contention)"),
+    ("test_label", "string", "the plan's label for the test entry"),
+    ("rep", "int64", "repetition, from 0"),
+    ("point", "int64", "index of the record within the case (udp-sweep step, mtu family)"),
+    ("ok", "bool", "the measurement succeeded"),
+    ("error", "string", "why not (tool error, tunnel failure), empty when ok"),
+    ("started_utc", "string", "start of the case, ISO 8601 UTC"),
+    ("case_seconds", "float64", "wall time of the test run (servers and tools included)"),
+    ("direction", "string", "client-to-server or server-to-client (tcp, udp)"),
+    ("throughput_bps", "float64", "the test's rate: receiver_bps (tcp, udp), rate_bps (scp)"),
+    ("sender_bps", "float64", "iperf3 sender rate"),
+    ("receiver_bps", "float64", "iperf3 receiver rate"),
+    ("retransmits", "float64", "TCP retransmits of the sender"),
+    ("tcp_mss", "float64", "TCP_MAXSEG as iperf3 reports it"),
+    ("packets_per_s", "float64", "tcp: packets/s from goodput and payload per segment"),
+    ("rate_mbit", "float64", "udp: target rate"),
+    ("size", "float64", "udp: datagram payload bytes"),
+    ("target_pps", "float64", "udp: packets/s the target rate asks for"),
+    ("sent_pps", "float64", "udp: packets/s sent"),
+    ("received_pps", "float64", "udp: packets/s received"),
+    ("jitter_ms", "float64", "udp: jitter"),
+    ("loss_pct", "float64", "udp or ping: lost share"),
+    ("packets_sent", "float64", "udp: datagrams sent"),
+    ("packets_lost", "float64", "udp: datagrams lost"),
+    ("rtt_min_ms", "float64", "ping: minimum RTT"),
+    ("rtt_avg_ms", "float64", "ping: mean RTT"),
+    ("rtt_max_ms", "float64", "ping: maximum RTT"),
+    ("rtt_mdev_ms", "float64", "ping: RTT mean deviation"),
+    ("iface_mtu", "float64", "mtu: the tunnel interface's MTU"),
+    ("path_mtu", "float64", "mtu: largest DF ping that passed + headers"),
+    ("transactions_per_s", "float64", "rr: transactions per second"),
+    ("latency_p50_us", "float64", "rr: median transaction latency"),
+    ("latency_p99_us", "float64", "rr: 99th percentile transaction latency"),
+    ("seconds", "float64", "scp: transfer time"),
+    ("cpu_vpn_client_pct", "float64", "mean CPU of the VPN client node's cgroup, % of one core"),
+    ("cpu_vpn_server_pct", "float64", "mean CPU of the VPN server node's cgroup, % of one core"),
+    ("cpu_traffic_client_pct", "float64", "same for the traffic client node"),
+    ("cpu_traffic_server_pct", "float64", "same for the traffic server node"),
+    ("host_busy_pct", "float64", "mean busy share of all host cores (host-wide, /proc/stat)"),
+    ("host_softirq_pct", "float64", "mean softirq share of all host cores (host-wide)"),
+    ("daemon_cpu_pct", "float64", "sum of the VPN daemons' mean CPU, % of one core"),
+    ("daemon_rss_mb", "float64", "sum of the VPN daemons' peak resident memory, MiB"),
+    ("raw_files", "string", "raw tool output of the case, ';'-separated, relative to the run"),
+]
+COLUMN_NAMES = [c[0] for c in CSV_COLUMNS]
+#: record keys copied verbatim into the column of the same name
+_METRIC_KEYS = [
+    "direction",
+    "sender_bps",
+    "receiver_bps",
+    "retransmits",
+    "tcp_mss",
+    "packets_per_s",
+    "rate_mbit",
+    "size",
+    "target_pps",
+    "sent_pps",
+    "received_pps",
+    "jitter_ms",
+    "loss_pct",
+    "packets_sent",
+    "packets_lost",
+    "rtt_min_ms",
+    "rtt_avg_ms",
+    "rtt_max_ms",
+    "rtt_mdev_ms",
+    "iface_mtu",
+    "path_mtu",
+    "transactions_per_s",
+    "latency_p50_us",
+    "latency_p99_us",
+    "seconds",
+]
+#: numeric columns summarised per case in summary.csv
+SUMMARY_METRICS = [
+    n for n, t, _ in CSV_COLUMNS if t == "float64" and n not in ("sweep_value", "rate_mbit", "size")
+]
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def results(self) -> Path:
+        return self.path / "results.jsonl"
+
+    @property
+    def timeline(self) -> Path:
+        return self.path / "timeline.jsonl"
+
+    @property
+    def raw(self) -> Path:
+        return self.path / "raw"
+
+    def check(self) -> RunDir:
+        if not (self.path / "plan.json").is_file():
+            raise ConfigError("not a run directory (no plan.json)", source=str(self.path))
+        return self
+
+    def append(self, path: Path, entry: dict) -> None:
+        """One JSON line, written with a single write(2) on O_APPEND and fsynced."""
+        line = json.dumps(entry, default=_json_default) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def add_result(self, entry: dict) -> None:
+        self.append(self.results, entry)
+
+    def event(self, entry: dict) -> None:
+        self.append(self.timeline, entry)
+
+    def load_results(self) -> list[dict]:
+        return read_jsonl(self.results)
+
+    def load_timeline(self) -> list[dict]:
+        return read_jsonl(self.timeline)
+
+    def finished_keys(self) -> set[str]:
+        return {r["case"] for r in self.load_results()}
+
+    def plan_json(self) -> dict:
+        return json.loads((self.path / "plan.json").read_text())
+
+    def manifest(self) -> dict:
+        p = self.path / "manifest.json"
+        return json.loads(p.read_text()) if p.is_file() else {}
+
+    def rel(self, p: str | Path) -> str:
+        try:
+            return str(Path(p).resolve().relative_to(self.path.resolve()))
+        except ValueError:
+            return str(p)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, Path):
+        return str(o)
+    if isinstance(o, set | tuple):
+        return list(o)
+    return str(o)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # the tail of a line cut by a crash: its case was not finished
+    return out
+
+
+# ---------------------------------------------------------------------- rows
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int | float):
+        return float(v) if math.isfinite(v) else None
+    return None
+
+
+def throughput(rec: dict) -> float | None:
+    if rec.get("test") == "scp":
+        return _num(rec.get("rate_bps"))
+    return _num(rec.get("receiver_bps"))
+
+
+def rows(run_name: str, results: list[dict]) -> list[dict]:
+    """results.jsonl lines -> results.csv rows (one per record; a failed case keeps one row)."""
+    out = []
+    for r in results:
+        pt = r.get("impairment") or {}
+        mon = r.get("monitor") or {}
+        roles = r.get("roles") or {}
+        nodes = mon.get("nodes") or {}
+        daemons = (mon.get("daemons") or {}).values()
+
+        node_cpu = {
+            role: _num((((nodes.get(roles.get(role)) or {}).get("total")) or {}).get("mean"))
+            for role in ("vpn_client", "vpn_server", "traffic_client", "traffic_server")
+        }
+
+        dcpu = [_num((d.get("cpu_pct") or {}).get("mean")) for d in daemons]
+        drss = [d.get("rss_bytes_max") for d in daemons if d.get("rss_bytes_max")]
+        host = mon.get("host") or {}
+        common = {
+            "run": run_name,
+            "case": r["case"],
+            "profile": r["profile"],
+            "driver": (r.get("vpn") or {}).get("driver"),
+            "datapath": (r.get("vpn") or {}).get("path"),
+            "impairment": pt.get("name"),
+            "impairment_spec": pt.get("spec") or "",
+            "sweep_parameter": pt.get("parameter") or "",
+            "sweep_value": pt.get("value"),
+            "test": r["test"],
+            "test_label": r["label"],
+            "rep": r["rep"],
+            "started_utc": r.get("started_utc"),
+            "case_seconds": r.get("seconds"),
+            "cpu_vpn_client_pct": node_cpu["vpn_client"],
+            "cpu_vpn_server_pct": node_cpu["vpn_server"],
+            "cpu_traffic_client_pct": node_cpu["traffic_client"],
+            "cpu_traffic_server_pct": node_cpu["traffic_server"],
+            "host_busy_pct": _num((host.get("busy_pct") or {}).get("mean")),
+            "host_softirq_pct": _num((host.get("softirq_pct") or {}).get("mean")),
+            "daemon_cpu_pct": sum(x for x in dcpu if x is not None)
+            if any(x is not None for x in dcpu)
+            else None,
+            "daemon_rss_mb": sum(drss) / 2**20 if drss else None,
+        }
+        records = r.get("records") or [{}]
+        for i, rec in enumerate(records):
+            row = dict(common)
+            row["point"] = i
+            row["ok"] = bool(r.get("ok")) and bool(rec.get("ok", False))
+            row["error"] = rec.get("error") or (r.get("error") if not r.get("ok") else None) or ""
+            for k in _METRIC_KEYS:
+                v = rec.get(k)
+                row[k] = v if k == "direction" else _num(v)
+            row["direction"] = row["direction"] or ""
+            row["throughput_bps"] = throughput(rec)
+            files = rec.get("raw_files") or r.get("raw_files") or []
+            row["raw_files"] = ";".join(files)
+            out.append(row)
+    return out
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def to_csv(table: list[dict], columns: list[str]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for row in table:
+        w.writerow([_cell(row.get(c)) for c in columns])
+    return buf.getvalue()
+
+
+def summarize(table: list[dict]) -> list[dict]:
+    """n, mean, sd (sample), min, max per case (profile, impairment, test label, point) and metric.
+
+    Only successful rows count; `failed` says how many repetitions of the case failed.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for row in table:
+        key = (row["profile"], row["impairment"], row["test_label"], row["point"])
+        groups.setdefault(key, []).append(row)
+    out = []
+    for (profile, imp, label, point), rs in groups.items():
+        good = [r for r in rs if r["ok"]]
+        failed = len({r["rep"] for r in rs if not r["ok"]})
+        first = rs[0]
+        for m in SUMMARY_METRICS:
+            vals = [r[m] for r in good if r.get(m) is not None]
+            if not vals:
+                continue
+            n = len(vals)
+            mean = sum(vals) / n
+            sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+            out.append(
+                {
+                    "profile": profile,
+                    "impairment": imp,
+                    "sweep_parameter": first["sweep_parameter"],
+                    "sweep_value": first["sweep_value"],
+                    "test": first["test"],
+                    "test_label": label,
+                    "point": point,
+                    "rate_mbit": first.get("rate_mbit"),
+                    "metric": m,
+                    "n": n,
+                    "failed": failed,
+                    "mean": mean,
+                    "sd": sd,
+                    "min": min(vals),
+                    "max": max(vals),
+                }
+            )
+    return out
+
+
+SUMMARY_COLUMNS = [
+    "profile",
+    "impairment",
+    "sweep_parameter",
+    "sweep_value",
+    "test",
+    "test_label",
+    "point",
+    "rate_mbit",
+    "metric",
+    "n",
+    "failed",
+    "mean",
+    "sd",
+    "min",
+    "max",
+]
+
+
+def write_tables(run: RunDir) -> tuple[list[dict], list[dict]]:
+    """(Re)write results.csv and summary.csv from results.jsonl; returns (rows, summary)."""
+    table = rows(run.name, run.load_results())
+    summary = summarize(table)
+    write_text_atomic(run.file("results.csv"), to_csv(table, COLUMN_NAMES))
+    write_text_atomic(run.file("summary.csv"), to_csv(summary, SUMMARY_COLUMNS))
+    return table, summary
+
+
+def read_results_csv(path: Path):
+    """results.csv as a pandas DataFrame with the documented dtypes."""
+    import pandas as pd
+
+    dtypes = {n: ("string" if t == "string" else t) for n, t, _ in CSV_COLUMNS if t != "bool"}
+    df = pd.read_csv(
+        path, dtype={k: v for k, v in dtypes.items() if v != "int64"}, keep_default_na=True
+    )
+    for n, t, _ in CSV_COLUMNS:
+        if t == "string":
+            df[n] = df[n].fillna("").astype("string")
+    return df
+
+
+def time_budget(results: list[dict], timeline: list[dict]) -> dict:
+    """Run time split into measurement and the rest (bring-up, teardown, impairment, other).
+
+    Wall time is the sum of the sessions (a resumed run has several); a session killed
+    without its end event ends at its last recorded event.
+    """
+    sessions: dict[str, dict] = {}
+    spent = {"setup": 0.0, "teardown": 0.0, "impairment": 0.0}
+    kinds = {"up": "setup", "down": "teardown", "impair": "impairment"}
+    for e in timeline:
+        s = sessions.setdefault(e.get("session", "?"), {"start": None, "end": None, "last": 0.0})
+        t = e.get("t")
+        if t is not None:
+            s["last"] = max(s["last"], t)
+        if e.get("event") == "session-start":
+            s["start"] = t
+        elif e.get("event") == "session-end":
+            s["end"] = t
+        elif e.get("event") in kinds:
+            spent[kinds[e["event"]]] += e.get("seconds") or 0.0
+    for r in results:
+        s = sessions.get(r.get("session", "?"))
+        if s is not None and r.get("ended_t") is not None:
+            s["last"] = max(s["last"], r["ended_t"])
+    wall = sum(
+        ((s["end"] if s["end"] is not None else s["last"]) - s["start"])
+        for s in sessions.values()
+        if s["start"] is not None
+    )
+    measured = sum(r.get("seconds") or 0.0 for r in results)
+    other = max(0.0, wall - measured - sum(spent.values()))
+    outside = max(0.0, wall - measured)
+    return {
+        "wall_s": wall,
+        "measurement_s": measured,
+        **{f"{k}_s": v for k, v in spent.items()},
+        "other_s": other,
+        "outside_s": outside,
+        "outside_share": outside / wall if wall > 0 else None,
+        "sessions": len(sessions),
+    }

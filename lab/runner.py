@@ -1,0 +1,693 @@
+"""Run a plan: bring each profile up, set each impairment point, run every test, store each result.
+
+Phases per session: check (tools, profiles runnable here, leftovers of a killed session removed)
+-> for each profile and impairment group: up the lab -> for each point: set the impairment -> run
+the group's cases (monitors sampling) -> down. The lab is torn down in `finally`, with SIGINT
+shielded so a second Ctrl-C cannot cut the teardown short. A case that fails (tool error, tunnel
+that died, impairment that cannot be set) is recorded with its error and raw output and the run
+carries on; a tunnel found dead is brought up again before the next case.
+
+Nothing here prints: progress goes through a `RunEvents` object the CLI supplies.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+import platform
+import secrets
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from . import __version__, proc
+from .errors import CommandError, ConfigError, LabError, PreconditionError
+from .measure import TESTS, Context
+from .monitor import Monitor
+from .plan import REPO, Case, ImpairmentPoint, Plan, slug
+from .results import RESULT_SCHEMA, RunDir
+from .state import lab_dir, write_json_atomic
+
+#: seconds a lab bring-up + teardown is assumed to take (ETA only)
+UP_ESTIMATE_S = 2.0
+RAW_TAIL_LINES = 30
+
+#: tools whose version every manifest records: name -> argv
+TOOL_VERSIONS: dict[str, list[str]] = {
+    "iperf3": ["iperf3", "--version"],
+    "openssl": ["openssl", "version"],
+    "wg": ["wg", "--version"],
+    "wireguard-go": ["wireguard-go", "--version"],
+    "openvpn": ["openvpn", "--version"],
+    "charon": ["/usr/lib/ipsec/charon", "--version"],
+    "ipsec": ["ipsec", "--version"],
+    "tc": ["tc", "-V"],
+    "ip": ["ip", "-V"],
+    "ping": ["ping", "-V"],
+    "ssh": ["ssh", "-V"],
+    "python": ["python3", "--version"],
+}
+
+
+class RunEvents:
+    """What the runner reports while it works; the CLI draws a progress bar from it."""
+
+    def start(self, *, total: int, skipped: int, estimate_s: float, run: RunDir) -> None: ...
+
+    def phase(self, text: str) -> None: ...
+
+    def case_start(self, case: Case, estimate_s: float) -> None: ...
+
+    def case_done(self, case: Case, entry: dict, estimate_s: float) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+# ---------------------------------------------------------------------- run directory
+
+
+def new_run_id() -> str:
+    """A lab id for this run: 'r' + 5 hex digits (unique among labs on this machine)."""
+    while True:
+        lab_id = "r" + secrets.token_hex(3)[:5]
+        if not lab_dir(lab_id).exists():
+            return lab_id
+
+
+def create_run_dir(plan: Plan, path: Path | None = None, *, root: Path | None = None) -> RunDir:
+    """A new run directory: `path` (must not exist or be empty) or root/<UTC time>_<plan>."""
+    if path is not None:
+        path = Path(path)
+        if path.exists() and any(path.iterdir()):
+            raise ConfigError(
+                "exists and is not empty; choose a new directory or resume it with --resume",
+                source=str(path),
+                field="--out",
+            )
+        path.mkdir(parents=True, exist_ok=True)
+    else:
+        root = root if root is not None else REPO / "runs"
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for i in itertools.count():
+            path = root / (f"{stamp}_{plan.name}" + (f"-{i}" if i else ""))
+            try:
+                path.mkdir(parents=True)
+                break
+            except FileExistsError:
+                continue
+    for sub in ("raw", "monitor"):
+        (path / sub).mkdir()
+    write_json_atomic(path / "plan.json", {**plan.to_json(), "digest": plan.digest()})
+    return RunDir(path)
+
+
+# ---------------------------------------------------------------------- host facts
+
+
+def tool_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name, argv in TOOL_VERSIONS.items():
+        if not proc.which(argv[0]):
+            out[name] = None
+            continue
+        try:
+            cp = proc.run(argv, check=False, timeout=5)
+        except LabError:
+            out[name] = None
+            continue
+        text = (cp.stdout or cp.stderr or "").strip().splitlines()
+        out[name] = text[0].strip() if text else None
+    return out
+
+
+def git_revision() -> str | None:
+    try:
+        cp = proc.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], check=False, timeout=10
+        )
+    except LabError:
+        return None
+    return cp.stdout.strip() or None
+
+
+def kernel_info() -> dict:
+    u = platform.uname()
+    return {
+        "system": u.system,
+        "release": u.release,
+        "version": u.version,
+        "machine": u.machine,
+        "hostname": socket.gethostname(),
+        "cpus": os.cpu_count(),
+    }
+
+
+# ---------------------------------------------------------------------- impairment seam
+
+
+def impairment_runtime():
+    """lab.impair.runtime when this build has it, else None (impaired points then fail)."""
+    try:
+        from .impair import runtime
+    except ImportError:
+        return None
+    return runtime
+
+
+def up_lab(spec, lab_id: str, profile: str, point: ImpairmentPoint | None, placement: str | None):
+    """Build the lab with the profile's tunnel and, for an impaired group, its impairment points."""
+    from .lab import up
+
+    kwargs: dict[str, Any] = {}
+    if point is not None and point.impaired and "impair" in inspect.signature(up).parameters:
+        kwargs = {"impair": point.spec, "placement": placement}
+    return up(spec, lab_id, vpn=profile, **kwargs)
+
+
+def apply_impairment(lab, point: ImpairmentPoint, *, built_impaired: bool) -> dict:
+    """Put `point` in place on a running lab; returns what is really applied (show_impairment)."""
+    rt = impairment_runtime()
+    if not built_impaired and not point.impaired:
+        return {"requested": "", "applied": "none (lab built without impairment)"}
+    if rt is None:
+        raise PreconditionError(
+            "impairment at run time needs lab.impair.runtime, which this build lacks; "
+            "run the unimpaired points only (-o impairments=none)"
+        )
+    if point.impaired:
+        rt.set_impairment(lab, point.spec)
+    else:
+        rt.clear_impairment(lab)
+    return {"requested": point.spec, **rt.show_impairment(lab)}
+
+
+# ---------------------------------------------------------------------- signals
+
+
+@contextmanager
+def _interruptible():
+    """SIGTERM behaves like Ctrl-C (KeyboardInterrupt) while the run is in progress."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    me = os.getpid()
+
+    def on_term(signum, frame):
+        if os.getpid() != me:
+            # a forked helper (pyroute2 forks to enter namespaces) inherits this handler: it
+            # must die of SIGTERM as it would have, not unwind the runner's stack
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextmanager
+def _shielded(note: Callable[[str], None]):
+    """Ignore SIGINT/SIGTERM (with a note) while tearing down: a second Ctrl-C waits for it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    me = os.getpid()
+
+    def wait(signum, frame):
+        if os.getpid() != me:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        note("tearing the lab down; please wait")
+
+    old = {s: signal.signal(s, wait) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# ---------------------------------------------------------------------- the runner
+
+
+class Runner:
+    def __init__(
+        self,
+        plan: Plan,
+        run: RunDir,
+        events: RunEvents | None = None,
+        argv: list[str] | None = None,
+    ):
+        self.plan = plan
+        self.run_dir = run
+        self.events = events or RunEvents()
+        self.argv = argv or []
+        self.session = secrets.token_hex(4)
+        self.lab_id = new_run_id()
+        self.lab = None
+        self.spec = None
+        self.manifest: dict = {}
+        self.counts = {"ok": 0, "failed": 0, "skipped": 0}
+
+    # ------------------------------------------------------------------ timeline
+    def _event(self, event: str, **data) -> None:
+        self.run_dir.event({"t": time.time(), "session": self.session, "event": event, **data})
+
+    # ------------------------------------------------------------------ checks
+    def preflight(self) -> None:
+        """Everything that can be checked before anything is created."""
+        from .topology import load_topology
+        from .vpn.tunnel import prepare
+
+        self.spec = load_topology(
+            REPO / self.plan.topology_file, self.plan.topo, self.plan.topology_params
+        )
+        problems = []
+        for p in self.plan.profiles:
+            try:
+                prepare(self.spec, p)
+            except PreconditionError as e:
+                problems.append(str(e))
+        for t in self.plan.tests:
+            test = TESTS[t.test]
+            for tool in {*test.client_tools, *test.server_tools}:
+                if not proc.which(tool):
+                    problems.append(f"test {t.label!r} needs {tool} (not on PATH)")
+        if problems:
+            raise PreconditionError("cannot run this plan here:\n  " + "\n  ".join(problems))
+        if any(p.impaired for p in self.plan.points) and impairment_runtime() is None:
+            self.events.note(
+                "this build has no lab.impair.runtime: impaired cases will be recorded as failed"
+            )
+
+    def remove_leftovers(self) -> None:
+        """Labs of earlier sessions of this run still present (a SIGKILLed `lab run`)."""
+        from .teardown import teardown
+
+        ids = {e["lab_id"] for e in self.run_dir.load_timeline() if e.get("lab_id")}
+        for lab_id in sorted(ids):
+            if (lab_dir(lab_id) / "ledger.jsonl").exists():
+                t0 = time.monotonic()
+                left = teardown(lab_id)
+                self._event(
+                    "down",
+                    lab_id=lab_id,
+                    seconds=time.monotonic() - t0,
+                    leftover=left,
+                    reason="left by an earlier session",
+                )
+                self.events.note(
+                    f"removed lab {lab_id} left by an earlier session"
+                    + (f" (left over: {'; '.join(left)})" if left else "")
+                )
+
+    # ------------------------------------------------------------------ manifest
+    def _write_manifest(self) -> None:
+        write_json_atomic(self.run_dir.file("manifest.json"), self.manifest)
+
+    def init_manifest(self) -> None:
+        m = self.run_dir.manifest()
+        session = {
+            "session": self.session,
+            "command_line": self.argv,
+            "started_utc": _utc(),
+            "lab_version": __version__,
+            "git_revision": git_revision(),
+            "kernel": kernel_info(),
+            "lab_id": self.lab_id,
+        }
+        if not m:
+            m = {
+                "schema": RESULT_SCHEMA,
+                "kind": "lab-run",
+                "run": self.run_dir.name,
+                "created_utc": session["started_utc"],
+                "lab_version": __version__,
+                "git_revision": session["git_revision"],
+                "command_line": self.argv,
+                "kernel": session["kernel"],
+                "tool_versions": tool_versions(),
+                "plan": self.plan.to_json(),
+                "plan_digest": self.plan.digest(),
+                "topology": self.spec.to_json(),
+                "cpu": {},
+                "profiles": {},
+                "impairment": {},
+                "sessions": [],
+            }
+        m["sessions"].append(session)
+        self.manifest = m
+        self._write_manifest()
+
+    def _record_profile(self, profile: str, lab) -> None:
+        from .vpn.tunnel import render
+
+        vpn = lab.info.get("vpn") or {}
+        entry = self.manifest["profiles"].setdefault(profile, {})
+        entry.update(
+            {
+                "driver": vpn.get("driver"),
+                "path": vpn.get("path"),
+                "describe": vpn.get("describe"),
+                "params": vpn.get("params"),
+                "timing": vpn.get("timing"),
+                "tunnel": vpn.get("tunnel"),
+                "traffic": vpn.get("traffic"),
+            }
+        )
+        if "configs" not in entry:
+            try:
+                r = render(lab.spec, profile, show_secrets=False)
+                entry["configs"] = {
+                    "files": r["files"],
+                    "config_hash": r["config_hash"],
+                    "redacted": True,
+                }
+            except LabError as e:
+                entry["configs"] = {"error": str(e)}
+        self.manifest["cpu"] = {n: rt.get("cpu") for n, rt in lab.info["nodes"].items()}
+        self.manifest["lab_warnings"] = lab.info.get("warnings", [])
+        self._write_manifest()
+
+    # ------------------------------------------------------------------ lab lifecycle
+    def _up(self, profile: str, first: ImpairmentPoint | None):
+        t0 = time.monotonic()
+        self.events.phase(f"bringing up {profile}")
+        try:
+            lab = up_lab(self.spec, self.lab_id, profile, first, self.plan.placement)
+        except LabError as e:
+            self._event(
+                "up",
+                lab_id=self.lab_id,
+                profile=profile,
+                ok=False,
+                error=str(e),
+                seconds=time.monotonic() - t0,
+            )
+            raise
+        self.lab = lab
+        self._event(
+            "up", lab_id=self.lab_id, profile=profile, ok=True, seconds=time.monotonic() - t0
+        )
+        self._record_profile(profile, lab)
+        return lab
+
+    def _down(self) -> None:
+        from .teardown import teardown
+
+        if self.lab is None:
+            return
+        lab_id, self.lab = self.lab.id, None
+        t0 = time.monotonic()
+        with _shielded(self.events.note):
+            left = teardown(lab_id)
+            self._event("down", lab_id=lab_id, seconds=time.monotonic() - t0, leftover=left)
+        if left:
+            self.events.note(f"lab {lab_id} not fully removed: {'; '.join(left)}")
+            self.lab_id = new_run_id()  # the old id stays taken until someone cleans it
+
+    def _tunnel_alive(self) -> bool:
+        """The lab still exists and every VPN daemon is the process that was started."""
+        if not (self.lab.dir / "lab.json").is_file():
+            return False
+        daemons = (self.lab.info.get("vpn") or {}).get("daemons") or []
+        return all(proc.is_same_process(d["pid"], d.get("start_time")) for d in daemons)
+
+    # ------------------------------------------------------------------ cases
+    def _entry(self, case: Case, **data) -> dict:
+        roles = {}
+        if self.spec is not None:
+            vc, vs = self.spec.endpoints("vpn")
+            tc, ts = self.spec.endpoints("traffic")
+            roles = {"vpn_client": vc, "vpn_server": vs, "traffic_client": tc, "traffic_server": ts}
+        vpn = (self.lab.info.get("vpn") or {}) if self.lab is not None else {}
+        return {
+            "schema": RESULT_SCHEMA,
+            "case": case.key,
+            "session": self.session,
+            "lab_id": self.lab.id if self.lab is not None else None,
+            "profile": case.profile,
+            "vpn": {"driver": vpn.get("driver"), "path": vpn.get("path")},
+            "impairment": case.point.to_json(),
+            "test": case.test.test,
+            "label": case.test.label,
+            "rep": case.rep,
+            "params": case.test.params,
+            "roles": roles,
+            **data,
+        }
+
+    def _raw_dir(self, case: Case) -> Path:
+        return (
+            self.run_dir.raw
+            / slug(case.profile)
+            / case.point.name
+            / case.test.label
+            / f"rep{case.rep}"
+        )
+
+    def _fail_all(self, cases: list[Case], error: str) -> None:
+        for c in cases:
+            entry = self._entry(
+                c,
+                ok=False,
+                error=error,
+                started_utc=_utc(),
+                seconds=0.0,
+                ended_t=time.time(),
+                records=[],
+                monitor={},
+            )
+            self.run_dir.add_result(entry)
+            self.counts["failed"] += 1
+            self.events.case_done(c, entry, self.plan.estimate_s(c))
+
+    def run_case(self, case: Case, impairment_applied: dict | None) -> dict:
+        lab = self.lab
+        vpn = lab.info.get("vpn") or {}
+        traffic = vpn.get("traffic") or {}
+        tc, ts = traffic.get("client"), traffic.get("server")
+        iface = (vpn.get("describe") or {}).get("interface") if tc == vpn.get("client") else None
+        raw_dir = self._raw_dir(case)
+        raw_dir.mkdir(parents=True, exist_ok=True)
+        ctx = Context(
+            client=lab.node(tc),
+            server=lab.node(ts),
+            server_addr=traffic["v4"],
+            raw_dir=raw_dir,
+            iface=iface,
+            timeout_s=self.plan.timeout_s,
+            state_dir=lab.dir / "measure",
+        )
+        test = TESTS[case.test.test]
+        started = _utc()
+        mon = Monitor.for_lab(lab).start()
+        t0 = time.monotonic()
+        error, records = None, []
+        try:
+            records = test.run(ctx, case.test.params)
+        except KeyboardInterrupt:
+            mon.stop()
+            raise
+        except Exception as e:  # noqa: BLE001 -- the case fails, the campaign goes on
+            error = f"{type(e).__name__}: {e}"
+            self._write_error(raw_dir, e)
+        seconds = time.monotonic() - t0
+        summary = mon.stop()
+        write_json_atomic(
+            self.run_dir.path / "monitor" / f"{slug(case.key)}.json",
+            {"case": case.key, "samples": mon.samples, "summary": summary},
+        )
+        for r in records:
+            r["raw_files"] = [self.run_dir.rel(f) for f in r.get("raw_files") or []]
+        ok = error is None and bool(records) and all(r.get("ok") for r in records)
+        if error is None and not ok:
+            error = (
+                "; ".join(r.get("error") or "failed" for r in records if not r.get("ok"))
+                or "the test returned no record"
+            )
+        entry = self._entry(
+            case,
+            ok=ok,
+            error=error,
+            started_utc=started,
+            seconds=seconds,
+            ended_t=time.time(),
+            records=records,
+            monitor=summary,
+            raw_dir=self.run_dir.rel(raw_dir),
+            impairment_applied=_slim(impairment_applied),
+        )
+        if not ok:
+            entry["raw_tail"] = _raw_tails(raw_dir, self.run_dir)
+        return entry
+
+    def _write_error(self, raw_dir: Path, e: Exception) -> None:
+        parts = [f"{type(e).__name__}: {e}"]
+        if isinstance(e, CommandError):
+            parts += ["--- stdout ---", e.stdout, "--- stderr ---", e.stderr]
+        if not isinstance(e, LabError):
+            parts += ["--- traceback ---", traceback.format_exc()]
+        (raw_dir / "error.txt").write_text("\n".join(parts) + "\n")
+
+    # ------------------------------------------------------------------ main loop
+    def execute(self) -> dict:
+        """Run every case not yet in results.jsonl. KeyboardInterrupt propagates after teardown."""
+        self._event("session-start", lab_id=None, argv=self.argv)
+        try:
+            with _interruptible():
+                self.preflight()
+                self.remove_leftovers()
+                self.init_manifest()
+                self._loop()
+        finally:
+            try:
+                self._down()
+            finally:
+                self._event("session-end", counts=dict(self.counts))
+        return dict(self.counts)
+
+    def _loop(self) -> None:
+        done = self.run_dir.finished_keys()
+        cases = self.plan.cases()
+        todo = [c for c in cases if c.key not in done]
+        self.counts["skipped"] = len(cases) - len(todo)
+        groups = []
+        for profile in self.plan.profiles:
+            for gname, pts in self.plan.groups():
+                names = {p.name for p in pts}
+                gcases = [c for c in todo if c.profile == profile and c.point.name in names]
+                if gcases:
+                    groups.append((profile, gname, pts, gcases))
+        est = sum(self.plan.estimate_s(c) for c in todo) + UP_ESTIMATE_S * len(groups)
+        self.events.start(
+            total=len(todo), skipped=self.counts["skipped"], estimate_s=est, run=self.run_dir
+        )
+        for profile, gname, pts, gcases in groups:
+            self._run_group(profile, gname, pts, gcases)
+
+    def _run_group(
+        self, profile: str, gname: str, pts: list[ImpairmentPoint], gcases: list[Case]
+    ) -> None:
+        built_impaired = gname == "impaired"
+        first = next(p for p in pts if any(c.point == p for c in gcases))
+        try:
+            self._up(profile, first if built_impaired else None)
+        except LabError as e:
+            self._fail_all(gcases, f"lab up with {profile} failed: {e}")
+            return
+        try:
+            for pt in pts:
+                pcases = [c for c in gcases if c.point == pt]
+                if pcases:
+                    self._run_point(profile, pt, pcases, built_impaired)
+        finally:
+            self._down()
+
+    def _run_point(
+        self, profile: str, pt: ImpairmentPoint, pcases: list[Case], built_impaired: bool
+    ) -> None:
+        applied = self._set_point(pt, built_impaired)
+        if isinstance(applied, str):
+            self._fail_all(pcases, applied)
+            return
+        for i, case in enumerate(pcases):
+            if self.lab is None or not self._tunnel_alive():
+                self.events.note(f"{profile}: tunnel down; bringing the lab up again")
+                self._down()
+                try:
+                    self._up(profile, pt if built_impaired else None)
+                except LabError as e:
+                    self._fail_all(pcases[i:], f"lab up with {profile} failed: {e}")
+                    return
+                applied = self._set_point(pt, built_impaired)
+                if isinstance(applied, str):
+                    self._fail_all(pcases[i:], applied)
+                    return
+            est = self.plan.estimate_s(case)
+            self.events.case_start(case, est)
+            entry = self.run_case(case, applied)
+            self.run_dir.add_result(entry)
+            self.counts["ok" if entry["ok"] else "failed"] += 1
+            self.events.case_done(case, entry, est)
+        self._record_after(pt)
+
+    def _record_after(self, pt: ImpairmentPoint) -> None:
+        """The impairment's counters once the point's cases ran (losses really applied)."""
+        rt = impairment_runtime()
+        if rt is None or self.lab is None or not pt.impaired:
+            return
+        try:
+            after = rt.show_impairment(self.lab)
+        except LabError as e:
+            after = {"error": str(e)}
+        profile = self.lab.info.get("vpn", {}).get("profile", "?")
+        self.manifest["impairment"].setdefault(pt.name, {}).setdefault(profile, {})["after"] = after
+        self._write_manifest()
+
+    def _set_point(self, pt: ImpairmentPoint, built_impaired: bool) -> dict | str:
+        """The applied impairment, or an error text for the point's cases."""
+        t0 = time.monotonic()
+        try:
+            applied = apply_impairment(self.lab, pt, built_impaired=built_impaired)
+        except LabError as e:
+            self._event(
+                "impair", point=pt.name, ok=False, error=str(e), seconds=time.monotonic() - t0
+            )
+            return f"impairment {pt.name!r} could not be set: {e}"
+        self._event("impair", point=pt.name, ok=True, seconds=time.monotonic() - t0)
+        per = self.manifest["impairment"].setdefault(pt.name, {})
+        per[self.lab.info.get("vpn", {}).get("profile", "?")] = applied
+        self._write_manifest()
+        return applied
+
+
+def _slim(applied: dict | None) -> dict | None:
+    """What a result line keeps of show_impairment (the manifest has all of it)."""
+    if applied is None:
+        return None
+    return {k: applied[k] for k in ("backend", "placement", "applied") if k in applied}
+
+
+def _raw_tails(raw_dir: Path, run: RunDir) -> dict[str, str]:
+    out = {}
+    for p in sorted(raw_dir.rglob("*")):
+        if p.is_file():
+            lines = p.read_text(errors="replace").splitlines()
+            out[run.rel(p)] = "\n".join(lines[-RAW_TAIL_LINES:])
+    return out
+
+
+def _utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def resume_plan(run: RunDir, plan_path: str | None, overrides: list[str]) -> Plan:
+    """The plan a resumed run continues: the one it stored (PLAN, if given, must match it)."""
+    from .plan import load_plan
+
+    stored = run.check().plan_json()
+    src = stored.get("source", "").split(" (with -o")[0]
+    base = plan_path or src
+    plan = load_plan(base, list(stored.get("overrides") or []) + list(overrides))
+    if plan.digest() != stored.get("digest"):
+        raise ConfigError(
+            "the plan differs from the one this run was started with (cases, parameters or "
+            "profiles changed); resume with the same plan and -o options, or start a new run",
+            source=str(run.path),
+            field="plan",
+        )
+    return plan
