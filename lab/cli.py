@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("calibrate", help="fit a CPU profile (e.g. pi4) to this machine and verify it")
     p.add_argument("profile", help="CPU profile name (cpu_profiles/NAME.toml)")
-    p.add_argument("--quick", action="store_true", help="one short round, verify two primitives")
+    p.add_argument("--quick", action="store_true", help="2 short rounds, verify two primitives (~10 s)")
     p.add_argument("--no-verify", action="store_true", help="skip the check inside a capped cgroup")
     p.add_argument("--json", action="store_true", help="print the calibration record as JSON")
 
