@@ -39,7 +39,14 @@ class Started:
 class EngineLab:
     """Context manager: namespaces + veths + (optionally) a running engine."""
 
-    def __init__(self, *, direct: bool = False, engine: bool = True, rt_prio: int | None = None):
+    def __init__(
+        self,
+        *,
+        direct: bool = False,
+        engine: bool = True,
+        rt_prio: int | None = None,
+        engine_args: list[str] | None = None,
+    ):
         self.p = f"eng{secrets.token_hex(2)}-"
         self.ns = {k: self.p + k for k in ("a", "m", "b")}
         if direct:
@@ -50,6 +57,7 @@ class EngineLab:
         self.control = os.path.join(self.tmp, "ctl.sock")
         self.want_engine = engine
         self.rt_prio = rt_prio
+        self.engine_args = list(engine_args or [])
         self.engine: Started | None = None
         self.client = EngineClient(self.control)
 
@@ -125,7 +133,8 @@ class EngineLab:
 
     def start_engine(self, extra: list[str] | None = None) -> Started:
         argv = engine_argv(self.p + "m0", self.p + "m1", self.control, rt_prio=self.rt_prio)
-        self.engine = self.spawn("m", argv + (extra or []), stderr=subprocess.PIPE)
+        argv += self.engine_args + (extra or [])
+        self.engine = self.spawn("m", argv, stderr=subprocess.PIPE)
         self.client.wait_ready(10, proc=self.engine.popen)
         return self.engine
 

@@ -139,9 +139,9 @@ impl Ord for Entry {
 const SMALL_BUF: usize = 2048 + VNET_HDR_LEN;
 const POOL_MAX: usize = 8192;
 const IDLE_POLL_MS: i32 = 100;
-/// Upper bound of the spin before a deadline: spinning longer would burn the CPU the measured
-/// traffic needs (two cores are shared by every node).
-const MAX_LEAD_NS: u64 = 50_000;
+/// While frames wait for a delay of at least 4x this, arrivals are read every COALESCE_NS instead
+/// of one wake-up per frame; their delay still counts from the kernel's receive timestamp.
+const COALESCE_NS: u64 = 200_000;
 
 pub struct Forwarder {
     shared: Arc<DirShared>,
@@ -156,10 +156,15 @@ pub struct Forwarder {
     timerfd: i32,
     /// How long before a deadline the timer fires; the rest is spun. Adapts to wake-up latency.
     lead_ns: u64,
+    rt_prio: i32,
+    rt_on: bool,
+    /// Upper bound of that spin: spinning burns CPU the measured traffic needs (two cores are
+    /// shared by every node), so it stays short; 0 = sleep only.
+    max_lead_ns: u64,
 }
 
 impl Forwarder {
-    pub fn new(shared: Arc<DirShared>, stop: Arc<AtomicBool>) -> Forwarder {
+    pub fn new(shared: Arc<DirShared>, stop: Arc<AtomicBool>, max_spin_ns: u64, rt_prio: i32) -> Forwarder {
         let timerfd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
         Forwarder {
             shared,
@@ -172,7 +177,10 @@ impl Forwarder {
             pool: Vec::new(),
             tx: TxBatch::new(),
             timerfd,
-            lead_ns: 20_000,
+            lead_ns: max_spin_ns.min(20_000),
+            max_lead_ns: max_spin_ns,
+            rt_prio,
+            rt_on: false,
         }
     }
 
@@ -200,6 +208,7 @@ impl Forwarder {
             if let Some(m) = self.shared.pending.lock().unwrap().take() {
                 self.netem = m;
             }
+
         }
     }
 
@@ -361,7 +370,15 @@ impl Forwarder {
             }
             return;
         }
+        let coalesce = self.netem.as_ref().map(|n| n.latency_ns >= 4 * COALESCE_NS as i64).unwrap_or(false);
         let wake = tts - self.lead_ns;
+        if coalesce && wake > now + COALESCE_NS {
+            // Do not wake for every arrival: sleep until the deadline or COALESCE_NS.
+            let t = now + COALESCE_NS;
+            let ts = libc::timespec { tv_sec: (t / 1_000_000_000) as i64, tv_nsec: (t % 1_000_000_000) as i64 };
+            unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
+            return;
+        }
         let spec = libc::itimerspec {
             it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
             it_value: libc::timespec { tv_sec: (wake / 1_000_000_000) as i64, tv_nsec: (wake % 1_000_000_000) as i64 },
@@ -378,21 +395,30 @@ impl Forwarder {
             unsafe { libc::read(self.timerfd, &mut v as *mut u64 as *mut libc::c_void, 8) };
             // Adapt the lead to the observed wake-up latency (EWMA, kept within 5..200 us).
             let late = now_ns().saturating_sub(wake);
-            let target = (late * 2 + 5_000).clamp(5_000, MAX_LEAD_NS);
+            let target = (late * 2 + 2_000).min(self.max_lead_ns);
             self.lead_ns = (self.lead_ns * 7 + target) / 8;
         }
     }
 
-    pub fn run(mut self, rt_prio: i32) {
+    /// netem runs in softirq context, ahead of every task; the closest userspace equivalent is a
+    /// SCHED_FIFO thread (also in pass-through: as SCHED_OTHER on a loaded host the engine was
+    /// measured starved for tens of ms). Best effort: a cgroup without RT runtime refuses it.
+    fn set_realtime(&mut self, on: bool) {
+        let on = on && self.rt_prio > 0;
+        if on == self.rt_on {
+            return;
+        }
+        let (policy, prio) = if on { (libc::SCHED_FIFO, self.rt_prio) } else { (libc::SCHED_OTHER, 0) };
+        let p = libc::sched_param { sched_priority: prio };
+        let ok = unsafe { libc::sched_setscheduler(0, policy, &p) } == 0;
+        self.rt_on = if ok { on } else { false };
+        self.shared.realtime.store(self.rt_on, R);
+    }
+
+    pub fn run(mut self) {
         // Precise timers: the default 50 us timer slack would be the whole error budget.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0) };
-        // netem runs in softirq context, ahead of every task; the closest userspace equivalent
-        // is a SCHED_FIFO thread. Best effort: a cgroup without RT runtime refuses it.
-        if rt_prio > 0 {
-            let p = libc::sched_param { sched_priority: rt_prio };
-            let ok = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } == 0;
-            self.shared.realtime.store(ok, R);
-        }
+        self.set_realtime(true);
         let rxfd = self.shared.rx.fd;
         let txfd = self.shared.tx.fd;
         let mut rx = RxBatch::new();
@@ -431,13 +457,17 @@ impl Forwarder {
                 continue;
             }
             let now = now_ns();
+            // Kernel receive stamps are CLOCK_REALTIME; map them onto CLOCK_MONOTONIC.
+            let real_now = crate::clock_ns(libc::CLOCK_REALTIME);
             for i in 0..n {
                 let len = rx.lens[i];
                 if len == 0 {
                     continue;
                 }
+                let stamp = rx.stamps[i];
+                let arrived = if stamp != 0 && stamp <= real_now { now.saturating_sub(real_now - stamp) } else { now };
                 let buf = self.get_buf(&rx.bufs[i][..len]);
-                self.enqueue(buf, now, true);
+                self.enqueue(buf, arrived, true);
             }
             self.flush();
             if !self.heap.is_empty() {

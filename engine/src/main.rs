@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-const USAGE: &str = "usage: lab-impaird --a IFACE --b IFACE --control SOCKET [--config FILE.json] [--cpu N] [--rt-prio N (0 = off, default 10)]";
+const USAGE: &str = "usage: lab-impaird --a IFACE --b IFACE --control SOCKET [--config FILE.json] [--cpu N] [--rt-prio N (0 = off, default 10)] [--spin-us N (default 20)]";
 
 struct Args {
     a: String,
@@ -20,12 +20,14 @@ struct Args {
     config: Option<String>,
     cpu: Option<usize>,
     rt_prio: i32,
+    spin_us: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let (mut a, mut b, mut control, mut config, mut cpu) = (None, None, None, None, None);
     let mut rt_prio = 10;
+    let mut spin_us = 20;
     while let Some(arg) = it.next() {
         let mut val = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value\n{USAGE}"));
         match arg.as_str() {
@@ -39,6 +41,9 @@ fn parse_args() -> Result<Args, String> {
                 if !(0..=99).contains(&rt_prio) {
                     return Err("--rt-prio: expected 0..99".into());
                 }
+            }
+            "--spin-us" => {
+                spin_us = val("--spin-us")?.parse().map_err(|_| "--spin-us: expected microseconds".to_string())?;
             }
             "--version" => {
                 eprintln!("lab-impaird {}", control::VERSION);
@@ -55,6 +60,7 @@ fn parse_args() -> Result<Args, String> {
         config,
         cpu,
         rt_prio,
+        spin_us,
     })
 }
 
@@ -110,11 +116,11 @@ fn run() -> Result<(), String> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for d in [engine.a2b.clone(), engine.b2a.clone()] {
-        let fwd = Forwarder::new(d.clone(), stop.clone());
+        let fwd = Forwarder::new(d.clone(), stop.clone(), args.spin_us * 1000, rt_prio);
         workers.push(
             std::thread::Builder::new()
                 .name(format!("fwd-{}", d.name))
-                .spawn(move || fwd.run(rt_prio))
+                .spawn(move || fwd.run())
                 .map_err(|e| format!("cannot start thread: {e}"))?,
         );
     }

@@ -66,6 +66,9 @@ impl PacketSocket {
         if r < 0 {
             return Err(errno_msg(&format!("bind to {name}")));
         }
+        // Kernel receive timestamps: a frame's delay counts from its arrival even when the
+        // forwarding thread reads it later (receive coalescing in fwd.rs).
+        let _ = setopt(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1);
         let mut mreq: libc::packet_mreq = unsafe { zeroed() };
         mreq.mr_ifindex = ifindex;
         mreq.mr_type = libc::PACKET_MR_PROMISC as u16;
@@ -99,8 +102,11 @@ pub struct RxBatch {
     iovs: Vec<libc::iovec>,
     addrs: Vec<libc::sockaddr_ll>,
     hdrs: Vec<libc::mmsghdr>,
+    cmsgs: Vec<[u64; 8]>,
     /// Length of each received buffer (vnet header included); 0 = skip (outgoing/truncated).
     pub lens: Vec<usize>,
+    /// Kernel receive time of each frame (CLOCK_REALTIME ns, SO_TIMESTAMPNS), 0 if absent.
+    pub stamps: Vec<u64>,
     pub truncated: u64,
 }
 
@@ -116,12 +122,17 @@ impl RxBatch {
             .map(|b| libc::iovec { iov_base: b.as_mut_ptr() as *mut libc::c_void, iov_len: b.len() })
             .collect();
         let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { zeroed() }; RX_BATCH];
+        let cmsgs = vec![[0u64; 8]; RX_BATCH];
         for i in 0..RX_BATCH {
             hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
             hdrs[i].msg_hdr.msg_iovlen = 1;
             hdrs[i].msg_hdr.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
         }
-        RxBatch { bufs, iovs, addrs, hdrs, lens: vec![0; RX_BATCH], truncated: 0 }
+        let mut b = RxBatch { bufs, iovs, addrs, hdrs, cmsgs, lens: vec![0; RX_BATCH], stamps: vec![0; RX_BATCH], truncated: 0 };
+        for i in 0..RX_BATCH {
+            b.hdrs[i].msg_hdr.msg_control = b.cmsgs[i].as_mut_ptr() as *mut libc::c_void;
+        }
+        b
     }
 
     /// Non-blocking receive of up to RX_BATCH frames; returns how many slots were filled.
@@ -129,6 +140,7 @@ impl RxBatch {
         for i in 0..RX_BATCH {
             self.hdrs[i].msg_hdr.msg_namelen = size_of::<libc::sockaddr_ll>() as u32;
             self.hdrs[i].msg_hdr.msg_flags = 0;
+            self.hdrs[i].msg_hdr.msg_controllen = size_of::<[u64; 8]>();
             self.iovs[i].iov_len = BUF_SIZE;
         }
         let n = unsafe { libc::recvmmsg(fd, self.hdrs.as_mut_ptr(), RX_BATCH as u32, libc::MSG_DONTWAIT, std::ptr::null_mut()) };
@@ -145,6 +157,18 @@ impl RxBatch {
             let trunc = self.hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             if trunc {
                 self.truncated += 1;
+            }
+            self.stamps[i] = 0;
+            unsafe {
+                let h = &self.hdrs[i].msg_hdr;
+                let mut c = libc::CMSG_FIRSTHDR(h);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                        let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
+                        self.stamps[i] = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+                    }
+                    c = libc::CMSG_NXTHDR(h, c);
+                }
             }
             self.lens[i] = if self.addrs[i].sll_pkttype == PACKET_OUTGOING || trunc || len <= VNET_HDR_LEN { 0 } else { len };
         }
