@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import shutil
+import subprocess
 import tempfile
 import time
 from collections import deque
@@ -341,7 +342,7 @@ def bring_up(lab, profile: str | Profile | TunnelPlan) -> dict:
         for node, argv in tunnel_routes(lab.spec, p):
             lab.node(node).run(argv)
         t_started = time.monotonic()
-        wait_ready(ctx, p, timeout=READY_TIMEOUT)
+        ready = wait_ready(ctx, p, timeout=READY_TIMEOUT)
     finally:
         record["daemons"] = [
             {
@@ -354,7 +355,7 @@ def bring_up(lab, profile: str | Profile | TunnelPlan) -> dict:
             for d in ctx.daemons
         ]
         lab.save()
-    t_ready = time.monotonic()
+    t_ready = ready[4]  # the first packet through the tunnel
     desc = drv.describe(ctx, params)
     if not desc.get("config_hash"):
         # of the redacted files: equal configs hash equal across labs although keys differ
@@ -384,22 +385,31 @@ def bring_up(lab, profile: str | Profile | TunnelPlan) -> dict:
             "server": p.traffic_server,
             **p.traffic_target(lab.spec),
         },
-        timing={"start_s": round(t_started - t0, 3), "ready_s": round(t_ready - t0, 3)},
+        # seconds from bring_up's start; ready_monotonic lets a caller that noted
+        # time.monotonic() before `lab up` compute "up to first packet through the tunnel"
+        timing={
+            "start_s": round(t_started - t0, 3),
+            "ready_s": round(t_ready - t0, 3),
+            "ready_v6_s": round(ready[6] - t0, 3) if 6 in ready else None,
+            "ready_monotonic": t_ready,
+        },
         configs=sorted(f"{n}/{f}" for n, fs in rendered.items() for f in fs),
     )
     lab.save()
     return record
 
 
-def wait_ready(ctx: TunnelContext, p: TunnelPlan, *, timeout: float) -> None:
-    """Poll a ping from the client to the server's tunnel address (IPv4, then IPv6).
+def wait_ready(ctx: TunnelContext, p: TunnelPlan, *, timeout: float) -> dict[int, float]:
+    """Poll a ping from the client to the server's tunnel address, IPv4 then IPv6; returns
+    {4: monotonic time of the first IPv4 reply, 6: ... IPv6}.
 
     One ping process per attempt asks for a single reply and sends every 50 ms, so readiness is
-    seen within ~50 ms of the first packet passing; between attempts every daemon is checked, and
-    one that has died ends the wait at once with its log tail.
+    seen within ~50 ms of the first packet passing; meanwhile every daemon is checked, and one
+    that has died ends the wait at once with its log tail.
     """
     deadline = time.monotonic() + timeout
-    for addr in (ctx.server.tunnel_v4, ctx.server.tunnel_v6):
+    times: dict[int, float] = {}
+    for fam, addr in ((4, ctx.server.tunnel_v4), (6, ctx.server.tunnel_v6)):
         addr = addr.split("/")[0]
         if not addr:
             continue
@@ -410,35 +420,21 @@ def wait_ready(ctx: TunnelContext, p: TunnelPlan, *, timeout: float) -> None:
                     f"tunnel {p.profile.name!r}: no reply from {addr} through the tunnel within "
                     f"{timeout:.0f} s" + _tails(ctx.daemons)
                 )
+            wait = str(max(1, min(int(left), 2)))
             pop = ctx.client.node.popen(
-                [
-                    "ping",
-                    "-n",
-                    "-q",
-                    "-c",
-                    "1",
-                    "-i",
-                    "0.05",
-                    "-w",
-                    str(max(1, min(int(left), 2))),
-                    addr,
-                ],
-                stdout=_devnull(),
-                stderr=_devnull(),
+                ["ping", "-n", "-q", "-c", "1", "-i", "0.05", "-w", wait, addr],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             while pop.poll() is None:
                 _check_daemons(ctx, p)
-                time.sleep(0.01)
+                time.sleep(0.005)
             if pop.returncode == 0:
+                times[fam] = time.monotonic()
                 break
             _check_daemons(ctx, p)
             time.sleep(0.02)
-
-
-def _devnull():
-    import subprocess
-
-    return subprocess.DEVNULL
+    return times
 
 
 def _check_daemons(ctx: TunnelContext, p: TunnelPlan) -> None:
