@@ -34,7 +34,7 @@ def compare(a: Path, b: Path, out: Path | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     sa, sb = _summary(ra), _summary(rb)
     table = []
-    for key in [k for k in sa if k in sb] + [k for k in sb if k not in sa]:
+    for key in [*sa, *(k for k in sb if k not in sa)]:
         x, y = sa.get(key), sb.get(key)
         base = x or y
         ratio = y["mean"] / x["mean"] if x and y and x["mean"] else None
@@ -52,10 +52,6 @@ def compare(a: Path, b: Path, out: Path | None = None) -> dict:
             }
         )
     only_a = [k for k in sa if k not in sb]
-    for key in only_a:
-        x = sa[key]
-        table.append({**dict(zip(KEY, key, strict=True)), "test": x["test"], "n_a": x["n"],
-                      "mean_a": x["mean"], "sd_a": x["sd"], "n_b": 0})  # fmt: skip
     write_text_atomic(out / "compare.csv", to_csv(table, COLUMNS))
 
     primary = [r for r in table if PRIMARY.get(r["test"], ("",))[0] == r["metric"]]

@@ -67,7 +67,7 @@ TOPOLOGY_KEYS = {
     "cpu": "CPU profile name given as the topology's cpu parameter",
     "params": "table of other topology parameters (the -p of `lab up`)",
 }
-TEST_META_KEYS = ("test", "name", "reps")
+TEST_META_KEYS = ("test", "name", "reps", "args")
 ERROR_BARS = ("sd", "minmax")
 #: keys `-o key=value` accepts (the dotted ones reach into [topology])
 OVERRIDE_KEYS = {
@@ -167,9 +167,14 @@ class Plan:
 
     # ------------------------------------------------------------------ derived
     def reps_for(self, test: TestEntry, point: ImpairmentPoint) -> int:
+        """`reps` for the plan's unimpaired entries, `impaired_reps` for every other point.
+
+        A sweep's zero point (delay 0 ms) is unimpaired but belongs to the sweep: it gets the
+        sweep's repetitions (study A: 1), and runs in the clean lab.
+        """
         if test.reps is not None:
             return test.reps
-        return self.impaired_reps if point.impaired else self.reps
+        return self.reps if point.group == "none" else self.impaired_reps
 
     def groups(self) -> list[tuple[str, list[ImpairmentPoint]]]:
         """Points that share one bring-up of a profile's lab.
@@ -593,7 +598,16 @@ def _impairments(raw: dict, source: str) -> list[ImpairmentPoint]:
             except ConfigError as e:
                 raise _bad(str(e), source, fld) from None
             group = prefix or par
-            points += [ImpairmentPoint(p.name, str(p.impairment), group, par, p.value) for p in pts]
+            points += [
+                ImpairmentPoint(
+                    p.name,
+                    "" if p.impairment.is_empty() else str(p.impairment),
+                    group,
+                    par,
+                    p.value,
+                )
+                for p in pts
+            ]
             continue
         unknown = sorted(set(item) - {"spec", "name"})
         if unknown:
@@ -668,6 +682,12 @@ def _tests(raw: dict, source: str) -> list[TestEntry]:
             )
         reps = _int(t, "reps", f"{source}: {fld}", None)
         params = {k: v for k, v in t.items() if k not in TEST_META_KEYS}
+        # `args = {...}`: the test's parameters as a table, for names the entry itself uses
+        # (contention's own `test` parameter)
+        args = t.get("args", {})
+        if not isinstance(args, dict):
+            raise _bad("accepted: a table of the test's parameters", source, f"{fld}.args")
+        params.update(args)
         for k, v in defaults.items():
             if k in test.schema and k not in params:
                 params[k] = v

@@ -1,0 +1,66 @@
+"""Report, plots and compare on synthetic runs (no root)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from lab.compare import compare
+from lab.errors import ConfigError
+from lab.report import generate
+
+from .test_results import make_run
+
+
+def test_report_tables_plots_and_time_share(tmp_path):
+    run = make_run(tmp_path / "run")
+    s = generate(run.path)
+    md = run.file("report.md").read_text()
+    html = run.file("report.html").read_text()
+    # the share of run time outside measurement, stated as such
+    assert "Time outside measurement:" in md and "% of the run" in md
+    assert s["budget"]["outside_share"] is not None
+    assert f"{100 * s['budget']['outside_share']:.1f} %" in md
+    # tables per test, recommendation, failed case with its raw output
+    assert "## Recommendation" in md and "| none | wireguard |" in md
+    assert "## Failed cases" in md and "wireguard|none|udp|1" in md and "boom" in md
+    assert "<details>" in html and "<table>" in html
+    names = {p.split("/")[-1] for p in s["plots"]}
+    assert {"throughput.png", "throughput_vs_delay.png", "cpu.png", "udp.png",
+            "udp_sweep_sweep.png"} <= names  # fmt: skip
+    for p in s["plots"]:
+        png = run.path / p
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert png.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
+        assert p in md
+    # regenerating is harmless and leaves no temporary files
+    generate(run.path)
+    assert not [p for p in run.path.rglob(".*") if p.is_file()]
+
+
+def test_report_refuses_a_directory_that_is_no_run(tmp_path):
+    with pytest.raises(ConfigError, match="not a run directory"):
+        generate(tmp_path)
+
+
+def test_compare_two_runs(tmp_path):
+    a = make_run(tmp_path / "a")
+    b = make_run(tmp_path / "b", scale=0.5)
+    s = compare(a.path, b.path)
+    out = b.path / "compare-a"
+    assert s["out"] == str(out) and s["matched"] > 0 and s["only_a"] == 0
+    df = pd.read_csv(out / "compare.csv")
+    tcp = df[(df.profile == "baseline") & (df.impairment == "none") & (df.test_label == "tcp")
+             & (df.metric == "throughput_bps")]  # fmt: skip
+    assert tcp.ratio_b_over_a.iloc[0] == pytest.approx(0.5)
+    assert (out / "plots" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    assert "compare.png" in (out / "compare.md").read_text()
+
+
+def test_compare_lists_cases_of_one_run_only(tmp_path):
+    a = make_run(tmp_path / "a")
+    b = make_run(tmp_path / "b", profiles=("baseline",))
+    s = compare(a.path, b.path, tmp_path / "cmp")
+    assert s["only_a"] > 0 and s["only_b"] == 0
+    df = pd.read_csv(tmp_path / "cmp" / "compare.csv")
+    assert (df[df.profile == "wireguard"].n_b == 0).all()
