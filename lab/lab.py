@@ -298,9 +298,14 @@ def _start_engines(lab: "Lab", iplan) -> None:
     idir = lab.dir / "impair"
     idir.mkdir(mode=0o700, exist_ok=True)
     for eng in st["engines"]:
-        node = LocalNode(lab.id, eng["name"], netns=eng["netns"], mntns=None,
-                         procs_files=cgroups.procs_files(lab.cg, eng["cgroup"]), ledger=lab.ledger,
-                         log_dir=lab.dir / "logs")
+        procs = cgroups.procs_files(lab.cg, eng["cgroup"])
+        if lab.cg.version == 1:
+            # v1 child cpu groups get no realtime budget (cpu.rt_runtime_us = 0), and the engine
+            # times delays with SCHED_FIFO threads: keep it in the root cpu group. It still joins
+            # the cpuacct (accounting) and cpuset groups, by which teardown finds it.
+            procs = [p for p in procs if not p.startswith(str(lab.cg.root / "cpu") + "/")]
+        node = LocalNode(lab.id, eng["name"], netns=eng["netns"], mntns=None, procs_files=procs,
+                         ledger=lab.ledger, log_dir=lab.dir / "logs")
         control = idir / f"{eng['name']}.sock"
         eng["control"] = str(control)
         eng["fwd_dir"] = runtime.engine_fwd_dir(lab.spec, eng["link"])
