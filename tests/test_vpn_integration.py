@@ -141,6 +141,14 @@ def test_profile_end_to_end(profile, lab_id):
         assert size > 200  # the capture worked and carried the packets
         assert seen is PROFILES[profile], f"plaintext marker {'absent' if not seen else 'present'}"
 
+        # secrets: 0600 files in a 0700 dir, never in the lab's record
+        record = (lab.dir / "lab.json").read_text()
+        assert oct((lab.dir / "secrets").stat().st_mode & 0o777) == "0o700"
+        for f in (lab.dir / "secrets").iterdir():
+            assert f.stat().st_mode & 0o777 == 0o600, f
+            key = f.read_text().strip().splitlines()
+            assert all(line not in record for line in key if len(line) > 20), f
+
         mtu = d["mtu"]
         assert mtu == {"wireguard": 1420}.get(profile, 1500)
         # search up to one byte above what the interface MTU allows: every failed probe costs -W 1
