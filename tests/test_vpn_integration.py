@@ -133,6 +133,10 @@ def test_profile_end_to_end(profile, lab_id):
             assert json.loads(route)[0]["dev"] == d["interface"]
         for addr in (t4, t6):
             client.run(["ping", "-c", "2", "-i", "0.2", "-W", "2", addr])
+        if d["path"] == "wireguard-go":
+            # its UAPI socket is in the node's private /run, not the host's
+            client.run(["test", "-S", "/run/wireguard/wg0.sock"])
+            assert not os.path.exists("/run/wireguard/wg0.sock")
 
         result = iperf3(client, server, t4)
         assert result["end"]["sum_received"]["bits_per_second"] > 1e6
