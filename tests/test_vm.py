@@ -160,12 +160,15 @@ def test_plan_shares(tmp_path):
     assert shares[0].tag == "labroot" and shares[0].readonly and shares[0].guest_path == "/"
     guests = [s.guest_path for s in shares[1:]]
     assert guests == ["/mnt/d", str(tmp_path / "proj"), str(tmp_path / "proj" / "runs")]
+    assert [s.cache for s in shares[1:]] == ["mmap", "loose", "mmap"]  # project dir cached
     assert len({s.tag for s in shares}) == len(shares)
     assert all(len(s.tag) <= 31 for s in shares)  # virtio-9p mount tag limit
     with pytest.raises(PreconditionError, match="does not exist"):
         plan_shares(None, None, {"/x": tmp_path / "missing"})
     with pytest.raises(PreconditionError, match="absolute"):
         plan_shares(None, None, {"rel": tmp_path})
+    with pytest.raises(PreconditionError, match="accepted values"):
+        plan_shares(tmp_path, None, None, project_cache="always")
 
 
 def test_probe_accel_without_kvm_device_is_tcg(monkeypatch):

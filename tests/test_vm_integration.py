@@ -175,6 +175,21 @@ def test_attach_from_a_second_client(vm):
     assert vm.run(["true"]).returncode == 0  # the first client reconnects
 
 
+def test_project_venv_python_runs_in_the_vm(vm):
+    venv_python = Path("/work/main/.venv/bin/python")
+    if not venv_python.exists():
+        pytest.skip(f"{venv_python} missing (./setup.sh creates it)")
+    out = vm.run([str(venv_python), "-c", "import lab.vm, sys; print(sys.prefix)"], timeout=120)
+    assert out.stdout.strip() == "/work/main/.venv"
+
+
+def test_agent_restart_fails_pending_requests_then_recovers(vm):
+    # the command kills the agent that runs it; init restarts the agent within ~1 s
+    with pytest.raises(CommandError, match="agent restarted"):
+        vm.run(["sh", "-c", "kill -9 $PPID; sleep 5"], timeout=60)
+    assert vm.run(["echo", "back"]).stdout == "back\n"
+
+
 def test_hybrid_cgroups_and_clean_shutdown(kern, tmp_path):
     state = tmp_path / "vm"
     machine = boot(state, mem_mb=512, cpus=1, cgroup="hybrid", project_dir=None)

@@ -31,6 +31,9 @@ BASE_ENV = {
     "HOME": "/root",
     "LANG": "C.UTF-8",
     "TERM": "dumb",
+    # The project dir is a 9p share with write-back caching (cache=loose): a .pyc written here
+    # could reach the host after its rename, half-written. The host writes the .pyc files.
+    "PYTHONDONTWRITEBYTECODE": "1",
 }
 
 

@@ -80,6 +80,11 @@ class Channel:
             if "event" in msg:
                 self._events.append(msg)
                 self._event_cv.notify_all()
+                if msg["event"] == "ready":
+                    # The agent (re)started: requests sent before it will never be answered.
+                    for p in self._pending.values():
+                        p.reply = {"error": "the VM agent restarted; the request was lost"}
+                        p.event.set()
                 return
             p = self._pending.get(msg.get("id"))
             if p is not None:
