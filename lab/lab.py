@@ -289,7 +289,7 @@ def _build_bump(lab_id, lk, layout, ledger, info, all_cpus) -> None:
     )
 
 
-def _start_engines(lab: "Lab", iplan) -> None:
+def _start_engines(lab: Lab, iplan) -> None:
     """Start one engine per bump with the initial spec; wait until each answers."""
     from .impair import runtime
     from .impair.engine import EngineClient, engine_argv

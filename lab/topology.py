@@ -300,7 +300,7 @@ def resolve(topo, *, source: str, topo_name: str = "topo", params: dict | None =
             lk.max_queue_size = int(_number(mq, source, where, "max_queue_size", lo=1, hi=10**6))
         lk.impair = _link_impairment(info, source, where)
         addrs = {}
-        for end, node in ((1, node1), (2, node2)):
+        for end in (1, 2):
             p = info.get(f"params{end}") or {}
             if not isinstance(p, dict):
                 raise ConfigError(
@@ -503,7 +503,7 @@ def _assign(nodes, links, link_addrs, source, topo) -> list[Segment]:
     nets4: dict[int, ipaddress.IPv4Network] = {}
     nets6: dict[int, ipaddress.IPv6Network] = {}
     for si, items in explicit.items():
-        for ver, nets, col in ((4, nets4, 1), (6, nets6, 2)):
+        for nets, col in ((nets4, 1), (nets6, 2)):
             found = {it[col].network: it for it in items if it[col] is not None}
             if len(found) > 1:
                 a, b = list(found.values())[:2]

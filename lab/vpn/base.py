@@ -103,6 +103,7 @@ class Driver(ABC):
 
     def validate(self, params: dict, *, source: str) -> None:
         """Checks across parameters (each one alone is already valid); raise ConfigError."""
+        return None
 
     @abstractmethod
     def check(self, params: dict) -> Availability:
