@@ -82,7 +82,7 @@ def _plot(out: Path, name_a: str, name_b: str, primary: list[dict]) -> str | Non
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, len(labels), figsize=(max(6, 4.5 * len(labels)), 4.5),
-                             squeeze=False)  # fmt: skip
+                             squeeze=False, layout="constrained")  # fmt: skip
     for ax, lb in zip(axes[0], labels, strict=True):
         rs = [r for r in primary if r["test_label"] == lb and r["n_a"] and r["n_b"]]
         unit = PRIMARY.get(rs[0]["test"], ("", "", 1.0))
@@ -102,7 +102,6 @@ def _plot(out: Path, name_a: str, name_b: str, primary: list[dict]) -> str | Non
         ax.set_title(lb)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
     from .results import RunDir as _R
 
     return _save(fig, _R(out), "compare")

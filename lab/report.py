@@ -426,6 +426,16 @@ def _recommendation(doc, table, profiles, points, labels, manifest) -> None:
                 best = ranked[0]
                 ru = ranked[1] if len(ranked) > 1 else None
                 margin = f"{100 * (best[0] / ru[0] - 1):.0f} %" if ru and ru[0] else "-"
+                sd = _stats(
+                    [
+                        r["throughput_bps"]
+                        for r in _group(
+                            table, test_label=thr, profile=best[1], impairment=pt, ok=True
+                        )
+                    ]
+                )["sd"]
+                if ru and sd and best[0] - sd <= ru[0]:
+                    margin += " (within 1 sd)"
                 row += [best[1], _fmt(best[0] / 1e6), ru[1] if ru else "-", margin]
             else:
                 row += ["-", "-", "-", "-"]
@@ -703,7 +713,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
         rs = [r for r in unimp if r["test_label"] == lb] or _group(table, test_label=lb, ok=True)
         if not rs:
             continue
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
         rates = sorted({r["rate_mbit"] for r in rs})
         a1.plot(rates, rates, "k--", lw=0.8, label="target")
         for p in profiles:
@@ -761,6 +771,5 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                 a.set_xticks(list(x), profiles, rotation=30, ha="right")
                 a.grid(axis="y", alpha=0.3)
                 a.legend(fontsize=7)
-        fig.tight_layout()
         out.append((_save(fig, run, "udp"), "UDP target vs achieved rate and packets/s"))
     return out

@@ -35,8 +35,6 @@ from .plan import REPO, Case, ImpairmentPoint, Plan, slug
 from .results import RESULT_SCHEMA, RunDir
 from .state import lab_dir, write_json_atomic
 
-#: seconds a lab bring-up + teardown is assumed to take (ETA only)
-UP_ESTIMATE_S = 2.0
 RAW_TAIL_LINES = 30
 
 #: tools whose version every manifest records: name -> argv
@@ -572,7 +570,8 @@ class Runner:
                 gcases = [c for c in todo if c.profile == profile and c.point.name in names]
                 if gcases:
                     groups.append((profile, gname, pts, gcases))
-        est = sum(self.plan.estimate_s(c) for c in todo) + UP_ESTIMATE_S * len(groups)
+        # the bar advances per finished case, so bring-ups are not part of its total
+        est = sum(self.plan.estimate_s(c) for c in todo)
         self.events.start(
             total=len(todo), skipped=self.counts["skipped"], estimate_s=est, run=self.run_dir
         )
