@@ -189,53 +189,61 @@ def apply_impairment(lab, point: ImpairmentPoint, *, built_impaired: bool) -> di
 # ---------------------------------------------------------------------- signals
 
 
-@contextmanager
-def _interruptible():
-    """SIGTERM behaves like Ctrl-C (KeyboardInterrupt) while the run is in progress."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class Interrupts:
+    """SIGINT and SIGTERM during a run: the first one stops the run, none cuts a teardown short.
 
-    me = os.getpid()
+    Outside a teardown the first signal raises KeyboardInterrupt at once. Inside one (`shielded`)
+    it is remembered and raised when the teardown is done. Every later signal only prints a
+    note: the run is already stopping and its lab must still go.
+    """
 
-    def on_term(signum, frame):
-        if os.getpid() != me:
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, note: Callable[[str], None]):
+        self.note = note
+        self.pending = False  # a signal came
+        self.raised = False  # ... and KeyboardInterrupt was raised for it
+        self.depth = 0
+        self._me = os.getpid()
+        self._old: dict = {}
+
+    def _handler(self, signum, frame):
+        if os.getpid() != self._me:
             # a forked helper (pyroute2 forks to enter namespaces) inherits this handler: it
-            # must die of SIGTERM as it would have, not unwind the runner's stack
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-@contextmanager
-def _shielded(note: Callable[[str], None]):
-    """Ignore SIGINT/SIGTERM (with a note) while tearing down: a second Ctrl-C waits for it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    me = os.getpid()
-
-    def wait(signum, frame):
-        if os.getpid() != me:
+            # must die of the signal as it would have, not unwind the runner's stack
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        note("tearing the lab down; please wait")
+        if self.pending:
+            self.note("stopping: tearing the lab down, please wait")
+            return
+        self.pending = True
+        if self.depth:
+            self.note("stopping after the teardown in progress")
+            return
+        self.raised = True
+        raise KeyboardInterrupt
 
-    old = {s: signal.signal(s, wait) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
             signal.signal(s, h)
+        self._old = {}
+
+    @contextmanager
+    def shielded(self):
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if self.pending and not self.raised and not self.depth:
+            self.raised = True
+            raise KeyboardInterrupt
 
 
 # ---------------------------------------------------------------------- the runner
@@ -259,6 +267,7 @@ class Runner:
         self.spec = None
         self.manifest: dict = {}
         self.counts = {"ok": 0, "failed": 0, "skipped": 0}
+        self.interrupts = Interrupts(self.events.note)
 
     # ------------------------------------------------------------------ timeline
     def _event(self, event: str, **data) -> None:
@@ -410,7 +419,7 @@ class Runner:
             return
         lab_id, self.lab = self.lab.id, None
         t0 = time.monotonic()
-        with _shielded(self.events.note):
+        with self.interrupts.shielded():
             left = teardown(lab_id)
             self._event("down", lab_id=lab_id, seconds=time.monotonic() - t0, leftover=left)
         if left:
@@ -545,17 +554,18 @@ class Runner:
     def execute(self) -> dict:
         """Run every case not yet in results.jsonl. KeyboardInterrupt propagates after teardown."""
         self._event("session-start", lab_id=None, argv=self.argv)
-        try:
-            with _interruptible():
+        # the handlers stay in place through the final teardown: a Ctrl-C there only waits
+        with self.interrupts:
+            try:
                 self.preflight()
                 self.remove_leftovers()
                 self.init_manifest()
                 self._loop()
-        finally:
-            try:
-                self._down()
             finally:
-                self._event("session-end", counts=dict(self.counts))
+                try:
+                    self._down()
+                finally:
+                    self._event("session-end", counts=dict(self.counts))
         return dict(self.counts)
 
     def _loop(self) -> None:

@@ -183,3 +183,24 @@ def test_resume_refuses_a_changed_plan(tmp_path):
     run = create_run_dir(load_plan(path), tmp_path / "run")
     cp = run_lab("run", "--resume", run.path, "-o", "reps=2")
     assert cp.returncode == 2 and "differs" in cp.stderr
+
+
+def test_ctrl_c_twice_still_tears_down(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.format(reps=5, tests='[[tests]]\ntest = "tcp"\nduration_s = 2\n'))
+    out = tmp_path / "run"
+    p = _start(["run", path, "--out", out], tmp_path)
+    run = RunDir(out)
+    deadline = time.monotonic() + 60
+    while not any(e["event"] == "up" for e in run.load_timeline()):
+        assert p.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside the first test
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    p.send_signal(signal.SIGINT)  # impatient second Ctrl-C
+    assert p.wait(timeout=60) == 130, (tmp_path / "lab-run.log").read_text()
+    assert "--resume" in (tmp_path / "lab-run.log").read_text()
+    assert any(e["event"] == "down" for e in run.load_timeline())
+    assert run.file("report.md").is_file()
+    _assert_clean(run)
