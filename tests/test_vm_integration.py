@@ -171,6 +171,10 @@ def test_attach_from_a_second_client(vm):
     other = VM.attach(vm.state_dir)
     assert other.pid == vm.pid
     assert other.run(["cat", "/proc/sys/kernel/hostname"]).stdout.strip() == "lab-vm"
+    third = VM.attach(vm.state_dir)
+    third.attach_timeout = 2
+    with pytest.raises(StartupError, match="one client at a time"):
+        third.run(["true"])  # `other` still holds the channel
     other.disconnect()
     assert vm.run(["true"]).returncode == 0  # the first client reconnects
 
@@ -181,6 +185,17 @@ def test_project_venv_python_runs_in_the_vm(vm):
         pytest.skip(f"{venv_python} missing (./setup.sh creates it)")
     out = vm.run([str(venv_python), "-c", "import lab.vm, sys; print(sys.prefix)"], timeout=120)
     assert out.stdout.strip() == "/work/main/.venv"
+
+
+def test_orphans_are_reaped(vm):
+    vm.run(["sh", "-c", "(sleep 0.2 &); (sleep 0.3 &); true"])
+    deadline = time.monotonic() + 10
+    while True:
+        states = vm.run(["ps", "-eo", "stat="]).stdout.split()
+        if not any(s.startswith("Z") for s in states) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not any(s.startswith("Z") for s in states), states
 
 
 def test_agent_restart_fails_pending_requests_then_recovers(vm):

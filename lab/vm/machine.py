@@ -47,6 +47,9 @@ def tail(path: Path, lines: int = 25) -> str:
 class VM:
     """A running lab VM. Obtain one from boot() or VM.attach(state_dir)."""
 
+    #: how long a new connection waits for the agent's first answer (see _chan)
+    attach_timeout = 15.0
+
     def __init__(self, state_dir: Path, record: dict, popen: subprocess.Popen | None = None):
         self.state_dir = Path(state_dir)
         self.record = record
@@ -103,7 +106,17 @@ class VM:
                 raise StartupError(
                     f"lab VM (pid {self.pid}) is not running\n{tail(self.console_log)}"
                 )
-            self._channel = Channel(self.agent_socket)
+            chan = Channel(self.agent_socket)
+            # QEMU serves one client at a time; a second one connects (the kernel queues it)
+            # but is never read. Ask once, so that this fails clearly instead of hanging.
+            if chan.request({"op": "ping"}, self.attach_timeout) is None:
+                chan.close()
+                raise StartupError(
+                    f"the agent of lab VM {self.pid} did not answer within {self.attach_timeout:.0f} s;"
+                    " another process may hold its channel (one client at a time)\n"
+                    + tail(self.console_log, 10)
+                )
+            self._channel = chan
         return self._channel
 
     def run(
