@@ -534,9 +534,9 @@ def _profiles(raw: dict, source: str, spec) -> list[str]:
         try:
             place(spec, load_profile(p))
         except ConfigError as e:
-            raise _bad(
-                f"{e}; profiles: {', '.join(known_profiles())}", source, f"profiles[{i}]"
-            ) from None
+            known = ", ".join(known_profiles())
+            msg = str(e) if known in str(e) else f"{e}; profiles: {known}"
+            raise _bad(msg, source, f"profiles[{i}]") from None
     dup = sorted({p for p in profiles if profiles.count(p) > 1})
     if dup:
         raise _bad(f"profile {dup[0]!r} listed twice", source, "profiles")
