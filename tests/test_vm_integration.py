@@ -89,6 +89,9 @@ def test_guest_layout(vm):
         assert fstype[d] == "tmpfs", d
     assert fstype["/sys/fs/cgroup"] == "cgroup2"
     assert fstype["/work/main"] == "9p"
+    # no udev, yet TUN and WireGuard autoload on first use, as on a normal system
+    sh(vm, "ip tuntap add dev labt0 mode tun && ip link del labt0")
+    sh(vm, "ip link add labwg0 type wireguard && ip link del labwg0")
     # writes to the root land in guest RAM, never on the host
     marker = f"/etc/lab-vm-test-{os.getpid()}"
     vm.run(["touch", marker])

@@ -242,7 +242,7 @@ def plan_shares(
     dir and the runs dir at their host paths, then `shares` ({guest_path: host_path}).
 
     Cache modes (see docs/vm.md): the root and, by default, the project dir are "loose" (the
-    guest caches metadata and never revalidates: Python imports over 9p are ~4x faster); the
+    guest caches metadata and never revalidates: Python imports over 9p are 2-4x faster); the
     runs dir and extra shares are "mmap", so the host sees the guest's writes at once.
     """
     if project_cache not in CACHE_MODES:
@@ -284,7 +284,7 @@ def boot(
     The host root is the guest's root (read-only 9p under a tmpfs overlay); `project_dir`,
     `runs_dir` (default: project_dir/runs if it exists) and `shares` ({guest_path: host_path})
     are mounted read-write. The project dir is cached in the guest (`project_cache="loose"`):
-    host edits made while the VM runs may not be seen; pass "mmap" for coherence at ~4x slower
+    host edits made while the VM runs may not be seen; pass "mmap" for coherence at 2-4x slower
     Python imports. `accel` defaults to probe_accel(). `cgroup` is "v2" (cgroup2 only,
     like users' machines) or "hybrid" (v1 cpu/cpuset/memory/pids + cgroup2 at
     /sys/fs/cgroup/unified, like this project's CI hosts).
