@@ -245,3 +245,11 @@ def test_boot_timeout_kills_qemu(kern, tmp_path):
         except OSError:
             continue
         assert str(tmp_path / "vm").encode() not in cmd, f"QEMU {p.name} survived"
+
+
+def test_init_failure_is_reported_at_once(kern, tmp_path):
+    """A share that cannot be mounted stops the init, which powers off: no waiting for timeout."""
+    t0 = time.monotonic()
+    with pytest.raises(StartupError, match="LAB-INIT-FAILED mount share"):
+        boot(tmp_path / "vm", accel="tcg", project_dir=None, shares={"/proc/lab-nope": tmp_path})
+    assert time.monotonic() - t0 < 60
