@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where impairment goes (default: middlebox when a router sits between the "
                         "VPN endpoints, else egress)")
     p.add_argument("--impair-backend", default="auto", choices=["auto", "kernel-netem", "userspace"])
+    p.add_argument("--vm", action="store_true",
+                   help="run the lab inside the full-kernel VM (netem, WireGuard, ESP, MACsec, GRE, "
+                        "L2TP when this kernel lacks them); exec/impair/status/down reach into it")
+    p.add_argument("--vm-mem", type=int, default=2048, metavar="MB", help="VM memory (with --vm)")
 
     p = sub.add_parser("render", help="write a VPN profile's config files for a topology")
     p.add_argument("topology")
@@ -110,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])  # forwarded verbatim to a VM lab
     try:
         return COMMANDS[args.cmd](args) or 0
     except TeardownIncomplete as e:
@@ -129,6 +134,8 @@ def cmd_up(args) -> int:
 
     params = dict(parse_param(p) for p in args.param)
     spec = load_topology(args.topology, args.topo, params)
+    if args.vm:
+        return _up_vm(args, spec)
     vpn = None
     if args.vpn:
         from .vpn.tunnel import prepare
@@ -152,6 +159,55 @@ def cmd_up(args) -> int:
                       f"traffic {v['traffic']['client']} -> {v['traffic']['v4']}", highlight=False)
         out.print(f"lab {lab.id!r} up in {dt:.2f} s; `lab exec NODE -- CMD`, `lab down` when done")
     return 0
+
+
+def _up_vm(args, spec) -> int:
+    from . import vmlab
+
+    guest = [a for p in args.param for a in ("-p", p)]
+    for flag, value in (("--topo", args.topo), ("--vpn", args.vpn), ("--impair", args.impair),
+                        ("--placement", args.placement), ("--impair-backend", args.impair_backend)):
+        if value is not None:
+            guest += [flag, value]
+    t0 = time.monotonic()
+    rec = vmlab.up(spec, args.topology, args.lab_id, guest, vpn=args.vpn, impair=args.impair,
+                   placement=args.placement, mem_mb=args.vm_mem)
+    dt = time.monotonic() - t0
+    for line in rec.pop("guest_stderr", "").splitlines():
+        err.print(line, markup=False, highlight=False)
+    status = {**rec["status"], "substrate": rec["substrate"], "vm": rec["vm"]}
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    _print_status(status)
+    _print_substrate(status)
+    if "vpn" in status:
+        v = status["vpn"]
+        d = v["describe"]
+        out.print(f"vpn {v['profile']}: {d.get('implementation')} {d.get('version') or ''} "
+                  f"({d.get('path')}), cipher {d.get('cipher')}, mtu {d.get('mtu')}; "
+                  f"traffic {v['traffic']['client']} -> {v['traffic']['v4']}", highlight=False)
+    out.print(f"lab {rec['id']!r} up in a VM in {dt:.2f} s (boot {rec['vm']['boot_seconds']} s); "
+              "`lab exec NODE -- CMD`, `lab down` when done")
+    return 0
+
+
+def _print_substrate(s: dict) -> None:
+    sub = s.get("substrate") or {}
+    if sub.get("kind") == "vm":
+        out.print(f"substrate: VM, kernel {sub.get('kernel')}, accelerator {sub.get('accelerator')} "
+                  f"(QEMU pid {sub.get('qemu_pid')}); {sub.get('note')}", markup=False, highlight=False)
+
+
+def _forward(lab_id: str, args) -> int:
+    """Run this very command line in the VM of lab `lab_id`; relay its output and exit code."""
+    from . import vmlab
+
+    cp = vmlab.forward(lab_id, args.argv)
+    sys.stdout.write(cp.stdout)
+    sys.stdout.flush()
+    sys.stderr.write(cp.stderr)
+    return cp.returncode
 
 
 def cmd_render(args) -> int:
@@ -210,7 +266,12 @@ def cmd_down(args) -> int:
         out.print(f"lab {lab_id or ''} is not up; nothing to do".replace("  ", " "))
         return 0
     notes: list[str] = []
-    left = teardown(lab_id, notes)
+    from . import vmlab
+
+    if vmlab.is_vm_lab(lab_id):
+        left = vmlab.down(lab_id, notes)  # the guest's `lab down`, poweroff, then the host ledger
+    else:
+        left = teardown(lab_id, notes)
     for n in notes:
         err.print(f"lab: note: {n}", markup=False, highlight=False)
     if left:
@@ -249,9 +310,14 @@ def cmd_status(args) -> int:
     from .lab import Lab
     from .state import list_lab_ids
 
+    from . import vmlab
+
     ids = [args.lab_id] if args.lab_id else list_lab_ids()
     statuses = []
     for lab_id in ids:
+        if vmlab.is_vm_lab(lab_id):
+            statuses.append(vmlab.status(lab_id))
+            continue
         try:
             statuses.append(Lab.open(lab_id).status())
         except LabError as e:
@@ -263,6 +329,7 @@ def cmd_status(args) -> int:
         out.print("no labs are up")
     for s in statuses:
         _print_status(s)
+        _print_substrate(s)
     return 0
 
 
@@ -296,7 +363,11 @@ def _command(args) -> list[str]:
 
 
 def cmd_exec(args) -> int:
+    from . import vmlab
     from .lab import Lab
+
+    if vm_id := vmlab.resolve(args.lab_id):
+        return _forward(vm_id, args)  # not a terminal: output is relayed when the command ends
 
     node = Lab.open(args.lab_id).node(args.node)
     sys.stdout.flush()
@@ -304,7 +375,12 @@ def cmd_exec(args) -> int:
 
 
 def cmd_shell(args) -> int:
+    from . import vmlab
     from .lab import Lab
+
+    if vm_id := vmlab.resolve(args.lab_id):
+        raise ConfigError(f"lab {vm_id!r} runs in a VM, whose agent has no terminal; use "
+                          "`lab exec NODE -- CMD`", source="lab shell")
 
     lab = Lab.open(args.lab_id)
     node = lab.node(args.node)
@@ -315,8 +391,12 @@ def cmd_shell(args) -> int:
 
 
 def cmd_impair(args) -> int:
+    from . import vmlab
     from .impair.runtime import clear_impairment, set_impairment, show_impairment
     from .lab import Lab
+
+    if vm_id := vmlab.resolve(args.lab_id):
+        return _forward(vm_id, args)
 
     lab = Lab.open(args.lab_id)
     if args.impair_cmd == "set":

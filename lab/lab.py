@@ -130,7 +130,7 @@ class Lab:
                 "interfaces": [{"name": i.name, "ip": i.ip, "ip6": i.ip6, "peer": f"{i.peer_node}:{i.peer_name}"}
                                for i in n.interfaces],
             }
-        for k in ("vpn", "impair", "warnings"):
+        for k in ("vpn", "impair", "warnings", "substrate"):
             if k in self.info:
                 out[k] = self.info[k]
         return out
@@ -145,6 +145,17 @@ def resolve_id(lab_id: str | None) -> str:
     if not ids:
         raise PreconditionError("no lab is up; start one with `lab up TOPOLOGY`")
     raise ConfigError(f"several labs are up ({', '.join(ids)}); choose one with --id", source="--id")
+
+
+def substrate() -> dict:
+    """What this lab runs on: this machine's kernel, or (LAB_SUBSTRATE, set by lab.vmlab for the
+    `lab up` it runs in a guest) the full-kernel VM with its accelerator and evidence class."""
+    given = os.environ.get("LAB_SUBSTRATE")
+    if given:
+        import json
+
+        return json.loads(given)
+    return {"kind": "host", "kernel": os.uname().release}
 
 
 def default_id() -> str:
@@ -229,6 +240,7 @@ def up(spec: LabSpec, lab_id: str | None = None, *, vpn=None, impair: str | None
         "cgroup": {"version": layout.version, "root": str(layout.root)},
         "nodes": {},
         "warnings": warnings,
+        "substrate": substrate(),
     }
     ledger.record("lab", id=lab_id, cgroup_version=layout.version, cgroup_root=str(layout.root))
     try:

@@ -17,7 +17,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -278,6 +278,7 @@ def boot(
     cgroup: str = "v2",
     hostname: str = "lab-vm",
     timeout: float = 90.0,
+    on_spawn: Callable[[dict], None] | None = None,
 ) -> VM:
     """Boot the lab VM and return once its agent answers.
 
@@ -291,6 +292,9 @@ def boot(
 
     PreconditionError if QEMU or the kernel is missing; StartupError (with the console tail) if
     the guest does not come up within `timeout` s. A failed boot leaves only its logs behind.
+
+    `on_spawn(record)` is called right after QEMU is started and vm.json written (pid, start
+    time): a caller with its own ownership ledger records the QEMU process there (lab.vmlab).
     """
     if cgroup not in ("v2", "hybrid"):
         raise PreconditionError(f"cgroup={cgroup!r}: accepted values are 'v2', 'hybrid'")
@@ -352,6 +356,8 @@ def boot(
     _write_record(state_dir, record)
     vm = VM(state_dir, record, popen)
     try:
+        if on_spawn is not None:
+            on_spawn(dict(record))
         _wait_ready(vm, started, timeout)
     except BaseException:
         try:
