@@ -16,6 +16,7 @@ import pytest
 from lab import proc
 from lab.errors import StartupError
 from lab.lab import up
+from lab.proc import is_same_process
 from lab.teardown import teardown
 from lab.topology import load_topology
 from lab.vpn.openvpn import OpenVPNDriver
@@ -119,7 +120,7 @@ def largest_df_payload(node, addr: str, hi: int) -> int:
 def test_profile_end_to_end(profile, lab_id):
     lab = up(spec_of("pi_pair_middlebox"), lab_id, vpn=profile)
     v = lab.info["vpn"]
-    daemons = [d["pid"] for d in v["daemons"]]
+    daemons = [(d["pid"], d["start_time"]) for d in v["daemons"]]
     try:
         client, server = lab.node("client"), lab.node("server")
         t4, t6 = v["traffic"]["v4"], v["traffic"]["v6"]
@@ -163,8 +164,9 @@ def test_profile_end_to_end(profile, lab_id):
     finally:
         assert teardown(lab_id) == []
     assert lab_traces(lab_id) == []
-    for pid in daemons:
-        assert not os.path.exists(f"/proc/{pid}"), f"daemon {pid} survived"
+    for pid, start_time in daemons:
+        # by PID and start time: PIDs recycle fast here (pid_max 32768), zombies do not count
+        assert not is_same_process(pid, start_time), f"daemon {pid} survived"
     assert not list(lab.dir.parent.glob(f"{lab_id}*"))
 
 
