@@ -7,7 +7,6 @@ Every object is recorded in the ledger before it is created (see lab.state). A f
 from __future__ import annotations
 
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,34 +27,6 @@ NODE_SYSCTLS = {
     "net.ipv6.conf.default.accept_ra": "0",
     "net.ipv4.ping_group_range": "0 2147483647",
 }
-
-
-class _FaultInjector:
-    """Test hook: LAB_KILL_AT_RECORD=N SIGKILLs this process right after ledger record N.
-
-    Lets the crash-safety test stop `lab up` deterministically at every step of the build.
-    """
-
-    def __init__(self) -> None:
-        v = os.environ.get("LAB_KILL_AT_RECORD")
-        self.at = int(v) if v else None
-        self.count = 0
-
-    def __call__(self) -> None:
-        self.count += 1
-        if self.at is not None and self.count == self.at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-class _HookedLedger(Ledger):
-    def __init__(self, path: Path, hook):
-        super().__init__(path)
-        self.hook = hook
-
-    def record(self, kind, **data):
-        entry = super().record(kind, **data)
-        self.hook()
-        return entry
 
 
 @dataclass
@@ -231,7 +202,7 @@ def up(spec: LabSpec, lab_id: str | None = None, *, vpn=None, impair: str | None
             f"lab {lab_id!r} already exists ({d}); `lab down --id {lab_id}` or `lab clean` first, "
             "or choose another --id"
         )
-    ledger = _HookedLedger(d / "ledger.jsonl", _FaultInjector())
+    ledger = Ledger(d / "ledger.jsonl")
     info = {
         "id": lab_id,
         "state": "building",
@@ -269,7 +240,16 @@ def _impair_plan(spec, lab_id, info, impair, placement, backend):
         first = next(n for n in spec.hosts())
         probe_node = Lab(lab_id, info).node(first.name)
         backend, why = runtime.choose_backend(probe_node)
-    elif backend in ("kernel-netem", "userspace"):
+    elif backend == "kernel-netem":
+        from .impair.kernel import probe_netem
+
+        first = next(n for n in spec.hosts())
+        pr = probe_netem(Lab(lab_id, info).node(first.name))
+        if not pr.ok:
+            raise PreconditionError(f"--impair-backend kernel-netem: {pr.reason}; run the lab in the "
+                                    "full-kernel VM (`lab up --vm`) or use --impair-backend userspace")
+        why = "chosen with --impair-backend"
+    elif backend == "userspace":
         why = "chosen with --impair-backend"
     else:
         raise ConfigError(f"impairment backend must be auto, kernel-netem or userspace, got {backend!r}",
@@ -395,6 +375,14 @@ def _build(spec, lab_id, layout, cpu, ledger, info, impair=None, placement=None,
             netops.configure_node(ns, [i.__dict__ for i in n.interfaces], n.routes,
                                   default_route=n.default_route)
 
+    # shaping first: a kernel netem on a shaped link goes under the tbf (runtime.netem_parent)
+    for lk in spec.links:
+        if lk.bw:
+            for node, ifname in ((lk.node1, lk.intf1), (lk.node2, lk.intf2)):
+                ns = f"{lab_id}-{node}"
+                ledger.record("qdisc", ns=ns, ifname=ifname, qdisc="tbf")
+                netops.set_tbf(ns, ifname, lk.bw, limit_pkts=lk.max_queue_size)
+
     if iplan is not None:
         from .impair import runtime
 
@@ -405,10 +393,3 @@ def _build(spec, lab_id, layout, cpu, ledger, info, impair=None, placement=None,
         for lk in spec.links:
             if lk.impair:
                 runtime.set_impairment(lab, lk.impair, f"{lk.node1}-{lk.node2}")
-
-    for lk in spec.links:
-        if lk.bw:
-            for node, ifname in ((lk.node1, lk.intf1), (lk.node2, lk.intf2)):
-                ns = f"{lab_id}-{node}"
-                ledger.record("qdisc", ns=ns, ifname=ifname, qdisc="tbf")
-                netops.set_tbf(ns, ifname, lk.bw, limit_pkts=lk.max_queue_size)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,29 @@ def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
         raise
 
 
+class _FaultInjector:
+    """Test hook: LAB_KILL_AT_RECORD=N SIGKILLs this process right after its N-th ledger line.
+
+    Lets the crash-safety tests stop `lab up` deterministically at every step, VPN daemons and
+    impairment engines included. Counts every ledger write of the process.
+    """
+
+    def __init__(self) -> None:
+        v = os.environ.get("LAB_KILL_AT_RECORD")
+        self.at = int(v) if v else None
+        self.count = 0
+
+    def __call__(self) -> None:
+        if self.at is None:
+            return
+        self.count += 1
+        if self.count == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+_fault = _FaultInjector()
+
+
 class Ledger:
     """Append-only record of every object a lab owns."""
 
@@ -93,6 +117,7 @@ class Ledger:
             os.fsync(fd)
         finally:
             os.close(fd)
+        _fault()
         return entry
 
     def entries(self) -> list[dict]:

@@ -85,3 +85,20 @@ def test_node_daemons_killed_behind_the_labs_back(lab_id):
 def test_clean_is_harmless_twice_and_with_nothing_up():
     assert run_lab("clean").returncode == 0
     assert run_lab("clean").returncode == 0
+
+
+def test_sigkill_during_up_with_engine_and_vpn_then_clean(lab_id):
+    """Kill points that fall among impairment engines and VPN daemons starting."""
+    args = ["up", TOPOS / "pi_pair_middlebox.py", "--id", lab_id, "--impair", "delay 1ms",
+            "--impair-backend", "userspace", "--vpn", "wireguard"]
+    r = run_lab(*args)
+    assert r.returncode == 0, r.stderr
+    total = len(Ledger(lab_dir(lab_id) / "ledger.jsonl").entries())
+    assert run_lab("down", "--id", lab_id).returncode == 0
+    base = _records_of_full_up("pi_pair_middlebox.py", lab_id)
+    for k in range(base - 4, total + 1, 2):  # the steps past the plain build
+        r = run_lab(*args, env={"LAB_KILL_AT_RECORD": str(k)})
+        assert r.returncode == -signal.SIGKILL, (k, r.returncode, r.stderr)
+        c = run_lab("clean")
+        assert c.returncode == 0, (k, c.stdout, c.stderr)
+        assert lab_traces(lab_id) == [], f"after kill at record {k}/{total}"
