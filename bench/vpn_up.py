@@ -22,8 +22,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = [sys.executable, "-m", "lab.cli"]
-GOALS = {"wireguard": 2.0, "openvpn": 3.0}
-DEFAULT = ["baseline", "wireguard", "openvpn-aes256cbc-static", "openvpn-tls", "openvpn-none"]
+GOALS = {"wireguard": 2.0, "openvpn": 3.0, "strongswan": 3.0}
+DEFAULT = [
+    "baseline",
+    "wireguard",
+    "ipsec-aes128gcm",
+    "ipsec-aes256gcm",
+    "ipsec-chacha20poly1305",
+    "ipsec-modern",
+    "openvpn-aes256cbc-static",
+    "openvpn-tls",
+    "openvpn-none",
+]
 
 
 def one(profile: str, topology: str, params: list[str], lab_id: str) -> dict:
