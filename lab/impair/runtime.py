@@ -209,8 +209,9 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> None:
                 argvs = kernel.apply_argvs(p.ifname, imp, placement="ingress", ifb=ifb) \
                     if not imp.is_empty() else [kernel.clear_argv(ifb)]
             else:
-                argvs = [kernel.netem_argv(p.ifname, imp)] if not imp.is_empty() \
-                    else [kernel.clear_argv(p.ifname)]
+                parent = netem_parent(node, p.ifname)
+                argvs = [kernel.netem_argv(p.ifname, imp, parent=parent)] if not imp.is_empty() \
+                    else [kernel.clear_argv(p.ifname, parent=parent)]
             for argv in argvs:
                 node.run(argv, check=not imp.is_empty())
         return
@@ -222,6 +223,18 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> None:
             # middlebox: the router's two egresses both live on the one engine (module doc)
             if eng["link"] == p.link or st["placement"] == "middlebox":
                 EngineClient(eng["control"]).set(eng["fwd_dir"] if p.way == "fwd" else rev, imp.to_json())
+
+
+def netem_parent(node, ifname: str) -> str:
+    """Where the netem of an egress point goes: the root, or -- when the link has a bandwidth
+    (a tbf root qdisc, lab.netops.set_tbf) -- the tbf's class, so that shaping and impairment
+    stack instead of one replacing the other (tbf -> netem, as tc-tbf(8)/tc-netem(8) show)."""
+    cp = node.run(kernel.show_argv(ifname), check=False)
+    if cp.returncode == 0:
+        for q in json.loads(cp.stdout or "[]"):
+            if q.get("root") and q.get("kind") == "tbf":
+                return f"{q['handle'].rstrip(':')}:1"
+    return "root"
 
 
 def show_impairment(lab) -> dict:
@@ -236,8 +249,10 @@ def show_impairment(lab) -> dict:
         for p in st["points"]:
             dev = f"ifb{p['link']}" if st["placement"] == "ingress" else p["ifname"]
             node = lab.node(p["node"])
+            parent = "root" if st["placement"] == "ingress" else netem_parent(node, dev)
             cp = node.run(kernel.show_argv(dev), check=False)
-            imp = kernel.parse_tc_qdisc_show_json(cp.stdout, dev=dev) if cp.returncode == 0 else None
+            imp = kernel.parse_tc_qdisc_show_json(cp.stdout, dev=dev, parent=parent) \
+                if cp.returncode == 0 else None
             real[f"{p['node']}:{dev}"] = str(imp) if imp is not None else "none"
         out["applied"] = real
     else:
