@@ -30,7 +30,14 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import CommandError, ConfigError, LabError, PreconditionError, StartupError, TeardownIncomplete
+from .errors import (
+    CommandError,
+    ConfigError,
+    LabError,
+    PreconditionError,
+    StartupError,
+    TeardownIncomplete,
+)
 from .state import Ledger, check_id, lab_dir, list_lab_ids, write_json_atomic
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -41,8 +48,10 @@ GUEST_SHARE = "/mnt/lab-host"
 GUEST_PRIVATE = ("/tmp", "/run", "/var/run", "/var/lib/lab", "/var/log", "/var/tmp")
 UP_TIMEOUT = 900.0
 FORWARD_TIMEOUT = float(os.environ.get("LAB_VM_FORWARD_TIMEOUT", "3600"))
-TCG_NOTE = ("functional evidence only: QEMU TCG emulates the CPU in software, so throughput, "
-            "latency and CPU figures measured in this lab say nothing about a board or a laptop")
+TCG_NOTE = (
+    "functional evidence only: QEMU TCG emulates the CPU in software, so throughput, "
+    "latency and CPU figures measured in this lab say nothing about a board or a laptop"
+)
 
 
 def _entries(lab_id: str) -> list[dict]:
@@ -100,8 +109,10 @@ def preflight(spec, vpn: str | None, impair: str | None, placement: str | None) 
         p = plan(spec, vpn)
         missing = [t for t in p.driver.tools(p.profile.params) if not which(t)]
         if missing:
-            raise PreconditionError(f"profile {p.profile.name!r} needs {', '.join(missing)} "
-                                    "(not on PATH); run ./setup.sh")
+            raise PreconditionError(
+                f"profile {p.profile.name!r} needs {', '.join(missing)} "
+                "(not on PATH); run ./setup.sh"
+            )
         check_l2 = getattr(p.driver, "check_topology", None)
         if check_l2 is not None:
             check_l2(spec, p)
@@ -111,9 +122,18 @@ def preflight(spec, vpn: str | None, impair: str | None, placement: str | None) 
         plan_for(spec, placement, impair, "kernel-netem", "")
 
 
-def up(spec, topology: str, lab_id: str | None, guest_args: list[str], *, vpn: str | None = None,
-       impair: str | None = None, placement: str | None = None, mem_mb: int = 2048,
-       cpus: int = 2) -> dict:
+def up(
+    spec,
+    topology: str,
+    lab_id: str | None,
+    guest_args: list[str],
+    *,
+    vpn: str | None = None,
+    impair: str | None = None,
+    placement: str | None = None,
+    mem_mb: int = 2048,
+    cpus: int = 2,
+) -> dict:
     """Boot a VM for lab `lab_id` and run `lab up TOPOLOGY --id ID --json GUEST_ARGS` in it.
 
     Returns the host record (lab.json). Any failure shuts the VM down and removes the host
@@ -134,18 +154,31 @@ def up(spec, topology: str, lab_id: str | None, guest_args: list[str], *, vpn: s
     try:
         d.mkdir(mode=0o700)
     except FileExistsError:
-        raise PreconditionError(f"lab {lab_id!r} already exists ({d}); `lab down --id {lab_id}` "
-                                "first, or choose another --id") from None
+        raise PreconditionError(
+            f"lab {lab_id!r} already exists ({d}); `lab down --id {lab_id}` "
+            "first, or choose another --id"
+        ) from None
     ledger = Ledger(d / "ledger.jsonl")
     state_dir = d / "vm"
     ledger.record("vm-lab", id=lab_id, state_dir=str(state_dir))
-    info = {"id": lab_id, "state": "booting", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "topology": str(topology), "vm": {"state_dir": str(state_dir)}}
+    info = {
+        "id": lab_id,
+        "state": "booting",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "topology": str(topology),
+        "vm": {"state_dir": str(state_dir)},
+    }
     write_json_atomic(d / "lab.json", info)
 
     def record_qemu(rec: dict) -> None:
-        ledger.record("process", node="vm", name="qemu", pid=rec["pid"],
-                      start_time=rec["start_time"], argv=rec["argv"][:1])
+        ledger.record(
+            "process",
+            node="vm",
+            name="qemu",
+            pid=rec["pid"],
+            start_time=rec["start_time"],
+            argv=rec["argv"][:1],
+        )
 
     vm = None
     try:
@@ -153,17 +186,44 @@ def up(spec, topology: str, lab_id: str | None, guest_args: list[str], *, vpn: s
         topo_in_guest = guest_path(topology, share)
         shares = {GUEST_SHARE: share} if share.exists() else None
         ledger.record("process-intent", node="vm", name="qemu")
-        vm = boot(state_dir, mem_mb=mem_mb, cpus=cpus, project_dir=PROJECT, shares=shares,
-                  on_spawn=record_qemu)
+        vm = boot(
+            state_dir,
+            mem_mb=mem_mb,
+            cpus=cpus,
+            project_dir=PROJECT,
+            shares=shares,
+            on_spawn=record_qemu,
+        )
         sub = substrate(vm)
-        info.update(state="starting", substrate=sub,
-                    vm={"state_dir": str(state_dir), **{k: vm.record.get(k) for k in
-                        ("pid", "start_time", "accel", "kernel", "mem_mb", "cpus", "boot_seconds")}})
+        info.update(
+            state="starting",
+            substrate=sub,
+            vm={
+                "state_dir": str(state_dir),
+                **{
+                    k: vm.record.get(k)
+                    for k in (
+                        "pid",
+                        "start_time",
+                        "accel",
+                        "kernel",
+                        "mem_mb",
+                        "cpus",
+                        "boot_seconds",
+                    )
+                },
+            },
+        )
         argv = ["up", topo_in_guest, "--id", lab_id, "--json", *guest_args]
         info["guest_argv"] = argv
         write_json_atomic(d / "lab.json", info)
-        cp = vm.run([sys.executable, "-m", "lab.cli", *argv], check=False, timeout=UP_TIMEOUT,
-                    cwd=str(PROJECT), env={"LAB_SUBSTRATE": json.dumps(sub)})
+        cp = vm.run(
+            [sys.executable, "-m", "lab.cli", *argv],
+            check=False,
+            timeout=UP_TIMEOUT,
+            cwd=str(PROJECT),
+            env={"LAB_SUBSTRATE": json.dumps(sub)},
+        )
         if cp.returncode != 0:
             raise _guest_error("lab up", cp)
         status = json.loads(cp.stdout)
@@ -206,8 +266,10 @@ def _attach(lab_id: str):
     info = read_info(lab_id)
     vm = VM.attach(Path(info.get("vm", {}).get("state_dir") or lab_dir(lab_id) / "vm"))
     if not vm.alive():
-        raise PreconditionError(f"the VM of lab {lab_id!r} (pid {vm.pid}) is not running; "
-                                f"`lab down --id {lab_id}` removes what is left")
+        raise PreconditionError(
+            f"the VM of lab {lab_id!r} (pid {vm.pid}) is not running; "
+            f"`lab down --id {lab_id}` removes what is left"
+        )
     return vm
 
 
@@ -225,12 +287,18 @@ def _guest_cwd() -> str:
     return str(cwd)
 
 
-def forward(lab_id: str, argv: list[str], *, timeout: float | None = None) -> subprocess.CompletedProcess:
+def forward(
+    lab_id: str, argv: list[str], *, timeout: float | None = None
+) -> subprocess.CompletedProcess:
     """Run `lab ARGV` in the VM of lab `lab_id`; its output and exit code, as the guest gave them."""
     vm = _attach(lab_id)
     try:
-        return vm.run([sys.executable, "-m", "lab.cli", *argv], check=False,
-                      timeout=timeout or FORWARD_TIMEOUT, cwd=_guest_cwd())
+        return vm.run(
+            [sys.executable, "-m", "lab.cli", *argv],
+            check=False,
+            timeout=timeout or FORWARD_TIMEOUT,
+            cwd=_guest_cwd(),
+        )
     finally:
         vm.disconnect()
 
@@ -264,11 +332,17 @@ def down(lab_id: str, notes: list[str]) -> list[str]:
         vm = VM.attach(state_dir)
     if vm is not None and vm.alive():
         try:
-            cp = vm.run([sys.executable, "-m", "lab.cli", "down", "--id", lab_id], check=False,
-                        timeout=180, cwd=str(PROJECT))
+            cp = vm.run(
+                [sys.executable, "-m", "lab.cli", "down", "--id", lab_id],
+                check=False,
+                timeout=180,
+                cwd=str(PROJECT),
+            )
             if cp.returncode != 0:
-                notes.append(f"guest `lab down` failed (exit {cp.returncode}): "
-                             f"{(cp.stderr or cp.stdout).strip()[-500:]}; the VM is powered off anyway")
+                notes.append(
+                    f"guest `lab down` failed (exit {cp.returncode}): "
+                    f"{(cp.stderr or cp.stdout).strip()[-500:]}; the VM is powered off anyway"
+                )
         except LabError as e:
             notes.append(f"guest `lab down` not run ({e}); the VM is powered off anyway")
     if vm is not None:

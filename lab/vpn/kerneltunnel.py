@@ -30,11 +30,21 @@ from ..errors import ConfigError, StartupError
 from .base import Availability, Driver, Endpoint, Param, TunnelContext
 
 KINDS = ("gre", "ipip", "ip6gre", "ip6tnl", "l2tpv3")
-IFNAME = {"gre": "gre1", "ipip": "ipip1", "ip6gre": "ip6gre1", "ip6tnl": "ip6tnl1",
-          "l2tpv3": "l2tpeth1"}
+IFNAME = {
+    "gre": "gre1",
+    "ipip": "ipip1",
+    "ip6gre": "ip6gre1",
+    "ip6tnl": "ip6tnl1",
+    "l2tpv3": "l2tpeth1",
+}
 SIT_IFNAME = "sit1"  # the ipip kind's IPv6 companion
-MODULE = {"gre": "ip_gre", "ipip": "ipip + sit", "ip6gre": "ip6_gre", "ip6tnl": "ip6_tunnel",
-          "l2tpv3": "l2tp_eth (+ l2tp_ip for encap ip)"}
+MODULE = {
+    "gre": "ip_gre",
+    "ipip": "ipip + sit",
+    "ip6gre": "ip6_gre",
+    "ip6tnl": "ip6_tunnel",
+    "l2tpv3": "l2tp_eth (+ l2tp_ip for encap ip)",
+}
 #: L2TPv3 ids: each end's own tunnel/session id, the peer's are the other pair
 L2TP_IDS = {"client": (1000, 1001), "server": (2000, 2001)}
 CONFIG_FILE = "tunnel.ip"
@@ -42,14 +52,19 @@ CONFIG_FILE = "tunnel.ip"
 # probes run in a throwaway namespace: TEST-NET addresses, never routed anywhere
 _PROBES = {
     "gre": ["link add p type gre local 192.0.2.1 remote 192.0.2.2"],
-    "ipip": ["link add p type ipip local 192.0.2.1 remote 192.0.2.2",
-             "link add q type sit local 192.0.2.1 remote 192.0.2.2"],
+    "ipip": [
+        "link add p type ipip local 192.0.2.1 remote 192.0.2.2",
+        "link add q type sit local 192.0.2.1 remote 192.0.2.2",
+    ],
     "ip6gre": ["link add p type ip6gre local 2001:db8::1 remote 2001:db8::2"],
     "ip6tnl": ["link add p type ip6tnl mode any local 2001:db8::1 remote 2001:db8::2"],
-    "l2tpv3": ["link set lo up", "addr add 192.0.2.1/32 dev lo",
-               "l2tp add tunnel tunnel_id 1 peer_tunnel_id 1 encap {encap} local 192.0.2.1 "
-               "remote 192.0.2.2{ports}",
-               "l2tp add session name p tunnel_id 1 session_id 1 peer_session_id 1"],
+    "l2tpv3": [
+        "link set lo up",
+        "addr add 192.0.2.1/24 dev lo",  # a route to the remote
+        "l2tp add tunnel tunnel_id 1 peer_tunnel_id 1 encap {encap} local 192.0.2.1 "
+        "remote 192.0.2.2{ports}",
+        "l2tp add session name p tunnel_id 1 session_id 1 peer_session_id 1",
+    ],
 }
 
 
@@ -59,8 +74,9 @@ def probe_kernel(lines: tuple[str, ...]) -> tuple[bool, str]:
     if not proc.which("unshare") or not proc.which("ip"):
         return False, "cannot probe (unshare/ip missing)"
     argv = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "--map-root-user", "--net"]
-    cp = proc.run([*argv, "ip", "-batch", "-"], input="\n".join(lines) + "\n", check=False,
-                  timeout=15)
+    cp = proc.run(
+        [*argv, "ip", "-batch", "-"], input="\n".join(lines) + "\n", check=False, timeout=15
+    )
     if cp.returncode == 0:
         return True, ""
     return False, (cp.stderr.strip().splitlines() or ["refused"])[-1]
@@ -84,16 +100,20 @@ class KernelTunnelDriver(Driver):
         return ["ip", "ping"]
 
     def _probe_lines(self, params: dict) -> tuple[str, ...]:
-        ports = f" udp_sport {params['port']} udp_dport {params['port']}" \
-            if params["encap"] == "udp" else ""
+        ports = (
+            f" udp_sport {params['port']} udp_dport {params['port']}"
+            if params["encap"] == "udp"
+            else ""
+        )
         return tuple(x.format(encap=params["encap"], ports=ports) for x in _PROBES[params["kind"]])
 
     def check(self, params: dict) -> Availability:
         ok, why = probe_kernel(self._probe_lines(params))
         if ok:
             return Availability(True, "kernel")
-        return Availability(False, "kernel", f"needs kernel module {MODULE[params['kind']]} "
-                                             f"(ip: {why}); use --vm")
+        return Availability(
+            False, "kernel", f"needs kernel module {MODULE[params['kind']]} (ip: {why}); use --vm"
+        )
 
     def render(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict:
         return {end.name: {CONFIG_FILE: self._script(ctx, end, params)} for end in ctx.ends()}
@@ -103,15 +123,22 @@ class KernelTunnelDriver(Driver):
         role = "client" if end is ctx.client else "server"
         dev = IFNAME[kind]
         six = kind in ("ip6gre", "ip6tnl")
-        local, remote = (end.underlay_v6, peer.underlay_v6) if six else (end.underlay_v4, peer.underlay_v4)
+        local, remote = (
+            (end.underlay_v6, peer.underlay_v6) if six else (end.underlay_v4, peer.underlay_v4)
+        )
         if not local or not remote:
-            raise ConfigError(f"kind {kind!r} needs IPv6 underlay addresses on both ends "
-                              f"({end.name}, {peer.name}); use gre/ipip or give them ip6=",
-                              source=ctx.profile or self.name, field="params.kind")
+            raise ConfigError(
+                f"kind {kind!r} needs IPv6 underlay addresses on both ends "
+                f"({end.name}, {peer.name}); use gre/ipip or give them ip6=",
+                source=ctx.profile or self.name,
+                field="params.kind",
+            )
         ttl = f"ttl {params['ttl']}" if not six else f"hoplimit {params['ttl']}"
-        lines = [f"# lab: kernel tunnel {kind} ({MODULE[kind]}), node {end.name} ({role}), "
-                 f"profile {ctx.profile or self.name}",
-                 f"# apply with: ip -batch {CONFIG_FILE}"]
+        lines = [
+            f"# lab: kernel tunnel {kind} ({MODULE[kind]}), node {end.name} ({role}), "
+            f"profile {ctx.profile or self.name}",
+            f"# apply with: ip -batch {CONFIG_FILE}",
+        ]
         v6dev = dev
         if kind == "gre":
             lines.append(f"link add {dev} type gre local {local} remote {remote} {ttl}")
@@ -125,12 +152,19 @@ class KernelTunnelDriver(Driver):
             lines.append(f"link add {dev} type ip6tnl mode any local {local} remote {remote} {ttl}")
         else:
             mine, theirs = L2TP_IDS[role], L2TP_IDS["server" if role == "client" else "client"]
-            ports = f" udp_sport {params['port']} udp_dport {params['port']}" \
-                if params["encap"] == "udp" else ""
-            lines.append(f"l2tp add tunnel tunnel_id {mine[0]} peer_tunnel_id {theirs[0]} "
-                         f"encap {params['encap']} local {local} remote {remote}{ports}")
-            lines.append(f"l2tp add session name {dev} tunnel_id {mine[0]} session_id {mine[1]} "
-                         f"peer_session_id {theirs[1]}")
+            ports = (
+                f" udp_sport {params['port']} udp_dport {params['port']}"
+                if params["encap"] == "udp"
+                else ""
+            )
+            lines.append(
+                f"l2tp add tunnel tunnel_id {mine[0]} peer_tunnel_id {theirs[0]} "
+                f"encap {params['encap']} local {local} remote {remote}{ports}"
+            )
+            lines.append(
+                f"l2tp add session name {dev} tunnel_id {mine[0]} session_id {mine[1]} "
+                f"peer_session_id {theirs[1]}"
+            )
         for d in dict.fromkeys((dev, v6dev)):
             mtu = f" mtu {params['mtu']}" if params["mtu"] else ""
             lines.append(f"link set {d}{mtu} up")
@@ -176,8 +210,11 @@ class KernelTunnelDriver(Driver):
             sit = json.loads(node.run(["ip", "-j", "link", "show", "dev", SIT_IFNAME]).stdout)[0]
             out["ipv6_interface"] = {"name": SIT_IFNAME, "mtu": int(sit["mtu"]), "kind": "sit"}
         if kind == "l2tpv3":
-            out["l2tp"] = {"encap": params["encap"], "port": params["port"] if params["encap"] == "udp" else None,
-                           "tunnel_ids": L2TP_IDS}
+            out["l2tp"] = {
+                "encap": params["encap"],
+                "port": params["port"] if params["encap"] == "udp" else None,
+                "tunnel_ids": L2TP_IDS,
+            }
         return out
 
     def stop(self, ctx: TunnelContext, params: dict) -> None:
@@ -186,8 +223,10 @@ class KernelTunnelDriver(Driver):
         for end in ctx.ends():
             role = "client" if end is ctx.client else "server"
             if kind == "l2tpv3":  # deleting the tunnel deletes its session and l2tpeth device
-                end.node.run(["ip", "l2tp", "del", "tunnel", "tunnel_id", str(L2TP_IDS[role][0])],
-                             check=False)
+                end.node.run(
+                    ["ip", "l2tp", "del", "tunnel", "tunnel_id", str(L2TP_IDS[role][0])],
+                    check=False,
+                )
             for dev in (IFNAME[kind], SIT_IFNAME if kind == "ipip" else None):
                 if dev:
                     end.node.run(["ip", "link", "del", dev], check=False)

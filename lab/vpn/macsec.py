@@ -49,15 +49,24 @@ def on_one_segment(spec, client: str, server: str) -> bool:
 class MACsecDriver(Driver):
     name = "macsec"
     params: ClassVar[dict[str, Param]] = {
-        "mode": Param(str, "mka", "key agreement: mka (wpa_supplicant) or static (ip macsec)",
-                      choices=("mka", "static")),
-        "cipher": Param(str, "gcm-aes-128", "cipher suite (mka: gcm-aes-128 only here)",
-                        choices=("gcm-aes-128", "gcm-aes-256")),
+        "mode": Param(
+            str,
+            "mka",
+            "key agreement: mka (wpa_supplicant) or static (ip macsec)",
+            choices=("mka", "static"),
+        ),
+        "cipher": Param(
+            str,
+            "gcm-aes-128",
+            "cipher suite (mka: gcm-aes-128 only here)",
+            choices=("gcm-aes-128", "gcm-aes-256"),
+        ),
         "encrypt": Param(bool, True, "encrypt (true) or integrity only (false)"),
         "mka_priority": Param(int, 128, "MKA key server priority (lower wins)", min=0, max=255),
         "replay_window": Param(int, 0, "replay protection window (0: off)", min=0, max=2**31 - 1),
-        "start_timeout": Param(float, 40.0, "seconds to wait for MKA to install the SAs",
-                               min=1, max=300),
+        "start_timeout": Param(
+            float, 40.0, "seconds to wait for MKA to install the SAs", min=1, max=300
+        ),
     }
     secret_markers = ("cak", "client_key", "server_key")
 
@@ -66,13 +75,17 @@ class MACsecDriver(Driver):
 
     def validate(self, params: dict, *, source: str) -> None:
         if params["mode"] == "mka" and params["cipher"] != "gcm-aes-128":
-            raise ConfigError("MKA mode here supports gcm-aes-128 only (wpa_supplicant's "
-                              "default cipher suite); use mode=static for gcm-aes-256",
-                              source=source, field="params.cipher")
+            raise ConfigError(
+                "MKA mode here supports gcm-aes-128 only (wpa_supplicant's "
+                "default cipher suite); use mode=static for gcm-aes-256",
+                source=source,
+                field="params.cipher",
+            )
 
     def check(self, params: dict) -> Availability:
-        ok, why = probe_kernel(("link add p type veth peer name q",
-                                "link add link p name m type macsec"))
+        ok, why = probe_kernel(
+            ("link add p type veth peer name q", "link add link p name m type macsec")
+        )
         if ok:
             return Availability(True, "kernel")
         return Availability(False, "kernel", f"needs kernel module macsec (ip: {why}); use --vm")
@@ -110,10 +123,16 @@ class MACsecDriver(Driver):
             role = "client" if end is ctx.client else "server"
             if params["mode"] == "mka":
                 text = render_template(
-                    "macsec/wpa_supplicant.conf.j2", node=end.name, role=role,
-                    profile=ctx.profile or self.name, ifname=end.underlay_if,
-                    ctrl_dir=CTRL_DIR, cak=secrets["cak"], ckn=secrets["ckn"],
-                    mka_priority=params["mka_priority"], integ_only=0 if params["encrypt"] else 1,
+                    "macsec/wpa_supplicant.conf.j2",
+                    node=end.name,
+                    role=role,
+                    profile=ctx.profile or self.name,
+                    ifname=end.underlay_if,
+                    ctrl_dir=CTRL_DIR,
+                    cak=secrets["cak"],
+                    ckn=secrets["ckn"],
+                    mka_priority=params["mka_priority"],
+                    integ_only=0 if params["encrypt"] else 1,
                     replay_protect=1 if params["replay_window"] else 0,
                     replay_window=params["replay_window"],
                 )
@@ -125,8 +144,11 @@ class MACsecDriver(Driver):
     def _static_script(self, ctx, end: Endpoint, role: str, params: dict, secrets: dict) -> str:
         peer_role = "server" if role == "client" else "client"
         dev = STATIC_IFNAME
-        replay = (f" replay on window {params['replay_window']}" if params["replay_window"]
-                  else " replay off")
+        replay = (
+            f" replay on window {params['replay_window']}"
+            if params["replay_window"]
+            else " replay off"
+        )
         lines = [
             f"# lab: MACsec static keys, node {end.name} ({role}), profile {ctx.profile or self.name}",
             f"# apply with: ip -batch {STATIC_FILE}",
@@ -164,15 +186,27 @@ class MACsecDriver(Driver):
         for end in ctx.ends():
             conf = ctx.write_config(end, rendered[end.name])[WPA_CONF]
             end.node.run(["mkdir", "-p", "-m", "0700", CTRL_DIR])
-            ctx.daemons.append(end.node.spawn(
-                "wpa_supplicant",
-                ["wpa_supplicant", "-i", end.underlay_if, "-D", "macsec_linux", "-c", str(conf), "-t"],
-            ))
+            ctx.daemons.append(
+                end.node.spawn(
+                    "wpa_supplicant",
+                    [
+                        "wpa_supplicant",
+                        "-i",
+                        end.underlay_if,
+                        "-D",
+                        "macsec_linux",
+                        "-c",
+                        str(conf),
+                        "-t",
+                    ],
+                )
+            )
         deadline = time.monotonic() + params["start_timeout"]
         devs = {end.name: self._wait_macsec_dev(ctx, end, deadline) for end in ctx.ends()}
         for end in ctx.ends():
-            self._batch(end, [f"link set {devs[end.name]} up",
-                              *self._addr_lines(ctx, end, devs[end.name])])
+            self._batch(
+                end, [f"link set {devs[end.name]} up", *self._addr_lines(ctx, end, devs[end.name])]
+            )
 
     @staticmethod
     def _require_l2(ctx: TunnelContext, end: Endpoint) -> None:
@@ -192,8 +226,10 @@ class MACsecDriver(Driver):
         argv = ["ip", "-batch", path or "-"]
         cp = end.node.run(argv, check=False, input=None if path else "\n".join(lines) + "\n")
         if cp.returncode != 0:
-            raise StartupError(f"MACsec on {end.name}: `ip -batch {path or '-'}` failed: "
-                               f"{cp.stderr.strip()[-400:]}")
+            raise StartupError(
+                f"MACsec on {end.name}: `ip -batch {path or '-'}` failed: "
+                f"{cp.stderr.strip()[-400:]}"
+            )
 
     @staticmethod
     def _macsec_devs(end: Endpoint) -> list[dict]:
@@ -211,26 +247,35 @@ class MACsecDriver(Driver):
                     if "TXSC" in sa and ": PN" in sa and "state on" in sa:
                         return link["ifname"]
             if not daemon.alive():
-                raise StartupError(f"wpa_supplicant on {end.name} exited during MKA\n"
-                                   + daemon.log_tail(25))
+                raise StartupError(
+                    f"wpa_supplicant on {end.name} exited during MKA\n" + daemon.log_tail(25)
+                )
             if time.monotonic() > deadline:
-                raise StartupError(f"MKA on {end.name}: no macsec device with an active SA "
-                                   f"within the start timeout\n" + daemon.log_tail(25))
+                raise StartupError(
+                    f"MKA on {end.name}: no macsec device with an active SA "
+                    f"within the start timeout\n" + daemon.log_tail(25)
+                )
             time.sleep(0.2)
 
     # ------------------------------------------------------------------ describe / stop
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
         node = ctx.client.node
-        dev = next((x["ifname"] for x in self._macsec_devs(ctx.client)
-                    if x.get("link") == ctx.client.underlay_if), None)
+        dev = next(
+            (
+                x["ifname"]
+                for x in self._macsec_devs(ctx.client)
+                if x.get("link") == ctx.client.underlay_if
+            ),
+            None,
+        )
         if dev is None:
             raise StartupError(f"no macsec device on {ctx.client.name}")
         link = json.loads(node.run(["ip", "-j", "-d", "link", "show", "dev", dev]).stdout)[0]
         info = (link.get("linkinfo") or {}).get("info_data") or {}
         out = {
-            "implementation": "kernel MACsec" + (" + wpa_supplicant MKA" if params["mode"] == "mka"
-                                                 else " (static keys)"),
+            "implementation": "kernel MACsec"
+            + (" + wpa_supplicant MKA" if params["mode"] == "mka" else " (static keys)"),
             "version": "kernel " + node.run(["uname", "-r"]).stdout.strip(),
             "path": "kernel",
             "cipher": str(info.get("cipher_suite", params["cipher"])).lower(),
@@ -242,8 +287,9 @@ class MACsecDriver(Driver):
             "mode": params["mode"],
         }
         if params["mode"] == "mka":
-            out["wpa_supplicant"] = node.run(["wpa_supplicant", "-v"], check=False).stdout \
-                .splitlines()[0].strip()
+            out["wpa_supplicant"] = (
+                node.run(["wpa_supplicant", "-v"], check=False).stdout.splitlines()[0].strip()
+            )
             out["mka_priority"] = params["mka_priority"]
         return out
 
