@@ -1,0 +1,147 @@
+"""Kernel data planes this host lacks, proven inside ONE full-kernel VM (module-scoped): per
+profile a lab up, ping v4/v6, a short iperf3, a capture on the server's wire interface (plaintext
+marker absent for the encrypted ones, present for GRE/IPIP/L2TPv3), then down with nothing left;
+and kernel netem's accuracy beside the userspace engine's checks.
+
+Each profile runs as `bench/vm_dataplanes.py --guest` inside the VM (one Python process per lab:
+under TCG a process start costs seconds). Skipped, naming what is missing, without QEMU or the
+kernel cache (scripts/fetch-kernel.sh). On this host the same profiles are refused with "use --vm".
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from lab import proc
+from lab.errors import PreconditionError
+from lab.topology import load_topology
+from lab.vpn.profiles import load_profile
+from lab.vpn.tunnel import prepare
+from tests.conftest import REPO, TOPOS
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+# profile spec -> (topology, plaintext marker visible on the wire?)
+PROFILES = {
+    "macsec-static": ("pi_pair", False),
+    "wireguard:implementation=kernel": ("pi_pair_middlebox", False),
+    "ipsec-aes128gcm:dataplane=kernel,start_timeout=90": ("pi_pair_middlebox", False),
+    "ipsec-aes256gcm:dataplane=kernel,start_timeout=90": ("pi_pair_middlebox", False),
+    "ipsec-chacha20poly1305:dataplane=kernel,start_timeout=90": ("pi_pair_middlebox", False),
+    "gre": ("pi_pair_middlebox", True),
+    "ipip": ("pi_pair_middlebox", True),
+    "l2tpv3": ("pi_pair_middlebox", True),
+}  # ip6gre, ip6tnl and macsec-gcm-aes-128 (tests/test_vm_lab.py) too: bench/vm_dataplanes.py
+
+
+@pytest.fixture(scope="module")
+def vm(tmp_path_factory):
+    from lab.vm import boot, find_kernel
+    from lab.vm.qemu import QEMU
+
+    if not proc.which(QEMU):
+        pytest.skip(f"{QEMU} not installed (apt-get install qemu-system-x86)")
+    try:
+        find_kernel()
+    except PreconditionError as e:
+        pytest.skip(f"VM kernel cache missing: {e}")
+    machine = boot(tmp_path_factory.mktemp("vmk") / "state", mem_mb=2048)
+    yield machine
+    machine.shutdown()
+    assert not proc.is_same_process(machine.pid, machine.record["start_time"]), "QEMU still running"
+
+
+def guest_json(vm, argv: list[str], timeout: float) -> dict:
+    cp = vm.run([sys.executable, *argv], check=False, timeout=timeout, cwd=str(REPO))
+    lines = cp.stdout.strip().splitlines()
+    assert cp.returncode == 0 and lines, (
+        f"exit {cp.returncode}\n{cp.stdout[-2000:]}\n{cp.stderr[-3000:]}"
+    )
+    return json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_kernel_dataplane_in_vm(vm, profile):
+    topology, plaintext = PROFILES[profile]
+    r = guest_json(
+        vm,
+        [
+            str(REPO / "bench" / "vm_dataplanes.py"),
+            "--guest",
+            "--topology",
+            topology,
+            "--id",
+            "kvt",
+            "--seconds",
+            "1",
+            profile,
+        ],
+        timeout=400,
+    )
+    assert not r.get("error"), r.get("error")
+    assert r["left"] == [], r["left"]
+    assert r["path"] == "kernel", r
+    assert r["kernel"] == vm.kernel_release
+    assert r["ping_v4_ms"] is not None and r["ping_v6_ms"] is not None
+    assert r["iperf3_mbps"] > 1
+    assert r["capture_bytes"] > 200  # the capture worked and carried the packets
+    assert r["marker_seen"] is plaintext, (
+        f"plaintext marker {'present' if r['marker_seen'] else 'absent'}"
+    )
+    d = r["describe"]
+    assert d["mtu"]
+    assert d["interface"] or d["implementation"] == "strongSwan"  # kernel XFRM: no tunnel device
+    if plaintext:
+        assert d["cipher"] == "none"
+
+
+def test_kernel_netem_accuracy_in_vm(vm):
+    """Kernel netem as the lab's impairment backend (under the links' tbf), quick accuracy set."""
+    r = guest_json(
+        vm,
+        [
+            str(REPO / "bench" / "vm_netem_accuracy.py"),
+            "--guest",
+            "--quick",
+            "--backends",
+            "kernel-netem",
+            "--id",
+            "kvn",
+        ],
+        timeout=600,
+    )
+    assert r["backends"]["kernel-netem"]["backend"] == "kernel-netem"
+    assert not r["backends"].get("left")
+    failed = [
+        (row["case"], row["kernel-netem"]) for row in r["rows"] if not row["kernel-netem"]["ok"]
+    ]
+    assert not failed, failed
+    for row in r["rows"]:
+        assert row["kernel-netem"]["tc_differences"] == [], row
+
+
+# ----------------------------------------------------------------- on this host (no VM needed)
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        "macsec-gcm-aes-128",
+        "macsec-static",
+        "gre",
+        "ipip",
+        "l2tpv3",
+        "wireguard:implementation=kernel",
+        "ipsec-aes128gcm:dataplane=kernel",
+    ],
+)
+def test_host_without_the_module_says_use_vm(profile):
+    spec = load_topology(TOPOS / "pi_pair.py", params={"cpu": None})
+    drv = load_profile(profile).driver
+    if drv.check(load_profile(profile).params).ok:
+        pytest.skip("this kernel has the module: nothing to refuse")
+    with pytest.raises(PreconditionError, match="--vm"):
+        prepare(spec, profile)
