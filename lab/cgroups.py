@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,17 +159,31 @@ def throttling(layout: CgroupLayout, rel: str) -> dict[str, int]:
         return {}
 
 
-def remove_dir(layout: CgroupLayout, rel: str) -> list[str]:
-    """rmdir the group in every hierarchy; returns what could not be removed (with why)."""
+def remove_dir(layout: CgroupLayout, rel: str, *, settle: float = 2.0) -> list[str]:
+    """rmdir the group in every hierarchy; returns what could not be removed (with why).
+
+    A group whose last process just exited can refuse rmdir (EBUSY) for a moment while the
+    kernel finishes the exit (seen on cgroup v2): retry for up to `settle` seconds as long as
+    no process is left in it.
+    """
     left = []
     for d in reversed(layout.dirs(rel)):
-        try:
-            d.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            if e.errno in (errno.EBUSY, errno.ENOTEMPTY):
-                left.append(f"cgroup {d} (busy: {pids(layout, rel) or 'child groups'})")
-            else:
-                left.append(f"cgroup {d} ({e.strerror})")
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                busy = e.errno in (errno.EBUSY, errno.ENOTEMPTY)
+                has_children = any(c.is_dir() for c in d.iterdir())
+                if busy and not has_children and not pids(layout, rel) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                if busy:
+                    left.append(f"cgroup {d} (busy: {pids(layout, rel) or 'child groups'})")
+                else:
+                    left.append(f"cgroup {d} ({e.strerror})")
+                break
     return left
