@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import REPO
+
 from lab import proc
 from lab.errors import CommandError, PreconditionError, StartupError
 from lab.vm import VM, boot, find_kernel
@@ -88,7 +90,7 @@ def test_guest_layout(vm):
     for d in ("/run", "/tmp", "/var/lib/lab", "/var/log"):
         assert fstype[d] == "tmpfs", d
     assert fstype["/sys/fs/cgroup"] == "cgroup2"
-    assert fstype["/work/main"] == "9p"
+    assert fstype[str(REPO)] == "9p"
     # no udev, yet TUN and WireGuard autoload on first use, as on a normal system
     sh(vm, "ip tuntap add dev labt0 mode tun && ip link del labt0")
     sh(vm, "ip link add labwg0 type wireguard && ip link del labwg0")
@@ -183,11 +185,11 @@ def test_attach_from_a_second_client(vm):
 
 
 def test_project_venv_python_runs_in_the_vm(vm):
-    venv_python = Path("/work/main/.venv/bin/python")
+    venv_python = REPO / ".venv" / "bin" / "python"
     if not venv_python.exists():
         pytest.skip(f"{venv_python} missing (./setup.sh creates it)")
     out = vm.run([str(venv_python), "-c", "import lab.vm, sys; print(sys.prefix)"], timeout=120)
-    assert out.stdout.strip() == "/work/main/.venv"
+    assert out.stdout.strip() == str(REPO / ".venv")
 
 
 def test_orphans_are_reaped(vm):

@@ -28,6 +28,9 @@ from .initramfs import build_initramfs
 from .kernel import Kernel, find_kernel
 from .qemu import MSIZE, ROOT_TAG, Share, probe_accel, qemu_argv, require_qemu
 
+#: the checkout this code runs from (shared into the guest at the same path)
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+
 STATE_FILES = ("vm.json", "initramfs.cpio", "agent.sock", "qemu.pid", "console.log", "qemu.log")
 DEFAULT_TMPFS = ("/tmp", "/var/run", "/var/lib/lab", "/var/log", "/var/tmp")
 #: The agent runs under the host root's system python3, isolated (-I: no PYTHON* variables, no
@@ -270,7 +273,7 @@ def boot(
     mem_mb: int = 2048,
     cpus: int = 2,
     shares: Mapping[str | Path, str | Path] | None = None,
-    project_dir: Path | None = Path("/work/main"),
+    project_dir: Path | None = PROJECT_DIR,
     runs_dir: Path | None = None,
     project_cache: str = "loose",
     accel: str | None = None,
