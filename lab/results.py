@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .state import write_text_atomic
+from .state import read_jsonl, write_text_atomic
 
 RESULT_SCHEMA = 1
 
@@ -195,20 +195,6 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, set | tuple):
         return list(o)
     return str(o)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # the tail of a line cut by a crash: its case was not finished
-    return out
 
 
 # ---------------------------------------------------------------------- rows

@@ -121,14 +121,20 @@ class Ledger:
         return entry
 
     def entries(self) -> list[dict]:
+        return read_jsonl(self.path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSON-lines file written line by line; a line cut short by a crash (its
+    object never created, its case never finished) is skipped. Missing file: no records."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
         try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in text.splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash: its object was never created
-        return out
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
