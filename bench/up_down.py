@@ -40,10 +40,14 @@ def main():
         downs.append(timed([*lab, "down", "--id", a.id]))
     mu, md = statistics.median(ups), statistics.median(downs)
     print(f"topology {a.topology}, {a.n} cycles")
-    print(f"up   median {mu:.3f} s  (min {min(ups):.3f}, max {max(ups):.3f})  goal < 1 s: "
-          f"{'ok' if mu < 1 else 'MISSED'}")
-    print(f"down median {md:.3f} s  (min {min(downs):.3f}, max {max(downs):.3f})  goal < 1 s: "
-          f"{'ok' if md < 1 else 'MISSED'}")
+    print(
+        f"up   median {mu:.3f} s  (min {min(ups):.3f}, max {max(ups):.3f})  goal < 1 s: "
+        f"{'ok' if mu < 1 else 'MISSED'}"
+    )
+    print(
+        f"down median {md:.3f} s  (min {min(downs):.3f}, max {max(downs):.3f})  goal < 1 s: "
+        f"{'ok' if md < 1 else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

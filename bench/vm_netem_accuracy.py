@@ -199,7 +199,16 @@ def cases(quick: bool):
             64,
             gap,
         ),
-        ("corrupt", "corrupt 1%", "1 % of {n}", "99.9 % binomial interval", 10000, 4000, 64, corrupt),
+        (
+            "corrupt",
+            "corrupt 1%",
+            "1 % of {n}",
+            "99.9 % binomial interval",
+            10000,
+            4000,
+            64,
+            corrupt,
+        ),
         ("rate", "rate 10mbit limit 100000", "10.00 Mbit/s", "within 2 %", 1500, 2000, 1000, rate),
     ]
     if quick:  # half the samples: the binomial intervals and the sd check still hold

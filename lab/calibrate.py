@@ -94,16 +94,27 @@ def measure_openssl(primitive: str, env: dict[str, str], seconds: int, preexec=N
     """One `openssl speed -elapsed -evp` run. -elapsed: the rate is per wall-clock second (without
     it openssl divides by its own CPU time, which a cgroup cap does not change)."""
     evp = PRIMITIVES[primitive]["evp"]
-    argv = [proc.require("openssl"), "speed", "-elapsed", "-mr", "-evp", evp,
-            "-bytes", str(MSG_BYTES), "-seconds", str(seconds)]
+    argv = [
+        proc.require("openssl"),
+        "speed",
+        "-elapsed",
+        "-mr",
+        "-evp",
+        evp,
+        "-bytes",
+        str(MSG_BYTES),
+        "-seconds",
+        str(seconds),
+    ]
     c0 = _child_cpu()
     cp = proc.run(argv, env=env, timeout=seconds * 10 + 30, preexec=preexec, where="calibrate")
     cpu = _child_cpu() - c0
     try:
         count, secs = parse_openssl_mr(cp.stderr + "\n" + cp.stdout)
     except ValueError:
-        raise CommandError(argv, cp.returncode, "unexpected output:\n" + cp.stdout + cp.stderr,
-                           where="calibrate")
+        raise CommandError(
+            argv, cp.returncode, "unexpected output:\n" + cp.stdout + cp.stderr, where="calibrate"
+        )
     return Measurement(primitive, count * MSG_BYTES, secs, cpu)
 
 
@@ -114,10 +125,14 @@ def measure_go(env: dict[str, str], seconds: int, preexec=None) -> tuple[Measure
     argv = [str(GOBENCH), "-seconds", str(seconds), "-bytes", str(MSG_BYTES)]
     cp = proc.run(argv, env=env, timeout=seconds * 10 + 30, preexec=preexec, where="calibrate")
     d = json.loads(cp.stdout)
-    return Measurement("go-chacha20-poly1305", d["bytes"], d["elapsed_s"], d["cpu_s"]), d["features"]
+    return Measurement("go-chacha20-poly1305", d["bytes"], d["elapsed_s"], d["cpu_s"]), d[
+        "features"
+    ]
 
 
-def fit_core_share(measured: dict[str, float], refs: dict[str, Reference]) -> tuple[float, dict[str, float]]:
+def fit_core_share(
+    measured: dict[str, float], refs: dict[str, Reference]
+) -> tuple[float, dict[str, float]]:
     """Weighted least squares on a log scale: the core_share s minimising
     sum w_i * ln(s * m_i / r_i)^2, i.e. ln s = sum w_i ln(r_i / m_i) / sum w_i.
     Returns (s, residuals) with residual_i = s * m_i / r_i - 1."""
@@ -137,10 +152,31 @@ def _versions() -> dict[str, str]:
     except LabError as e:  # a version string is metadata: its absence must not stop calibration
         out["openssl"] = f"unknown ({e})"
     try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("flags")).split(":", 1)[1].split()
-        out["cpu_flags"] = " ".join(f for f in flags if f in {
-            "aes", "pclmulqdq", "ssse3", "avx", "avx2", "avx512f", "sha_ni", "vaes", "vpclmulqdq"})
+        flags = (
+            next(
+                line
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("flags")
+            )
+            .split(":", 1)[1]
+            .split()
+        )
+        out["cpu_flags"] = " ".join(
+            f
+            for f in flags
+            if f
+            in {
+                "aes",
+                "pclmulqdq",
+                "ssse3",
+                "avx",
+                "avx2",
+                "avx512f",
+                "sha_ni",
+                "vaes",
+                "vpclmulqdq",
+            }
+        )
     except (OSError, StopIteration):
         pass
     return out
@@ -159,8 +195,11 @@ def calibrate(
     say = progress or (lambda s: None)
     prof = load_profile(name, merge_calibration=False)
     if not prof.capped:
-        raise ConfigError(f"profile {name!r} is uncapped (cores = 0): nothing to calibrate",
-                          source=prof.path, field="cores")
+        raise ConfigError(
+            f"profile {name!r} is uncapped (cores = 0): nothing to calibrate",
+            source=prof.path,
+            field="cores",
+        )
     if verify:
         from .netops import check_root
 
@@ -206,7 +245,9 @@ def calibrate(
 
     verification = None
     if verify:
-        vprims = ossl if not quick else [p for p in ("aes-128-gcm", "chacha20-poly1305") if p in ossl]
+        vprims = (
+            ossl if not quick else [p for p in ("aes-128-gcm", "chacha20-poly1305") if p in ossl]
+        )
         verification = verify_in_cgroup(prof, share, env, vprims, vsecs, say)
 
     result = {
@@ -224,18 +265,25 @@ def calibrate(
             "least squares of ln(core_share * measured / reference)"
         ),
         "core_share": share,
-        "measured": {p: {"best": best[p].as_dict(), "rounds": [m.as_dict() for m in runs[p]]}
-                     for p in best},
+        "measured": {
+            p: {"best": best[p].as_dict(), "rounds": [m.as_dict() for m in runs[p]]} for p in best
+        },
         "unmasked_cpu_mbps": unmasked,
         "go_features_seen": go_features,
-        "references": {p: {"mbps": r.mbps, "weight": r.weight, "confidence": r.confidence,
-                           "source": r.source} for p, r in prof.references.items()},
+        "references": {
+            p: {"mbps": r.mbps, "weight": r.weight, "confidence": r.confidence, "source": r.source}
+            for p, r in prof.references.items()
+        },
         "residuals": {p: round(r, 4) for p, r in residuals.items()},
         "max_abs_residual": round(max(abs(r) for r in residuals.values()), 4),
         "informational": {
-            p: {"host_cpu_mbps": round(measured[p], 1), "predicted_board_mbps": round(share * measured[p], 1),
-                "note": "no reference figure in the profile: measured, not fitted"}
-            for p in measured if p not in prof.references
+            p: {
+                "host_cpu_mbps": round(measured[p], 1),
+                "predicted_board_mbps": round(share * measured[p], 1),
+                "note": "no reference figure in the profile: measured, not fitted",
+            }
+            for p in measured
+            if p not in prof.references
         },
         "skipped": skipped,
         "verification": verification,
@@ -251,13 +299,24 @@ def calibrate(
     return result
 
 
-def verify_in_cgroup(prof: CpuProfile, share: float, env: dict[str, str], prims: list[str],
-                     seconds: int, say: Callable[[str], None]) -> dict:
+def verify_in_cgroup(
+    prof: CpuProfile,
+    share: float,
+    env: dict[str, str],
+    prims: list[str],
+    seconds: int,
+    say: Callable[[str], None],
+) -> dict:
     """Re-measure with -elapsed inside a throwaway cgroup capped at one board core."""
     layout = cgroups.probe()
     rel = f"lab/calib-{os.getpid()}"
-    out: dict = {"cgroup_version": layout.version, "cgroup": rel, "quota_cores": round(share, 4),
-                 "results": {}, "left_over": []}
+    out: dict = {
+        "cgroup_version": layout.version,
+        "cgroup": rel,
+        "quota_cores": round(share, 4),
+        "results": {},
+        "left_over": [],
+    }
     try:
         cgroups.ensure_dir(layout, "lab")  # shared parent of every lab; left in place
         cgroups.ensure_dir(layout, rel)

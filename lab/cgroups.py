@@ -134,7 +134,9 @@ def usage(layout: CgroupLayout, rel: str) -> dict[str, float]:
     """CPU time used by the group so far, in seconds: total, user, system."""
     if layout.version == 2:
         stat = dict(
-            line.split() for line in (layout.root / rel / "cpu.stat").read_text().splitlines() if line
+            line.split()
+            for line in (layout.root / rel / "cpu.stat").read_text().splitlines()
+            if line
         )
         return {
             "total": int(stat["usage_usec"]) / 1e6,
@@ -152,7 +154,11 @@ def usage(layout: CgroupLayout, rel: str) -> dict[str, float]:
 
 
 def throttling(layout: CgroupLayout, rel: str) -> dict[str, int]:
-    p = (layout.root / rel / "cpu.stat") if layout.version == 2 else (layout.root / "cpu" / rel / "cpu.stat")
+    p = (
+        (layout.root / rel / "cpu.stat")
+        if layout.version == 2
+        else (layout.root / "cpu" / rel / "cpu.stat")
+    )
     try:
         return {k: int(v) for k, v in (line.split() for line in p.read_text().splitlines() if line)}
     except FileNotFoundError:
@@ -178,7 +184,12 @@ def remove_dir(layout: CgroupLayout, rel: str, *, settle: float = 2.0) -> list[s
             except OSError as e:
                 busy = e.errno in (errno.EBUSY, errno.ENOTEMPTY)
                 has_children = any(c.is_dir() for c in d.iterdir())
-                if busy and not has_children and not pids(layout, rel) and time.monotonic() < deadline:
+                if (
+                    busy
+                    and not has_children
+                    and not pids(layout, rel)
+                    and time.monotonic() < deadline
+                ):
                     time.sleep(0.02)
                     continue
                 if busy:

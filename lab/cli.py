@@ -24,28 +24,50 @@ def _add_id(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="lab", description="Network-namespace lab for benchmarking VPNs.")
+    ap = argparse.ArgumentParser(
+        prog="lab", description="Network-namespace lab for benchmarking VPNs."
+    )
     ap.add_argument("--version", action="version", version=f"lab {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     p = sub.add_parser("up", help="build a topology (and optionally a VPN) as namespaces")
     p.add_argument("topology", help="topology file (Python module with topos = {...})")
     p.add_argument("--topo", help="which entry of the file's topos dict")
-    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="parameter passed to the Topo constructor (repeatable)")
+    p.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="parameter passed to the Topo constructor (repeatable)",
+    )
     p.add_argument("--id", dest="lab_id", default=None, help="lab id (default: lab)")
     p.add_argument("--json", action="store_true", help="print the lab's status as JSON")
-    p.add_argument("--vpn", metavar="PROFILE[:K=V,...]",
-                   help="start this VPN profile (vpn_profiles/, `lab profiles`) with overrides")
-    p.add_argument("--impair", metavar="SPEC",
-                   help="build impairment points and apply SPEC (tc-netem words, a preset, or 'none')")
-    p.add_argument("--placement", choices=["middlebox", "egress", "ingress"],
-                   help="where impairment goes (default: middlebox when a router sits between the "
-                        "VPN endpoints, else egress)")
-    p.add_argument("--impair-backend", default="auto", choices=["auto", "kernel-netem", "userspace"])
-    p.add_argument("--vm", action="store_true",
-                   help="run the lab inside the full-kernel VM (netem, WireGuard, ESP, MACsec, GRE, "
-                        "L2TP when this kernel lacks them); exec/impair/status/down reach into it")
+    p.add_argument(
+        "--vpn",
+        metavar="PROFILE[:K=V,...]",
+        help="start this VPN profile (vpn_profiles/, `lab profiles`) with overrides",
+    )
+    p.add_argument(
+        "--impair",
+        metavar="SPEC",
+        help="build impairment points and apply SPEC (tc-netem words, a preset, or 'none')",
+    )
+    p.add_argument(
+        "--placement",
+        choices=["middlebox", "egress", "ingress"],
+        help="where impairment goes (default: middlebox when a router sits between the "
+        "VPN endpoints, else egress)",
+    )
+    p.add_argument(
+        "--impair-backend", default="auto", choices=["auto", "kernel-netem", "userspace"]
+    )
+    p.add_argument(
+        "--vm",
+        action="store_true",
+        help="run the lab inside the full-kernel VM (netem, WireGuard, ESP, MACsec, GRE, "
+        "L2TP when this kernel lacks them); exec/impair/status/down reach into it",
+    )
     p.add_argument("--vm-mem", type=int, default=2048, metavar="MB", help="VM memory (with --vm)")
 
     p = sub.add_parser("render", help="write a VPN profile's config files for a topology")
@@ -62,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("down", help="tear a lab down (exactly what it created)")
     _add_id(p)
 
-    sub.add_parser("clean", help="tear down every lab recorded on this machine, even half-built ones")
+    sub.add_parser(
+        "clean", help="tear down every lab recorded on this machine, even half-built ones"
+    )
 
     p = sub.add_parser("status", help="list labs, nodes and addresses")
     _add_id(p)
@@ -75,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("impair", help="show or change impairment at run time")
     isub = p.add_subparsers(dest="impair_cmd", required=True, metavar="ACTION")
-    q = isub.add_parser("set", help="lab impair set TARGET SPEC...  (TARGET: LINK, NODE:IFACE or all)")
+    q = isub.add_parser(
+        "set", help="lab impair set TARGET SPEC...  (TARGET: LINK, NODE:IFACE or all)"
+    )
     _add_id(q)
     q.add_argument("target")
     q.add_argument("spec", nargs="+", help="tc-netem words; parameters not given keep their values")
@@ -89,17 +115,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_id(p)
     p.add_argument("node")
 
-    p = sub.add_parser("calibrate", help="fit a CPU profile (e.g. pi4) to this machine and verify it")
+    p = sub.add_parser(
+        "calibrate", help="fit a CPU profile (e.g. pi4) to this machine and verify it"
+    )
     p.add_argument("profile", help="CPU profile name (cpu_profiles/NAME.toml)")
-    p.add_argument("--quick", action="store_true", help="2 short rounds, verify two primitives (~10 s)")
+    p.add_argument(
+        "--quick", action="store_true", help="2 short rounds, verify two primitives (~10 s)"
+    )
     p.add_argument("--no-verify", action="store_true", help="skip the check inside a capped cgroup")
     p.add_argument("--json", action="store_true", help="print the calibration record as JSON")
 
     p = sub.add_parser("run", help="run a plan (profiles x impairments x tests x repetitions)")
     p.add_argument("plan", nargs="?", help="plan file or name in plans/ (optional with --resume)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run, skipping finished cases")
-    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a plan value: reps=1, duration=3, profiles=a,b, ...")
+    p.add_argument(
+        "-o",
+        dest="override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a plan value: reps=1, duration=3, profiles=a,b, ...",
+    )
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<UTC>_<plan>)")
 
     p = sub.add_parser("report", help="regenerate a run's tables, plots and report")
@@ -142,8 +178,14 @@ def cmd_up(args) -> int:
 
         vpn = prepare(spec, args.vpn)  # bad profile or missing tool: nothing is created
     t0 = time.monotonic()
-    lab = up(spec, args.lab_id, vpn=vpn, impair=args.impair, placement=args.placement,
-             impair_backend=args.impair_backend)
+    lab = up(
+        spec,
+        args.lab_id,
+        vpn=vpn,
+        impair=args.impair,
+        placement=args.placement,
+        impair_backend=args.impair_backend,
+    )
     dt = time.monotonic() - t0
     for w in lab.info.get("warnings", []):
         err.print(f"lab: warning: {w}", markup=False, highlight=False)
@@ -154,9 +196,12 @@ def cmd_up(args) -> int:
         if "vpn" in lab.info:
             v = lab.info["vpn"]
             d = v["describe"]
-            out.print(f"vpn {v['profile']}: {d.get('implementation')} {d.get('version') or ''} "
-                      f"({d.get('path')}), cipher {d.get('cipher')}, mtu {d.get('mtu')}; "
-                      f"traffic {v['traffic']['client']} -> {v['traffic']['v4']}", highlight=False)
+            out.print(
+                f"vpn {v['profile']}: {d.get('implementation')} {d.get('version') or ''} "
+                f"({d.get('path')}), cipher {d.get('cipher')}, mtu {d.get('mtu')}; "
+                f"traffic {v['traffic']['client']} -> {v['traffic']['v4']}",
+                highlight=False,
+            )
         out.print(f"lab {lab.id!r} up in {dt:.2f} s; `lab exec NODE -- CMD`, `lab down` when done")
     return 0
 
@@ -165,13 +210,26 @@ def _up_vm(args, spec) -> int:
     from . import vmlab
 
     guest = [a for p in args.param for a in ("-p", p)]
-    for flag, value in (("--topo", args.topo), ("--vpn", args.vpn), ("--impair", args.impair),
-                        ("--placement", args.placement), ("--impair-backend", args.impair_backend)):
+    for flag, value in (
+        ("--topo", args.topo),
+        ("--vpn", args.vpn),
+        ("--impair", args.impair),
+        ("--placement", args.placement),
+        ("--impair-backend", args.impair_backend),
+    ):
         if value is not None:
             guest += [flag, value]
     t0 = time.monotonic()
-    rec = vmlab.up(spec, args.topology, args.lab_id, guest, vpn=args.vpn, impair=args.impair,
-                   placement=args.placement, mem_mb=args.vm_mem)
+    rec = vmlab.up(
+        spec,
+        args.topology,
+        args.lab_id,
+        guest,
+        vpn=args.vpn,
+        impair=args.impair,
+        placement=args.placement,
+        mem_mb=args.vm_mem,
+    )
     dt = time.monotonic() - t0
     for line in rec.pop("guest_stderr", "").splitlines():
         err.print(line, markup=False, highlight=False)
@@ -184,19 +242,28 @@ def _up_vm(args, spec) -> int:
     if "vpn" in status:
         v = status["vpn"]
         d = v["describe"]
-        out.print(f"vpn {v['profile']}: {d.get('implementation')} {d.get('version') or ''} "
-                  f"({d.get('path')}), cipher {d.get('cipher')}, mtu {d.get('mtu')}; "
-                  f"traffic {v['traffic']['client']} -> {v['traffic']['v4']}", highlight=False)
-    out.print(f"lab {rec['id']!r} up in a VM in {dt:.2f} s (boot {rec['vm']['boot_seconds']} s); "
-              "`lab exec NODE -- CMD`, `lab down` when done")
+        out.print(
+            f"vpn {v['profile']}: {d.get('implementation')} {d.get('version') or ''} "
+            f"({d.get('path')}), cipher {d.get('cipher')}, mtu {d.get('mtu')}; "
+            f"traffic {v['traffic']['client']} -> {v['traffic']['v4']}",
+            highlight=False,
+        )
+    out.print(
+        f"lab {rec['id']!r} up in a VM in {dt:.2f} s (boot {rec['vm']['boot_seconds']} s); "
+        "`lab exec NODE -- CMD`, `lab down` when done"
+    )
     return 0
 
 
 def _print_substrate(s: dict) -> None:
     sub = s.get("substrate") or {}
     if sub.get("kind") == "vm":
-        out.print(f"substrate: VM, kernel {sub.get('kernel')}, accelerator {sub.get('accelerator')} "
-                  f"(QEMU pid {sub.get('qemu_pid')}); {sub.get('note')}", markup=False, highlight=False)
+        out.print(
+            f"substrate: VM, kernel {sub.get('kernel')}, accelerator {sub.get('accelerator')} "
+            f"(QEMU pid {sub.get('qemu_pid')}); {sub.get('note')}",
+            markup=False,
+            highlight=False,
+        )
 
 
 def _forward(lab_id: str, args) -> int:
@@ -234,8 +301,15 @@ def cmd_profiles(args) -> int:
     for name in known_profiles():
         try:
             prof = load_profile(name)
-            rows.append({"profile": name, "driver": prof.driver_name, "study": prof.study,
-                         "description": prof.description, **availability(prof)})
+            rows.append(
+                {
+                    "profile": name,
+                    "driver": prof.driver_name,
+                    "study": prof.study,
+                    "description": prof.description,
+                    **availability(prof),
+                }
+            )
         except LabError as e:  # one broken file must not hide the others
             rows.append({"profile": name, "driver": None, "ok": False, "path": None, "why": str(e)})
     if args.json:
@@ -245,8 +319,14 @@ def cmd_profiles(args) -> int:
     for col in ("profile", "driver", "study", "runs here", "data plane", "why not"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["profile"], r["driver"] or "-", r.get("study") or "",
-                  "yes" if r["ok"] else "no", r["path"] or "-", r["why"] or "")
+        t.add_row(
+            r["profile"],
+            r["driver"] or "-",
+            r.get("study") or "",
+            "yes" if r["ok"] else "no",
+            r["path"] or "-",
+            r["why"] or "",
+        )
     out.print(t)
     return 0
 
@@ -260,7 +340,9 @@ def cmd_down(args) -> int:
     else:
         ids = list_lab_ids()
         if len(ids) > 1:
-            raise ConfigError(f"several labs are up ({', '.join(ids)}); choose one with --id", source="--id")
+            raise ConfigError(
+                f"several labs are up ({', '.join(ids)}); choose one with --id", source="--id"
+            )
         lab_id = ids[0] if ids else None
     if lab_id is None or not (lab_dir(lab_id) / "ledger.jsonl").exists():
         out.print(f"lab {lab_id or ''} is not up; nothing to do".replace("  ", " "))
@@ -334,20 +416,29 @@ def cmd_status(args) -> int:
 
 
 def _print_status(s: dict) -> None:
-    t = Table(title=f"lab {s['id']} ({s.get('state')}) — {s.get('topology', '')}", title_justify="left")
+    t = Table(
+        title=f"lab {s['id']} ({s.get('state')}) — {s.get('topology', '')}", title_justify="left"
+    )
     for col in ("node", "netns", "cpu", "interface", "IPv4", "IPv6", "peer"):
         t.add_column(col)
     for name, n in s.get("nodes", {}).items():
         cpu = n.get("cpu") or {}
         cpu_s = cpu.get("profile") or (f"{cpu['cores']:.2f} cores" if cpu.get("cores") else "-")
         if cpu.get("profile") and cpu.get("cores"):
-            cpu_s += f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
+            cpu_s += (
+                f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
+            )
         kind = n["kind"] + (" router" if n.get("router") else "")
         first = True
         for i in n["interfaces"] or [{}]:
             t.add_row(
-                f"{name} ({kind})" if first else "", n["netns"] if first else "", cpu_s if first else "",
-                i.get("name", ""), i.get("ip") or "", i.get("ip6") or "", i.get("peer", ""),
+                f"{name} ({kind})" if first else "",
+                n["netns"] if first else "",
+                cpu_s if first else "",
+                i.get("name", ""),
+                i.get("ip") or "",
+                i.get("ip6") or "",
+                i.get("peer", ""),
             )
             first = False
     out.print(t)
@@ -358,7 +449,9 @@ def _command(args) -> list[str]:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise ConfigError("no command given; usage: lab exec NODE -- CMD [ARGS...]", source="lab exec")
+        raise ConfigError(
+            "no command given; usage: lab exec NODE -- CMD [ARGS...]", source="lab exec"
+        )
     return cmd
 
 
@@ -379,8 +472,10 @@ def cmd_shell(args) -> int:
     from .lab import Lab
 
     if vm_id := vmlab.resolve(args.lab_id):
-        raise ConfigError(f"lab {vm_id!r} runs in a VM, whose agent has no terminal; use "
-                          "`lab exec NODE -- CMD`", source="lab shell")
+        raise ConfigError(
+            f"lab {vm_id!r} runs in a VM, whose agent has no terminal; use `lab exec NODE -- CMD`",
+            source="lab shell",
+        )
 
     lab = Lab.open(args.lab_id)
     node = lab.node(args.node)
@@ -409,8 +504,11 @@ def cmd_impair(args) -> int:
     if getattr(args, "json", False):
         print(json.dumps(res, indent=2, default=str))
         return 0
-    out.print(f"backend {res.get('backend')} ({res.get('why', '')}), placement {res.get('placement')}",
-              markup=False, highlight=False)
+    out.print(
+        f"backend {res.get('backend')} ({res.get('why', '')}), placement {res.get('placement')}",
+        markup=False,
+        highlight=False,
+    )
     for where, req in (res.get("requested") or {}).items():
         out.print(f"  requested {where}: {req}", markup=False, highlight=False)
     for where, applied in (res.get("applied") or {}).items():
@@ -419,8 +517,11 @@ def cmd_impair(args) -> int:
         for d in ("a2b", "b2a"):
             c = (e.get(d) or {}).get("counters") if isinstance(e, dict) else None
             if c:
-                out.print(f"  {name} {d}: " + ", ".join(f"{k}={v}" for k, v in c.items()),
-                          markup=False, highlight=False)
+                out.print(
+                    f"  {name} {d}: " + ", ".join(f"{k}={v}" for k, v in c.items()),
+                    markup=False,
+                    highlight=False,
+                )
     return 0
 
 
@@ -433,10 +534,19 @@ def cmd_calibrate(args) -> int:
         print(json.dumps(r, indent=2))
         return 0
     ver = (r.get("verification") or {}).get("results", {})
-    t = Table(title=f"lab calibrate {r['profile']} ({r['mode']}) on {r['host']['cpu_model']}",
-              title_justify="left")
-    for col in ("primitive", "reference MB/s", "host masked MB/s", "fitted board MB/s", "residual",
-                "capped MB/s", "capped vs ref"):
+    t = Table(
+        title=f"lab calibrate {r['profile']} ({r['mode']}) on {r['host']['cpu_model']}",
+        title_justify="left",
+    )
+    for col in (
+        "primitive",
+        "reference MB/s",
+        "host masked MB/s",
+        "fitted board MB/s",
+        "residual",
+        "capped MB/s",
+        "capped vs ref",
+    ):
         t.add_column(col, justify="left" if col == "primitive" else "right")
     for p, m in r["measured"].items():
         host = m["best"]["cpu_mbps"]
@@ -444,30 +554,48 @@ def cmd_calibrate(args) -> int:
         res = r["residuals"].get(p)
         v = ver.get(p)
         t.add_row(
-            p, f"{ref:g}" if ref else "-", f"{host:.1f}", f"{host * r['core_share']:.1f}",
-            (f"{res:+.1%}" + ("" if abs(res) <= RESIDUAL_GOAL else " (!)")) if res is not None else "n/a",
-            f"{v['elapsed_mbps']:.1f}" if v else "", f"{v['error']:+.1%}" if v else "",
+            p,
+            f"{ref:g}" if ref else "-",
+            f"{host:.1f}",
+            f"{host * r['core_share']:.1f}",
+            (f"{res:+.1%}" + ("" if abs(res) <= RESIDUAL_GOAL else " (!)"))
+            if res is not None
+            else "n/a",
+            f"{v['elapsed_mbps']:.1f}" if v else "",
+            f"{v['error']:+.1%}" if v else "",
         )
     out.print(t)
     share = r["core_share"]
-    out.print(f"core_share = {share:.4f} host cores per board core: a node gets a CFS quota of "
-              f"{share * 100_000:.0f} us per 100000 us period per emulated board core")
-    out.print(f"max |residual| {r['max_abs_residual']:.1%} (goal <= {RESIDUAL_GOAL:.0%}); "
-              f"took {r['duration_s']:.1f} s (goal < {SECONDS_GOAL:.0f} s)")
+    out.print(
+        f"core_share = {share:.4f} host cores per board core: a node gets a CFS quota of "
+        f"{share * 100_000:.0f} us per 100000 us period per emulated board core"
+    )
+    out.print(
+        f"max |residual| {r['max_abs_residual']:.1%} (goal <= {RESIDUAL_GOAL:.0%}); "
+        f"took {r['duration_s']:.1f} s (goal < {SECONDS_GOAL:.0f} s)"
+    )
     if r.get("unmasked_cpu_mbps"):
-        out.print("masks bite: " + ", ".join(
-            f"{p} {v:.0f} -> {r['measured'][p]['best']['cpu_mbps']:.0f} MB/s"
-            for p, v in r["unmasked_cpu_mbps"].items()))
+        out.print(
+            "masks bite: "
+            + ", ".join(
+                f"{p} {v:.0f} -> {r['measured'][p]['best']['cpu_mbps']:.0f} MB/s"
+                for p, v in r["unmasked_cpu_mbps"].items()
+            )
+        )
     for p, why in r.get("skipped", {}).items():
         out.print(f"skipped {p}: {why}")
     if r.get("verification"):
         v = r["verification"]
-        out.print(f"verified in cgroup v{v['cgroup_version']} {v['cgroup']} at {v['quota_cores']} cores "
-                  "with openssl speed -elapsed; group removed" + (
-                      f" except: {'; '.join(v['left_over'])}" if v["left_over"] else ""))
+        out.print(
+            f"verified in cgroup v{v['cgroup_version']} {v['cgroup']} at {v['quota_cores']} cores "
+            "with openssl speed -elapsed; group removed"
+            + (f" except: {'; '.join(v['left_over'])}" if v["left_over"] else "")
+        )
         if v.get("contended"):
-            out.print(f"note: the host was busy; {', '.join(v['contended'])} got less CPU than the "
-                      "quota while verifying, so those capped figures read low")
+            out.print(
+                f"note: the host was busy; {', '.join(v['contended'])} got less CPU than the "
+                "quota while verifying, so those capped figures read low"
+            )
     out.print(f"stored in {r.get('stored', '(not stored)')}")
     return 0
 
@@ -498,8 +626,10 @@ def cmd_run(args) -> int:
         interrupted = True
     s = generate(run.path)
     b = s["budget"]
-    out.print(f"{s['cases']} case repetitions, {s['failed']} failed; outside measurement "
-              f"{100 * (b['outside_share'] or 0):.1f} % of {b['wall_s']:.0f} s")
+    out.print(
+        f"{s['cases']} case repetitions, {s['failed']} failed; outside measurement "
+        f"{100 * (b['outside_share'] or 0):.1f} % of {b['wall_s']:.0f} s"
+    )
     out.print(f"report: {s['report']}")
     if interrupted:
         err.print(f"lab: interrupted; the lab is down. Continue: lab run --resume {run.path}")
@@ -511,8 +641,10 @@ def cmd_report(args) -> int:
     from .report import generate
 
     s = generate(args.run_dir)
-    out.print(f"{s['report']} ({s['cases']} case repetitions, {s['failed']} failed, "
-              f"{len(s['plots'])} plots)")
+    out.print(
+        f"{s['report']} ({s['cases']} case repetitions, {s['failed']} failed, "
+        f"{len(s['plots'])} plots)"
+    )
     return 0
 
 
@@ -520,8 +652,10 @@ def cmd_compare(args) -> int:
     from .compare import compare
 
     s = compare(args.run_a, args.run_b, args.out)
-    out.print(f"{s['out']}/compare.md: {s['matched']} case metrics in both runs, "
-              f"{s['only_a']} only in A, {s['only_b']} only in B")
+    out.print(
+        f"{s['out']}/compare.md: {s['matched']} case metrics in both runs, "
+        f"{s['only_a']} only in A, {s['only_b']} only in B"
+    )
     return 0
 
 

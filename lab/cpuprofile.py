@@ -36,8 +36,18 @@ PRIMITIVES: dict[str, dict[str, str]] = {
 }
 
 _TOP_FIELDS = {
-    "name", "description", "cores", "emulated_cores", "clock_mhz", "word_bits", "arch",
-    "core_share", "calibrated", "env", "reference", "assumptions",
+    "name",
+    "description",
+    "cores",
+    "emulated_cores",
+    "clock_mhz",
+    "word_bits",
+    "arch",
+    "core_share",
+    "calibrated",
+    "env",
+    "reference",
+    "assumptions",
 }
 _REF_FIELDS = {"mbps", "source", "derivation", "weight", "confidence"}
 _CONFIDENCE = ("high", "medium", "low")
@@ -123,8 +133,15 @@ def _find(name: str) -> Path:
     )
 
 
-def _num(v: Any, src: str, fld: str, *, integer: bool = False, minimum: float | None = None,
-         positive: bool = False) -> float:
+def _num(
+    v: Any,
+    src: str,
+    fld: str,
+    *,
+    integer: bool = False,
+    minimum: float | None = None,
+    positive: bool = False,
+) -> float:
     ok = isinstance(v, int) if integer else isinstance(v, (int, float))
     if isinstance(v, bool) or not ok:
         kind = "an integer" if integer else "a number"
@@ -146,22 +163,35 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
     """Validate a profile's TOML data. Errors name the file, the field and what is accepted."""
     unknown = sorted(set(data) - _TOP_FIELDS)
     if unknown:
-        raise ConfigError(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_TOP_FIELDS))}",
-                          source=src, field=unknown[0])
+        raise ConfigError(
+            f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_TOP_FIELDS))}",
+            source=src,
+            field=unknown[0],
+        )
     if "name" in data and data["name"] != name:
-        raise ConfigError(f"is {data['name']!r} but the file is {name}.toml; they must match",
-                          source=src, field="name")
+        raise ConfigError(
+            f"is {data['name']!r} but the file is {name}.toml; they must match",
+            source=src,
+            field="name",
+        )
     for req in ("cores", "core_share"):
         if req not in data:
             raise ConfigError("missing (required: cores, core_share)", source=src, field=req)
     cores = int(_num(data["cores"], src, "cores", integer=True, minimum=0))
     core_share = float(_num(data["core_share"], src, "core_share", positive=True))
     if core_share > 64:
-        raise ConfigError(f"must be <= 64 host cores per board core, got {core_share}", source=src,
-                          field="core_share")
-    emulated = float(_num(data.get("emulated_cores", 1 if cores else 0), src, "emulated_cores", minimum=0))
+        raise ConfigError(
+            f"must be <= 64 host cores per board core, got {core_share}",
+            source=src,
+            field="core_share",
+        )
+    emulated = float(
+        _num(data.get("emulated_cores", 1 if cores else 0), src, "emulated_cores", minimum=0)
+    )
     if cores and not 0 < emulated <= cores:
-        raise ConfigError(f"must be in (0, cores={cores}], got {emulated}", source=src, field="emulated_cores")
+        raise ConfigError(
+            f"must be in (0, cores={cores}], got {emulated}", source=src, field="emulated_cores"
+        )
     word_bits = data.get("word_bits")
     if word_bits is not None and word_bits not in (32, 64):
         raise ConfigError(f"must be 32 or 64, got {word_bits!r}", source=src, field="word_bits")
@@ -170,10 +200,12 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         clock = int(_num(clock, src, "clock_mhz", integer=True, positive=True))
     calibrated = data.get("calibrated", cores == 0)
     if not isinstance(calibrated, bool):
-        raise ConfigError(f"must be true or false, got {calibrated!r}", source=src, field="calibrated")
+        raise ConfigError(
+            f"must be true or false, got {calibrated!r}", source=src, field="calibrated"
+        )
     env = data.get("env", {})
     if not isinstance(env, dict):
-        raise ConfigError("must be a table of NAME = \"value\"", source=src, field="env")
+        raise ConfigError('must be a table of NAME = "value"', source=src, field="env")
     for k, v in env.items():
         _str(v, src, f"env.{k}")
     assumptions = data.get("assumptions", [])
@@ -182,27 +214,41 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
 
     refs_raw = data.get("reference", {})
     if not isinstance(refs_raw, dict):
-        raise ConfigError("must be a table of [reference.PRIMITIVE] tables", source=src, field="reference")
+        raise ConfigError(
+            "must be a table of [reference.PRIMITIVE] tables", source=src, field="reference"
+        )
     refs: dict[str, Reference] = {}
     for prim, r in refs_raw.items():
         where = f"reference.{prim}"
         if prim not in PRIMITIVES:
-            raise ConfigError(f"unknown primitive {prim!r}; accepted: {', '.join(PRIMITIVES)}",
-                              source=src, field=where)
+            raise ConfigError(
+                f"unknown primitive {prim!r}; accepted: {', '.join(PRIMITIVES)}",
+                source=src,
+                field=where,
+            )
         if not isinstance(r, dict):
             raise ConfigError("must be a table with mbps and source", source=src, field=where)
         bad = sorted(set(r) - _REF_FIELDS)
         if bad:
-            raise ConfigError(f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(sorted(_REF_FIELDS))}",
-                              source=src, field=f"{where}.{bad[0]}")
+            raise ConfigError(
+                f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(sorted(_REF_FIELDS))}",
+                source=src,
+                field=f"{where}.{bad[0]}",
+            )
         for req in ("mbps", "source"):
             if req not in r:
-                raise ConfigError("missing (every reference needs mbps and source)", source=src,
-                                  field=f"{where}.{req}")
+                raise ConfigError(
+                    "missing (every reference needs mbps and source)",
+                    source=src,
+                    field=f"{where}.{req}",
+                )
         conf = r.get("confidence", "medium")
         if conf not in _CONFIDENCE:
-            raise ConfigError(f"must be one of {', '.join(_CONFIDENCE)}, got {conf!r}", source=src,
-                              field=f"{where}.confidence")
+            raise ConfigError(
+                f"must be one of {', '.join(_CONFIDENCE)}, got {conf!r}",
+                source=src,
+                field=f"{where}.confidence",
+            )
         refs[prim] = Reference(
             primitive=prim,
             mbps=float(_num(r["mbps"], src, f"{where}.mbps", positive=True)),
@@ -215,11 +261,15 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         raise ConfigError(
             f"a capped profile (cores={cores}) needs reference throughputs to calibrate against; "
             f"add [reference.PRIMITIVE] tables (accepted primitives: {', '.join(PRIMITIVES)})",
-            source=src, field="reference",
+            source=src,
+            field="reference",
         )
     if cores and not any(PRIMITIVES[p]["tool"] == "openssl" for p in refs):
-        raise ConfigError("needs at least one OpenSSL primitive to fit the quota on", source=src,
-                          field="reference")
+        raise ConfigError(
+            "needs at least one OpenSSL primitive to fit the quota on",
+            source=src,
+            field="reference",
+        )
     return CpuProfile(
         name=name,
         cores=cores,
@@ -404,7 +454,9 @@ def coverage(profile: CpuProfile) -> dict:
             "used_by": ["wireguard-go (golang.org/x/crypto)"],
             "masked": masked_go,
             "quota_scaled": capped,
-            "how": "GODEBUG cpu.* options in every process of the node" if masked_go else "not masked",
+            "how": "GODEBUG cpu.* options in every process of the node"
+            if masked_go
+            else "not masked",
         },
         "kernel": {
             "used_by": ["kernel WireGuard", "XFRM ESP", "MACsec", "dm-crypt"],

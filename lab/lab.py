@@ -63,7 +63,9 @@ class Lab:
         try:
             info = json.loads(path.read_text())
         except FileNotFoundError:
-            raise PreconditionError(f"lab {lab_id!r} is not up (no {path}); `lab clean` removes remains")
+            raise PreconditionError(
+                f"lab {lab_id!r} is not up (no {path}); `lab clean` removes remains"
+            )
         return cls(lab_id, info)
 
     def save(self) -> None:
@@ -73,7 +75,9 @@ class Lab:
         rt = self.runtime.get(name)
         if rt is None or rt.kind != "host":
             hosts = [n for n, r in self.runtime.items() if r.kind == "host"]
-            raise ConfigError(f"no host {name!r} in lab {self.id!r}; hosts: {', '.join(hosts)}", source="NODE")
+            raise ConfigError(
+                f"no host {name!r} in lab {self.id!r}; hosts: {', '.join(hosts)}", source="NODE"
+            )
         return LocalNode(
             self.id,
             name,
@@ -89,8 +93,14 @@ class Lab:
         return {n: self.node(n) for n, r in self.runtime.items() if r.kind == "host"}
 
     def status(self) -> dict:
-        out = {"id": self.id, "state": self.info.get("state"), "topology": self.spec.source,
-               "topo": self.spec.topo_name, "created": self.info.get("created"), "nodes": {}}
+        out = {
+            "id": self.id,
+            "state": self.info.get("state"),
+            "topology": self.spec.source,
+            "topo": self.spec.topo_name,
+            "created": self.info.get("created"),
+            "nodes": {},
+        }
         for name, rt in self.runtime.items():
             n = self.spec.nodes[name]
             out["nodes"][name] = {
@@ -98,8 +108,15 @@ class Lab:
                 "netns": rt.netns,
                 "router": n.router,
                 "cpu": rt.cpu,
-                "interfaces": [{"name": i.name, "ip": i.ip, "ip6": i.ip6, "peer": f"{i.peer_node}:{i.peer_name}"}
-                               for i in n.interfaces],
+                "interfaces": [
+                    {
+                        "name": i.name,
+                        "ip": i.ip,
+                        "ip6": i.ip6,
+                        "peer": f"{i.peer_node}:{i.peer_name}",
+                    }
+                    for i in n.interfaces
+                ],
             }
         for k in ("vpn", "impair", "warnings", "substrate"):
             if k in self.info:
@@ -115,7 +132,9 @@ def resolve_id(lab_id: str | None) -> str:
         return ids[0]
     if not ids:
         raise PreconditionError("no lab is up; start one with `lab up TOPOLOGY`")
-    raise ConfigError(f"several labs are up ({', '.join(ids)}); choose one with --id", source="--id")
+    raise ConfigError(
+        f"several labs are up ({', '.join(ids)}); choose one with --id", source="--id"
+    )
 
 
 def substrate() -> dict:
@@ -158,8 +177,15 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
     return plan, list(dict.fromkeys(warnings))
 
 
-def up(spec: LabSpec, lab_id: str | None = None, *, vpn=None, impair: str | None = None,
-       placement: str | None = None, impair_backend: str = "auto") -> Lab:
+def up(
+    spec: LabSpec,
+    lab_id: str | None = None,
+    *,
+    vpn=None,
+    impair: str | None = None,
+    placement: str | None = None,
+    impair_backend: str = "auto",
+) -> Lab:
     """Build `spec` as lab `lab_id`. On any failure everything built so far is removed.
 
     `vpn`: a profile spec ("wireguard:mtu=1280") or a lab.vpn.tunnel.TunnelPlan from
@@ -246,14 +272,18 @@ def _impair_plan(spec, lab_id, info, impair, placement, backend):
         first = next(n for n in spec.hosts())
         pr = probe_netem(Lab(lab_id, info).node(first.name))
         if not pr.ok:
-            raise PreconditionError(f"--impair-backend kernel-netem: {pr.reason}; run the lab in the "
-                                    "full-kernel VM (`lab up --vm`) or use --impair-backend userspace")
+            raise PreconditionError(
+                f"--impair-backend kernel-netem: {pr.reason}; run the lab in the "
+                "full-kernel VM (`lab up --vm`) or use --impair-backend userspace"
+            )
         why = "chosen with --impair-backend"
     elif backend == "userspace":
         why = "chosen with --impair-backend"
     else:
-        raise ConfigError(f"impairment backend must be auto, kernel-netem or userspace, got {backend!r}",
-                          source="--impair-backend")
+        raise ConfigError(
+            f"impairment backend must be auto, kernel-netem or userspace, got {backend!r}",
+            source="--impair-backend",
+        )
     return runtime.plan_for(spec, placement, impair, backend, why)
 
 
@@ -276,8 +306,14 @@ def _build_bump(lab_id, lk, layout, ledger, info, all_cpus) -> None:
     netops.create_veth(ns, runtime.BUMP_B, ns2, lk.intf2, lk.mtu)
     netops.configure_node(ns, [{"name": runtime.BUMP_A}, {"name": runtime.BUMP_B}], [])
     info["impair"]["engines"].append(
-        {"name": name, "link": lk.index, "netns": ns, "cgroup": rel,
-         "a": f"{lk.node1}:{lk.intf1}", "b": f"{lk.node2}:{lk.intf2}"}
+        {
+            "name": name,
+            "link": lk.index,
+            "netns": ns,
+            "cgroup": rel,
+            "a": f"{lk.node1}:{lk.intf1}",
+            "b": f"{lk.node2}:{lk.intf2}",
+        }
     )
 
 
@@ -296,8 +332,15 @@ def _start_engines(lab: Lab, iplan) -> None:
             # times delays with SCHED_FIFO threads: keep it in the root cpu group. It still joins
             # the cpuacct (accounting) and cpuset groups, by which teardown finds it.
             procs = [p for p in procs if not p.startswith(str(lab.cg.root / "cpu") + "/")]
-        node = LocalNode(lab.id, eng["name"], netns=eng["netns"], mntns=None, procs_files=procs,
-                         ledger=lab.ledger, log_dir=lab.dir / "logs")
+        node = LocalNode(
+            lab.id,
+            eng["name"],
+            netns=eng["netns"],
+            mntns=None,
+            procs_files=procs,
+            ledger=lab.ledger,
+            log_dir=lab.dir / "logs",
+        )
         control = idir / f"{eng['name']}.sock"
         eng["control"] = str(control)
         eng["fwd_dir"] = runtime.engine_fwd_dir(lab.spec, eng["link"])
@@ -312,8 +355,9 @@ def _start_engines(lab: Lab, iplan) -> None:
     lab.save()
 
 
-def _build(spec, lab_id, layout, cpu, ledger, info, impair=None, placement=None,
-           impair_backend="auto") -> None:
+def _build(
+    spec, lab_id, layout, cpu, ledger, info, impair=None, placement=None, impair_backend="auto"
+) -> None:
     d = lab_dir(lab_id)
     for sub in ("logs", "secrets", "config"):
         (d / sub).mkdir(mode=0o700, exist_ok=True)
@@ -369,11 +413,16 @@ def _build(spec, lab_id, layout, cpu, ledger, info, impair=None, placement=None,
         ns = f"{lab_id}-{n.name}"
         if n.kind == "switch":
             ledger.record("bridge", ns=ns, ifname="br0")
-            netops.configure_node(ns, [{"name": i.name} for i in n.interfaces], [],
-                                  bridge_ports=[i.name for i in n.interfaces])
+            netops.configure_node(
+                ns,
+                [{"name": i.name} for i in n.interfaces],
+                [],
+                bridge_ports=[i.name for i in n.interfaces],
+            )
         else:
-            netops.configure_node(ns, [i.__dict__ for i in n.interfaces], n.routes,
-                                  default_route=n.default_route)
+            netops.configure_node(
+                ns, [i.__dict__ for i in n.interfaces], n.routes, default_route=n.default_route
+            )
 
     # shaping first: a kernel netem on a shaped link goes under the tbf (runtime.netem_parent)
     for lk in spec.links:

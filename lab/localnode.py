@@ -108,7 +108,9 @@ class LocalNode(Node):
                 out.close()
         st = proc.proc_start_time(p.pid)
         if self.ledger is not None:
-            self.ledger.record("process", node=self.name, name=name, pid=p.pid, start_time=st, argv=list(argv))
+            self.ledger.record(
+                "process", node=self.name, name=name, pid=p.pid, start_time=st, argv=list(argv)
+            )
         return Daemon(self.name, name, p.pid, st, log, p)
 
     def stop(self, daemon: Daemon, *, grace: float = 3.0) -> bool:

@@ -25,9 +25,16 @@ MNT_DETACH = 2
 
 
 def _mount(src: str | None, target: str, fstype: str | None, flags: int) -> None:
-    if _libc.mount(
-        src.encode() if src else None, target.encode(), fstype.encode() if fstype else None, flags, None
-    ) != 0:
+    if (
+        _libc.mount(
+            src.encode() if src else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            None,
+        )
+        != 0
+    ):
         e = ctypes.get_errno()
         raise OSError(e, f"mount {target}: {os.strerror(e)}")
 
@@ -54,7 +61,9 @@ def netns_exists(name: str) -> bool:
 
 def create_netns(name: str) -> None:
     if netns_exists(name):
-        raise PreconditionError(f"network namespace {name!r} already exists (not created by this lab)")
+        raise PreconditionError(
+            f"network namespace {name!r} already exists (not created by this lab)"
+        )
     from pyroute2 import netns
 
     netns.create(name)
@@ -130,8 +139,12 @@ def create_veth(ns1: str, if1: str, ns2: str, if2: str, mtu: int | None = None) 
         with IPRoute() as ipr:
             ipr.link("add", ifname=if1, kind="veth", net_ns_fd=ns1, peer=peer, **kw)
     except NetlinkError as e:
-        raise CommandError(["netlink", "link add veth", if1, if2], e.code, os.strerror(e.code),
-                           where=f"{ns1}/{ns2}") from e
+        raise CommandError(
+            ["netlink", "link add veth", if1, if2],
+            e.code,
+            os.strerror(e.code),
+            where=f"{ns1}/{ns2}",
+        ) from e
 
 
 def remove_link(ns: str, ifname: str) -> None:
@@ -150,8 +163,14 @@ def remove_link(ns: str, ifname: str) -> None:
                     raise
 
 
-def configure_node(ns: str, interfaces: list[dict], routes: list[dict], *, bridge_ports: list[str] | None = None,
-                   default_route: str | None = None) -> None:
+def configure_node(
+    ns: str,
+    interfaces: list[dict],
+    routes: list[dict],
+    *,
+    bridge_ports: list[str] | None = None,
+    default_route: str | None = None,
+) -> None:
     """Bring up lo and the interfaces, add addresses and routes (all in one netlink session)."""
     from pyroute2 import NetNS
 
@@ -176,8 +195,12 @@ def configure_node(ns: str, interfaces: list[dict], routes: list[dict], *, bridg
         if default_route:
             kind, value = default_route.split()
             if kind == "via":
-                ipr.route("add", dst="default" if ":" not in value else "::/0", gateway=value,
-                          **({"family": 10} if ":" in value else {}))
+                ipr.route(
+                    "add",
+                    dst="default" if ":" not in value else "::/0",
+                    gateway=value,
+                    **({"family": 10} if ":" in value else {}),
+                )
             else:
                 ipr.route("add", dst="default", oif=ipr.link_lookup(ifname=value)[0])
 
@@ -188,8 +211,19 @@ def set_tbf(ns: str, ifname: str, mbit: float, *, limit_pkts: int | None = None)
     # burst must hold at least one MTU-sized frame and one timer tick of traffic (HZ=1000 worst case)
     burst = max(15000, rate_bps // 8 // 250)
     latency_ms = 50 if limit_pkts is None else None
-    argv = ["tc", "qdisc", "replace", "dev", ifname, "root", "tbf", "rate", f"{rate_bps}bit",
-            "burst", str(burst)]
+    argv = [
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        ifname,
+        "root",
+        "tbf",
+        "rate",
+        f"{rate_bps}bit",
+        "burst",
+        str(burst),
+    ]
     argv += ["latency", f"{latency_ms}ms"] if latency_ms else ["limit", str(limit_pkts * 1514)]
     proc.run(["nsenter", f"--net={NETNS_DIR / ns}", "--", *argv], where=f"netns {ns}")
 

@@ -53,7 +53,9 @@ class RunProgress(RunEvents):
         self.total = total
         if skipped:
             self.console.print(f"resuming: {skipped} finished case repetitions skipped")
-        self.task = self.progress.add_task("starting", total=max(estimate_s, 1), cases=self._cases())
+        self.task = self.progress.add_task(
+            "starting", total=max(estimate_s, 1), cases=self._cases()
+        )
 
     def phase(self, text: str) -> None:
         if self.task is not None:

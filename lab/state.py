@@ -48,7 +48,9 @@ def list_lab_ids() -> list[str]:
     root = state_root()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if (p / "ledger.jsonl").exists() and ID_RE.match(p.name))
+    return sorted(
+        p.name for p in root.iterdir() if (p / "ledger.jsonl").exists() and ID_RE.match(p.name)
+    )
 
 
 def write_json_atomic(path: Path, data: Any, *, mode: int = 0o644) -> None:

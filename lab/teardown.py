@@ -93,8 +93,10 @@ def _strangers(netns_inodes: dict[int, str]) -> list[str]:
                 comm = open(f"/proc/{pid}/comm").read().strip()
             except OSError:
                 comm = "?"
-            found.append(f"process {pid} ({comm}), not started by the lab, still in the removed "
-                         f"namespace {netns_inodes[ino]}; it was left alone")
+            found.append(
+                f"process {pid} ({comm}), not started by the lab, still in the removed "
+                f"namespace {netns_inodes[ino]}; it was left alone"
+            )
     return found
 
 

@@ -202,12 +202,16 @@ def load_topology(path: str | Path, topo: str | None = None, params: dict | None
         topo = next(iter(topos))
     if topo not in topos:
         raise ConfigError(
-            f"unknown topology {topo!r}; valid: {', '.join(sorted(topos))}", source=src, field="--topo"
+            f"unknown topology {topo!r}; valid: {', '.join(sorted(topos))}",
+            source=src,
+            field="--topo",
         )
     try:
         obj = topos[topo](**params)
     except TypeError as e:
-        raise ConfigError(f"cannot build topology {topo!r} with parameters {params}: {e}", source=src)
+        raise ConfigError(
+            f"cannot build topology {topo!r} with parameters {params}: {e}", source=src
+        )
     except Exception as e:  # the user's build() raised: report it as bad input
         raise ConfigError(f"building topology {topo!r} raised {_short_exc(e)}", source=src)
     return resolve(obj, source=src, topo_name=topo, params=params)
@@ -286,7 +290,9 @@ def resolve(topo, *, source: str, topo_name: str = "topo", params: dict | None =
                 )
             if ifname in used_ifnames[node] or ifname == "lo":
                 raise ConfigError(
-                    f"interface name {ifname!r} used twice on node {node!r}", source=source, field=where
+                    f"interface name {ifname!r} used twice on node {node!r}",
+                    source=source,
+                    field=where,
                 )
             used_ifnames[node].add(ifname)
             names_.append(ifname)
@@ -304,7 +310,9 @@ def resolve(topo, *, source: str, topo_name: str = "topo", params: dict | None =
             p = info.get(f"params{end}") or {}
             if not isinstance(p, dict):
                 raise ConfigError(
-                    f"params{end} must be a dict with keys {sorted(INTF_PARAMS)}", source=source, field=where
+                    f"params{end} must be a dict with keys {sorted(INTF_PARAMS)}",
+                    source=source,
+                    field=where,
                 )
             _reject_unknown(p, {k: "" for k in INTF_PARAMS}, source, f"{where} params{end}")
             addrs[end] = p
@@ -334,7 +342,9 @@ def _number(v, source, where, fld, *, lo, hi, unit=""):
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ConfigError(f"{fld} must be a number {lo}..{hi} {unit}, got {v!r}", source=source, field=where)
+        raise ConfigError(
+            f"{fld} must be a number {lo}..{hi} {unit}, got {v!r}", source=source, field=where
+        )
     if not lo <= v <= hi:
         raise ConfigError(f"{fld} must be {lo}..{hi} {unit}, got {v!r}", source=source, field=where)
     return float(v)
@@ -347,10 +357,16 @@ def _node_spec(name, is_switch, info, source, where) -> NodeSpec:
     cpu = info.get("cpu")
     if cpu is not None:
         if isinstance(cpu, bool):
-            raise ConfigError(f"cpu must be a profile name or a core fraction, got {cpu!r}", source=source, field=where)
+            raise ConfigError(
+                f"cpu must be a profile name or a core fraction, got {cpu!r}",
+                source=source,
+                field=where,
+            )
         if isinstance(cpu, (int, float)):
             if not 0.01 <= cpu <= 1024:
-                raise ConfigError(f"cpu fraction must be 0.01..1024 cores, got {cpu}", source=source, field=where)
+                raise ConfigError(
+                    f"cpu fraction must be 0.01..1024 cores, got {cpu}", source=source, field=where
+                )
             n.cpu = float(cpu)
         elif isinstance(cpu, str):
             from .cpuprofile import known_profiles  # data lookup only
@@ -363,19 +379,27 @@ def _node_spec(name, is_switch, info, source, where) -> NodeSpec:
                 )
             n.cpu = cpu
         else:
-            raise ConfigError(f"cpu must be a profile name or a number, got {cpu!r}", source=source, field=where)
+            raise ConfigError(
+                f"cpu must be a profile name or a number, got {cpu!r}", source=source, field=where
+            )
     router = info.get("router", False)
     if not isinstance(router, bool):
-        raise ConfigError(f"router must be True or False, got {router!r}", source=source, field=where)
+        raise ConfigError(
+            f"router must be True or False, got {router!r}", source=source, field=where
+        )
     n.router = router
     for role in ("vpn", "traffic"):
         v = info.get(role)
         if v is not None and v not in ("client", "server"):
-            raise ConfigError(f"{role} must be 'client' or 'server', got {v!r}", source=source, field=where)
+            raise ConfigError(
+                f"{role} must be 'client' or 'server', got {v!r}", source=source, field=where
+            )
         setattr(n, role, v)
     dr = info.get("defaultRoute")
     if dr is not None and not isinstance(dr, str):
-        raise ConfigError(f"defaultRoute must be 'via ADDR' or 'dev IF', got {dr!r}", source=source, field=where)
+        raise ConfigError(
+            f"defaultRoute must be 'via ADDR' or 'dev IF', got {dr!r}", source=source, field=where
+        )
     n.default_route = dr
     n._ip = info.get("ip")  # type: ignore[attr-defined]  # consumed by _assign
     n._ip6 = info.get("ip6")  # type: ignore[attr-defined]
@@ -386,7 +410,9 @@ def _link_impairment(info, source, where) -> str | None:
     parts = []
     if info.get("impair") is not None:
         if not isinstance(info["impair"], str):
-            raise ConfigError("impair must be a string of tc-netem words", source=source, field=where)
+            raise ConfigError(
+                "impair must be a string of tc-netem words", source=source, field=where
+            )
         parts.append(info["impair"])
     tc = {k: info[k] for k in ("delay", "jitter", "loss") if info.get(k) is not None}
     if tc:
@@ -400,7 +426,9 @@ def _link_impairment(info, source, where) -> str | None:
         if "loss" in tc:
             loss = tc["loss"]
             if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss <= 100:
-                raise ConfigError(f"loss must be a percentage 0..100, got {loss!r}", source=source, field=where)
+                raise ConfigError(
+                    f"loss must be a percentage 0..100, got {loss!r}", source=source, field=where
+                )
             words += ["loss", f"{loss}%"]
         parts.append(" ".join(words))
     if not parts:
@@ -437,7 +465,9 @@ def _iface(value, version, source, where, fld):
         raise ConfigError(f"{fld} must be IPv{version}, got {value!r}", source=source, field=where)
     if "/" not in str(value):
         iface = ipaddress.ip_interface(f"{value}/{24 if version == 4 else 64}")
-    if iface.ip == iface.network.network_address and iface.network.prefixlen < (31 if version == 4 else 127):
+    if iface.ip == iface.network.network_address and iface.network.prefixlen < (
+        31 if version == 4 else 127
+    ):
         raise ConfigError(f"{fld} {value} is the network address", source=source, field=where)
     return iface
 
@@ -471,7 +501,9 @@ def _assign(nodes, links, link_addrs, source, topo) -> list[Segment]:
         for i in idxs:
             seg_of_link[i] = si
     first_if_seen: set[str] = set()
-    explicit: dict[int, list[tuple[Interface, Any, Any, str]]] = {i: [] for i in range(len(seg_list))}
+    explicit: dict[int, list[tuple[Interface, Any, Any, str]]] = {
+        i: [] for i in range(len(seg_list))
+    }
     for lk in links:
         for end, node, ifn, peer, peer_if in (
             (1, lk.node1, lk.intf1, lk.node2, lk.intf2),
@@ -496,7 +528,11 @@ def _assign(nodes, links, link_addrs, source, topo) -> list[Segment]:
         for a in ("_ip", "_ip6"):
             if hasattr(nd, a):
                 if getattr(nd, a) is not None and not nd.interfaces:
-                    raise ConfigError(f"{a[1:]} given but the host has no links", source=source, field=f"host {nd.name!r}")
+                    raise ConfigError(
+                        f"{a[1:]} given but the host has no links",
+                        source=source,
+                        field=f"host {nd.name!r}",
+                    )
                 delattr(nd, a)
 
     segments: list[Segment] = []
@@ -553,7 +589,8 @@ def _assign(nodes, links, link_addrs, source, topo) -> list[Segment]:
             for it in dup:
                 if it[col].ip in seen:
                     raise ConfigError(
-                        f"address {it[col].ip} assigned twice ({seen[it[col].ip]} and {it[3]})", source=source
+                        f"address {it[col].ip} assigned twice ({seen[it[col].ip]} and {it[3]})",
+                        source=source,
                     )
                 seen[it[col].ip] = it[3]
             hosts_iter = net.hosts()
@@ -568,7 +605,9 @@ def _assign(nodes, links, link_addrs, source, topo) -> list[Segment]:
                             value = f"{h}/{net.prefixlen}"
                             break
                     else:
-                        raise ConfigError(f"subnet {net} has no free address left", source=source, field=where)
+                        raise ConfigError(
+                            f"subnet {net} has no free address left", source=source, field=where
+                        )
                 if ver == 4:
                     intf.ip = value
                 else:
@@ -620,7 +659,9 @@ def _check_default_route(n: NodeSpec, source: str):
     words = n.default_route.split()
     if len(words) != 2 or words[0] not in ("via", "dev"):
         raise ConfigError(
-            f"defaultRoute must be 'via ADDRESS' or 'dev IFNAME', got {n.default_route!r}", source=source, field=where
+            f"defaultRoute must be 'via ADDRESS' or 'dev IFNAME', got {n.default_route!r}",
+            source=source,
+            field=where,
         )
     if words[0] == "dev" and words[1] not in {i.name for i in n.interfaces}:
         raise ConfigError(
@@ -632,8 +673,13 @@ def _check_default_route(n: NodeSpec, source: str):
         try:
             addr = ipaddress.ip_address(words[1])
         except ValueError:
-            raise ConfigError(f"defaultRoute via {words[1]!r} is not an IP address", source=source, field=where)
-        nets = [ipaddress.ip_interface(i.ip if addr.version == 4 else i.ip6).network for i in n.interfaces]
+            raise ConfigError(
+                f"defaultRoute via {words[1]!r} is not an IP address", source=source, field=where
+            )
+        nets = [
+            ipaddress.ip_interface(i.ip if addr.version == 4 else i.ip6).network
+            for i in n.interfaces
+        ]
         if not any(addr in net for net in nets):
             raise ConfigError(
                 f"defaultRoute gateway {addr} is on none of the host's subnets {[str(x) for x in nets]}",

@@ -37,8 +37,15 @@ def lab_id():
 def run_lab(*args, env=None, check=False, timeout=120):
     e = dict(os.environ)
     e.update(env or {})
-    return subprocess.run([*LAB, *map(str, args)], capture_output=True, text=True, env=e,
-                          timeout=timeout, cwd=REPO, check=check)
+    return subprocess.run(
+        [*LAB, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=timeout,
+        cwd=REPO,
+        check=check,
+    )
 
 
 def lab_traces(lab_id: str) -> list[str]:

@@ -18,13 +18,15 @@ pytestmark = pytest.mark.root
 
 def test_quarter_core_cap(lab_id, tmp_path):
     topo = tmp_path / "capped.py"
-    topo.write_text(textwrap.dedent("""
+    topo.write_text(
+        textwrap.dedent("""
         from mininet.topo import Topo
         class T(Topo):
             def build(self):
                 self.addLink(self.addHost("busy", cpu=0.25), self.addHost("idle"))
         topos = {"t": T}
-    """))
+    """)
+    )
     lab = up(load_topology(topo), lab_id)
     rel = lab.runtime["busy"].cgroup
     node = lab.node("busy")

@@ -27,6 +27,7 @@ def _child_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
 
+
 #: what a capped measurement may miss the calibrated prediction by, on top of the residual:
 #: calibration and test run minutes apart on a 2-core machine shared with other builds and tests
 TOLERANCE = 0.30
@@ -54,9 +55,16 @@ def test_calibrate_cli_quick(tmp_path):
     res = json.loads(r.stdout)
     assert res["duration_s"] < 60
     assert res["max_abs_residual"] <= 0.25, res["residuals"]
-    assert set(res["residuals"]) == {"aes-128-gcm", "aes-256-gcm", "aes-256-cbc", "chacha20-poly1305"}
+    assert set(res["residuals"]) == {
+        "aes-128-gcm",
+        "aes-256-gcm",
+        "aes-256-cbc",
+        "chacha20-poly1305",
+    }
     stored = json.loads((tmp_path / "pi4.json").read_text())
-    assert stored["core_share"] == res["core_share"] and stored["host"]["openssl"].startswith("OpenSSL")
+    assert stored["core_share"] == res["core_share"] and stored["host"]["openssl"].startswith(
+        "OpenSSL"
+    )
     assert stored["env"]["OPENSSL_ia32cap"] and stored["env"]["GODEBUG"]
     v = stored["verification"]
     assert v["cgroup_version"] == cgroups.probe().version and v["left_over"] == []
@@ -105,16 +113,35 @@ def test_capped_pi4_node_runs_crypto_at_pi_speed_and_masks_reach_daemons(calibra
             runs = []
             for _ in range(3):
                 c0 = _child_cpu()
-                cp = node.run(["openssl", "speed", "-elapsed", "-mr", "-evp", prim, "-bytes", "16384",
-                               "-seconds", "1"], timeout=60)
+                cp = node.run(
+                    [
+                        "openssl",
+                        "speed",
+                        "-elapsed",
+                        "-mr",
+                        "-evp",
+                        prim,
+                        "-bytes",
+                        "16384",
+                        "-seconds",
+                        "1",
+                    ],
+                    timeout=60,
+                )
                 cpu_s = _child_cpu() - c0  # nsenter execs openssl under the same PID
                 count, secs = parse_openssl_mr(cp.stderr + cp.stdout)
                 runs.append((count * 16384 / secs / 1e6, cpu_s / secs))
             got, cpu_frac = max(runs)
             ref = prof.references[prim].mbps
             predicted = ref * (1 + calibrated["residuals"][prim])
-            why = (prim, f"{got:.1f} MB/s", f"predicted {predicted:.1f}", f"Pi {ref}",
-                   f"CPU {cpu_frac:.3f} of quota {quota:.3f} cores", runs)
+            why = (
+                prim,
+                f"{got:.1f} MB/s",
+                f"predicted {predicted:.1f}",
+                f"Pi {ref}",
+                f"CPU {cpu_frac:.3f} of quota {quota:.3f} cores",
+                runs,
+            )
             # the cap holds: never faster than the calibrated Pi figure (plus tolerance)
             assert got <= predicted * (1 + TOLERANCE), why
             assert got >= predicted * (1 - TOLERANCE), why
@@ -128,8 +155,9 @@ def test_capped_pi4_node_runs_crypto_at_pi_speed_and_masks_reach_daemons(calibra
                 assert time.monotonic() < deadline, "daemon never became sleep"
                 time.sleep(0.01)
             environ = dict(
-                kv.split("=", 1) for kv in
-                Path(f"/proc/{d.pid}/environ").read_bytes().decode().split("\0") if "=" in kv
+                kv.split("=", 1)
+                for kv in Path(f"/proc/{d.pid}/environ").read_bytes().decode().split("\0")
+                if "=" in kv
             )
             assert environ["OPENSSL_ia32cap"] == prof.env["OPENSSL_ia32cap"]
             assert environ["GODEBUG"] == prof.env["GODEBUG"]

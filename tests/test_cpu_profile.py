@@ -67,7 +67,10 @@ def test_shipped_profiles_load(name, monkeypatch, tmp_path):
 
 def test_pi4_figures_follow_the_stated_derivation():
     """pi4 (armv7l, 1.5 GHz) AES-128-GCM = lelegard 64-bit 1.8 GHz x 2.3 x 1.5/1.8."""
-    pi4, pi64 = load_profile("pi4", merge_calibration=False), load_profile("pi4-64", merge_calibration=False)
+    pi4, pi64 = (
+        load_profile("pi4", merge_calibration=False),
+        load_profile("pi4-64", merge_calibration=False),
+    )
     derived = pi64.references["aes-128-gcm"].mbps * 2.3 * pi4.clock_mhz / pi64.clock_mhz
     assert pi4.references["aes-128-gcm"].mbps == pytest.approx(derived, rel=0.01)
     assert pi4.word_bits == 32 and pi64.word_bits == 64
@@ -82,22 +85,48 @@ BAD = {
     "share_zero": ("cores = 0\ncore_share = 0\n", "core_share", "> 0"),
     "share_bool": ("cores = 0\ncore_share = true\n", "core_share", "number"),
     "no_references": ("cores = 4\ncore_share = 0.3\n", "reference", "aes-128-gcm"),
-    "unknown_primitive": (GOOD + '[reference.rot13]\nmbps = 1\nsource = "x"\n', "reference.rot13",
-                          "chacha20-poly1305"),
-    "reference_without_source": ("cores = 4\ncore_share = 0.3\n[reference.aes-128-gcm]\nmbps = 70\n",
-                                 "reference.aes-128-gcm.source", "mbps and source"),
-    "reference_negative": ("cores = 4\ncore_share = 0.3\n[reference.aes-128-gcm]\nmbps = -3\nsource = 'x'\n",
-                           "reference.aes-128-gcm.mbps", "> 0"),
-    "reference_bad_confidence": (GOOD.replace('source = "somewhere"', 'source = "s"\nconfidence = "sure"'),
-                                 "reference.aes-128-gcm.confidence", "high, medium, low"),
-    "unknown_top_field": (GOOD.replace("cores = 4", "cores = 4\ncore_sahre = 1"), "core_sahre", "accepted"),
-    "env_not_string": (GOOD.replace('OPENSSL_ia32cap = "~0x200000200000000"', "OPENSSL_ia32cap = 5"),
-                       "env.OPENSSL_ia32cap", "string"),
+    "unknown_primitive": (
+        GOOD + '[reference.rot13]\nmbps = 1\nsource = "x"\n',
+        "reference.rot13",
+        "chacha20-poly1305",
+    ),
+    "reference_without_source": (
+        "cores = 4\ncore_share = 0.3\n[reference.aes-128-gcm]\nmbps = 70\n",
+        "reference.aes-128-gcm.source",
+        "mbps and source",
+    ),
+    "reference_negative": (
+        "cores = 4\ncore_share = 0.3\n[reference.aes-128-gcm]\nmbps = -3\nsource = 'x'\n",
+        "reference.aes-128-gcm.mbps",
+        "> 0",
+    ),
+    "reference_bad_confidence": (
+        GOOD.replace('source = "somewhere"', 'source = "s"\nconfidence = "sure"'),
+        "reference.aes-128-gcm.confidence",
+        "high, medium, low",
+    ),
+    "unknown_top_field": (
+        GOOD.replace("cores = 4", "cores = 4\ncore_sahre = 1"),
+        "core_sahre",
+        "accepted",
+    ),
+    "env_not_string": (
+        GOOD.replace('OPENSSL_ia32cap = "~0x200000200000000"', "OPENSSL_ia32cap = 5"),
+        "env.OPENSSL_ia32cap",
+        "string",
+    ),
     "word_bits": (GOOD + "", None, None),  # placeholder replaced below
-    "emulated_too_many": (GOOD.replace("cores = 4", "cores = 4\nemulated_cores = 5"), "emulated_cores", "(0, cores=4]"),
+    "emulated_too_many": (
+        GOOD.replace("cores = 4", "cores = 4\nemulated_cores = 5"),
+        "emulated_cores",
+        "(0, cores=4]",
+    ),
     "name_mismatch": ('name = "pi5"\n' + GOOD, "name", "must match"),
-    "only_go_reference": ("cores = 4\ncore_share = 0.3\n[reference.go-chacha20-poly1305]\nmbps = 1\nsource = 'x'\n",
-                          "reference", "OpenSSL"),
+    "only_go_reference": (
+        "cores = 4\ncore_share = 0.3\n[reference.go-chacha20-poly1305]\nmbps = 1\nsource = 'x'\n",
+        "reference",
+        "OpenSSL",
+    ),
     "not_toml": ("cores = = 4\n", None, "not valid TOML"),
 }
 BAD["word_bits"] = ("word_bits = 16\n" + GOOD, "word_bits", "32 or 64")
@@ -132,9 +161,16 @@ def test_adding_a_profile_is_adding_a_file(profdir):
 
 
 def _calibration(prof, **over):
-    cal = {"schema": 1, "profile_fingerprint": prof.fingerprint(), "core_share": 0.25,
-           "host": {"cpu_model": host_cpu_model()}, "residuals": {"aes-128-gcm": 0.01},
-           "created": "2026-01-01T00:00:00Z", "mode": "quick", "max_abs_residual": 0.01}
+    cal = {
+        "schema": 1,
+        "profile_fingerprint": prof.fingerprint(),
+        "core_share": 0.25,
+        "host": {"cpu_model": host_cpu_model()},
+        "residuals": {"aes-128-gcm": 0.01},
+        "created": "2026-01-01T00:00:00Z",
+        "mode": "quick",
+        "max_abs_residual": 0.01,
+    }
     cal.update(over)
     return cal
 
@@ -145,18 +181,27 @@ def test_calibration_is_merged(profdir, tmp_path):
     (tmp_path / "cal").mkdir()
     (tmp_path / "cal" / "board.json").write_text(json.dumps(cal))
     p = load_profile("board")
-    assert p.calibrated and p.core_share == 0.25 and p.calibration["residuals"] == {"aes-128-gcm": 0.01}
+    assert (
+        p.calibrated
+        and p.core_share == 0.25
+        and p.calibration["residuals"] == {"aes-128-gcm": 0.01}
+    )
 
 
-@pytest.mark.parametrize("over,why", [
-    ({"profile_fingerprint": "0" * 16}, "references or masks changed"),
-    ({"host": {"cpu_model": "Some Other CPU"}}, "another CPU"),
-    ({"schema": 99}, "schema"),
-])
+@pytest.mark.parametrize(
+    "over,why",
+    [
+        ({"profile_fingerprint": "0" * 16}, "references or masks changed"),
+        ({"host": {"cpu_model": "Some Other CPU"}}, "another CPU"),
+        ({"schema": 99}, "schema"),
+    ],
+)
 def test_stale_calibration_is_not_used(profdir, tmp_path, over, why):
     (profdir / "board.toml").write_text(GOOD)
     (tmp_path / "cal").mkdir()
-    (tmp_path / "cal" / "board.json").write_text(json.dumps(_calibration(load_profile("board"), **over)))
+    (tmp_path / "cal" / "board.json").write_text(
+        json.dumps(_calibration(load_profile("board"), **over))
+    )
     p = load_profile("board")
     assert not p.calibrated and p.core_share == 0.3
     assert why in p.uncalibrated_reason and "lab calibrate board" in p.uncalibrated_reason

@@ -51,8 +51,12 @@ def test_sigkill_at_every_build_step_then_clean(lab_id, topo):
 def test_sigkill_at_random_times_then_clean(lab_id):
     rng = random.Random(1234)
     for _ in range(6):
-        p = subprocess.Popen([*LAB, "up", str(TOPOS / "site_to_site.py"), "--id", lab_id], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            [*LAB, "up", str(TOPOS / "site_to_site.py"), "--id", lab_id],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rng.uniform(0.2, 0.8))
         p.send_signal(signal.SIGKILL)
         p.wait()
@@ -63,7 +67,9 @@ def test_sigkill_at_random_times_then_clean(lab_id):
 
 def test_node_daemons_killed_behind_the_labs_back(lab_id):
     lab = up(load_topology(TOPOS / "pi_pair_middlebox.py"), lab_id)
-    daemons = [lab.node(n).spawn(f"d{n}", ["sleep", "1000"]) for n in ("client", "router", "server")]
+    daemons = [
+        lab.node(n).spawn(f"d{n}", ["sleep", "1000"]) for n in ("client", "router", "server")
+    ]
     survivor = lab.node("server").spawn("survivor", ["sleep", "1000"])
     for d in daemons:
         os.kill(d.pid, signal.SIGKILL)
@@ -89,8 +95,18 @@ def test_clean_is_harmless_twice_and_with_nothing_up():
 
 def test_sigkill_during_up_with_engine_and_vpn_then_clean(lab_id):
     """Kill points that fall among impairment engines and VPN daemons starting."""
-    args = ["up", TOPOS / "pi_pair_middlebox.py", "--id", lab_id, "--impair", "delay 1ms",
-            "--impair-backend", "userspace", "--vpn", "wireguard"]
+    args = [
+        "up",
+        TOPOS / "pi_pair_middlebox.py",
+        "--id",
+        lab_id,
+        "--impair",
+        "delay 1ms",
+        "--impair-backend",
+        "userspace",
+        "--vpn",
+        "wireguard",
+    ]
     r = run_lab(*args)
     assert r.returncode == 0, r.stderr
     total = len(Ledger(lab_dir(lab_id) / "ledger.jsonl").entries())

@@ -20,7 +20,9 @@ def test_placements_resolve_to_egress_points():
     assert runtime.default_placement(mb) == "middlebox"
     pts = runtime.points(mb, "middlebox")
     assert {(p.node, p.ifname, p.way) for p in pts} == {
-        ("router", "router-eth0", "rev"), ("router", "router-eth1", "fwd")}
+        ("router", "router-eth0", "rev"),
+        ("router", "router-eth1", "fwd"),
+    }
     assert runtime.engine_links(mb, "middlebox") == [1]  # one engine hop: router-server
     eg = runtime.points(mb, "egress")
     assert {(p.node, p.way) for p in eg} == {("client", "fwd"), ("server", "rev")}
@@ -28,7 +30,9 @@ def test_placements_resolve_to_egress_points():
     pair = load_topology(TOPOS / "pi_pair.py")
     assert runtime.default_placement(pair) == "egress"
     assert runtime.engine_links(pair, "ingress") == [0]
-    with pytest.raises(ConfigError, match="placement 'middlebox' needs a node between client and server"):
+    with pytest.raises(
+        ConfigError, match="placement 'middlebox' needs a node between client and server"
+    ):
         runtime.points(pair, "middlebox")
     s2s = load_topology(TOPOS / "site_to_site.py")
     assert [(i, a, b) for i, a, b in runtime.path_links(s2s, "gw1", "gw2")] == [(1, "gw1", "gw2")]

@@ -57,7 +57,8 @@ def test_site_to_site_routes_go_through_both_gateways():
 
 def test_auto_addressing_and_switch(tmp_path):
     f = tmp_path / "sw.py"
-    f.write_text(textwrap.dedent("""
+    f.write_text(
+        textwrap.dedent("""
         from mininet.topo import Topo
         class T(Topo):
             def build(self, n=3):
@@ -65,7 +66,8 @@ def test_auto_addressing_and_switch(tmp_path):
                 for i in range(n):
                     self.addLink(self.addHost(f"h{i}"), s)
         topos = {"t": T}
-    """))
+    """)
+    )
     spec = load_topology(f, params={"n": 4})
     assert len(spec.segments) == 1
     ips = {n.interfaces[0].ip for n in spec.hosts()}
@@ -99,9 +101,21 @@ def _pair(host_a="", host_b="", link=""):
 
 # (name, file text, regex the message must match)
 MALFORMED = [
-    ("unknown host option", _pair(host_a=", cpux=1"), r"host 'a'.*unknown option cpux.*valid: cpu, ip"),
-    ("unknown link option", _pair(link=", bandwidth=10"), r"link a-b.*unknown option bandwidth.*valid: bw"),
-    ("unknown cpu profile", _pair(host_a=", cpu='pi9'"), r"unknown CPU profile 'pi9'; valid: .*pi4"),
+    (
+        "unknown host option",
+        _pair(host_a=", cpux=1"),
+        r"host 'a'.*unknown option cpux.*valid: cpu, ip",
+    ),
+    (
+        "unknown link option",
+        _pair(link=", bandwidth=10"),
+        r"link a-b.*unknown option bandwidth.*valid: bw",
+    ),
+    (
+        "unknown cpu profile",
+        _pair(host_a=", cpu='pi9'"),
+        r"unknown CPU profile 'pi9'; valid: .*pi4",
+    ),
     ("cpu fraction too small", _pair(host_a=", cpu=0.001"), r"cpu fraction must be 0.01..1024"),
     ("cpu negative", _pair(host_a=", cpu=-1"), r"cpu fraction must be"),
     ("cpu bool", _pair(host_a=", cpu=True"), r"cpu must be a profile name"),
@@ -115,40 +129,86 @@ MALFORMED = [
     ("ip is v6", _pair(host_a=", ip='fd00::1/64'"), r"ip must be IPv4"),
     ("bad ip6", _pair(host_a=", ip6='zz::1/64'"), r"ip6 must be an IPv6 address"),
     ("network address", _pair(host_a=", ip='10.0.5.0/24'"), r"is the network address"),
-    ("different subnets on one link", _pair(host_a=", ip='10.0.1.1/24'", host_b=", ip='10.0.2.1/24'"),
-     r"same L2 segment but in different subnets"),
-    ("same address twice", _pair(host_a=", ip='10.0.1.1/24'", host_b=", ip='10.0.1.1/24'"),
-     r"address 10.0.1.1 assigned twice"),
+    (
+        "different subnets on one link",
+        _pair(host_a=", ip='10.0.1.1/24'", host_b=", ip='10.0.2.1/24'"),
+        r"same L2 segment but in different subnets",
+    ),
+    (
+        "same address twice",
+        _pair(host_a=", ip='10.0.1.1/24'", host_b=", ip='10.0.1.1/24'"),
+        r"address 10.0.1.1 assigned twice",
+    ),
     ("router not bool", _pair(host_a=", router='yes'"), r"router must be True or False"),
     ("vpn role", _pair(host_a=", vpn='initiator'"), r"vpn must be 'client' or 'server'"),
     ("traffic role", _pair(host_a=", traffic=1"), r"traffic must be 'client' or 'server'"),
-    ("defaultRoute syntax", _pair(host_a=", defaultRoute='10.0.0.1'"), r"defaultRoute must be 'via ADDRESS'"),
-    ("defaultRoute dev", _pair(host_a=", defaultRoute='dev eth9'"), r"defaultRoute names interface 'eth9'"),
-    ("defaultRoute off-subnet", _pair(host_a=", ip='10.0.1.1/24', defaultRoute='via 10.9.9.9'"),
-     r"gateway 10.9.9.9 is on none of the host's subnets"),
-    ("ifname too long", _pair(link=", intfName1='a-very-long-interface'"), r"is 21 bytes; Linux allows 1..15"),
+    (
+        "defaultRoute syntax",
+        _pair(host_a=", defaultRoute='10.0.0.1'"),
+        r"defaultRoute must be 'via ADDRESS'",
+    ),
+    (
+        "defaultRoute dev",
+        _pair(host_a=", defaultRoute='dev eth9'"),
+        r"defaultRoute names interface 'eth9'",
+    ),
+    (
+        "defaultRoute off-subnet",
+        _pair(host_a=", ip='10.0.1.1/24', defaultRoute='via 10.9.9.9'"),
+        r"gateway 10.9.9.9 is on none of the host's subnets",
+    ),
+    (
+        "ifname too long",
+        _pair(link=", intfName1='a-very-long-interface'"),
+        r"is 21 bytes; Linux allows 1..15",
+    ),
     ("loss out of range", _pair(link=", loss=120"), r"loss"),
     ("jitter without delay", _pair(link=", jitter='5ms'"), r"jitter needs delay|jitter"),
     ("params not dict", _pair(link=", params1='10.0.0.1'"), r"params1 must be a dict"),
     ("params unknown key", _pair(link=", params1={'mac': 'x'}"), r"params1.*unknown option mac"),
     ("impair not str", _pair(link=", impair=5"), r"impair must be a string"),
-    ("no topos dict", HEADER + "class T(Topo):\n    def build(self):\n        pass\n",
-     r"defines no `topos"),
-    ("empty topology", HEADER + "class T(Topo):\n    def build(self):\n        pass\ntopos={'t': T}\n",
-     r"topology has no nodes"),
-    ("import raises", "raise RuntimeError('boom')\n", r"importing raised RuntimeError: boom at line 1"),
+    (
+        "no topos dict",
+        HEADER + "class T(Topo):\n    def build(self):\n        pass\n",
+        r"defines no `topos",
+    ),
+    (
+        "empty topology",
+        HEADER + "class T(Topo):\n    def build(self):\n        pass\ntopos={'t': T}\n",
+        r"topology has no nodes",
+    ),
+    (
+        "import raises",
+        "raise RuntimeError('boom')\n",
+        r"importing raised RuntimeError: boom at line 1",
+    ),
     ("syntax error", "def (:\n", r"syntax error at line 1"),
-    ("build raises", HEADER + "class T(Topo):\n    def build(self):\n        1/0\ntopos={'t': T}\n",
-     r"building topology 't' raised ZeroDivisionError"),
-    ("bad node name", HEADER + "class T(Topo):\n    def build(self):\n        self.addHost('a-b')\ntopos={'t': T}\n",
-     r"node names must start with a letter"),
-    ("long node name", HEADER + textwrap.dedent("""
+    (
+        "build raises",
+        HEADER + "class T(Topo):\n    def build(self):\n        1/0\ntopos={'t': T}\n",
+        r"building topology 't' raised ZeroDivisionError",
+    ),
+    (
+        "bad node name",
+        HEADER
+        + "class T(Topo):\n    def build(self):\n        self.addHost('a-b')\ntopos={'t': T}\n",
+        r"node names must start with a letter",
+    ),
+    (
+        "long node name",
+        HEADER
+        + textwrap.dedent("""
         class T(Topo):
             def build(self):
                 self.addLink(self.addHost('averyveryverylongname'), self.addHost('b'))
         topos = {'t': T}
-    """), r"interface name 'averyveryverylongname-eth0' is 26 bytes"),
-    ("overlapping subnets", HEADER + textwrap.dedent("""
+    """),
+        r"interface name 'averyveryverylongname-eth0' is 26 bytes",
+    ),
+    (
+        "overlapping subnets",
+        HEADER
+        + textwrap.dedent("""
         class T(Topo):
             def build(self):
                 r = self.addHost('r', router=True)
@@ -156,27 +216,45 @@ MALFORMED = [
                 self.addLink(a, r, params1={'ip': '10.1.0.2/16'}, params2={'ip': '10.1.0.1/16'})
                 self.addLink(r, b, params1={'ip': '10.1.5.1/24'}, params2={'ip': '10.1.5.2/24'})
         topos = {'t': T}
-    """), r"subnets 10.1.0.0/16 and 10.1.5.0/24 overlap"),
-    ("switch option", HEADER + textwrap.dedent("""
+    """),
+        r"subnets 10.1.0.0/16 and 10.1.5.0/24 overlap",
+    ),
+    (
+        "switch option",
+        HEADER
+        + textwrap.dedent("""
         class T(Topo):
             def build(self):
                 s = self.addSwitch('s1', stp=True)
                 self.addLink(self.addHost('a'), s)
         topos = {'t': T}
-    """), r"switch 's1'.*unknown option stp; valid: \(none\)"),
-    ("self link", HEADER + textwrap.dedent("""
+    """),
+        r"switch 's1'.*unknown option stp; valid: \(none\)",
+    ),
+    (
+        "self link",
+        HEADER
+        + textwrap.dedent("""
         class T(Topo):
             def build(self):
                 a = self.addHost('a')
                 self.addLink(a, a)
         topos = {'t': T}
-    """), r"a link must join two different nodes"),
-    ("topo args", HEADER + "class T(Topo):\n    def build(self):\n        self.addHost('a')\ntopos={'t': T}\n",
-     None),  # placeholder replaced below (bad -p)
+    """),
+        r"a link must join two different nodes",
+    ),
+    (
+        "topo args",
+        HEADER
+        + "class T(Topo):\n    def build(self):\n        self.addHost('a')\ntopos={'t': T}\n",
+        None,
+    ),  # placeholder replaced below (bad -p)
 ]
 
 
-@pytest.mark.parametrize("name,text,pattern", [m for m in MALFORMED if m[2]], ids=[m[0] for m in MALFORMED if m[2]])
+@pytest.mark.parametrize(
+    "name,text,pattern", [m for m in MALFORMED if m[2]], ids=[m[0] for m in MALFORMED if m[2]]
+)
 def test_malformed_topology_is_a_clear_error(tmp_path, name, text, pattern):
     f = tmp_path / "bad_topo.py"
     f.write_text(text)

@@ -190,8 +190,12 @@ def _select(lab, st, target: str | None) -> list[Point]:
     else:
         sel = [p for p in pts if _link_name(lab.spec, p.link) == target]
     if not sel:
-        valid = sorted({f"{p.node}:{p.ifname}" for p in pts} | {_link_name(lab.spec, p.link) for p in pts})
-        raise ConfigError(f"unknown impairment target {target!r}; valid: {', '.join(valid)}", source="TARGET")
+        valid = sorted(
+            {f"{p.node}:{p.ifname}" for p in pts} | {_link_name(lab.spec, p.link) for p in pts}
+        )
+        raise ConfigError(
+            f"unknown impairment target {target!r}; valid: {', '.join(valid)}", source="TARGET"
+        )
     return sel
 
 
@@ -206,12 +210,18 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> None:
             node = lab.node(p.node)
             if st["placement"] == "ingress":
                 ifb = f"ifb{p.link}"
-                argvs = kernel.apply_argvs(p.ifname, imp, placement="ingress", ifb=ifb) \
-                    if not imp.is_empty() else [kernel.clear_argv(ifb)]
+                argvs = (
+                    kernel.apply_argvs(p.ifname, imp, placement="ingress", ifb=ifb)
+                    if not imp.is_empty()
+                    else [kernel.clear_argv(ifb)]
+                )
             else:
                 parent = netem_parent(node, p.ifname)
-                argvs = [kernel.netem_argv(p.ifname, imp, parent=parent)] if not imp.is_empty() \
+                argvs = (
+                    [kernel.netem_argv(p.ifname, imp, parent=parent)]
+                    if not imp.is_empty()
                     else [kernel.clear_argv(p.ifname, parent=parent)]
+                )
             for argv in argvs:
                 node.run(argv, check=not imp.is_empty())
         return
@@ -222,7 +232,9 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> None:
         for p, imp in changes:
             # middlebox: the router's two egresses both live on the one engine (module doc)
             if eng["link"] == p.link or st["placement"] == "middlebox":
-                EngineClient(eng["control"]).set(eng["fwd_dir"] if p.way == "fwd" else rev, imp.to_json())
+                EngineClient(eng["control"]).set(
+                    eng["fwd_dir"] if p.way == "fwd" else rev, imp.to_json()
+                )
 
 
 def netem_parent(node, ifname: str) -> str:
@@ -242,7 +254,9 @@ def show_impairment(lab) -> dict:
     if not st:
         return {"backend": None, "placement": None, "applied": None, "note": "no impairment points"}
     out = {k: st[k] for k in ("backend", "placement", "why") if k in st}
-    out["requested"] = {k: str(Impairment.from_json(v)) for k, v in (st.get("applied") or {}).items()}
+    out["requested"] = {
+        k: str(Impairment.from_json(v)) for k, v in (st.get("applied") or {}).items()
+    }
     out["points"] = [f"{p['node']}:{p['ifname']} ({p['way']})" for p in st["points"]]
     if st["backend"] == "kernel-netem":
         real = {}
@@ -251,8 +265,11 @@ def show_impairment(lab) -> dict:
             node = lab.node(p["node"])
             parent = "root" if st["placement"] == "ingress" else netem_parent(node, dev)
             cp = node.run(kernel.show_argv(dev), check=False)
-            imp = kernel.parse_tc_qdisc_show_json(cp.stdout, dev=dev, parent=parent) \
-                if cp.returncode == 0 else None
+            imp = (
+                kernel.parse_tc_qdisc_show_json(cp.stdout, dev=dev, parent=parent)
+                if cp.returncode == 0
+                else None
+            )
             real[f"{p['node']}:{dev}"] = str(imp) if imp is not None else "none"
         out["applied"] = real
     else:
@@ -266,8 +283,13 @@ def show_impairment(lab) -> dict:
                 eng_out[eng["name"]] = {"error": str(e)}
         out["engines"] = eng_out
         out["applied"] = {
-            name: {d: str(Impairment.from_json(v["spec"])) if isinstance(v, dict) and "spec" in v else v
-                   for d, v in e.items() if d in ("a2b", "b2a")}
+            name: {
+                d: str(Impairment.from_json(v["spec"]))
+                if isinstance(v, dict) and "spec" in v
+                else v
+                for d, v in e.items()
+                if d in ("a2b", "b2a")
+            }
             for name, e in eng_out.items()
         }
     return out
@@ -286,7 +308,9 @@ class ImpairPlan:
     initial: str
 
 
-def plan_for(spec: LabSpec, placement: str | None, initial: str, backend: str, why: str) -> ImpairPlan:
+def plan_for(
+    spec: LabSpec, placement: str | None, initial: str, backend: str, why: str
+) -> ImpairPlan:
     placement = placement or default_placement(spec)
     pts = points(spec, placement)
     # validate the spec now: bad input is refused before anything is created
