@@ -15,7 +15,15 @@ from . import cgroups, netops
 from .cpuprofile import load_profile, plan_entry, scale_to_host
 from .errors import ConfigError, LabError, PreconditionError
 from .localnode import LocalNode
-from .state import Ledger, check_id, lab_dir, list_lab_ids, run_root, write_json_atomic
+from .state import (
+    Ledger,
+    check_id,
+    create_lab_dir,
+    lab_dir,
+    list_lab_ids,
+    run_root,
+    write_json_atomic,
+)
 from .topology import LabSpec
 
 CGROUP_PARENT = "lab"
@@ -219,15 +227,7 @@ def up(
                 f"network namespace {lab_id}-{n.name} already exists: lab {lab_id!r} is up or was not "
                 f"cleaned; run `lab down --id {lab_id}` / `lab clean`, or pick another --id"
             )
-    d = lab_dir(lab_id)
-    d.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        d.mkdir(mode=0o700)
-    except FileExistsError:
-        raise PreconditionError(
-            f"lab {lab_id!r} already exists ({d}); `lab down --id {lab_id}` or `lab clean` first, "
-            "or choose another --id"
-        )
+    d = create_lab_dir(lab_id)
     ledger = Ledger(d / "ledger.jsonl")
     info = {
         "id": lab_id,

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, PreconditionError
 
 ID_RE = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 
@@ -42,6 +42,24 @@ def check_id(lab_id: str) -> str:
 
 def lab_dir(lab_id: str) -> Path:
     return state_root() / lab_id
+
+
+def create_lab_dir(lab_id: str) -> Path:
+    """Claim lab `lab_id`: its state directory, created atomically (mode 0700).
+
+    The first thing `lab up` creates; an existing directory means the id is taken (a lab is up
+    or was not cleaned), and nothing else is touched.
+    """
+    d = lab_dir(lab_id)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        raise PreconditionError(
+            f"lab {lab_id!r} already exists ({d}); `lab down --id {lab_id}` or `lab clean` first, "
+            "or choose another --id"
+        ) from None
+    return d
 
 
 def list_lab_ids() -> list[str]:

@@ -38,7 +38,7 @@ from .errors import (
     StartupError,
     TeardownIncomplete,
 )
-from .state import Ledger, check_id, lab_dir, list_lab_ids, write_json_atomic
+from .state import Ledger, check_id, create_lab_dir, lab_dir, list_lab_ids, write_json_atomic
 
 PROJECT = Path(__file__).resolve().parent.parent
 #: where the guest mounts the host lab's share/ directory
@@ -149,15 +149,7 @@ def up(
     preflight(spec, vpn, impair, placement)
     require_qemu()
     find_kernel()
-    d = lab_dir(lab_id)
-    d.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        d.mkdir(mode=0o700)
-    except FileExistsError:
-        raise PreconditionError(
-            f"lab {lab_id!r} already exists ({d}); `lab down --id {lab_id}` "
-            "first, or choose another --id"
-        ) from None
+    d = create_lab_dir(lab_id)
     ledger = Ledger(d / "ledger.jsonl")
     state_dir = d / "vm"
     ledger.record("vm-lab", id=lab_id, state_dir=str(state_dir))
