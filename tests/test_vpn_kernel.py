@@ -34,7 +34,9 @@ PROFILES = {
     "gre": ("pi_pair_middlebox", True),
     "ipip": ("pi_pair_middlebox", True),
     "l2tpv3": ("pi_pair_middlebox", True),
-}  # ip6gre, ip6tnl and macsec-gcm-aes-128 (tests/test_vm_lab.py) too: bench/vm_dataplanes.py
+    "ip6gre": ("pi_pair_middlebox", True),
+    "ip6tnl": ("pi_pair_middlebox", True),
+}  # macsec-gcm-aes-128 (MKA): tests/test_vm_lab.py
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +136,8 @@ def test_kernel_netem_accuracy_in_vm(vm):
         "gre",
         "ipip",
         "l2tpv3",
+        "ip6gre",
+        "ip6tnl",
         "wireguard:implementation=kernel",
         "ipsec-aes128gcm:dataplane=kernel",
     ],
