@@ -60,6 +60,7 @@ TOP_KEYS: dict[str, str] = {
     "error_bars": "'sd' (study A) or 'minmax' (study D) in the report's bar charts",
     "defaults": "table of test parameters given to every test that accepts them",
     "tests": "array of tables: test, name, reps and the test's parameters",
+    "vm": "true: run the whole plan inside the full-kernel VM (`lab run --vm`); default false",
 }
 TOPOLOGY_KEYS = {
     "file": "topology file (relative to the plan, else to the repository)",
@@ -80,6 +81,7 @@ OVERRIDE_KEYS = {
     "placement": "egress, ingress or middlebox",
     "timeout_s": "grace in seconds",
     "name": "plan name",
+    "vm": "true or false: run inside the full-kernel VM",
     "topology.file": "topology file",
     "topology.topo": "topology entry",
     "topology.cpu": "CPU profile",
@@ -162,6 +164,7 @@ class Plan:
     timeout_s: float
     error_bars: str
     tests: list[TestEntry]
+    vm: bool = False
     overrides: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -228,6 +231,7 @@ class Plan:
             "timeout_s": self.timeout_s,
             "error_bars": self.error_bars,
             "tests": [t.to_json() for t in self.tests],
+            "vm": self.vm,
             "overrides": self.overrides,
         }
 
@@ -236,6 +240,8 @@ class Plan:
         d = self.to_json()
         for k in ("source", "description", "notes", "overrides"):
             d.pop(k)
+        if not d["vm"]:
+            d.pop("vm")  # digests of runs made before the key existed stay valid
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -356,7 +362,7 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
                     field="tests",
                 )
             raw["tests"] = [t for t, lbl in zip(tests, labels, strict=True) if lbl in keep]
-        elif key in ("impaired_reps", "placement", "timeout_s", "name"):
+        elif key in ("impaired_reps", "placement", "timeout_s", "name", "vm"):
             raw[key] = value
         elif key.startswith("topology."):
             parts = key.split(".")
@@ -441,6 +447,9 @@ def validate(raw: dict, *, source: str, base_dir: Path, default_name: str) -> Pl
     if error_bars not in ERROR_BARS:
         raise _bad(f"got {error_bars!r}; accepted: {', '.join(ERROR_BARS)}", source, "error_bars")
     tests = _tests(raw, source)
+    vm = raw.get("vm", False)
+    if not isinstance(vm, bool):
+        raise _bad(f"got {vm!r}; accepted: true, false", source, "vm")
     return Plan(
         name=name,
         source=source,
@@ -458,6 +467,7 @@ def validate(raw: dict, *, source: str, base_dir: Path, default_name: str) -> Pl
         timeout_s=timeout_s,
         error_bars=error_bars,
         tests=tests,
+        vm=vm,
         raw=raw,
     )
 

@@ -215,6 +215,17 @@ def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
         ["placement", plan.get("placement") or "lab default"],
         ["repetitions", f"{plan.get('reps')} unimpaired, {plan.get('impaired_reps')} impaired"],
     ]
+    sub = m.get("substrate") or {}
+    if sub.get("kind") == "vm":
+        rows.append(
+            [
+                "substrate",
+                f"full-kernel VM, kernel {sub.get('kernel')}, accelerator "
+                f"{str(sub.get('accelerator')).upper()} on host kernel {sub.get('host_kernel')}",
+            ]
+        )
+        if sub.get("evidence") == "functional":
+            rows.append(["warning", str(sub.get("note"))])
     if False in calibrated:
         rows.append(["warning", "CPU profile uncalibrated on this machine (`lab calibrate`)"])
     doc.table(["", ""], rows)

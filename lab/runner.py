@@ -326,6 +326,8 @@ class Runner:
         write_json_atomic(self.run_dir.file("manifest.json"), self.manifest)
 
     def init_manifest(self) -> None:
+        from .lab import substrate
+
         m = self.run_dir.manifest()
         session = {
             "session": self.session,
@@ -334,6 +336,7 @@ class Runner:
             "lab_version": __version__,
             "git_revision": git_revision(),
             "kernel": kernel_info(),
+            "substrate": substrate(),
             "lab_id": self.lab_id,
         }
         if not m:
@@ -346,6 +349,7 @@ class Runner:
                 "git_revision": session["git_revision"],
                 "command_line": self.argv,
                 "kernel": session["kernel"],
+                "substrate": session["substrate"],
                 "tool_versions": tool_versions(),
                 "plan": self.plan.to_json(),
                 "plan_digest": self.plan.digest(),

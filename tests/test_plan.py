@@ -129,6 +129,7 @@ BAD = [
     ('[[tests]]\ntest = "tcp"\nwindow = 3', "window", "accepted"),
     ('[[tests]]\ntest = "udp"\nname = "tcp"', "tests", "used twice"),
     ("duration = 0", "duration", "0.1"),
+    ('vm = "yes"', "vm", "true, false"),
     ("[defaults]\nnot_a_param = 1", "defaults.not_a_param", "accepted"),
 ]
 
@@ -190,3 +191,17 @@ def test_missing_plan_lists_the_shipped_ones():
     with pytest.raises(ConfigError) as ei:
         load_plan("no-such-plan")
     assert "quick" in str(ei.value)
+
+
+def test_vm_key_and_override(tmp_path):
+    path = write(tmp_path, GOOD)
+    host = load_plan(path)
+    assert host.vm is False
+    vm = load_plan(path, ["vm=true"])
+    assert vm.vm is True and vm.to_json()["vm"] is True
+    # a VM run is a different run: resuming it on the host (or the reverse) is refused by digest
+    assert vm.digest() != host.digest()
+    # runs recorded before the key existed keep their digest
+    assert load_plan(path, ["vm=false"]).digest() == host.digest()
+    written = write(tmp_path, GOOD.replace('name = "tiny"', 'name = "tiny"\nvm = true'), "v.toml")
+    assert load_plan(written).vm is True

@@ -38,6 +38,25 @@ def test_report_tables_plots_and_time_share(tmp_path):
     assert not [p for p in run.path.rglob(".*") if p.is_file()]
 
 
+def test_report_states_a_vm_substrate_and_its_evidence_class(tmp_path):
+    import json
+
+    from lab.vmlab import TCG_NOTE
+
+    run = make_run(tmp_path / "run")
+    m = run.manifest()
+    m["substrate"] = {"kind": "vm", "kernel": "6.12.0-test", "accelerator": "tcg",
+                      "evidence": "functional", "note": TCG_NOTE, "host_kernel": "5.10.0-host"}  # fmt: skip
+    run.file("manifest.json").write_text(json.dumps(m))
+    generate(run.path)
+    md = run.file("report.md").read_text()
+    assert "full-kernel VM, kernel 6.12.0-test, accelerator TCG on host kernel 5.10.0-host" in md
+    assert "functional evidence only" in md
+    host = make_run(tmp_path / "host")
+    generate(host.path)
+    assert "full-kernel VM" not in host.file("report.md").read_text()
+
+
 def test_report_refuses_a_directory_that_is_no_run(tmp_path):
     with pytest.raises(ConfigError, match="not a run directory"):
         generate(tmp_path)
