@@ -37,6 +37,7 @@ PROFILES = {
     "wireguard": False,
     "openvpn-aes256cbc-static": False,
     "openvpn-tls": False,
+    "openvpn-tls:proto=tcp": False,
     "openvpn-none": True,
 }
 

@@ -27,7 +27,13 @@ from .profiles import render_template
 IFNAME = "tun0"
 CBC_CIPHERS = ("AES-256-CBC", "AES-128-CBC", "BF-CBC")
 AEAD_CIPHERS = ("AES-256-GCM", "AES-128-GCM", "CHACHA20-POLY1305")
-READY_LOG = ("link local (bound)", "Listening for incoming TCP connection")
+#: the socket is ready: UDP bound (both ends), TCP server listening, TCP client connected
+#: (a tcp-client logs "link local: (not bound)", so "bound" alone never matched it)
+READY_LOG = (
+    "link local (bound)",
+    "Listening for incoming TCP connection",
+    "TCP connection established",
+)
 OPENSSL_CNF = """\
 [req]
 distinguished_name = dn
