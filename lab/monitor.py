@@ -1,28 +1,57 @@
 """Resource monitors sampled in a background thread while a test runs.
 
-Three sources, each labelled with what it measures:
+Sources, each labelled with what it measures:
 - per node: the node's cgroup CPU time (lab.cgroups.usage) -> % of one host core, user/system;
   everything the lab started in the node is in that cgroup (tools and userspace VPN daemons).
   Kernel work done in softirq (kernel WireGuard, XFRM, forwarding) is charged to whichever
   task was interrupted and mostly escapes it: the host-wide softirq share shows it.
+- per node memory: the group's memory.current (v2) / memory.usage_in_bytes (v1) *only where
+  that file exists*. lab.cgroups creates cpu, cpuacct and cpuset groups only (v2: it delegates
+  just cpu and cpuset), so normally there is none: the monitor never creates memory cgroups,
+  records null and says why once (summary "unavailable"). The VPN daemons' RSS is below.
 - host-wide: per-core busy % and softirq % from /proc/stat (proc(5)); shared with everything
   else running on this machine.
+- host clock: per core, cpufreq's scaling_cur_freq (else cpuinfo_cur_freq) from
+  /sys/devices/system/cpu/cpuN/cpufreq, in MHz. Read per core from sysfs rather than with
+  psutil.cpu_freq(percpu=True): psutil lists one entry per cpufreq *policy* (one for all four
+  cores of a Pi 4) and, without cpufreq, falls back to /proc/cpuinfo's "cpu MHz", which in a VM
+  is a static nominal figure, not a clock reading. On a Raspberry Pi the firmware can cap the
+  ARM clock without cpufreq knowing (raspberrypi/linux#2986): the vcgencmd readings below are
+  the authority there.
+- host temperature: every sensor psutil.sensors_temperatures() reports (hwmon), else every
+  /sys/class/thermal/thermal_zone*/temp, in deg C.
+- host memory: psutil.virtual_memory() total/used/available (used as free(1) counts it).
+- Raspberry Pi firmware, when `vcgencmd` is on PATH: `vcgencmd get_throttled` (flags) and
+  `vcgencmd measure_clock arm` at the start and at the end of the test (not per sample: each is
+  a process start on the board under test).
 - per VPN daemon (PIDs from lab.info["vpn"]["daemons"]): CPU % of one core and resident memory,
   via psutil.
-A sample's CPU figures are rates over the interval since the previous sample.
+A sample's CPU figures are rates over the interval since the previous sample; clock,
+temperature and memory are instantaneous readings at the sample.
+
+A source this machine does not have (a VM has no cpufreq and no thermal sensors) is probed once
+at start(): its values are null and the reason is recorded once in the summary's
+"unavailable" (not an error per sample). Nothing here raises because a source is missing.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Self
 
 from . import cgroups, proc
+from .errors import LabError
 
 INTERVAL_S = 0.5
+SYS_CPU = Path("/sys/devices/system/cpu")
+SYS_THERMAL = Path("/sys/class/thermal")
 
 
 def read_proc_stat(path: str = "/proc/stat") -> dict[str, list[int]]:
@@ -57,6 +86,184 @@ def core_rates(prev: dict[str, list[int]], cur: dict[str, list[int]]) -> dict[st
     return rates
 
 
+# ---------------------------------------------------------------------- clock, temperature, memory
+
+
+def _cpu_index(name: str) -> int | None:
+    return int(name[3:]) if name.startswith("cpu") and name[3:].isdigit() else None
+
+
+def read_cpu_freq(root: Path = SYS_CPU) -> dict[str, float]:
+    """cpuN -> current clock in MHz (cpufreq, kHz in sysfs); {} without cpufreq.
+
+    A core whose files cannot be read (offline, no cpufreq) is left out.
+    """
+    out: dict[str, float] = {}
+    try:
+        dirs = [d for d in root.iterdir() if _cpu_index(d.name) is not None]
+    except OSError:
+        return out
+    for d in sorted(dirs, key=lambda d: _cpu_index(d.name) or 0):
+        for name in ("scaling_cur_freq", "cpuinfo_cur_freq"):
+            try:
+                khz = int((d / "cpufreq" / name).read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if khz > 0:
+                out[d.name] = khz / 1000.0
+                break
+    return out
+
+
+def read_thermal_zones(root: Path = SYS_THERMAL) -> dict[str, float]:
+    """Zone type (thermal_zoneN when it has none) -> deg C, from thermal_zone*/temp (milli-deg C).
+
+    A zone that cannot be read (some return EINVAL/ENODATA while their sensor is off) is left
+    out; a repeated type is told apart by its zone name ("acpitz/thermal_zone1").
+    """
+    out: dict[str, float] = {}
+    try:
+        zones = [z for z in root.iterdir() if z.name.startswith("thermal_zone")]
+    except OSError:
+        return out
+    for z in sorted(zones, key=lambda z: int(z.name[12:]) if z.name[12:].isdigit() else 0):
+        try:
+            milli = int((z / "temp").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            kind = (z / "type").read_text().strip() or z.name
+        except OSError:
+            kind = z.name
+        key = kind if kind not in out else f"{kind}/{z.name}"
+        out[key] = milli / 1000.0
+    return out
+
+
+def flatten_sensors(sensors: dict[str, list]) -> dict[str, float]:
+    """psutil.sensors_temperatures() -> "chip" or "chip/label" -> deg C (finite readings only)."""
+    out: dict[str, float] = {}
+    for chip, entries in sensors.items():
+        for e in entries:
+            cur = getattr(e, "current", None)
+            if not isinstance(cur, int | float) or not math.isfinite(cur):
+                continue
+            label = (getattr(e, "label", "") or "").strip()
+            key = f"{chip}/{label}" if label else chip
+            base, n = key, 2
+            while key in out:
+                key, n = f"{base}#{n}", n + 1
+            out[key] = float(cur)
+    return out
+
+
+def _psutil_sensors() -> dict[str, list]:
+    import psutil
+
+    fn = getattr(psutil, "sensors_temperatures", None)  # absent on some platforms
+    return fn() if fn is not None else {}
+
+
+def read_temperatures(
+    thermal_root: Path = SYS_THERMAL, sensors: Callable[[], dict] | None = _psutil_sensors
+) -> tuple[dict[str, float], str | None]:
+    """(sensor -> deg C, why psutil failed or None): psutil's sensors, else the thermal zones."""
+    problem = None
+    if sensors is not None:
+        try:
+            found = flatten_sensors(sensors() or {})
+        except Exception as e:  # noqa: BLE001 -- psutil raises assorted errors on odd sysfs
+            found, problem = {}, f"psutil.sensors_temperatures(): {type(e).__name__}: {e}"
+        if found:
+            return found, None
+    return read_thermal_zones(thermal_root), problem
+
+
+def read_host_memory() -> dict[str, int]:
+    """Host memory in bytes: total, used (as free(1) counts it), available (psutil)."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return {"total_bytes": vm.total, "used_bytes": vm.used, "available_bytes": vm.available}
+
+
+def node_memory_bytes(layout: cgroups.CgroupLayout, rel: str) -> int | None:
+    """Memory charged to the group, when it has the memory controller; None otherwise.
+
+    v2: <root>/<rel>/memory.current (present only where memory is enabled for the group);
+    v1: <root>/memory/<rel>/memory.usage_in_bytes (present only if the group exists in the
+    memory hierarchy). Never creates anything.
+    """
+    if layout.version == 2:
+        p = layout.root / rel / "memory.current"
+    else:
+        p = layout.root / "memory" / rel / "memory.usage_in_bytes"
+    try:
+        return int(p.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+#: `vcgencmd get_throttled` bits (Raspberry Pi documentation, "vcgencmd"): 0-3 now, 16-19 since boot
+THROTTLED_BITS = {
+    0: "under_voltage",
+    1: "arm_freq_capped",
+    2: "throttled",
+    3: "soft_temp_limit",
+    16: "under_voltage_occurred",
+    17: "arm_freq_capped_occurred",
+    18: "throttled_occurred",
+    19: "soft_temp_limit_occurred",
+}
+_NOW_MASK = 0xF
+_OCCURRED_MASK = 0xF0000
+
+
+def parse_throttled(text: str) -> dict:
+    """`throttled=0x50005` -> {"raw": "0x50005", "value": 327685, "under_voltage": True, ...}."""
+    m = re.search(r"throttled=(0x[0-9a-fA-F]+|\d+)", text)
+    if not m:
+        raise ValueError(f"unexpected vcgencmd get_throttled output: {text.strip()[:80]!r}")
+    value = int(m.group(1), 0)
+    out: dict[str, Any] = {"raw": m.group(1), "value": value}
+    out.update({name: bool(value >> bit & 1) for bit, name in THROTTLED_BITS.items()})
+    return out
+
+
+def parse_measure_clock(text: str) -> float:
+    """`frequency(48)=1500398464` (Hz) -> MHz."""
+    m = re.search(r"frequency\(\d+\)=(\d+)", text)
+    if not m:
+        raise ValueError(f"unexpected vcgencmd measure_clock output: {text.strip()[:80]!r}")
+    return int(m.group(1)) / 1e6
+
+
+def throttled_during(start: dict | None, end: dict | None) -> bool | None:
+    """Did the firmware throttle, cap the clock or see under-voltage during the test?
+
+    True when a "now" flag is set at the start or at the end, or a "has occurred" flag is set
+    at the end that was not at the start. The "occurred" flags are sticky since boot: once set
+    (before the test), a new event between the two readings that is over by the end is not
+    visible. None without any reading.
+    """
+    vs = [r.get("value") for r in (start, end) if r and r.get("value") is not None]
+    if not vs:
+        return None
+    if any(v & _NOW_MASK for v in vs):
+        return True
+    before = (start or {}).get("value")
+    after = (end or {}).get("value")
+    if before is not None and after is not None:
+        return bool(after & _OCCURRED_MASK & ~before)
+    return False
+
+
+def _minmeanmax(values: list[float]) -> dict:
+    if not values:
+        return {"min": None, "mean": None, "max": None}
+    return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
+
+
 @dataclass
 class _Daemon:
     node: str
@@ -69,7 +276,12 @@ class _Daemon:
 
 @dataclass
 class Monitor:
-    """Sample CPU and memory every `interval` seconds between start() and stop()."""
+    """Sample CPU, clock, temperature and memory every `interval` s between start() and stop().
+
+    sys_cpu, sys_thermal and temp_sensors (None: thermal zones only) are where the clock and
+    temperature come from; vcgencmd=False skips the Raspberry Pi firmware readings. Tests point
+    them at fake trees.
+    """
 
     layout: cgroups.CgroupLayout | None
     node_groups: dict[str, str]  # node -> cgroup rel
@@ -77,6 +289,12 @@ class Monitor:
     interval: float = INTERVAL_S
     samples: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    sys_cpu: Path = SYS_CPU
+    sys_thermal: Path = SYS_THERMAL
+    temp_sensors: Callable[[], dict] | None = _psutil_sensors
+    vcgencmd: bool = True
+    #: source -> why it is not recorded on this machine (probed once, at start)
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -88,12 +306,81 @@ class Monitor:
         self._daemons = [
             _Daemon(d["node"], d["name"], d["pid"], d.get("start_time")) for d in self.daemons
         ]
+        self._probed = False
+        self._have: set[str] = set()  # sources found by _probe
+        self._vc_path: str | None = None
+        self._vc: dict[str, dict | None] = {}  # "start"/"end" -> vcgencmd readings
+        self._mem_total: int | None = None
 
     @classmethod
     def for_lab(cls, lab, *, interval: float = INTERVAL_S) -> Monitor:
         groups = {n: rt.cgroup for n, rt in lab.runtime.items() if rt.kind == "host"}
         daemons = (lab.info.get("vpn") or {}).get("daemons") or []
         return cls(lab.cg, groups, daemons, interval)
+
+    # ------------------------------------------------------------------ probing
+    def _probe(self) -> None:
+        """Find out once which optional sources this machine has; record why the others not."""
+        self._probed = True
+        if read_cpu_freq(self.sys_cpu):
+            self._have.add("clock")
+        else:
+            self.unavailable["clock"] = (
+                f"no cpufreq under {self.sys_cpu}/cpu*/cpufreq (a VM, or no cpufreq driver): "
+                "the clock is not recorded"
+            )
+        temps, problem = read_temperatures(self.sys_thermal, self.temp_sensors)
+        if temps:
+            self._have.add("temperature")
+        else:
+            self.unavailable["temperature"] = (
+                "no temperature sensor (psutil.sensors_temperatures() and "
+                f"{self.sys_thermal}/thermal_zone*/temp report none)"
+                + (f"; {problem}" if problem else "")
+            )
+        try:
+            self._mem_total = read_host_memory()["total_bytes"]
+            self._have.add("memory")
+        except Exception as e:  # noqa: BLE001 -- never take the test down
+            self.unavailable["memory"] = f"psutil.virtual_memory(): {type(e).__name__}: {e}"
+        if self.node_groups:
+            if self.layout is not None and any(
+                node_memory_bytes(self.layout, rel) is not None for rel in self.node_groups.values()
+            ):
+                self._have.add("node_memory")
+            else:
+                self.unavailable["node_memory"] = (
+                    "the nodes' cgroups have no memory controller (lab.cgroups makes cpu, "
+                    "cpuacct and cpuset groups only): per-node memory is not recorded, the "
+                    "VPN daemons' RSS is"
+                )
+        if self.vcgencmd:
+            self._vc_path = proc.which("vcgencmd")
+            if self._vc_path is None:
+                self.unavailable["vcgencmd"] = (
+                    "vcgencmd not on PATH (not a Raspberry Pi): no firmware throttling flags"
+                )
+
+    def _read_vcgencmd(self) -> dict | None:
+        """get_throttled flags and the ARM clock from the Pi firmware; None when both fail."""
+        if self._vc_path is None:
+            return None
+        out: dict[str, Any] = {}
+        for args, parse in (
+            (["get_throttled"], parse_throttled),
+            (["measure_clock", "arm"], parse_measure_clock),
+        ):
+            try:
+                cp = proc.run([self._vc_path, *args], timeout=10)
+                value = parse(cp.stdout)
+            except (LabError, OSError, ValueError) as e:
+                self._note(f"vcgencmd {' '.join(args)}: {e}")
+                continue
+            if isinstance(value, dict):
+                out.update(value)
+            else:
+                out["arm_clock_mhz"] = value
+        return out or None
 
     # ------------------------------------------------------------------ sampling
     def _read_nodes(self) -> dict[str, dict[str, float]]:
@@ -137,8 +424,32 @@ class Monitor:
                 self._note(f"daemon {label}: {e}")
         return out
 
+    def _read_host_extras(self) -> dict[str, Any]:
+        """Clock, temperature and memory now; None for a source this machine does not have."""
+        out: dict[str, Any] = {"clock_mhz": None, "temperature_c": None, "memory": None}
+        if "clock" in self._have:
+            out["clock_mhz"] = read_cpu_freq(self.sys_cpu) or None
+        if "temperature" in self._have:
+            temps, problem = read_temperatures(self.sys_thermal, self.temp_sensors)
+            if problem:
+                self._note(problem)
+            out["temperature_c"] = temps or None
+        if "memory" in self._have:
+            try:
+                out["memory"] = read_host_memory()
+            except Exception as e:  # noqa: BLE001 -- as in _loop
+                self._note(f"psutil.virtual_memory(): {type(e).__name__}: {e}")
+        return out
+
+    def _read_node_memory(self) -> dict[str, int | None]:
+        if "node_memory" not in self._have or self.layout is None:
+            return dict.fromkeys(self.node_groups)
+        return {n: node_memory_bytes(self.layout, rel) for n, rel in self.node_groups.items()}
+
     def sample(self) -> dict | None:
         """Take one sample (rates since the previous one); the first call only primes."""
+        if not self._probed:
+            self._probe()
         now = time.monotonic()
         nodes = self._read_nodes()
         try:
@@ -150,12 +461,14 @@ class Monitor:
         daemons = self._read_daemons(dt)
         rec = None
         if self._prev_t and dt > 0.05:
-            node_rates = {}
+            node_rates: dict[str, dict] = {}
             for n, u in nodes.items():
                 p = self._prev_nodes.get(n)
                 if p is None:
                     continue
                 node_rates[n] = {k: 100.0 * (u[k] - p[k]) / dt for k in ("total", "user", "system")}
+            for n, mem in self._read_node_memory().items():
+                node_rates.setdefault(n, {})["memory_bytes"] = mem
             cores = core_rates(self._prev_stat, stat)
             ncores = len(cores) or 1
             rec = {
@@ -165,6 +478,7 @@ class Monitor:
                     "busy_pct": sum(c["busy_pct"] for c in cores.values()) / ncores,
                     "softirq_pct": sum(c["softirq_pct"] for c in cores.values()) / ncores,
                     "cores": cores,
+                    **self._read_host_extras(),
                 },
                 "daemons": daemons,
             }
@@ -181,6 +495,11 @@ class Monitor:
 
     def start(self) -> Monitor:
         self._t0 = time.monotonic()
+        try:
+            self._probe()
+            self._vc["start"] = self._read_vcgencmd()
+        except Exception as e:  # noqa: BLE001 -- as in _loop
+            self._note(f"{type(e).__name__}: {e}")
         self.sample()
         self._thread = threading.Thread(target=self._loop, name="lab-monitor", daemon=True)
         self._thread.start()
@@ -193,6 +512,8 @@ class Monitor:
             self._thread.join(timeout=5)
         try:
             self.sample()  # the tail since the last tick
+            if "start" in self._vc:
+                self._vc["end"] = self._read_vcgencmd()
         except Exception as e:  # noqa: BLE001 -- as in _loop
             self._note(f"{type(e).__name__}: {e}")
         return self.summary()
@@ -206,7 +527,12 @@ class Monitor:
 
     # ------------------------------------------------------------------ summary
     def summary(self) -> dict:
-        """Mean and max of every series (time-weighted by equal intervals)."""
+        """Mean and max of every series (time-weighted by equal intervals).
+
+        Clock: min/mean/max per core and over all cores; temperature: mean/max per sensor and
+        the overall max; memory: host peak used / lowest available, per node peak. A source
+        this machine lacks is null there and explained once in "unavailable".
+        """
         s = self.samples
         out: dict[str, Any] = {
             "interval_s": self.interval,
@@ -214,9 +540,17 @@ class Monitor:
             "nodes": {},
             "host": {},
             "daemons": {},
+            "unavailable": dict(self.unavailable),
         }
         if self.errors:
             out["errors"] = list(self.errors)
+        if self._vc_path is not None:
+            start, end = self._vc.get("start"), self._vc.get("end")
+            out["host"]["vcgencmd"] = {
+                "start": start,
+                "end": end,
+                "throttled": throttled_during(start, end),
+            }
         if not s:
             return out
 
@@ -226,23 +560,31 @@ class Monitor:
                 return {"mean": None, "max": None}
             return {"mean": sum(values) / len(values), "max": max(values)}
 
+        node_keys = ("total", "user", "system")
         for n in self.node_groups:
             out["nodes"][n] = {
-                k: stats([x["nodes"].get(n, {}).get(k) for x in s])
-                for k in ("total", "user", "system")
+                k: stats([x["nodes"].get(n, {}).get(k) for x in s]) for k in node_keys
             }
-        out["host"] = {
-            "busy_pct": stats([x["host"]["busy_pct"] for x in s]),
-            "softirq_pct": stats([x["host"]["softirq_pct"] for x in s]),
-            "cores": {
-                c: {
-                    k: stats([x["host"]["cores"].get(c, {}).get(k) for x in s])["mean"]
-                    for k in ("busy_pct", "softirq_pct")
-                }
-                for c in sorted(s[-1]["host"]["cores"], key=lambda c: int(c[3:]))
-            },
-            "ncores": os.cpu_count(),
-        }
+            out["nodes"][n]["memory_bytes"] = stats(
+                [x["nodes"].get(n, {}).get("memory_bytes") for x in s]
+            )
+        out["host"].update(
+            {
+                "busy_pct": stats([x["host"]["busy_pct"] for x in s]),
+                "softirq_pct": stats([x["host"]["softirq_pct"] for x in s]),
+                "cores": {
+                    c: {
+                        k: stats([x["host"]["cores"].get(c, {}).get(k) for x in s])["mean"]
+                        for k in ("busy_pct", "softirq_pct")
+                    }
+                    for c in sorted(s[-1]["host"]["cores"], key=lambda c: int(c[3:]))
+                },
+                "ncores": os.cpu_count(),
+                "clock_mhz": _clock_summary(s),
+                "temperature_c": _temperature_summary(s),
+                "memory": _memory_summary(s, self._mem_total),
+            }
+        )
         for d in self._daemons:
             label = f"{d.node}/{d.name}"
             xs = [x["daemons"].get(label, {}) for x in s]
@@ -252,3 +594,41 @@ class Monitor:
                 "alive_throughout": all(x.get("alive", False) for x in xs),
             }
         return out
+
+
+def _clock_summary(samples: list[dict]) -> dict | None:
+    """{"cores": {cpuN: {min, mean, max}}, "min", "mean", "max"} in MHz; None without readings."""
+    per: dict[str, list[float]] = {}
+    for x in samples:
+        for c, mhz in (x["host"].get("clock_mhz") or {}).items():
+            per.setdefault(c, []).append(mhz)
+    if not per:
+        return None
+    cores = {c: _minmeanmax(per[c]) for c in sorted(per, key=lambda c: _cpu_index(c) or 0)}
+    return {"cores": cores, **_minmeanmax([v for vs in per.values() for v in vs])}
+
+
+def _temperature_summary(samples: list[dict]) -> dict | None:
+    """{"sensors": {name: {mean, max}}, "max"} in deg C; None without readings."""
+    per: dict[str, list[float]] = {}
+    for x in samples:
+        for name, c in (x["host"].get("temperature_c") or {}).items():
+            per.setdefault(name, []).append(c)
+    if not per:
+        return None
+    sensors = {k: {"mean": sum(v) / len(v), "max": max(v)} for k, v in per.items()}
+    return {"sensors": sensors, "max": max(v["max"] for v in sensors.values())}
+
+
+def _memory_summary(samples: list[dict], total: int | None) -> dict | None:
+    """Host memory over the test in bytes: total, used {mean, max}, available_min."""
+    mem = [x["host"].get("memory") for x in samples]
+    mem = [m for m in mem if m]
+    if not mem:
+        return None
+    used = [m["used_bytes"] for m in mem]
+    return {
+        "total_bytes": mem[-1].get("total_bytes") or total,
+        "used_bytes": {"mean": sum(used) / len(used), "max": max(used)},
+        "available_bytes_min": min(m["available_bytes"] for m in mem),
+    }
