@@ -86,6 +86,12 @@ CSV_COLUMNS: list[tuple[str, str, str]] = [
     ("daemon_cpu_pct", "float64", "sum of the VPN daemons' mean CPU, % of one core"),
     ("daemon_rss_mb", "float64", "sum of the VPN daemons' peak resident memory, MiB"),
     ("raw_files", "string", "raw tool output of the case, ';'-separated, relative to the run"),
+    ("host_clock_min_mhz", "float64", "lowest clock of any host core during the test (cpufreq)"),
+    ("host_clock_mean_mhz", "float64", "mean clock over the host's cores and samples (cpufreq)"),
+    ("host_temp_max_c", "float64", "highest temperature any host sensor reported, deg C"),
+    ("host_mem_used_max_mb", "float64", "peak host memory in use (psutil 'used'), MiB"),
+    ("host_mem_available_min_mb", "float64", "lowest host memory available (psutil), MiB"),
+    ("throttled", "float64", "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0"),
 ]
 COLUMN_NAMES = [c[0] for c in CSV_COLUMNS]
 #: record keys copied verbatim into the column of the same name
@@ -232,6 +238,11 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
         dcpu = [_num((d.get("cpu_pct") or {}).get("mean")) for d in daemons]
         drss = [d.get("rss_bytes_max") for d in daemons if d.get("rss_bytes_max")]
         host = mon.get("host") or {}
+        clock = host.get("clock_mhz") or {}
+        mem = host.get("memory") or {}
+        used = _num((mem.get("used_bytes") or {}).get("max"))
+        avail = _num(mem.get("available_bytes_min"))
+        throttled = (host.get("vcgencmd") or {}).get("throttled")
         common = {
             "run": run_name,
             "case": r["case"],
@@ -257,6 +268,12 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
             if any(x is not None for x in dcpu)
             else None,
             "daemon_rss_mb": sum(drss) / 2**20 if drss else None,
+            "host_clock_min_mhz": _num(clock.get("min")),
+            "host_clock_mean_mhz": _num(clock.get("mean")),
+            "host_temp_max_c": _num((host.get("temperature_c") or {}).get("max")),
+            "host_mem_used_max_mb": used / 2**20 if used is not None else None,
+            "host_mem_available_min_mb": avail / 2**20 if avail is not None else None,
+            "throttled": None if throttled is None else float(bool(throttled)),
         }
         records = r.get("records") or [{}]
         for i, rec in enumerate(records):

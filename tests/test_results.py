@@ -141,6 +141,25 @@ def make_run(path: Path, *, profiles=("baseline", "wireguard"), scale=1.0) -> Ru
                             }
                         ]
                     t += 2
+                    mon = {"nodes": {"client": {"total": {"mean": 20.0}},
+                                     "server": {"total": {"mean": 25.0}}},
+                           "host": {"busy_pct": {"mean": 50.0},
+                                    "softirq_pct": {"mean": 5.0}, "ncores": 2},
+                           "daemons": {"client/wg": {"cpu_pct": {"mean": 10.0},
+                                                     "rss_bytes_max": 2**21}}}  # fmt: skip
+                    if prof == "wireguard":  # as on a Pi: clock, sensors, vcgencmd
+                        mon["host"].update({
+                            "clock_mhz": {"cores": {}, "min": 600.0, "mean": 1200.0,
+                                          "max": 1500.0},
+                            "temperature_c": {"sensors": {"cpu_thermal": {"mean": 70.0,
+                                                                          "max": 81.5}},
+                                              "max": 81.5},
+                            "memory": {"total_bytes": 4 * 2**30,
+                                       "used_bytes": {"mean": 2**28, "max": 2**29},
+                                       "available_bytes_min": 3 * 2**30},
+                            "vcgencmd": {"start": None, "end": None,
+                                         "throttled": label == "tcp" and rep == 2},
+                        })  # fmt: skip
                     run.add_result({
                         "case": f"{prof}|{pt['name']}|{label}|{rep}", "session": "s1",
                         "profile": prof, "vpn": {"driver": "x", "path": "y"}, "impairment": pt,
@@ -150,12 +169,7 @@ def make_run(path: Path, *, profiles=("baseline", "wireguard"), scale=1.0) -> Ru
                         "records": recs,
                         "roles": {"vpn_client": "client", "vpn_server": "server",
                                   "traffic_client": "client", "traffic_server": "server"},
-                        "monitor": {"nodes": {"client": {"total": {"mean": 20.0}},
-                                              "server": {"total": {"mean": 25.0}}},
-                                    "host": {"busy_pct": {"mean": 50.0},
-                                             "softirq_pct": {"mean": 5.0}, "ncores": 2},
-                                    "daemons": {"client/wg": {"cpu_pct": {"mean": 10.0},
-                                                              "rss_bytes_max": 2**21}}},
+                        "monitor": mon,
                         "raw_tail": {} if ok else {"raw/y.json": "partial\nboom"},
                     })  # fmt: skip
     run.event({"t": t + 1, "session": "s1", "event": "down", "seconds": 0.5})
@@ -187,6 +201,18 @@ def test_results_csv_loads_in_pandas_with_the_documented_schema(tmp_path):
     assert len(tcp) == 3 and tcp.throughput_bps.mean() == pytest.approx(909e6)
     assert set(df.cpu_vpn_client_pct.dropna()) == {20.0}
     assert df.daemon_rss_mb.dropna().iloc[0] == 2.0
+    # monitor: clock, temperature, memory, throttling; empty where the source was missing
+    wg, bl = df[df.profile == "wireguard"], df[df.profile == "baseline"]
+    assert set(wg.host_clock_min_mhz) == {600.0} and set(wg.host_clock_mean_mhz) == {1200.0}
+    assert set(wg.host_temp_max_c) == {81.5}
+    assert set(wg.host_mem_used_max_mb) == {512.0}
+    assert set(wg.host_mem_available_min_mb) == {3072.0}
+    thr = wg[wg.throttled == 1.0]
+    assert list(thr.case) == ["wireguard|none|tcp|2"] and (wg.throttled.notna()).all()
+    new = ["host_clock_min_mhz", "host_clock_mean_mhz", "host_temp_max_c",
+           "host_mem_used_max_mb", "host_mem_available_min_mb", "throttled"]  # fmt: skip
+    assert bl[new].isna().all().all()  # a line from before these fields: empty cells
+    assert COLUMN_NAMES[-len(new) :] == new  # appended: older columns keep their positions
     # the typed loader gives the same columns with text as pandas strings
     typed = read_results_csv(run.file("results.csv"))
     assert str(typed["profile"].dtype) == "string"
