@@ -175,6 +175,7 @@ def generate(run_path: Path) -> dict:
     for n in plan.get("notes") or []:
         doc.p(f"**Note:** {n}")
     _facts(doc, run, manifest, plan)
+    _throttling(doc, results)
     _budget(doc, budget, len(results), sum(1 for r in results if r.get("ok")))
     _results_tables(doc, table, profiles, points, labels, plan)
     _recommendation(doc, table, profiles, points, labels, manifest)
@@ -250,6 +251,29 @@ def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
     tools = {k2: v for k2, v in (m.get("tool_versions") or {}).items() if v}
     if tools:
         doc.table(["tool", "version"], [[k2, v] for k2, v in tools.items()])
+
+
+def _throttling(doc: Doc, results: list[dict]) -> None:
+    """A warning when the Pi firmware throttled (vcgencmd) during any test."""
+    hit = [
+        r
+        for r in results
+        if (((r.get("monitor") or {}).get("host") or {}).get("vcgencmd") or {}).get("throttled")
+    ]
+    if not hit:
+        return
+    temps = [
+        t
+        for r in hit
+        if (t := ((r["monitor"]["host"].get("temperature_c") or {}).get("max"))) is not None
+    ]
+    hottest = f"; hottest sensor {max(temps):.1f} °C" if temps else ""
+    names = ", ".join(f"`{r['case']}`" for r in hit[:5]) + (" ..." if len(hit) > 5 else "")
+    doc.p(
+        f"**Warning: {len(hit)} of {len(results)} tests ran throttled** (firmware clock cap, "
+        f"throttling or under-voltage, `vcgencmd get_throttled`{hottest}): their numbers reflect "
+        f"a slowed board. {names}. Column `throttled` in results.csv."
+    )
 
 
 def _budget(doc: Doc, b: dict, cases: int, ok: int) -> None:

@@ -83,3 +83,15 @@ def test_compare_lists_cases_of_one_run_only(tmp_path):
     assert s["only_a"] > 0 and s["only_b"] == 0
     df = pd.read_csv(tmp_path / "cmp" / "compare.csv")
     assert (df[df.profile == "wireguard"].n_b == 0).all()
+
+
+def test_report_warns_when_a_test_ran_throttled(tmp_path):
+    run = make_run(tmp_path / "run")  # wireguard|none|tcp|2 ran throttled (vcgencmd)
+    generate(run.path)
+    md = run.file("report.md").read_text()
+    assert "**Warning: 1 of 40 tests ran throttled**" in md
+    assert "hottest sensor 81.5 °C" in md and "`wireguard|none|tcp|2`" in md
+    assert "<b>Warning: 1 of 40 tests ran throttled</b>" in run.file("report.html").read_text()
+    quiet = make_run(tmp_path / "quiet", profiles=("baseline",))  # no vcgencmd readings
+    generate(quiet.path)
+    assert "ran throttled" not in quiet.file("report.md").read_text()
