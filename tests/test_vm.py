@@ -216,6 +216,7 @@ class FakeAgent:
         f.write(b'{"event":"ready","kernel":"fake","uptime":1.0}\n')
         f.write(b'{"id":"stale-from-an-earlier-client","rc":0}\nnot json\n')
         f.flush()
+        assert json.loads(f.readline())["op"] == "hello"  # a new client says so first
         reqs = [json.loads(f.readline()) for _ in range(self.batch)]
         for r in reversed(reqs):
             out = " ".join(r["argv"])

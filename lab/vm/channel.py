@@ -4,6 +4,10 @@ One connection carries many requests at once: each gets a unique id, a reader th
 reply to the request waiting for that id, and replies for ids this client never sent (left over
 from a previous client of the same VM) are dropped. QEMU's socket chardev takes one client at a
 time; a new one may connect after the previous has closed.
+
+Each connection starts with {"op": "hello"}. A stream (open_stream) gets many messages for its
+id: they go to its own queue, in order, until the one with "done" (or "error"). Control messages
+(post) are sent without an id and get no reply.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import queue
 import socket
 import threading
 from pathlib import Path
@@ -30,21 +35,83 @@ class _Pending:
         self.reply: dict | None = None
 
 
+class ChannelStream:
+    """The host end of one stream: the agent's messages for its id, in order.
+
+    get() returns each message ({"out", "fd"}, then {"rc", "done"}; or {"error"} if the agent
+    refused it or restarted) and raises ChannelClosed once the connection is gone.
+    """
+
+    def __init__(self, channel: Channel, rid: str):
+        self.channel = channel
+        self.id = rid
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed: str | None = None
+
+    def _put(self, msg: dict) -> None:
+        self._q.put(msg)
+
+    def get(self, timeout: float | None = None) -> dict | None:
+        """The next message, or None if none came within `timeout` s."""
+        if self._closed:
+            raise ChannelClosed(self._closed)
+        try:
+            msg = self._q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if "_closed" in msg:
+            self._closed = msg["_closed"]
+            raise ChannelClosed(self._closed)
+        return msg
+
+    def post(self, op: str, **fields) -> None:
+        """Send control op `op` to this stream (input, signal, resize); no reply is awaited."""
+        self.channel.post({"op": op, "target": self.id, **fields})
+
+    def close(self) -> None:
+        """Stop receiving: later messages for this stream are dropped."""
+        self.channel._drop_stream(self.id)
+
+
 class Channel:
-    def __init__(self, path: Path, *, connect_timeout: float = 5.0):
-        self.path = Path(path)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(connect_timeout)
-        self.sock.connect(str(self.path))
-        self.sock.settimeout(None)
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        connect_timeout: float = 5.0,
+        sock: socket.socket | None = None,
+    ):
+        """Connect to the agent socket at `path` (or use the connected `sock`, for tests)."""
+        self.path = Path(path) if path is not None else None
+        if sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(connect_timeout)
+            try:
+                sock.connect(str(self.path))
+                sock.settimeout(None)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self._prefix = f"{os.getpid()}-{id(self):x}-"
+        # Tells the agent a new client begins, so that the previous one's streams are hung up
+        # even if the agent missed the port's EOF. Agents before streams answer an error with
+        # no id (dropped below). An OSError here is a failed connection, as from connect().
+        hello = {"op": "hello", "client": self._prefix.rstrip("-")}
+        try:
+            sock.sendall((json.dumps(hello, separators=(",", ":")) + "\n").encode())
+        except BaseException:
+            sock.close()
+            raise
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._wlock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
+        self._streams: dict[str, ChannelStream] = {}
         self._events: list[dict] = []
         self._event_cv = threading.Condition(self._lock)
         self._closed: str | None = None
+        self._closing = False  # close() was called: the end is ours, not the agent's
         self._reader = threading.Thread(target=self._read_loop, name="vm-channel", daemon=True)
         self._reader.start()
 
@@ -63,10 +130,15 @@ class Channel:
                     self._dispatch(line)
         except OSError as e:
             why = f"agent channel error: {e}"
+        if self._closing:
+            why = "agent channel closed by this client (disconnected)"
         with self._lock:
             self._closed = why
             for p in self._pending.values():
                 p.event.set()
+            for st in self._streams.values():
+                st._put({"_closed": why})
+            self._streams.clear()
             self._event_cv.notify_all()
 
     def _dispatch(self, line: bytes) -> None:
@@ -85,6 +157,15 @@ class Channel:
                     for p in self._pending.values():
                         p.reply = {"error": "the VM agent restarted; the request was lost"}
                         p.event.set()
+                    for st in self._streams.values():
+                        st._put({"error": "the VM agent restarted; the command was lost"})
+                    self._streams.clear()
+                return
+            st = self._streams.get(msg.get("id"))
+            if st is not None:
+                st._put(msg)
+                if msg.get("done") or "error" in msg:
+                    del self._streams[st.id]
                 return
             p = self._pending.get(msg.get("id"))
             if p is not None:
@@ -130,13 +211,50 @@ class Channel:
             raise ChannelClosed(self._closed)
         return p.reply
 
-    def close(self) -> None:
+    def open_stream(self, msg: dict) -> ChannelStream:
+        """Send `msg` (an op "stream") with a fresh id; its messages go to the returned queue.
+
+        Raises ChannelClosed if the connection is closed.
+        """
+        st = ChannelStream(self, self._prefix + str(next(self._ids)))
+        with self._lock:
+            if self._closed:
+                raise ChannelClosed(self._closed)
+            self._streams[st.id] = st
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            self._send({**msg, "id": st.id})
+        except ChannelClosed:
+            self._drop_stream(st.id)
+            raise
+        return st
+
+    def post(self, msg: dict) -> None:
+        """Send `msg` as is, waiting for no reply. Raises ChannelClosed if closed."""
+        if self._closed:
+            raise ChannelClosed(self._closed)
+        self._send(msg)
+
+    def _send(self, msg: dict) -> None:
+        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        try:
+            with self._wlock:
+                self.sock.sendall(data)
+        except OSError as e:
+            raise ChannelClosed(f"agent channel error: {e}") from e
+
+    def _drop_stream(self, rid: str) -> None:
+        with self._lock:
+            self._streams.pop(rid, None)
+
+    def close(self) -> None:
+        self._closing = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader with EOF
         except OSError:
             pass
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout=2)
         self.sock.close()
-        self._reader.join(timeout=2)
 
     @property
     def closed(self) -> bool:
