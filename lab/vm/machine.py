@@ -13,17 +13,19 @@ another process (or a later `lab down`) can attach to it or remove it:
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import signal as _signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
 from .. import proc
 from ..errors import CommandError, PreconditionError, StartupError, TeardownIncomplete
-from .channel import Channel, ChannelClosed
+from .channel import Channel, ChannelClosed, ChannelStream
 from .initramfs import build_initramfs
 from .kernel import Kernel, find_kernel
 from .qemu import MSIZE, ROOT_TAG, Share, probe_accel, qemu_argv, require_qemu
@@ -161,6 +163,41 @@ class VM:
             raise CommandError(argv, cp.returncode, cp.stderr, where="vm", stdout=cp.stdout)
         return cp
 
+    def start_stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        tty: bool = False,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> Stream:
+        """Start argv in the VM (as root, in a new session) and return at once; its output
+        arrives as it is written (Stream.events), its stdin comes from Stream.write.
+
+        With `tty` the command gets a fresh pseudo-terminal of `rows` x `cols` as its
+        controlling terminal (stdout and stderr merged, as on a terminal; TERM=xterm unless
+        `env` sets it); otherwise stdin, stdout and stderr are pipes. There is no timeout: stop
+        the command with Stream.signal. Disconnecting this client hangs it up (SIGHUP).
+        """
+        argv = [str(a) for a in argv]
+        req = {
+            "op": "stream",
+            "argv": argv,
+            "env": dict(env or {}),
+            "tty": bool(tty),
+            "rows": int(rows),
+            "cols": int(cols),
+        }
+        if cwd is not None:
+            req["cwd"] = str(cwd)
+        try:
+            chan = self._chan().open_stream(req)
+        except ChannelClosed as e:
+            raise CommandError(argv, -1, f"{e}\n{tail(self.console_log, 10)}", where="vm") from e
+        return Stream(self, argv, chan)
+
     def disconnect(self) -> None:
         """Close this client's connection (the VM keeps running). QEMU serves one client at a
         time: another process can VM.attach() once this one has disconnected or exited."""
@@ -223,6 +260,114 @@ class VM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+class Stream:
+    """A command started by VM.start_stream, still running or finished.
+
+    One consumer reads its output (events or wait); write, close_stdin, signal and resize may be
+    called from any thread, even while another one reads, and never wait for the guest. They do
+    nothing once the command is done. Channel failures (QEMU gone, agent restarted, or a VM
+    booted with an agent that predates streams) raise CommandError(where="vm").
+
+    As a context manager, leaving the block while the command still runs hangs it up (SIGHUP
+    to its process group) and stops listening to it.
+    """
+
+    def __init__(self, vm: VM, argv: list[str], chan: ChannelStream):
+        self.vm = vm
+        self.argv = argv
+        self._chan = chan
+        #: the exit status once done (128 + n if killed by signal n); None while it runs
+        self.returncode: int | None = None
+        self._error: CommandError | None = None
+
+    # -- input and control -----------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        """Send `data` to the command's stdin (in tty mode: typed on its terminal, so b"\x03"
+        is Ctrl-C)."""
+        if data:
+            self._post("input", data=base64.b64encode(data).decode("ascii"))
+
+    def close_stdin(self) -> None:
+        """End of input: closes the command's stdin pipe. In tty mode the terminal's EOF
+        character (normally Ctrl-D) is typed instead, which ends input at the start of a line."""
+        self._post("input", eof=True)
+
+    def signal(self, sig: int) -> None:
+        """Send signal `sig` to the command's process group (the group it started in)."""
+        self._post("signal", sig=int(sig))
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the terminal size (tty mode; ignored otherwise); the kernel sends SIGWINCH."""
+        self._post("resize", rows=int(rows), cols=int(cols))
+
+    def _post(self, op: str, **fields) -> None:
+        if self.returncode is not None or self._error is not None:
+            return
+        try:
+            self._chan.post(op, **fields)
+        except ChannelClosed as e:
+            raise self._fail(f"{e}\n{tail(self.vm.console_log, 10)}") from e
+
+    # -- output ----------------------------------------------------------------------------------
+    def events(self, timeout: float | None = None) -> Iterator[tuple[int, bytes]]:
+        """Yield (fd, data) as the command writes (fd 1 or 2; always 1 in tty mode) until it has
+        exited and its output is drained; then returncode is set.
+
+        `timeout` bounds the whole iteration: subprocess.TimeoutExpired if the command is not
+        done by then (it keeps running; iterate again, or signal it).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            if self._error is not None:
+                raise self._error
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                msg = self._chan.get(left)
+            except ChannelClosed as e:
+                raise self._fail(f"{e}\n{tail(self.vm.console_log, 10)}") from e
+            if msg is None:
+                raise subprocess.TimeoutExpired(self.argv, timeout)
+            if "out" in msg:
+                yield int(msg.get("fd", 1)), base64.b64decode(msg["out"])
+            elif msg.get("done"):
+                self.returncode = int(msg["rc"])
+            elif "error" in msg:
+                why = str(msg["error"])
+                if "unknown op 'stream'" in why:
+                    why += " (this VM was booted with an older agent: restart it)"
+                raise self._fail(f"agent: {why}")
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status, once the command is done; output not read yet is discarded.
+        subprocess.TimeoutExpired if not done within `timeout` s."""
+        for _ in self.events(timeout):
+            pass
+        return self.returncode
+
+    def _fail(self, why: str) -> CommandError:
+        self._error = CommandError(self.argv, -1, why, where="vm")
+        return self._error
+
+    # -- ending ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Hang the command up (SIGHUP to its group) if it still runs, and stop listening."""
+        if self.returncode is None and self._error is None:
+            try:
+                self.signal(_signal.SIGHUP)
+            except CommandError:
+                pass
+        self._chan.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Stream({self.argv!r}, returncode={self.returncode})"
 
 
 def _write_record(state_dir: Path, record: dict) -> None:
