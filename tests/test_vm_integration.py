@@ -7,7 +7,11 @@ v1 layout + complete shutdown.
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -201,6 +205,91 @@ def test_orphans_are_reaped(vm):
             break
         time.sleep(0.5)
     assert not any(s.startswith("Z") for s in states), states
+
+
+def test_stream_output_is_live_and_stdin_is_forwarded(vm):
+    s = vm.start_stream(["sh", "-c", "echo a; sleep 3; echo b >&2; cat; exit 3"])
+    t0 = time.monotonic()
+    it = s.events(60)
+    assert next(it) == (1, b"a\n")
+    first = time.monotonic() - t0
+    assert next(it) == (2, b"b\n")
+    assert time.monotonic() - t0 - first >= 1.5, "output was held back until later"
+    s.write(b"typed\n")
+    assert next(it) == (1, b"typed\n")  # cat echoes it while still running
+    s.close_stdin()
+    assert list(it) == [] and s.returncode == 3
+
+
+def test_stream_tty_size_resize_and_ctrl_c(vm):
+    s = vm.start_stream(
+        ["sh", "-c", "tty; stty size; read x; stty size; exec sleep 100"],
+        tty=True,
+        rows=33,
+        cols=101,
+    )
+    it = s.events(60)
+    text = b""
+    while b"33 101" not in text:
+        text += next(it)[1]
+    assert text.startswith(b"/dev/pts/"), text
+    s.resize(40, 120)
+    time.sleep(0.5)
+    s.write(b"\r")
+    while b"40 120" not in text:
+        text += next(it)[1]
+    time.sleep(1)  # until `exec sleep` has happened
+    s.write(b"\x03")  # Ctrl-C, turned into SIGINT by the guest's terminal
+    assert s.wait(60) == 128 + signal.SIGINT
+
+
+def _run_without_hello(vm: VM, argv: list[str]) -> dict:
+    """One run request over a fresh connection that does not announce itself (no hello): the
+    agent can only learn of the previous client's departure from the port's EOF."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(str(vm.agent_socket))
+        s.sendall(json.dumps({"id": "raw", "op": "run", "argv": argv}).encode() + b"\n")
+        f = s.makefile("rb")
+        while True:
+            msg = json.loads(f.readline())
+            if msg.get("id") == "raw":
+                return msg
+
+
+def test_stream_signal_and_hangup_on_disconnect(vm):
+    s = vm.start_stream(["sh", "-c", "sleep 100 & sleep 100"])
+    time.sleep(0.5)
+    s.signal(signal.SIGTERM)
+    assert s.wait(60) == 128 + signal.SIGTERM
+
+    script = "trap 'echo hup >/tmp/hup-{0}; exit 0' HUP; echo ready; while :; do sleep 0.2; done"
+    # the client goes away and nothing reconnects for a while: the agent sees the port's EOF
+    h = vm.start_stream(["sh", "-c", script.format("eof")], tty=True)
+    assert b"ready" in next(h.events(60))[1]
+    vm.disconnect()
+    time.sleep(2)
+    deadline = time.monotonic() + 30
+    while _run_without_hello(vm, ["cat", "/tmp/hup-eof"])["stdout"] != "hup\n":
+        assert time.monotonic() < deadline, "the stream was not hung up on EOF"
+        time.sleep(0.5)
+    # the next client connects at once (TCG may not even run the agent in between): its hello
+    h = vm.start_stream(["sh", "-c", script.format("hello")])
+    assert next(h.events(60)) == (1, b"ready\n")
+    vm.disconnect()
+    deadline = time.monotonic() + 30
+    while vm.run(["cat", "/tmp/hup-hello"], check=False).stdout != "hup\n":
+        assert time.monotonic() < deadline, "the stream was not hung up on the next hello"
+        time.sleep(0.5)
+
+
+def test_attach_in_pipe_mode(vm):
+    from lab.vm.terminal import attach
+
+    out, err = io.BytesIO(), io.BytesIO()
+    rc = attach(vm, ["sh", "-c", "tr a-z A-Z; echo e >&2"], stdin=io.BytesIO(b"x\n"),
+                stdout=out, stderr=err)  # fmt: skip
+    assert (rc, out.getvalue(), err.getvalue()) == (0, b"X\n", b"e\n")
 
 
 def test_agent_restart_fails_pending_requests_then_recovers(vm):
