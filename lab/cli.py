@@ -137,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a plan value: reps=1, duration=3, profiles=a,b, ...",
     )
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<UTC>_<plan>)")
+    p.add_argument(
+        "--vm",
+        action="store_true",
+        help="run the whole plan in a throwaway full-kernel VM (same as -o vm=true)",
+    )
+    p.add_argument("--vm-mem", type=int, default=2048, metavar="MB", help="VM memory (with --vm)")
 
     p = sub.add_parser("report", help="regenerate a run's tables, plots and report")
     p.add_argument("run_dir")
@@ -460,7 +466,8 @@ def cmd_exec(args) -> int:
     from .lab import Lab
 
     if vm_id := vmlab.resolve(args.lab_id):
-        return _forward(vm_id, args)  # not a terminal: output is relayed when the command ends
+        sys.stdout.flush()
+        return vmlab.forward_interactive(vm_id, args.argv)
 
     node = Lab.open(args.lab_id).node(args.node)
     sys.stdout.flush()
@@ -472,10 +479,8 @@ def cmd_shell(args) -> int:
     from .lab import Lab
 
     if vm_id := vmlab.resolve(args.lab_id):
-        raise ConfigError(
-            f"lab {vm_id!r} runs in a VM, whose agent has no terminal; use `lab exec NODE -- CMD`",
-            source="lab shell",
-        )
+        sys.stdout.flush()
+        return vmlab.forward_interactive(vm_id, args.argv)
 
     lab = Lab.open(args.lab_id)
     node = lab.node(args.node)
@@ -603,25 +608,30 @@ def cmd_calibrate(args) -> int:
 def cmd_run(args) -> int:
     from pathlib import Path
 
+    from .lab import substrate
     from .plan import load_plan
     from .report import generate
     from .results import RunDir
     from .runner import Runner, create_run_dir, resume_plan
     from .runprogress import RunProgress
 
+    overrides = list(args.override) + (["vm=true"] if args.vm else [])
     if args.resume:
         run = RunDir(Path(args.resume)).check()
-        plan = resume_plan(run, args.plan, args.override)
+        plan = resume_plan(run, args.plan, overrides)
     elif args.plan:
-        plan = load_plan(args.plan, args.override)
+        plan = load_plan(args.plan, overrides)
         run = create_run_dir(plan, Path(args.out) if args.out else None)
     else:
         raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")
+    if plan.vm and substrate().get("kind") != "vm":
+        return _run_vm(args, plan, run)
     out.print(f"run directory: {run.path}")
     interrupted = False
     try:
         with RunProgress(out) as progress:
-            Runner(plan, run, progress, argv=["lab", *sys.argv[1:]]).execute()
+            argv = json.loads(os.environ.get("LAB_RUN_ARGV") or "null") or ["lab", *sys.argv[1:]]
+            Runner(plan, run, progress, argv=argv).execute()
     except KeyboardInterrupt:
         interrupted = True
     s = generate(run.path)
@@ -635,6 +645,44 @@ def cmd_run(args) -> int:
         err.print(f"lab: interrupted; the lab is down. Continue: lab run --resume {run.path}")
         return 130
     return 1 if s["failed"] else 0
+
+
+def _run_vm(args, plan, run) -> int:
+    """`lab run --vm` (or a plan with vm = true): the same run, inside a throwaway VM."""
+    from pathlib import Path
+
+    from . import vmlab
+    from .plan import find_plan
+
+    plan_path = find_plan(args.plan) if args.plan else Path(plan.source.split(" (with -o")[0])
+    out.print(f"run directory: {run.path}")
+    out.print("booting the full-kernel VM ...")
+
+    def booted(lab_id: str, info: dict) -> None:
+        sub = info["substrate"]
+        out.print(
+            f"VM {lab_id}: kernel {sub['kernel']}, accelerator {sub['accelerator'].upper()}, "
+            f"booted in {sub['boot_s']:.1f} s"
+            + (f"; {sub['note']}" if sub["evidence"] == "functional" else ""),
+            markup=False,
+            highlight=False,
+        )
+
+    rc, left, notes = vmlab.run_plan(
+        plan,
+        run,
+        plan_path,
+        overrides=args.override if args.resume else [],
+        argv=["lab", *sys.argv[1:]],
+        mem_mb=args.vm_mem,
+        on_boot=booted,
+    )
+    for n in notes:
+        err.print(f"lab: note: {n}", markup=False, highlight=False)
+    if left:
+        raise TeardownIncomplete(left)
+    out.print("VM powered off; nothing of it is left on this host", highlight=False)
+    return rc
 
 
 def cmd_report(args) -> int:

@@ -122,6 +122,103 @@ def preflight(spec, vpn: str | None, impair: str | None, placement: str | None) 
         plan_for(spec, placement, impair, "kernel-netem", "")
 
 
+def _boot_lab(
+    lab_id: str,
+    info: dict,
+    *,
+    files: list[str | Path],
+    shares: dict[str, Path] | None = None,
+    mem_mb: int,
+    cpus: int,
+):
+    """Claim host lab `lab_id`, boot its VM and return (vm, guest paths of `files`).
+
+    `info` (id, kind, ...) is completed and written to lab.json. QEMU's PID is in the host
+    ledger right after the spawn. On any failure the VM is shut down, the host lab removed
+    and the error raised (with the console tail when the boot failed).
+    """
+    from .vm import boot
+
+    d = create_lab_dir(lab_id)
+    ledger = Ledger(d / "ledger.jsonl")
+    state_dir = d / "vm"
+    ledger.record("vm-lab", id=lab_id, state_dir=str(state_dir))
+    info.update(
+        id=lab_id,
+        state="booting",
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        vm={"state_dir": str(state_dir)},
+    )
+    write_json_atomic(d / "lab.json", info)
+
+    def record_qemu(rec: dict) -> None:
+        ledger.record(
+            "process",
+            node="vm",
+            name="qemu",
+            pid=rec["pid"],
+            start_time=rec["start_time"],
+            argv=rec["argv"][:1],
+        )
+
+    vm = None
+    try:
+        share = d / "share"
+        in_guest = [guest_path(f, share) for f in files]
+        all_shares: dict[str, Path] = dict(shares or {})
+        if share.exists():
+            all_shares[GUEST_SHARE] = share
+        ledger.record("process-intent", node="vm", name="qemu")
+        vm = boot(
+            state_dir,
+            mem_mb=mem_mb,
+            cpus=cpus,
+            project_dir=PROJECT,
+            shares=all_shares or None,
+            on_spawn=record_qemu,
+        )
+        info.update(
+            state="starting",
+            substrate=substrate(vm),
+            vm={
+                "state_dir": str(state_dir),
+                **{
+                    k: vm.record.get(k)
+                    for k in (
+                        "pid",
+                        "start_time",
+                        "accel",
+                        "kernel",
+                        "mem_mb",
+                        "cpus",
+                        "boot_seconds",
+                    )
+                },
+            },
+        )
+        write_json_atomic(d / "lab.json", info)
+        return vm, in_guest
+    except BaseException as e:
+        _unwind(lab_id, vm, e)
+        raise
+
+
+def _unwind(lab_id: str, vm, e: BaseException) -> None:
+    """Shut the VM down and remove the host lab; what is left goes into the error's text."""
+    from .teardown import teardown
+
+    notes: list[str] = []
+    if vm is not None:
+        try:
+            vm.shutdown(grace=5)
+        except TeardownIncomplete as t:
+            notes += t.leftovers
+        vm.disconnect()
+    left = teardown(lab_id)
+    if (left or notes) and isinstance(e, LabError):
+        e.args = (f"{e.args[0]}\n(unwinding left over: {'; '.join(left + notes)})",)
+
+
 def up(
     spec,
     topology: str,
@@ -140,8 +237,7 @@ def up(
     lab (QEMU is stopped by PID; the console tail is in the error).
     """
     from . import netops
-    from .teardown import teardown
-    from .vm import boot, find_kernel
+    from .vm import find_kernel
     from .vm.qemu import require_qemu
 
     netops.check_root()
@@ -149,94 +245,155 @@ def up(
     preflight(spec, vpn, impair, placement)
     require_qemu()
     find_kernel()
-    d = create_lab_dir(lab_id)
-    ledger = Ledger(d / "ledger.jsonl")
-    state_dir = d / "vm"
-    ledger.record("vm-lab", id=lab_id, state_dir=str(state_dir))
-    info = {
-        "id": lab_id,
-        "state": "booting",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "topology": str(topology),
-        "vm": {"state_dir": str(state_dir)},
-    }
-    write_json_atomic(d / "lab.json", info)
-
-    def record_qemu(rec: dict) -> None:
-        ledger.record(
-            "process",
-            node="vm",
-            name="qemu",
-            pid=rec["pid"],
-            start_time=rec["start_time"],
-            argv=rec["argv"][:1],
-        )
-
-    vm = None
+    info: dict = {"kind": "up", "topology": str(topology)}
+    vm, (topo_in_guest,) = _boot_lab(lab_id, info, files=[topology], mem_mb=mem_mb, cpus=cpus)
     try:
-        share = d / "share"
-        topo_in_guest = guest_path(topology, share)
-        shares = {GUEST_SHARE: share} if share.exists() else None
-        ledger.record("process-intent", node="vm", name="qemu")
-        vm = boot(
-            state_dir,
-            mem_mb=mem_mb,
-            cpus=cpus,
-            project_dir=PROJECT,
-            shares=shares,
-            on_spawn=record_qemu,
-        )
-        sub = substrate(vm)
-        info.update(
-            state="starting",
-            substrate=sub,
-            vm={
-                "state_dir": str(state_dir),
-                **{
-                    k: vm.record.get(k)
-                    for k in (
-                        "pid",
-                        "start_time",
-                        "accel",
-                        "kernel",
-                        "mem_mb",
-                        "cpus",
-                        "boot_seconds",
-                    )
-                },
-            },
-        )
         argv = ["up", topo_in_guest, "--id", lab_id, "--json", *guest_args]
         info["guest_argv"] = argv
-        write_json_atomic(d / "lab.json", info)
+        write_json_atomic(lab_dir(lab_id) / "lab.json", info)
         cp = vm.run(
             [sys.executable, "-m", "lab.cli", *argv],
             check=False,
             timeout=UP_TIMEOUT,
             cwd=str(PROJECT),
-            env={"LAB_SUBSTRATE": json.dumps(sub)},
+            env={"LAB_SUBSTRATE": json.dumps(info["substrate"])},
         )
         if cp.returncode != 0:
             raise _guest_error("lab up", cp)
         status = json.loads(cp.stdout)
         info.update(state="up", status=status)
-        write_json_atomic(d / "lab.json", info)
+        write_json_atomic(lab_dir(lab_id) / "lab.json", info)
         info["guest_stderr"] = cp.stderr  # warnings, for the CLI to show
         return info
     except BaseException as e:
-        notes: list[str] = []
-        if vm is not None:
-            try:
-                vm.shutdown(grace=5)
-            except TeardownIncomplete as t:
-                notes += t.leftovers
-        left = teardown(lab_id)
-        if (left or notes) and isinstance(e, LabError):
-            e.args = (f"{e.args[0]}\n(unwinding left over: {'; '.join(left + notes)})",)
+        _unwind(lab_id, vm, e)
         raise
     finally:
-        if vm is not None:
-            vm.disconnect()
+        vm.disconnect()
+
+
+def new_run_vm_id() -> str:
+    """A host lab id for the VM of a `lab run --vm`: 'v' + 5 hex digits, unused here."""
+    import secrets
+
+    while True:
+        lab_id = "v" + secrets.token_hex(3)[:5]
+        if not lab_dir(lab_id).exists():
+            return lab_id
+
+
+def preflight_plan(plan) -> None:
+    """Host-side checks of a plan that will run in the VM: every profile and test tool is on
+    PATH (the guest runs the host's root). Kernel features are not checked: the guest has them."""
+    from .measure import TESTS
+    from .proc import which
+    from .topology import load_topology
+    from .vpn.profiles import load_profile
+    from .plan import REPO
+
+    spec = load_topology(REPO / plan.topology_file, plan.topo, plan.topology_params)
+    problems = []
+    for p in plan.profiles:
+        prof = load_profile(p)
+        missing = [t for t in prof.driver.tools(prof.params) if not which(t)]
+        if missing:
+            problems.append(f"profile {prof.name!r} needs {', '.join(missing)} (not on PATH)")
+        check_l2 = getattr(prof.driver, "check_topology", None)
+        if check_l2 is not None:
+            from .vpn.tunnel import plan as place
+
+            check_l2(spec, place(spec, prof))
+    for t in plan.tests:
+        test = TESTS[t.test]
+        for tool in {*test.client_tools, *test.server_tools}:
+            if not which(tool):
+                problems.append(f"test {t.label!r} needs {tool} (not on PATH)")
+    if problems:
+        raise PreconditionError(
+            "cannot run this plan here:\n  " + "\n  ".join(problems) + "\n(run ./setup.sh)"
+        )
+
+
+def run_plan(
+    plan,
+    run,
+    plan_path: str | Path,
+    *,
+    overrides: list[str] | None = None,
+    argv: list[str] | None = None,
+    mem_mb: int = 2048,
+    cpus: int = 2,
+    on_boot=None,
+) -> tuple[int, list[str], list[str]]:
+    """Run `plan` into run directory `run` inside a throwaway full-kernel VM.
+
+    The VM is a host lab of its own (id v*****; QEMU by PID in its ledger, so `lab clean`
+    removes it after a crash). The guest runs `lab run --resume RUN PLAN`: the run directory
+    is shared at the same path, so results land on the host as they are written, and the run
+    can be continued later with `lab run --resume RUN` (which boots a VM again). The guest's
+    output is streamed live (a terminal when this one is); Ctrl-C reaches the guest's runner,
+    which tears its lab down and writes the report. The VM is then powered off and the host
+    lab removed. Returns (the guest's exit code, what was left over on the host, notes).
+    """
+    from . import netops
+    from .vm import find_kernel
+    from .vm.qemu import require_qemu
+    from .vm.terminal import attach
+
+    netops.check_root()
+    preflight_plan(plan)
+    require_qemu()
+    find_kernel()
+    lab_id = new_run_vm_id()
+    info: dict = {
+        "kind": "run",
+        "plan": plan.name,
+        "run_dir": str(run.path),
+        "topology": plan.topology_file,
+    }
+    vm, (plan_in_guest,) = _boot_lab(
+        lab_id,
+        info,
+        files=[plan_path],
+        shares={str(run.path): run.path},
+        mem_mb=mem_mb,
+        cpus=cpus,
+    )
+    notes: list[str] = []
+    try:
+        info["state"] = "running"
+        write_json_atomic(lab_dir(lab_id) / "lab.json", info)
+        if on_boot is not None:
+            on_boot(lab_id, info)
+        guest = ["run", "--resume", str(run.path), plan_in_guest]
+        for o in overrides or []:
+            guest += ["-o", o]
+        env = {
+            "LAB_SUBSTRATE": json.dumps(info["substrate"]),
+            "LAB_RUN_ARGV": json.dumps(argv or ["lab", *guest]),
+        }
+        if os.environ.get("TERM"):
+            env["TERM"] = os.environ["TERM"]
+        rc = attach(
+            vm,
+            [sys.executable, "-m", "lab.cli", *guest],
+            env=env,
+            cwd=str(PROJECT),
+        )
+    except BaseException as e:
+        _unwind(lab_id, vm, e)
+        raise
+    # Power off through the VM object that spawned QEMU (it reaps its child), then the ledger.
+    from .teardown import teardown
+
+    left: list[str] = []
+    try:
+        vm.shutdown(grace=10)
+    except TeardownIncomplete as e:
+        left += e.leftovers
+    finally:
+        vm.disconnect()
+    return rc, left + teardown(lab_id, notes), notes
 
 
 def _guest_error(what: str, cp: subprocess.CompletedProcess) -> LabError:
@@ -295,10 +452,36 @@ def forward(
         vm.disconnect()
 
 
+def forward_interactive(lab_id: str, argv: list[str]) -> int:
+    """Run `lab ARGV` in the VM of lab `lab_id` attached to this terminal (or to these pipes):
+    output is streamed as it comes, stdin is forwarded, a pty is used when stdin and stdout are
+    terminals, Ctrl-C reaches the guest command. Returns its exit code."""
+    from .vm.terminal import attach
+
+    vm = _attach(lab_id)
+    env = {"TERM": os.environ["TERM"]} if os.environ.get("TERM") else None
+    try:
+        return attach(vm, [sys.executable, "-m", "lab.cli", *argv], env=env, cwd=_guest_cwd())
+    finally:
+        vm.disconnect()
+
+
 def status(lab_id: str) -> dict:
     """The guest's `lab status` of the lab, plus the host's record of the VM."""
     info = read_info(lab_id)
     base = {"id": lab_id, "substrate": info.get("substrate"), "vm": info.get("vm")}
+    if info.get("kind") == "run":
+        # the running `lab run --vm` holds the VM's only agent channel: report the host record
+        alive = _qemu_alive(info)
+        return {
+            **base,
+            "topology": info.get("topology", ""),
+            "state": (
+                f"VM running plan {info.get('plan')!r} into {info.get('run_dir')}"
+                if alive
+                else f"VM gone; `lab down --id {lab_id}` removes what is left"
+            ),
+        }
     try:
         cp = forward(lab_id, ["status", "--id", lab_id, "--json"], timeout=120)
     except LabError as e:
@@ -308,6 +491,13 @@ def status(lab_id: str) -> dict:
     found = json.loads(cp.stdout or "[]")
     inner = found[0] if found else {"state": "not up inside the VM"}
     return {**inner, **base}
+
+
+def _qemu_alive(info: dict) -> bool:
+    from .proc import is_same_process
+
+    vm = info.get("vm") or {}
+    return bool(vm.get("pid")) and is_same_process(vm["pid"], vm.get("start_time"))
 
 
 def down(lab_id: str, notes: list[str]) -> list[str]:
@@ -322,7 +512,8 @@ def down(lab_id: str, notes: list[str]) -> list[str]:
     vm = None
     if (state_dir / "vm.json").exists():
         vm = VM.attach(state_dir)
-    if vm is not None and vm.alive():
+    if vm is not None and vm.alive() and read_info(lab_id).get("kind") != "run":
+        # (a run's VM is powered off as it is: its guest holds nothing but tmpfs)
         try:
             cp = vm.run(
                 [sys.executable, "-m", "lab.cli", "down", "--id", lab_id],

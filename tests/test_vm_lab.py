@@ -8,12 +8,16 @@ missing, without QEMU or the kernel cache (scripts/fetch-kernel.sh).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import secrets
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -93,6 +97,7 @@ def test_macsec_mka_in_vm_end_to_end(vm_ready, vm_lab_id):
     rtt = float(cp.stdout.split("rtt min/avg/max/mdev = ")[1].split("/")[1])
     assert rtt >= 10.0
     assert run_lab("exec", "--id", lid, "client", "--", "false").returncode == 1
+    check_interactive(lid)
 
     # impair set/show are forwarded; the kernel reports what it applies
     cp = run_lab("impair", "set", "--id", lid, "all", "delay", "20ms")
@@ -132,6 +137,52 @@ def test_macsec_mka_in_vm_end_to_end(vm_ready, vm_lab_id):
     assert not proc.is_same_process(pid, start), "QEMU outlived lab down"
     assert not lab_dir(lid).exists()
     assert "nothing to do" in run_lab("down", "--id", lid).stdout  # harmless twice
+
+
+def check_interactive(lid: str) -> None:
+    """exec and shell into the VM lab behave like local ones: stdin reaches the command, output
+    streams, a terminal is a terminal (with the caller's window size), exit codes come back."""
+    e = {**os.environ}
+    cp = subprocess.run(
+        [*LAB, "exec", "--id", lid, "client", "--", "sh", "-c", "cat; echo err >&2; exit 7"],
+        input="hello from the host\n",
+        capture_output=True,
+        text=True,
+        env=e,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert (cp.returncode, cp.stdout, cp.stderr.strip()) == (7, "hello from the host\n", "err")
+    cp = subprocess.run(
+        [*LAB, "shell", "--id", lid, "client"],
+        input="ip -o link show client-eth0 >/dev/null && echo $((6*7)); exit 3\n",
+        capture_output=True,
+        text=True,
+        env=e,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert cp.returncode == 3 and "42" in cp.stdout, cp.stdout + cp.stderr
+    # on a terminal: a pty in the guest, with this terminal's size
+    pid, fd = pty.fork()
+    if pid == 0:  # child: give our terminal a size, then become `lab exec`
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
+        os.execvp(LAB[0], [*LAB, "exec", "--id", lid, "client", "--", "sh", "-c", "tty; stty size"])
+    chunks = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    text = b"".join(chunks).decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert "/dev/pts/" in text and "33 101" in text, text
 
 
 def test_killed_vm_up_is_removed_by_down(vm_ready, vm_lab_id):
