@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[yellow]lab:[/] {e}", markup=True, highlight=False)
         return e.exit_code
     except LabError as e:
-        err.print(f"lab: error: {e}", markup=False, highlight=False)
+        err.print(f"lab: error: {e}", markup=False, highlight=False, soft_wrap=True)
         return e.exit_code
     except KeyboardInterrupt:
         err.print("lab: interrupted")
@@ -612,7 +612,7 @@ def cmd_run(args) -> int:
     from .plan import load_plan
     from .report import generate
     from .results import RunDir
-    from .runner import Runner, create_run_dir, resume_plan
+    from .runner import Runner, create_run_dir, preflight, resume_plan
     from .runprogress import RunProgress
 
     overrides = list(args.override) + (["vm=true"] if args.vm else [])
@@ -621,6 +621,12 @@ def cmd_run(args) -> int:
         plan = resume_plan(run, args.plan, overrides)
     elif args.plan:
         plan = load_plan(args.plan, overrides)
+        if not plan.vm or substrate().get("kind") == "vm":
+            preflight(plan)  # before the run directory exists (VM plans: vmlab.preflight_plan)
+        else:
+            from .vmlab import preflight_plan
+
+            preflight_plan(plan)
         run = create_run_dir(plan, Path(args.out) if args.out else None)
     else:
         raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")

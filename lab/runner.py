@@ -249,6 +249,39 @@ class Interrupts:
 # ---------------------------------------------------------------------- the runner
 
 
+def preflight(plan: Plan):
+    """The plan's topology spec, once every profile can run here and every tool is on PATH;
+    else PreconditionError listing every problem (and what to do about kernel data planes).
+    Checked before the run directory or anything else is created."""
+    from .topology import load_topology
+    from .vpn.tunnel import prepare
+
+    spec = load_topology(REPO / plan.topology_file, plan.topo, plan.topology_params)
+    problems, runnable = [], []
+    for p in plan.profiles:
+        try:
+            prepare(spec, p)
+            runnable.append(p)
+        except PreconditionError as e:
+            problems.append(str(e))
+    for t in plan.tests:
+        test = TESTS[t.test]
+        for tool in {*test.client_tools, *test.server_tools}:
+            if not proc.which(tool):
+                problems.append(f"test {t.label!r} needs {tool} (not on PATH)")
+    if problems:
+        hint = ""
+        if len(runnable) < len(plan.profiles):
+            hint = (
+                "\nrun the whole plan in the full-kernel VM with `lab run --vm` (kernel data "
+                "planes), or leave those profiles out: -o 'profiles="
+                + ",".join(runnable or ["..."])
+                + "'"
+            )
+        raise PreconditionError("cannot run this plan here:\n  " + "\n  ".join(problems) + hint)
+    return spec
+
+
 class Runner:
     def __init__(
         self,
@@ -276,25 +309,7 @@ class Runner:
     # ------------------------------------------------------------------ checks
     def preflight(self) -> None:
         """Everything that can be checked before anything is created."""
-        from .topology import load_topology
-        from .vpn.tunnel import prepare
-
-        self.spec = load_topology(
-            REPO / self.plan.topology_file, self.plan.topo, self.plan.topology_params
-        )
-        problems = []
-        for p in self.plan.profiles:
-            try:
-                prepare(self.spec, p)
-            except PreconditionError as e:
-                problems.append(str(e))
-        for t in self.plan.tests:
-            test = TESTS[t.test]
-            for tool in {*test.client_tools, *test.server_tools}:
-                if not proc.which(tool):
-                    problems.append(f"test {t.label!r} needs {tool} (not on PATH)")
-        if problems:
-            raise PreconditionError("cannot run this plan here:\n  " + "\n  ".join(problems))
+        self.spec = preflight(self.plan)
         if any(p.impaired for p in self.plan.points) and impairment_runtime() is None:
             self.events.note(
                 "this build has no lab.impair.runtime: impaired cases will be recorded as failed"

@@ -184,3 +184,22 @@ def test_vm_run_refuses_bad_input_before_booting(tmp_path):
     )
     assert cp.returncode == 2 and "plan differs" in cp.stderr, cp.stderr
     assert qemu_processes() <= before
+
+
+def test_host_run_of_a_kernel_profile_says_use_vm_and_creates_nothing(tmp_path):
+    from lab.vpn.profiles import load_profile
+
+    prof = load_profile("gre")
+    if prof.driver.check(prof.params).ok:
+        pytest.skip("this kernel has ip_gre: nothing to refuse")
+    out = tmp_path / "r"
+    cp = subprocess.run(
+        [*LAB, "run", "quick", "-o", "profiles=baseline,gre", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert cp.returncode == PreconditionError.exit_code, cp.stderr
+    assert "lab run --vm" in cp.stderr and "-o 'profiles=baseline'" in cp.stderr, cp.stderr
+    assert not out.exists()
