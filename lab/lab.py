@@ -180,6 +180,23 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
                     f"{prof.core_share} is a placeholder): {prof.uncalibrated_reason}"
                 )
             plan[n.name] = plan_entry(prof)
+    sub = substrate()
+    if sub.get("kind") == "vm" and sub.get("accelerator") == "tcg":
+        # QEMU TCG emulates the CPU in software, many times slower than the host: a quota
+        # calibrated on the host would make a node far slower than a board, and no figure from
+        # this lab is performance evidence anyway. Masks (env) still apply: same code paths.
+        capped = [n for n, p in plan.items() if p.get("cores") is not None]
+        for n in capped:
+            plan[n]["cores"] = None
+            plan[n]["not_applied"] = "TCG"
+        if capped:
+            warnings = [w for w in warnings if "uncalibrated" not in w]
+            warnings.append(
+                f"CPU caps not applied to {', '.join(capped)}: the lab runs in a VM under TCG "
+                "(software CPU emulation), where a host-calibrated quota means nothing; "
+                "profile masks still apply"
+            )
+        return plan, list(dict.fromkeys(warnings))
     # fit the capped nodes onto this machine (or refuse); see cpuprofile.scale_to_host
     warnings += scale_to_host(plan, host_cores)
     return plan, list(dict.fromkeys(warnings))

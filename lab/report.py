@@ -199,7 +199,10 @@ def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
     doc.h("Set-up")
     topo = plan.get("topology", {})
     cpu = {
-        n: (c or {}).get("profile") or (c or {}).get("cores")
+        n: f"{(c or {}).get('profile') or (c or {}).get('cores')}"
+        + (f" (cap not applied: {c['not_applied']})" if (c or {}).get("not_applied") else "")
+        if (c or {}).get("profile") or (c or {}).get("cores")
+        else None
         for n, c in (m.get("cpu") or {}).items()
     }
     calibrated = {(c or {}).get("calibrated") for c in (m.get("cpu") or {}).values() if c}

@@ -369,11 +369,10 @@ def run_plan(
         for o in overrides or []:
             guest += ["-o", o]
         env = {
+            **_stream_env(),
             "LAB_SUBSTRATE": json.dumps(info["substrate"]),
             "LAB_RUN_ARGV": json.dumps(argv or ["lab", *guest]),
         }
-        if os.environ.get("TERM"):
-            env["TERM"] = os.environ["TERM"]
         rc = attach(
             vm,
             [sys.executable, "-m", "lab.cli", *guest],
@@ -452,6 +451,20 @@ def forward(
         vm.disconnect()
 
 
+def _stream_env() -> dict[str, str]:
+    """Environment for a guest `lab` whose output is streamed: unbuffered (so progress shows as
+    it happens, also through pipes), this terminal's type and width."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if os.environ.get("TERM"):
+        env["TERM"] = os.environ["TERM"]
+    cols = os.environ.get("COLUMNS") or (
+        str(os.get_terminal_size(sys.stdout.fileno()).columns) if sys.stdout.isatty() else ""
+    )
+    if cols:
+        env["COLUMNS"] = cols
+    return env
+
+
 def forward_interactive(lab_id: str, argv: list[str]) -> int:
     """Run `lab ARGV` in the VM of lab `lab_id` attached to this terminal (or to these pipes):
     output is streamed as it comes, stdin is forwarded, a pty is used when stdin and stdout are
@@ -459,9 +472,10 @@ def forward_interactive(lab_id: str, argv: list[str]) -> int:
     from .vm.terminal import attach
 
     vm = _attach(lab_id)
-    env = {"TERM": os.environ["TERM"]} if os.environ.get("TERM") else None
     try:
-        return attach(vm, [sys.executable, "-m", "lab.cli", *argv], env=env, cwd=_guest_cwd())
+        return attach(
+            vm, [sys.executable, "-m", "lab.cli", *argv], env=_stream_env(), cwd=_guest_cwd()
+        )
     finally:
         vm.disconnect()
 

@@ -93,3 +93,25 @@ def machine_snapshot() -> dict:
         "cgroups": cg,
         "mounts": sorted(line.split()[4] for line in open("/proc/self/mountinfo")),
     }
+
+
+def vm_kernel_or_skip():
+    """The VM kernel (lab.vm.Kernel), or skip naming what is missing: QEMU, or the kernel cache
+    that scripts/fetch-kernel.sh fills."""
+    from lab.errors import PreconditionError
+    from lab.proc import which
+    from lab.vm import find_kernel
+    from lab.vm.qemu import QEMU
+
+    if not which(QEMU):
+        pytest.skip(f"{QEMU} not installed (apt-get install qemu-system-x86)")
+    try:
+        return find_kernel()
+    except PreconditionError as e:
+        pytest.skip(f"VM kernel cache missing: {e}")
+
+
+@pytest.fixture(scope="module")
+def vm_ready():
+    """Skip the test unless a lab VM can boot here (QEMU and the kernel cache present)."""
+    return vm_kernel_or_skip()

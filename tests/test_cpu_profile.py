@@ -340,3 +340,30 @@ def test_profile_quota_on_fake_cgroup_v1(tmp_path):
     cgroups.set_cpu(layout, "lab/x", plan["n0"]["cores"], "0-1")
     assert (root / "cpu" / "lab" / "x" / "cpu.cfs_quota_us").read_text() == "26000"
     assert (root / "cpu" / "lab" / "x" / "cpu.cfs_period_us").read_text() == "100000"
+
+
+def test_tcg_vm_substrate_applies_masks_but_no_caps(monkeypatch):
+    """Inside a TCG VM a host-calibrated quota would make nodes far slower than a board: caps
+    are left off (stated as a warning and in each node's cpu record), the masks stay."""
+    from lab.lab import cpu_plan
+    from lab.topology import load_topology
+    from tests.conftest import TOPOS
+
+    spec = load_topology(TOPOS / "pi_pair.py", params={"cpu": "pi4"})
+    plan, _ = cpu_plan(spec, None)
+    assert all(p["cores"] for p in plan.values())  # on the host: capped
+    monkeypatch.setenv(
+        "LAB_SUBSTRATE", json.dumps({"kind": "vm", "accelerator": "tcg", "kernel": "6.12"})
+    )
+    plan, warnings = cpu_plan(spec, None)
+    assert {n: (p["cores"], p.get("not_applied")) for n, p in plan.items()} == {
+        "client": (None, "TCG"),
+        "server": (None, "TCG"),
+    }
+    assert all("OPENSSL_ia32cap" in p["env"] for p in plan.values())
+    assert any("not applied" in w and "TCG" in w for w in warnings), warnings
+    monkeypatch.setenv(
+        "LAB_SUBSTRATE", json.dumps({"kind": "vm", "accelerator": "kvm", "kernel": "6.12"})
+    )
+    plan, _ = cpu_plan(spec, None)
+    assert all(p["cores"] for p in plan.values())  # KVM runs at near-native speed: capped

@@ -21,21 +21,16 @@ import pytest
 from .conftest import REPO
 
 from lab import proc
-from lab.errors import CommandError, PreconditionError, StartupError
-from lab.vm import VM, boot, find_kernel
+from lab.errors import CommandError, StartupError
+from lab.vm import VM, boot
 from lab.vm.kernel import Kernel
-from lab.vm.qemu import QEMU
+from tests.conftest import vm_kernel_or_skip
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def _kernel_or_skip() -> Kernel:
-    if not proc.which(QEMU):
-        pytest.skip(f"{QEMU} not installed (apt-get install qemu-system-x86)")
-    try:
-        return find_kernel()
-    except PreconditionError as e:
-        pytest.skip(f"VM kernel cache missing: {e}")
+    return vm_kernel_or_skip()
 
 
 def _assert_gone(vm: VM, state_dir: Path) -> None:

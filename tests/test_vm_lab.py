@@ -32,19 +32,6 @@ from tests.conftest import LAB, REPO, TOPOS, run_lab
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def vm_ready():
-    from lab.vm import find_kernel
-    from lab.vm.qemu import QEMU
-
-    if not proc.which(QEMU):
-        pytest.skip(f"{QEMU} not installed (apt-get install qemu-system-x86)")
-    try:
-        find_kernel()
-    except PreconditionError as e:
-        pytest.skip(f"VM kernel cache missing: {e}")
-
-
 @pytest.fixture
 def vm_lab_id():
     lid = "k" + secrets.token_hex(3)

@@ -19,7 +19,6 @@ import time
 
 import pytest
 
-from lab import proc
 from lab.errors import PreconditionError
 from lab.results import RunDir
 from lab.state import lab_dir
@@ -43,19 +42,6 @@ interval_s = 0.1
 [[tests]]
 test = "tcp"
 """
-
-
-@pytest.fixture(scope="module")
-def vm_ready():
-    from lab.vm import find_kernel
-    from lab.vm.qemu import QEMU
-
-    if not proc.which(QEMU):
-        pytest.skip(f"{QEMU} not installed (apt-get install qemu-system-x86)")
-    try:
-        find_kernel()
-    except PreconditionError as e:
-        pytest.skip(f"VM kernel cache missing: {e}")
 
 
 def qemu_processes() -> set[int]:

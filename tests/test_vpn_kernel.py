@@ -20,7 +20,7 @@ from lab.errors import PreconditionError
 from lab.topology import load_topology
 from lab.vpn.profiles import load_profile
 from lab.vpn.tunnel import prepare
-from tests.conftest import REPO, TOPOS
+from tests.conftest import REPO, TOPOS, vm_kernel_or_skip
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -41,15 +41,9 @@ PROFILES = {
 
 @pytest.fixture(scope="module")
 def vm(tmp_path_factory):
-    from lab.vm import boot, find_kernel
-    from lab.vm.qemu import QEMU
+    from lab.vm import boot
 
-    if not proc.which(QEMU):
-        pytest.skip(f"{QEMU} not installed (apt-get install qemu-system-x86)")
-    try:
-        find_kernel()
-    except PreconditionError as e:
-        pytest.skip(f"VM kernel cache missing: {e}")
+    vm_kernel_or_skip()
     machine = boot(tmp_path_factory.mktemp("vmk") / "state", mem_mb=2048)
     yield machine
     machine.shutdown()
