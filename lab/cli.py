@@ -422,6 +422,9 @@ def cmd_status(args) -> int:
 
 
 def _print_status(s: dict) -> None:
+    if not s.get("nodes"):  # a broken lab, or the VM of a `lab run --vm` (no lab of its own)
+        out.print(f"lab {s['id']}: {s.get('state')}", markup=False, highlight=False)
+        return
     t = Table(
         title=f"lab {s['id']} ({s.get('state')}) — {s.get('topology', '')}", title_justify="left"
     )

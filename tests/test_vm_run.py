@@ -112,6 +112,10 @@ def test_run_plan_in_vm_interrupt_and_resume(vm_ready, tmp_path):
         assert p.poll() is None, p.stdout.read()
         assert time.monotonic() < deadline, "no case finished within 600 s"
         time.sleep(0.5)
+    # the host knows what the VM does (without taking the agent channel from the run)
+    st = subprocess.run([*LAB, "status", "--json"], capture_output=True, text=True, timeout=60)
+    mine = [x for x in json.loads(st.stdout) if str(run.path) in str(x.get("state"))]
+    assert len(mine) == 1 and mine[0]["substrate"]["kind"] == "vm", st.stdout
     os.killpg(p.pid, signal.SIGINT)
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 130, out
