@@ -23,6 +23,10 @@ from .errors import ConfigError, PreconditionError
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "cpu_profiles"
 CALIBRATION_DIR = Path("/var/lib/lab/calibration")
 CALIBRATION_SCHEMA = 1
+#: variables that hide CPU features from crypto libraries: a node with a CPU profile gets exactly
+#: the profile's values, and the caller's own values of the others are removed (a `host` node
+#: must not inherit an OPENSSL_ia32cap the user happened to export)
+MASK_VARS = ("OPENSSL_ia32cap", "OPENSSL_armcap", "GODEBUG")
 
 #: primitives a reference may name -> how `lab calibrate` measures them on this machine
 PRIMITIVES: dict[str, dict[str, str]] = {
@@ -427,7 +431,8 @@ def plan_entry(prof: CpuProfile) -> dict:
         "emulated_cores": prof.emulated_cores if prof.capped else None,
         "core_share": prof.core_share,
         "calibrated": prof.calibrated,
-        "env": dict(prof.env),
+        # None = removed from the inherited environment (lab.node.merged_env)
+        "env": {**{v: None for v in MASK_VARS if v not in prof.env}, **prof.env},
         "coverage": coverage(prof),
     }
     if prof.calibration:

@@ -80,10 +80,16 @@ class Node(ABC):
         """Start argv on the node attached to the caller (foreground helpers, e.g. tcpdump)."""
 
 
-def merged_env(base: Mapping[str, str], *extra: Mapping[str, str] | None) -> dict[str, str]:
+def merged_env(
+    base: Mapping[str, str | None], *extra: Mapping[str, str | None] | None
+) -> dict[str, str]:
+    """The caller's environment updated with `base` then `extra`; a None value removes the
+    variable (a CPU profile's MASK_VARS that it does not set)."""
     env = dict(os.environ)
-    env.update(base)
-    for e in extra:
-        if e:
-            env.update(e)
+    for e in (base, *extra):
+        for k, v in (e or {}).items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
     return env

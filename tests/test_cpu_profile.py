@@ -367,3 +367,21 @@ def test_tcg_vm_substrate_applies_masks_but_no_caps(monkeypatch):
     )
     plan, _ = cpu_plan(spec, None)
     assert all(p["cores"] for p in plan.values())  # KVM runs at near-native speed: capped
+
+
+def test_a_profile_defines_the_mask_environment_entirely(monkeypatch):
+    """A `host` node must not inherit a mask the caller exported; pi4 gets exactly its own."""
+    from lab.cpuprofile import load_profile, plan_entry
+    from lab.node import merged_env
+
+    monkeypatch.setenv("OPENSSL_ia32cap", "~0x2")
+    monkeypatch.setenv("GODEBUG", "cpu.all=off")
+    monkeypatch.setenv("LAB_KEEP_ME", "1")
+    host = merged_env(plan_entry(load_profile("host", merge_calibration=False))["env"])
+    assert "OPENSSL_ia32cap" not in host and "GODEBUG" not in host and host["LAB_KEEP_ME"] == "1"
+    pi4 = load_profile("pi4", merge_calibration=False)
+    env = merged_env(plan_entry(pi4)["env"], {"EXTRA": "x"})
+    assert env["OPENSSL_ia32cap"] == pi4.env["OPENSSL_ia32cap"]
+    assert env["GODEBUG"] == pi4.env["GODEBUG"] and env["EXTRA"] == "x"
+    # a node without a profile (cpu=None or a core fraction) keeps the caller's environment
+    assert merged_env({})["OPENSSL_ia32cap"] == "~0x2"
