@@ -619,21 +619,18 @@ def cmd_run(args) -> int:
     from .runprogress import RunProgress
 
     overrides = list(args.override) + (["vm=true"] if args.vm else [])
+    in_vm = substrate().get("kind") == "vm"
     if args.resume:
         run = RunDir(Path(args.resume)).check()
         plan = resume_plan(run, args.plan, overrides)
     elif args.plan:
         plan = load_plan(args.plan, overrides)
-        if not plan.vm or substrate().get("kind") == "vm":
-            preflight(plan)  # before the run directory exists (VM plans: vmlab.preflight_plan)
-        else:
-            from .vmlab import preflight_plan
-
-            preflight_plan(plan)
+        # before the run directory exists; a plan for the VM: not this kernel's features
+        preflight(plan, kernel=in_vm or not plan.vm)
         run = create_run_dir(plan, Path(args.out) if args.out else None)
     else:
         raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")
-    if plan.vm and substrate().get("kind") != "vm":
+    if plan.vm and not in_vm:
         return _run_vm(args, plan, run)
     out.print(f"run directory: {run.path}")
     interrupted = False
@@ -661,9 +658,9 @@ def _run_vm(args, plan, run) -> int:
     from pathlib import Path
 
     from . import vmlab
-    from .plan import find_plan
+    from .plan import find_plan, plan_file
 
-    plan_path = find_plan(args.plan) if args.plan else Path(plan.source.split(" (with -o")[0])
+    plan_path = find_plan(args.plan) if args.plan else Path(plan_file(plan.source))
     out.print(f"run directory: {run.path}")
     out.print("booting the full-kernel VM ...")
 

@@ -31,6 +31,10 @@ class PreconditionError(LabError):
     exit_code = 3
 
 
+class KernelFeatureMissing(PreconditionError):
+    """This kernel lacks a data plane the request needs; the full-kernel VM (--vm) has it."""
+
+
 class CommandError(LabError):
     """An external command failed. Carries argv, namespace, exit code and the tail of stderr."""
 

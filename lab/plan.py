@@ -299,10 +299,18 @@ def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
     overrides = list(overrides or [])
     if overrides:
         raw = apply_overrides(raw, overrides, source=src)
-        src = f"{src} (with -o {' -o '.join(overrides)})"
+        src = f"{src}{WITH_OVERRIDES}{' -o '.join(overrides)})"
     plan = validate(raw, source=src, base_dir=path.parent, default_name=path.stem)
     plan.overrides = overrides
     return plan
+
+
+WITH_OVERRIDES = " (with -o "
+
+
+def plan_file(source: str) -> str:
+    """The plan file of a Plan.source ("FILE" or "FILE (with -o k=v -o ...)")."""
+    return source.split(WITH_OVERRIDES)[0]
 
 
 def parse_override(text: str) -> tuple[str, Any]:

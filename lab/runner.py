@@ -28,12 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, proc
-from .errors import CommandError, ConfigError, LabError, PreconditionError
+from .errors import (
+    CommandError,
+    ConfigError,
+    KernelFeatureMissing,
+    LabError,
+    PreconditionError,
+)
 from .measure import TESTS, Context
 from .monitor import Monitor
-from .plan import REPO, Case, ImpairmentPoint, Plan, slug
+from .plan import REPO, Case, ImpairmentPoint, Plan, plan_file, slug
 from .results import RESULT_SCHEMA, RunDir
-from .state import lab_dir, write_json_atomic
+from .state import lab_dir, new_lab_id, write_json_atomic
 
 RAW_TAIL_LINES = 30
 
@@ -69,14 +75,6 @@ class RunEvents:
 
 
 # ---------------------------------------------------------------------- run directory
-
-
-def new_run_id() -> str:
-    """A lab id for this run: 'r' + 5 hex digits (unique among labs on this machine)."""
-    while True:
-        lab_id = "r" + secrets.token_hex(3)[:5]
-        if not lab_dir(lab_id).exists():
-            return lab_id
 
 
 def create_run_dir(plan: Plan, path: Path | None = None, *, root: Path | None = None) -> RunDir:
@@ -249,19 +247,23 @@ class Interrupts:
 # ---------------------------------------------------------------------- the runner
 
 
-def preflight(plan: Plan):
+def preflight(plan: Plan, *, kernel: bool = True):
     """The plan's topology spec, once every profile can run here and every tool is on PATH;
     else PreconditionError listing every problem (and what to do about kernel data planes).
-    Checked before the run directory or anything else is created."""
+    Checked before the run directory or anything else is created. kernel=False: the plan will
+    run in the full-kernel VM (tools and topology are checked, kernel features are not)."""
     from .topology import load_topology
     from .vpn.tunnel import prepare
 
     spec = load_topology(REPO / plan.topology_file, plan.topo, plan.topology_params)
-    problems, runnable = [], []
+    problems, runnable, need_vm = [], [], []
     for p in plan.profiles:
         try:
-            prepare(spec, p)
+            prepare(spec, p, kernel=kernel)
             runnable.append(p)
+        except KernelFeatureMissing as e:
+            problems.append(str(e))
+            need_vm.append(p)
         except PreconditionError as e:
             problems.append(str(e))
     for t in plan.tests:
@@ -271,7 +273,7 @@ def preflight(plan: Plan):
                 problems.append(f"test {t.label!r} needs {tool} (not on PATH)")
     if problems:
         hint = ""
-        if len(runnable) < len(plan.profiles):
+        if need_vm:
             hint = (
                 "\nrun the whole plan in the full-kernel VM with `lab run --vm` (kernel data "
                 "planes), or leave those profiles out: -o 'profiles="
@@ -295,7 +297,7 @@ class Runner:
         self.events = events or RunEvents()
         self.argv = argv or []
         self.session = secrets.token_hex(4)
-        self.lab_id = new_run_id()
+        self.lab_id = new_lab_id("r")
         self.lab = None
         self.spec = None
         self.manifest: dict = {}
@@ -443,7 +445,7 @@ class Runner:
             self._event("down", lab_id=lab_id, seconds=time.monotonic() - t0, leftover=left)
         if left:
             self.events.note(f"lab {lab_id} not fully removed: {'; '.join(left)}")
-            self.lab_id = new_run_id()  # the old id stays taken until someone cleans it
+            self.lab_id = new_lab_id("r")  # the old id stays taken until someone cleans it
 
     def _tunnel_alive(self) -> bool:
         """The lab still exists and every VPN daemon is the process that was started."""
@@ -708,8 +710,7 @@ def resume_plan(run: RunDir, plan_path: str | None, overrides: list[str]) -> Pla
     from .plan import load_plan
 
     stored = run.check().plan_json()
-    src = stored.get("source", "").split(" (with -o")[0]
-    base = plan_path or src
+    base = plan_path or plan_file(stored.get("source", ""))
     plan = load_plan(base, list(stored.get("overrides") or []) + list(overrides))
     if plan.digest() != stored.get("digest"):
         raise ConfigError(

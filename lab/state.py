@@ -44,6 +44,17 @@ def lab_dir(lab_id: str) -> Path:
     return state_root() / lab_id
 
 
+def new_lab_id(prefix: str) -> str:
+    """`prefix` + 5 hex digits, not taken by any lab on this machine (run labs: "r", the VM of
+    a `lab run --vm`: "v"). create_lab_dir still claims it atomically."""
+    import secrets
+
+    while True:
+        lab_id = prefix + secrets.token_hex(3)[:5]
+        if not lab_dir(lab_id).exists():
+            return check_id(lab_id)
+
+
 def create_lab_dir(lab_id: str) -> Path:
     """Claim lab `lab_id`: its state directory, created atomically (mode 0700).
 

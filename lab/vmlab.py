@@ -38,7 +38,15 @@ from .errors import (
     StartupError,
     TeardownIncomplete,
 )
-from .state import Ledger, check_id, create_lab_dir, lab_dir, list_lab_ids, write_json_atomic
+from .state import (
+    Ledger,
+    check_id,
+    create_lab_dir,
+    lab_dir,
+    list_lab_ids,
+    new_lab_id,
+    write_json_atomic,
+)
 
 PROJECT = Path(__file__).resolve().parent.parent
 #: where the guest mounts the host lab's share/ directory
@@ -103,19 +111,9 @@ def preflight(spec, vpn: str | None, impair: str | None, placement: str | None) 
     topology, the tools exist (the guest runs the host's root), an L2 technology has its two
     ends on one segment. Kernel features are not checked here: the guest has them."""
     if vpn:
-        from .proc import which
-        from .vpn.tunnel import plan
+        from .vpn.tunnel import prepare
 
-        p = plan(spec, vpn)
-        missing = [t for t in p.driver.tools(p.profile.params) if not which(t)]
-        if missing:
-            raise PreconditionError(
-                f"profile {p.profile.name!r} needs {', '.join(missing)} "
-                "(not on PATH); run ./setup.sh"
-            )
-        check_l2 = getattr(p.driver, "check_topology", None)
-        if check_l2 is not None:
-            check_l2(spec, p)
+        prepare(spec, vpn, kernel=False)
     if impair is not None:
         from .impair.runtime import plan_for
 
@@ -272,48 +270,6 @@ def up(
         vm.disconnect()
 
 
-def new_run_vm_id() -> str:
-    """A host lab id for the VM of a `lab run --vm`: 'v' + 5 hex digits, unused here."""
-    import secrets
-
-    while True:
-        lab_id = "v" + secrets.token_hex(3)[:5]
-        if not lab_dir(lab_id).exists():
-            return lab_id
-
-
-def preflight_plan(plan) -> None:
-    """Host-side checks of a plan that will run in the VM: every profile and test tool is on
-    PATH (the guest runs the host's root). Kernel features are not checked: the guest has them."""
-    from .measure import TESTS
-    from .proc import which
-    from .topology import load_topology
-    from .vpn.profiles import load_profile
-    from .plan import REPO
-
-    spec = load_topology(REPO / plan.topology_file, plan.topo, plan.topology_params)
-    problems = []
-    for p in plan.profiles:
-        prof = load_profile(p)
-        missing = [t for t in prof.driver.tools(prof.params) if not which(t)]
-        if missing:
-            problems.append(f"profile {prof.name!r} needs {', '.join(missing)} (not on PATH)")
-        check_l2 = getattr(prof.driver, "check_topology", None)
-        if check_l2 is not None:
-            from .vpn.tunnel import plan as place
-
-            check_l2(spec, place(spec, prof))
-    for t in plan.tests:
-        test = TESTS[t.test]
-        for tool in {*test.client_tools, *test.server_tools}:
-            if not which(tool):
-                problems.append(f"test {t.label!r} needs {tool} (not on PATH)")
-    if problems:
-        raise PreconditionError(
-            "cannot run this plan here:\n  " + "\n  ".join(problems) + "\n(run ./setup.sh)"
-        )
-
-
 def run_plan(
     plan,
     run,
@@ -341,10 +297,9 @@ def run_plan(
     from .vm.terminal import attach
 
     netops.check_root()
-    preflight_plan(plan)
     require_qemu()
     find_kernel()
-    lab_id = new_run_vm_id()
+    lab_id = new_lab_id("v")
     info: dict = {
         "kind": "run",
         "plan": plan.name,

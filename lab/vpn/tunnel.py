@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, LabError, PreconditionError, StartupError
+from ..errors import ConfigError, KernelFeatureMissing, LabError, PreconditionError, StartupError
 from ..node import Daemon
 from ..proc import which
 from ..topology import Interface, LabSpec
@@ -201,18 +201,25 @@ def plan(spec: LabSpec, profile: str | Profile) -> TunnelPlan:
     return TunnelPlan(profile, _side(spec, client, server), _side(spec, server, client), tc, ts)
 
 
-def prepare(spec: LabSpec, profile: str | Profile) -> TunnelPlan:
-    """plan() plus: every tool present and the driver able to run here (PreconditionError)."""
+def prepare(spec: LabSpec, profile: str | Profile, *, kernel: bool = True) -> TunnelPlan:
+    """plan() plus: the driver accepts the topology (an L2 technology needs both ends on one
+    segment: ConfigError), every tool is present and, with `kernel`, the driver can run on this
+    kernel (PreconditionError). kernel=False for a lab that will run in the full-kernel VM,
+    which runs the host's tools on a kernel that has every feature."""
     p = plan(spec, profile)
     drv, params = p.driver, p.profile.params
+    check_topology = getattr(drv, "check_topology", None)
+    if check_topology is not None:
+        check_topology(spec, p)
     missing = [t for t in drv.tools(params) if not which(t)]
     if missing:
         raise PreconditionError(
             f"profile {p.profile.name!r} needs {', '.join(missing)} (not on PATH); run ./setup.sh"
         )
-    avail = drv.check(params)
-    if not avail.ok:
-        raise PreconditionError(f"profile {p.profile.name!r} cannot run here: {avail.why}")
+    if kernel:
+        avail = drv.check(params)
+        if not avail.ok:
+            raise KernelFeatureMissing(f"profile {p.profile.name!r} cannot run here: {avail.why}")
     return p
 
 
