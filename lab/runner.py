@@ -18,6 +18,7 @@ import os
 import platform
 import secrets
 import signal
+import sys
 import socket
 import threading
 import time
@@ -193,6 +194,11 @@ class Interrupts:
     Outside a teardown the first signal raises KeyboardInterrupt at once. Inside one (`shielded`)
     it is remembered and raised when the teardown is done. Every later signal only prints a
     note: the run is already stopping and its lab must still go.
+
+    Python drops an exception raised where it cannot propagate: a signal that lands in an
+    at-fork hook (every subprocess spawn runs logging's), a finalizer or a weakref callback
+    prints "Exception ignored in ..." and the run would go on. So the runner also calls
+    `check()` between steps; it raises again for a signal whose KeyboardInterrupt was lost.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -225,12 +231,29 @@ class Interrupts:
     def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():
             self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
+            self._old_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
+        if self._old:
+            sys.unraisablehook = self._old_hook
         self._old = {}
+
+    def _unraisable(self, u) -> None:
+        """Our own KeyboardInterrupt, dropped where it could not propagate: `check()` raises it
+        again at the next step, so no "Exception ignored" traceback for it on the terminal."""
+        if u.exc_type is KeyboardInterrupt and self.pending:
+            return
+        self._old_hook(u)
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt if a signal came (its first raise may have been swallowed).
+        Called only on the forward path, between steps; unwinding code never calls it."""
+        if self.pending and not self.depth:
+            self.raised = True
+            raise KeyboardInterrupt
 
     @contextmanager
     def shielded(self):
@@ -608,12 +631,14 @@ class Runner:
         )
         for profile, gname, pts, gcases in groups:
             self._run_group(profile, gname, pts, gcases)
+        self.interrupts.check()  # a lost raise during the last case still means "interrupted"
 
     def _run_group(
         self, profile: str, gname: str, pts: list[ImpairmentPoint], gcases: list[Case]
     ) -> None:
         built_impaired = gname == "impaired"
         first = next(p for p in pts if any(c.point == p for c in gcases))
+        self.interrupts.check()
         try:
             self._up(profile, first if built_impaired else None)
         except LabError as e:
@@ -635,6 +660,7 @@ class Runner:
             self._fail_all(pcases, applied)
             return
         for i, case in enumerate(pcases):
+            self.interrupts.check()
             if self.lab is None or not self._tunnel_alive():
                 self.events.note(f"{profile}: tunnel down; bringing the lab up again")
                 self._down()
