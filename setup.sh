@@ -19,7 +19,7 @@ APT_PACKAGES=(
   # measurement tools
   iperf3 sockperf openssh-server openssh-client openssl
   # VPN data planes
-  wireguard-tools wireguard-go openvpn wpasupplicant
+  wireguard-tools wireguard-go openvpn wpasupplicant tinc xl2tpd ppp
   strongswan-swanctl charon-systemd strongswan-charon libcharon-extra-plugins libstrongswan-extra-plugins libstrongswan-standard-plugins
   # python, build tools for the compiled helpers
   python3 python3-venv python3-dev build-essential pkg-config curl ca-certificates
