@@ -59,7 +59,7 @@ TOP_KEYS: dict[str, str] = {
     "timeout_s": "grace beyond a tool's planned duration before it is killed (default 30)",
     "error_bars": "'sd' (study A) or 'minmax' (study D) in the report's bar charts",
     "defaults": "table of test parameters given to every test that accepts them",
-    "tests": "array of tables: test, name, reps and the test's parameters",
+    "tests": "array of tables: test, name, reps, ip (4 or 6) and the test's parameters",
     "vm": "true: run the whole plan inside the full-kernel VM (`lab run --vm`); default false",
 }
 TOPOLOGY_KEYS = {
@@ -68,7 +68,7 @@ TOPOLOGY_KEYS = {
     "cpu": "CPU profile name given as the topology's cpu parameter",
     "params": "table of other topology parameters (the -p of `lab up`)",
 }
-TEST_META_KEYS = ("test", "name", "reps", "args")
+TEST_META_KEYS = ("test", "name", "reps", "ip", "args")
 ERROR_BARS = ("sd", "minmax")
 #: keys `-o key=value` accepts (the dotted ones reach into [topology])
 OVERRIDE_KEYS = {
@@ -123,9 +123,13 @@ class TestEntry:
     test: str
     params: dict[str, Any]
     reps: int | None  # None: the plan's reps / impaired_reps
+    ip: int = 4  # IP version of the traffic address the test targets (study C: IPv4 and IPv6)
 
     def to_json(self) -> dict:
-        return {"label": self.label, "test": self.test, "reps": self.reps, "params": self.params}
+        d = {"label": self.label, "test": self.test, "reps": self.reps, "params": self.params}
+        if self.ip != 4:  # absent for IPv4: plans written before `ip` keep their digest
+            d["ip"] = self.ip
+        return d
 
 
 @dataclass(frozen=True)
@@ -699,6 +703,13 @@ def _tests(raw: dict, source: str) -> list[TestEntry]:
                 f"got {label!r}; accepted: letters, digits, '-', '_', '.'", source, f"{fld}.name"
             )
         reps = _int(t, "reps", f"{source}: {fld}", None)
+        ip = t.get("ip", 4)
+        if ip not in (4, 6) or isinstance(ip, bool):
+            raise _bad(
+                f"got {ip!r}; accepted: 4 or 6 (the traffic address the test targets)",
+                source,
+                f"{fld}.ip",
+            )
         params = {k: v for k, v in t.items() if k not in TEST_META_KEYS}
         # `args = {...}`: the test's parameters as a table, for names the entry itself uses
         # (contention's own `test` parameter)
@@ -716,7 +727,7 @@ def _tests(raw: dict, source: str) -> list[TestEntry]:
             params = test.validate(params, source=f"{source}: {fld} ({label})")
         except LabError as e:
             raise ConfigError(str(e)) from None
-        out.append(TestEntry(label, test.name, params, reps))
+        out.append(TestEntry(label, test.name, params, reps, ip))
     unused = sorted(set(defaults) - used_defaults - {k for t in out for k in TESTS[t.test].schema})
     if unused:
         accepted = sorted({k for t in out for k in TESTS[t.test].schema})

@@ -495,6 +495,7 @@ class Runner:
             "impairment": case.point.to_json(),
             "test": case.test.test,
             "label": case.test.label,
+            "ip": case.test.ip,
             "rep": case.rep,
             "params": case.test.params,
             "roles": roles,
@@ -534,10 +535,23 @@ class Runner:
         iface = (vpn.get("describe") or {}).get("interface") if tc == vpn.get("client") else None
         raw_dir = self._raw_dir(case)
         raw_dir.mkdir(parents=True, exist_ok=True)
+        target = traffic.get(f"v{case.test.ip}")
+        if not target:
+            return self._entry(
+                case,
+                ok=False,
+                error=f"ip = {case.test.ip}: the lab has no IPv{case.test.ip} traffic address "
+                f"(profile {case.profile} or the topology carries no IPv{case.test.ip})",
+                started_utc=_utc(),
+                seconds=0.0,
+                ended_t=time.time(),
+                records=[],
+                monitor={},
+            )
         ctx = Context(
             client=lab.node(tc),
             server=lab.node(ts),
-            server_addr=traffic["v4"],
+            server_addr=target,
             raw_dir=raw_dir,
             iface=iface,
             timeout_s=self.plan.timeout_s,
@@ -580,6 +594,7 @@ class Runner:
             records=records,
             monitor=summary,
             raw_dir=self.run_dir.rel(raw_dir),
+            target=target,
             impairment_applied=_slim(impairment_applied),
         )
         if not ok:

@@ -3,6 +3,7 @@ and bad plans are rejected before anything starts with the file, the field and w
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -125,6 +126,8 @@ BAD = [
     ('placement = "sideways"', "placement", "middlebox"),
     ('error_bars = "iqr"', "error_bars", "minmax"),
     ('[[tests]]\ntest = "nosuchtest"', "tests[2].test", "tcp"),
+    ('[[tests]]\ntest = "ping"\nname = "p6"\nip = 5', "tests[2].ip", "4 or 6"),
+    ('[[tests]]\ntest = "ping"\nname = "p6"\nip = "6"', "tests[2].ip", "4 or 6"),
     ('[[tests]]\ntest = "tcp"\nduration_s = -1', "duration_s", ">= 1"),
     ('[[tests]]\ntest = "tcp"\nwindow = 3', "window", "accepted"),
     ('[[tests]]\ntest = "udp"\nname = "tcp"', "tests", "used twice"),
@@ -205,3 +208,17 @@ def test_vm_key_and_override(tmp_path):
     assert load_plan(path, ["vm=false"]).digest() == host.digest()
     written = write(tmp_path, GOOD.replace('name = "tiny"', 'name = "tiny"\nvm = true'), "v.toml")
     assert load_plan(written).vm is True
+
+
+def test_ip_6_is_recorded_and_only_then_in_the_digest(tmp_path):
+    text = (PLAN_DIR / "quick.toml").read_text()
+    base = tmp_path / "a.toml"
+    base.write_text(text)
+    six = tmp_path / "b.toml"
+    six.write_text(text.replace('test = "ping"', 'test = "ping"\nip = 6', 1))
+    four = tmp_path / "c.toml"
+    four.write_text(text.replace('test = "ping"', 'test = "ping"\nip = 4', 1))
+    a, b, c = load_plan(base), load_plan(six), load_plan(four)
+    assert [t.ip for t in b.tests if t.test == "ping"][0] == 6
+    assert "ip" not in json.dumps([t.to_json() for t in a.tests])
+    assert a.digest() == c.digest() != b.digest()

@@ -204,3 +204,62 @@ def test_ctrl_c_twice_still_tears_down(tmp_path):
     assert any(e["event"] == "down" for e in run.load_timeline())
     assert run.file("report.md").is_file()
     _assert_clean(run)
+
+
+def test_ipv6_tests_target_the_ipv6_traffic_address(tmp_path):
+    """Study C's repeat over IPv6: `ip = 6` on a test sends its traffic to the lab's IPv6
+    traffic address (the tunnel's for a VPN profile, the peer's underlay for baseline)."""
+    plan_text = textwrap.dedent("""
+        name = "six"
+        profiles = ["baseline", "wireguard"]
+        impairments = ["none"]
+        reps = 1
+        [topology]
+        file = "topologies/pi_pair_middlebox.py"
+        cpu = 0.5
+        [[tests]]
+        test = "ping"
+        name = "ping4"
+        count = 2
+        interval_s = 0.05
+        [[tests]]
+        test = "ping"
+        name = "ping6"
+        ip = 6
+        count = 2
+        interval_s = 0.05
+        [[tests]]
+        test = "tcp"
+        name = "tcp6"
+        ip = 6
+        duration_s = 1
+        [[tests]]
+        test = "rr"
+        name = "rr6"
+        ip = 6
+        duration_s = 1
+    """)
+    path = tmp_path / "six.toml"
+    path.write_text(plan_text)
+    plan = load_plan(path)
+    run = create_run_dir(plan, tmp_path / "run")
+    counts = Runner(plan, run).execute()
+    lines = {r["case"]: r for r in read_jsonl(run.results)}
+    assert counts == {"ok": 8, "failed": 0, "skipped": 0}, {
+        k: v["error"] for k, v in lines.items() if not v["ok"]
+    }
+    for profile, v4, v6 in (("baseline", "10.0.2.2", "fd00:2::2"), ("wireguard", "10.99.0.2", "fd99::2")):  # fmt: skip
+        assert lines[f"{profile}|none|ping4|0"]["target"] == v4
+        assert lines[f"{profile}|none|ping4|0"]["ip"] == 4
+        for label in ("ping6", "tcp6", "rr6"):
+            r = lines[f"{profile}|none|{label}|0"]
+            assert (r["ip"], r["target"]) == (6, v6), r
+        assert lines[f"{profile}|none|ping6|0"]["records"][0]["family"] == 6
+    from lab.report import generate
+
+    generate(run.path)
+    df = pd.read_csv(run.file("results.csv"))
+    assert sorted(df.groupby("test_label").ip.first().items()) == [
+        ("ping4", 4), ("ping6", 6), ("rr6", 6), ("tcp6", 6)
+    ]  # fmt: skip
+    _assert_clean(run)
