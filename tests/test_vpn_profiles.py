@@ -51,11 +51,11 @@ def test_unknown_profile_lists_valid_ones():
 
 def test_unknown_driver_lists_valid_ones(tmp_path):
     f = tmp_path / "x.toml"
-    f.write_text('driver = "tinc"\n')
+    f.write_text('driver = "no-such-driver"\n')
     with pytest.raises(ConfigError) as e:
         load_profile(str(f))
     msg = str(e.value)
-    assert str(f) in msg and "driver" in msg and "'tinc'" in msg
+    assert str(f) in msg and "driver" in msg and "'no-such-driver'" in msg
     assert "openvpn" in msg and "wireguard" in msg and "none" in msg
     with pytest.raises(ConfigError, match="valid: .*openvpn"):
         get_driver("nope")
