@@ -39,6 +39,13 @@ PROFILES = {
     "openvpn-tls": False,
     "openvpn-tls:proto=tcp": False,
     "openvpn-none": True,
+    "openvpn-bf-sha1-static": False,
+    "openvpn-nocipher-static": True,
+    "openvpn-nodigest-static": False,
+    "tinc": False,
+    "tinc-nocipher": True,
+    "tinc-nodigest": False,
+    "tinc-none": True,
 }
 
 
