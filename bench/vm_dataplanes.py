@@ -40,6 +40,10 @@ DEFAULT = {
     "l2tpv3": ("pi_pair_middlebox", True),
     "ip6gre": ("pi_pair_middlebox", True),
     "ip6tnl": ("pi_pair_middlebox", True),
+    # study C: IPsec transport mode, manual keys (AH authenticates but does not encrypt)
+    "ipsec-transport-ah": ("pi_pair_middlebox", True),
+    "ipsec-transport-esp": ("pi_pair_middlebox", False),
+    "ipsec-transport-ah-esp": ("pi_pair_middlebox", False),
 }
 
 SEND = (
@@ -108,7 +112,70 @@ def _capture(lab, node_name: str, ifname: str, target: str) -> tuple[bool, int, 
     return marker.encode() in data, len(data), shown
 
 
-def guest(profile: str, topology: str, lab_id: str, seconds: float) -> dict:
+PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 50: "esp", 51: "ah", 58: "icmpv6"}
+
+
+def ip_chains(data: bytes, dst: str) -> list[str]:
+    """The IP protocol chains of the captured packets to `dst` (a pcap file's bytes, Ethernet):
+    e.g. "ipv4 ah,udp" (AH headers are walked: AH authenticates, the next header is visible),
+    "ipv6 esp" (ESP hides what it carries). Sorted, each chain once."""
+    import ipaddress
+    import struct
+
+    if len(data) < 24:
+        return []
+    endian = "<" if data[:4] in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1") else ">"
+    want = ipaddress.ip_address(dst)
+    chains: set[str] = set()
+    off = 24
+    while off + 16 <= len(data):
+        incl = struct.unpack(endian + "I", data[off + 8 : off + 12])[0]
+        pkt = data[off + 16 : off + 16 + incl]
+        off += 16 + incl
+        if len(pkt) < 14:
+            continue
+        etype = int.from_bytes(pkt[12:14], "big")
+        ip = pkt[14:]
+        if etype == 0x0800 and len(ip) >= 20:
+            fam, proto, addr, rest = "ipv4", ip[9], ip[16:20], ip[(ip[0] & 15) * 4 :]
+        elif etype == 0x86DD and len(ip) >= 40:
+            fam, proto, addr, rest = "ipv6", ip[6], ip[24:40], ip[40:]
+        else:
+            continue
+        if ipaddress.ip_address(addr) != want:
+            continue
+        chain = [proto]
+        while proto == 51 and len(rest) >= 2:  # AH: next header, length in 4-byte units - 2
+            proto, rest = rest[0], rest[(rest[1] + 2) * 4 :]
+            chain.append(proto)
+        chains.add(f"{fam} " + ",".join(PROTO_NAMES.get(x, str(x)) for x in chain))
+    return sorted(chains)
+
+
+def _xfrm_left(node) -> list[str]:
+    """XFRM states and policies still in `node` (first lines), for --stop-vpn."""
+    left = []
+    for kind in ("state", "policy"):
+        out = node.run(["ip", "xfrm", kind, "list"], check=False).stdout
+        left += [
+            f"{node.name}: xfrm {kind} {ln}" for ln in out.splitlines() if ln.startswith("src")
+        ]
+    return left
+
+
+def guest(
+    profile: str,
+    topology: str,
+    lab_id: str,
+    seconds: float,
+    *,
+    capture_v6: bool = False,
+    stop_vpn: bool = False,
+) -> dict:
+    """One profile's check. `capture_v6`: the marker capture also to the IPv6 target;
+    `stop_vpn`: stop the tunnel (lab.vpn.tunnel.tear_down) before the lab goes down and record
+    in `vpn_left` whatever XFRM state or policy is left in the VPN nodes. Both also record
+    `capture_protocols` (the IP protocol chains seen on the wire)."""
     from lab.lab import up
     from lab.teardown import teardown
     from lab.topology import load_topology
@@ -145,6 +212,24 @@ def guest(profile: str, topology: str, lab_id: str, seconds: float) -> dict:
             capture_on=f"{node}:{ifname}",
         )
         res["describe"] = d
+        if capture_v6 or stop_vpn:
+            res["capture_protocols"] = ip_chains((lab.dir / "capture.pcap").read_bytes(), t4)
+        if capture_v6 and t6:
+            seen6, size6, _ = _capture(lab, node, ifname, t6)
+            res.update(
+                marker_seen_v6=seen6,
+                capture_bytes_v6=size6,
+                capture_protocols_v6=ip_chains((lab.dir / "capture.pcap").read_bytes(), t6),
+            )
+        if stop_vpn:
+            from lab.vpn.tunnel import tear_down
+
+            t2 = time.monotonic()
+            tear_down(lab)
+            res["vpn_down_s"] = round(time.monotonic() - t2, 2)
+            res["vpn_left"] = [
+                x for n in (v["client"], v["server"]) for x in _xfrm_left(lab.node(n))
+            ]
     except Exception as e:  # reported, then the lab is still taken down
         res["error"] = f"{type(e).__name__}: {e}"
     finally:
@@ -259,13 +344,22 @@ def main() -> None:
     ap.add_argument(
         "--capture", metavar="LAB_ID", help="(inside a VM) capture check on a lab that is up"
     )
+    ap.add_argument(
+        "--capture-v6", action="store_true", help="(--guest) capture the marker to IPv6 too"
+    )
+    ap.add_argument(
+        "--stop-vpn",
+        action="store_true",
+        help="(--guest) stop the tunnel before the lab goes down; record XFRM objects left",
+    )
     a = ap.parse_args()
     if a.capture:
         print(json.dumps(capture_existing(a.capture)), flush=True)
         return
     if a.guest:
         for p in a.profiles:
-            print(json.dumps(guest(p, a.topology, a.id, a.seconds)), flush=True)
+            r = guest(p, a.topology, a.id, a.seconds, capture_v6=a.capture_v6, stop_vpn=a.stop_vpn)
+            print(json.dumps(r), flush=True)
         return
     host(a.profiles or list(DEFAULT), a.seconds)
 
