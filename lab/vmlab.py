@@ -15,7 +15,7 @@ commands find it and `lab down` / `lab clean` remove it:
 
 Inside the guest the lab is an ordinary lab with the same id (the guest's /var/lib/lab is its
 own tmpfs). Host commands reach it by running `python -m lab.cli ...` in the guest through the
-VM's agent (one client at a time: commands on one VM lab are serialised). The project directory
+VM's agent (one port per concurrent host command, four in all). The project directory
 and its runs/ share are the same paths inside and out, so results written under runs/ in the
 guest are on the host at once.
 """

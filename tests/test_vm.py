@@ -124,7 +124,7 @@ def test_qemu_argv(tmp_path):
         mem_mb=1024,
         cpus=2,
         console_log=tmp_path / "con,sole.log",
-        agent_socket=tmp_path / "agent.sock",
+        agent_sockets=[tmp_path / "agent.sock", tmp_path / "agent-1.sock"],
         pidfile=tmp_path / "qemu.pid",
         shares=shares,
     )
@@ -139,6 +139,9 @@ def test_qemu_argv(tmp_path):
     assert f"file,id=con,path={tmp_path}/con,,sole.log" in opt("-chardev")  # comma escaped
     assert f"socket,id=agent,path={tmp_path}/agent.sock,server=on,wait=on" in opt("-chardev")
     assert "virtserialport,bus=vser.0,chardev=agent,name=lab.agent" in opt("-device")
+    # further ports: the guest runs without waiting for a client on them
+    assert f"socket,id=agent1,path={tmp_path}/agent-1.sock,server=on,wait=off" in opt("-chardev")
+    assert "virtserialport,bus=vser.0,chardev=agent1,name=lab.agent.1" in opt("-device")
     fsdevs = opt("-fsdev")
     assert fsdevs[0] == "local,id=fs0,path=/,security_model=none,multidevs=remap,readonly=on"
     assert all("readonly" not in f for f in fsdevs[1:])
@@ -146,7 +149,7 @@ def test_qemu_argv(tmp_path):
     assert "panic=-1" in opt("-append")[0]
     kvm = qemu.qemu_argv(
         qemu="q", kernel=k, initramfs=tmp_path, accel="kvm", mem_mb=1, cpus=1,
-        console_log=tmp_path, agent_socket=tmp_path, pidfile=tmp_path, shares=[],
+        console_log=tmp_path, agent_sockets=[tmp_path], pidfile=tmp_path, shares=[],
     )  # fmt: skip
     assert kvm[kvm.index("-accel") + 1] == "kvm"
 

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from lab import proc
 from lab.errors import CommandError, StartupError
 from lab.vm import VM, boot
 from lab.vm.kernel import Kernel
+from lab.vm.qemu import AGENT_PORTS
 from tests.conftest import vm_kernel_or_skip
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -175,12 +177,36 @@ def test_attach_from_a_second_client(vm):
     other = VM.attach(vm.state_dir)
     assert other.pid == vm.pid
     assert other.run(["cat", "/proc/sys/kernel/hostname"]).stdout.strip() == "lab-vm"
-    third = VM.attach(vm.state_dir)
-    third.attach_timeout = 2
-    with pytest.raises(StartupError, match="one client at a time"):
-        third.run(["true"])  # `other` still holds the channel
     other.disconnect()
     assert vm.run(["true"]).returncode == 0  # the first client reconnects
+
+
+def test_clients_at_once_each_get_a_port(vm):
+    """`lab shell` open on a VM lab must not lock out `lab impair` or `lab exec`: every client
+    holds one of the agent's ports; one too many waits, then fails naming the holders."""
+    vm.disconnect()
+    assert len(vm.agent_sockets) == AGENT_PORTS > 1
+    clients = [VM.attach(vm.state_dir) for _ in range(AGENT_PORTS)]
+    held = clients[0].start_stream(["sleep", "100"])  # an open shell, say
+    try:
+        for i, c in enumerate(clients):
+            assert c.run(["echo", str(i)]).stdout == f"{i}\n"
+        assert sorted(c._port_lock is not None for c in clients) == [True] * AGENT_PORTS
+        extra = VM.attach(vm.state_dir)
+        extra.attach_timeout = 1
+        with pytest.raises(StartupError, match=f"all {AGENT_PORTS} agent channels"):
+            extra.run(["true"])
+        clients[1].disconnect()  # a port is free again: the waiting client gets it
+        assert extra.run(["true"]).returncode == 0
+        extra.disconnect()
+        with pytest.raises(subprocess.TimeoutExpired):  # the others' coming and going left it be
+            held.wait(0.5)
+    finally:
+        held.signal(signal.SIGTERM)
+        held.wait(30)
+        for c in clients:
+            c.disconnect()
+    assert vm.run(["true"]).returncode == 0
 
 
 def test_project_venv_python_runs_in_the_vm(vm):

@@ -150,6 +150,33 @@ def check_interactive(lid: str) -> None:
         timeout=120,
     )
     assert cp.returncode == 3 and "42" in cp.stdout, cp.stdout + cp.stderr
+    # a shell left open does not lock the lab: impair and exec still reach it meanwhile
+    shell = subprocess.Popen(
+        [*LAB, "shell", "--id", lid, "client"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=e,
+        cwd=REPO,
+    )
+    try:
+        shell.stdin.write("echo shell-is-open\n")
+        shell.stdin.flush()
+        assert shell.stdout.readline().strip() == "shell-is-open"
+        t0 = time.monotonic()
+        cp = subprocess.run(
+            [*LAB, "exec", "--id", lid, "server", "--", "hostname"],
+            capture_output=True, text=True, env=e, cwd=REPO, timeout=120,
+        )  # fmt: skip
+        assert cp.returncode == 0 and time.monotonic() - t0 < 60, cp.stdout + cp.stderr
+        shell.stdin.write("exit 4\n")
+        shell.stdin.flush()
+        assert shell.wait(60) == 4
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
     # on a terminal: a pty in the guest, with this terminal's size
     pid, fd = pty.fork()
     if pid == 0:  # child: give our terminal a size, then become `lab exec`

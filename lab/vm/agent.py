@@ -25,6 +25,8 @@ loop, in arrival order, and never wait on the port: control ops get no reply (on
 gets {"id", "ok": true} or {"id", "error"}). When the host disconnects (EOF on the port, or a
 "hello" from the next host: under TCG a quick reconnect can hide the EOF), every running
 stream's process group gets SIGHUP (then SIGCONT) and the stream sends nothing more.
+QEMU gives the VM several such ports (lab.agent, lab.agent.1, ...), one host client each; every
+port has its own reader loop and streams, so one client's disconnect hangs up only its own.
 """
 
 from __future__ import annotations
@@ -68,10 +70,10 @@ def log(msg: str) -> None:
     print(f"lab-agent: {msg}", file=sys.stderr, flush=True)
 
 
-def find_port(name: str) -> str:
+def find_port(name: str, *, tries: int = 100) -> str | None:
     """/dev/vportNpM of the virtio-serial port called `name` (there is no udev for the symlink)."""
     base = "/sys/class/virtio-ports"
-    for _ in range(100):
+    for _ in range(tries):
         for entry in sorted(os.listdir(base)) if os.path.isdir(base) else []:
             try:
                 with open(f"{base}/{entry}/name") as f:
@@ -80,7 +82,15 @@ def find_port(name: str) -> str:
             except OSError:
                 continue
         time.sleep(0.05)
-    raise SystemExit(f"lab-agent: no virtio-serial port named {name!r}")
+    return None
+
+
+def extra_ports() -> list[str]:
+    """The ports after the first (PORT_NAME.1, .2, ...) that QEMU gave this VM."""
+    found = []
+    while (path := find_port(f"{PORT_NAME}.{len(found) + 1}", tries=1)) is not None:
+        found.append(path)
+    return found
 
 
 def uptime() -> float:
@@ -498,7 +508,13 @@ def main(args: list[str] | None = None) -> None:
         # The init starts us early, to overlap our start-up with its mounts; wait until done.
         while not os.path.exists(INIT_DONE):
             time.sleep(0.01)
-        port = Port.open(find_port(PORT_NAME))
+        path = find_port(PORT_NAME)
+        if path is None:
+            raise SystemExit(f"lab-agent: no virtio-serial port named {PORT_NAME!r}")
+        port = Port.open(path)
+        # every further port serves one more host client, each with its own streams
+        for extra in extra_ports():
+            threading.Thread(target=Agent(Port.open(extra)).serve, daemon=True).start()
     port.send({"event": "ready", "kernel": os.uname().release, "uptime": uptime()})
     log(f"ready after {uptime():.2f} s of uptime")
     agent = Agent(port)

@@ -2,7 +2,7 @@
 
 One connection carries many requests at once: each gets a unique id, a reader thread hands every
 reply to the request waiting for that id, and replies for ids this client never sent (left over
-from a previous client of the same VM) are dropped. QEMU's socket chardev takes one client at a
+from a previous client of the same port) are dropped. QEMU's socket chardev takes one client at a
 time; a new one may connect after the previous has closed.
 
 Each connection starts with {"op": "hello"}. A stream (open_stream) gets many messages for its

@@ -5,7 +5,9 @@ another process (or a later `lab down`) can attach to it or remove it:
 
   state_dir/vm.json        pid + start time of QEMU, kernel, accel, shares (written atomically)
   state_dir/initramfs.cpio built for this boot
-  state_dir/agent.sock     QEMU's end of the agent's virtio-serial port
+  state_dir/agent.sock     QEMU's end of the agent's first virtio-serial port (the booting
+                           process's); agent-N.sock for the others, agent-N.lock (flock) says
+                           which one a host process holds
   state_dir/console.log    the guest's serial console
   state_dir/qemu.log       QEMU's own stderr
   state_dir/qemu.pid       QEMU's -pidfile
@@ -14,6 +16,7 @@ another process (or a later `lab down`) can attach to it or remove it:
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import signal as _signal
@@ -28,12 +31,20 @@ from ..errors import CommandError, PreconditionError, StartupError, TeardownInco
 from .channel import Channel, ChannelClosed, ChannelStream
 from .initramfs import build_initramfs
 from .kernel import Kernel, find_kernel
-from .qemu import MSIZE, ROOT_TAG, Share, probe_accel, qemu_argv, require_qemu
+from .qemu import AGENT_PORTS, MSIZE, ROOT_TAG, Share, probe_accel, qemu_argv, require_qemu
 
 #: the checkout this code runs from (shared into the guest at the same path)
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
-STATE_FILES = ("vm.json", "initramfs.cpio", "agent.sock", "qemu.pid", "console.log", "qemu.log")
+
+def _agent_socket_name(i: int) -> str:
+    return "agent.sock" if i == 0 else f"agent-{i}.sock"
+
+
+AGENT_FILES = tuple(_agent_socket_name(i) for i in range(AGENT_PORTS)) + tuple(
+    f"agent-{i}.lock" for i in range(AGENT_PORTS)
+)
+STATE_FILES = ("vm.json", "initramfs.cpio", *AGENT_FILES, "qemu.pid", "console.log", "qemu.log")
 DEFAULT_TMPFS = ("/tmp", "/var/run", "/var/lib/lab", "/var/log", "/var/tmp")
 #: The agent runs under the host root's system python3, isolated (-I: no PYTHON* variables, no
 #: user site) and without site-packages (-S: it is stdlib only, and skipping site saves ~0.3 s
@@ -60,6 +71,7 @@ class VM:
         self.record = record
         self._popen = popen
         self._channel: Channel | None = None
+        self._port_lock: int | None = None  # flock'd fd of the agent port this client holds
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -73,6 +85,39 @@ class VM:
     @property
     def agent_socket(self) -> Path:
         return self.state_dir / "agent.sock"
+
+    @property
+    def agent_sockets(self) -> list[Path]:
+        """One per agent port (a VM booted before there were several has one)."""
+        n = self.record.get("agent_ports", 1)
+        return [self.state_dir / _agent_socket_name(i) for i in range(n)]
+
+    def _claim_port(self, deadline: float) -> int:
+        """Index of a free agent port, now flock'd by this client (freed by disconnect() or
+        this process's exit); waits until `deadline` while every port is held by others."""
+        while True:
+            for i, _sock in enumerate(self.agent_sockets):
+                fd = os.open(
+                    self.state_dir / f"agent-{i}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                self._port_lock = fd
+                return i
+            if time.monotonic() > deadline:
+                raise StartupError(
+                    f"all {len(self.agent_sockets)} agent channels of lab VM {self.pid} are held "
+                    "by other processes (`lab shell`, `lab exec`, a run); close one and retry"
+                )
+            time.sleep(0.1)
+
+    def _release_port(self) -> None:
+        if self._port_lock is not None:
+            os.close(self._port_lock)  # drops the flock
+            self._port_lock = None
 
     @property
     def accel(self) -> str:
@@ -111,14 +156,22 @@ class VM:
                 raise StartupError(
                     f"lab VM (pid {self.pid}) is not running\n{tail(self.console_log)}"
                 )
-            chan = Channel(self.agent_socket)
-            # QEMU serves one client at a time; a second one connects (the kernel queues it)
-            # but is never read. Ask once, so that this fails clearly instead of hanging.
+            self._release_port()
+            i = self._claim_port(time.monotonic() + self.attach_timeout)
+            try:
+                chan = Channel(self.agent_sockets[i])
+            except OSError as e:
+                self._release_port()
+                raise StartupError(f"lab VM {self.pid}: agent port {i}: {e}") from e
+            # QEMU serves one client per port; a second one connects (the kernel queues it) but
+            # is never read. The lock keeps well-behaved clients apart; ask once anyway, so
+            # that anything else holding the port fails clearly instead of hanging.
             if chan.request({"op": "ping"}, self.attach_timeout) is None:
                 chan.close()
+                self._release_port()
                 raise StartupError(
-                    f"the agent of lab VM {self.pid} did not answer within {self.attach_timeout:.0f} s;"
-                    " another process may hold its channel (one client at a time)\n"
+                    f"the agent of lab VM {self.pid} did not answer on port {i} within "
+                    f"{self.attach_timeout:.0f} s; another process may hold that channel\n"
                     + tail(self.console_log, 10)
                 )
             self._channel = chan
@@ -199,11 +252,11 @@ class VM:
         return Stream(self, argv, chan)
 
     def disconnect(self) -> None:
-        """Close this client's connection (the VM keeps running). QEMU serves one client at a
-        time: another process can VM.attach() once this one has disconnected or exited."""
+        """Close this client's connection and free its agent port (the VM keeps running)."""
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        self._release_port()
 
     def ping(self, timeout: float = 5.0) -> dict | None:
         """The agent's pong ({"kernel", "uptime"}), or None if it did not answer in time."""
@@ -481,10 +534,11 @@ def boot(
         "LAB_AGENT": AGENT_ARGV,
     }
     initramfs = build_initramfs(state_dir / "initramfs.cpio", kernel, config)
-    console, sock = state_dir / "console.log", state_dir / "agent.sock"
+    console = state_dir / "console.log"
+    socks = [state_dir / _agent_socket_name(i) for i in range(AGENT_PORTS)]
     argv = qemu_argv(
         qemu=qemu, kernel=kernel, initramfs=initramfs, accel=accel, mem_mb=mem_mb, cpus=cpus,
-        console_log=console, agent_socket=sock, pidfile=state_dir / "qemu.pid", shares=planned,
+        console_log=console, agent_sockets=socks, pidfile=state_dir / "qemu.pid", shares=planned,
     )  # fmt: skip
     started = time.monotonic()
     with open(state_dir / "qemu.log", "wb") as qlog:
@@ -499,6 +553,7 @@ def boot(
         "cpus": cpus,
         "cgroup": cgroup,
         "shares": {s.guest_path: str(s.host_path) for s in planned[1:]},
+        "agent_ports": AGENT_PORTS,
         "argv": argv,
     }
     _write_record(state_dir, record)
@@ -537,6 +592,8 @@ def _wait_ready(vm: VM, started: float, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise failed(f"no agent socket after {timeout:.0f} s")
         if vm.agent_socket.exists():
+            if vm._port_lock is None:
+                vm._claim_port(deadline)  # port 0: nobody else knows this VM yet
             try:
                 vm._channel = Channel(vm.agent_socket)
             except OSError:

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,16 @@ from .kernel import Kernel, cache_dir, find_kernel
 QEMU = "qemu-system-x86_64"
 QEMU_HINT = "apt-get install qemu-system-x86"
 AGENT_PORT = "lab.agent"  # must match agent.PORT_NAME
+#: virtio-serial ports the agent serves, each one host client at a time (QEMU's socket chardev
+#: takes one connection): `lab shell` on a VM lab leaves the others to `lab impair`, `lab exec`...
+#: Port i is named AGENT_PORT (i = 0) or AGENT_PORT.i; the guest finds each by name.
+AGENT_PORTS = 4
+
+
+def agent_port_name(i: int) -> str:
+    return AGENT_PORT if i == 0 else f"{AGENT_PORT}.{i}"
+
+
 ROOT_TAG = "labroot"
 MSIZE = 512000  # the virtio transport's maximum in 6.x kernels (it clamps larger values)
 
@@ -70,14 +81,15 @@ def qemu_argv(
     mem_mb: int,
     cpus: int,
     console_log: Path,
-    agent_socket: Path,
+    agent_sockets: Sequence[Path],
     pidfile: Path,
     shares: list[Share],
     cmdline: str = CMDLINE,
 ) -> list[str]:
-    """The full QEMU argv: q35, no NIC, no display, serial console to a file, one virtio-serial
-    port for the agent (QEMU listens; it waits for the host to connect before the guest runs),
-    and one virtio-9p device per share (the host root is always the first, read-only)."""
+    """The full QEMU argv: q35, no NIC, no display, serial console to a file, virtio-serial ports
+    for the agent, one per socket (QEMU listens; it waits for a host on the first before the
+    guest runs), and one virtio-9p device per share (the host root is always the first,
+    read-only)."""
     accel_opt = "tcg,thread=multi" if accel == "tcg" else accel
     e = qemu_escape
     argv = [
@@ -95,11 +107,15 @@ def qemu_argv(
         "-chardev", f"file,id=con,path={e(console_log)}",
         "-serial", "chardev:con",
         "-device", "virtio-serial-pci,id=vser",
-        "-chardev", f"socket,id=agent,path={e(agent_socket)},server=on,wait=on",
-        "-device", f"virtserialport,bus=vser.0,chardev=agent,name={AGENT_PORT}",
         "-device", "virtio-rng-pci",
         "-pidfile", str(pidfile),
     ]  # fmt: skip
+    for i, sock in enumerate(agent_sockets):
+        cid, wait = ("agent", "on") if i == 0 else (f"agent{i}", "off")
+        argv += [
+            "-chardev", f"socket,id={cid},path={e(sock)},server=on,wait={wait}",
+            "-device", f"virtserialport,bus=vser.0,chardev={cid},name={agent_port_name(i)}",
+        ]  # fmt: skip
     for i, s in enumerate(shares):
         ro = ",readonly=on" if s.readonly else ""
         argv += [
