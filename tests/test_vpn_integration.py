@@ -46,6 +46,7 @@ PROFILES = {
     "tinc-nocipher": True,
     "tinc-nodigest": False,
     "tinc-none": True,
+    "ipsec-null": True,  # ESP with the NULL cipher: authenticated, not encrypted
 }
 
 
