@@ -44,16 +44,19 @@ test = "tcp"
 """
 
 
-def qemu_processes() -> set[int]:
-    """Running QEMU processes (zombies excluded: this host's init may be slow to reap them)."""
+def qemu_processes(mentioning: str) -> set[int]:
+    """Running QEMU processes whose command line mentions `mentioning` (this test's VM: its state
+    directory, or the run directory it shares; other VMs on the machine are not this test's
+    business). Zombies are excluded: this host's init may be slow to reap them."""
     out = subprocess.run(["pgrep", "-f", "qemu-system"], capture_output=True, text=True).stdout
     running = set()
     for pid in map(int, out.split()):
         try:
             state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
         except OSError:
             continue
-        if state != "Z":
+        if state != "Z" and mentioning in cmdline:
             running.add(pid)
     return running
 
@@ -95,7 +98,6 @@ def test_run_plan_in_vm_interrupt_and_resume(vm_ready, tmp_path):
     plan = tmp_path / "vmrun.toml"
     plan.write_text(textwrap.dedent(PLAN))
     run = RunDir(tmp_path / "run")
-    before = qemu_processes()
 
     # 1. start, then Ctrl-C once the first case is in: the guest runner stops cleanly
     p = subprocess.Popen(
@@ -123,7 +125,8 @@ def test_run_plan_in_vm_interrupt_and_resume(vm_ready, tmp_path):
     assert "VM powered off" in out, out
     (vid,) = vm_ids(out)
     assert not lab_dir(vid).exists()
-    assert qemu_processes() <= before, "QEMU left running"
+    assert not qemu_processes(str(lab_dir(vid))), "QEMU left running"
+    assert not qemu_processes(str(run.path)), "QEMU left running"
     partial = results(run)
     assert 1 <= len(partial) < 8
     assert (run.path / "report.md").exists()  # written by the guest on the way out
@@ -141,14 +144,14 @@ def test_run_plan_in_vm_interrupt_and_resume(vm_ready, tmp_path):
     assert "run directory" in out and "VM powered off" in out
     (vid,) = vm_ids(out)
     assert not lab_dir(vid).exists()
-    assert qemu_processes() <= before, "QEMU left running"
+    assert not qemu_processes(str(lab_dir(vid))), "QEMU left running"
+    assert not qemu_processes(str(run.path)), "QEMU left running"
     # 2 profiles x 2 conditions x 2 tests; the interrupted case (if any) is redone, none twice
     check_vm_run(run, 8)
     assert len(run.manifest()["sessions"]) == 2
 
 
 def test_vm_run_refuses_bad_input_before_booting(tmp_path):
-    before = qemu_processes()
     cp = subprocess.run(
         [*LAB, "run", "quick", "--vm", "-o", "profiles=nosuch", "--out", str(tmp_path / "r")],
         capture_output=True,
@@ -158,7 +161,7 @@ def test_vm_run_refuses_bad_input_before_booting(tmp_path):
     )
     assert cp.returncode == 2 and "profiles" in cp.stderr, cp.stderr
     assert not (tmp_path / "r").exists()
-    assert qemu_processes() <= before
+    assert not qemu_processes(str(tmp_path))
     # a host run cannot be continued in a VM (or the reverse): the evidence would be mixed
     host_run = tmp_path / "h"
     from lab.plan import load_plan
@@ -173,7 +176,7 @@ def test_vm_run_refuses_bad_input_before_booting(tmp_path):
         timeout=60,
     )
     assert cp.returncode == 2 and "plan differs" in cp.stderr, cp.stderr
-    assert qemu_processes() <= before
+    assert not qemu_processes(str(host_run))
 
 
 def test_host_run_of_a_kernel_profile_says_use_vm_and_creates_nothing(tmp_path):

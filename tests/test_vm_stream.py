@@ -90,7 +90,7 @@ def collect(stream, timeout=30):
     return out
 
 
-def wait_for(pred, timeout=10.0, what="condition"):
+def wait_for(pred, timeout=30.0, what="condition"):
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:
