@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 
 from lab.errors import ConfigError, KernelFeatureMissing  # noqa: E402
 from lab.topology import load_topology  # noqa: E402
-from lab.vpn import l2tp  # noqa: E402
+from lab.vpn import kernelfeatures, l2tp  # noqa: E402
 from lab.vpn.profiles import load_profile  # noqa: E402
 from lab.vpn.tunnel import make_context, plan, prepare, redact, render, secret_values  # noqa: E402
 
@@ -162,14 +162,14 @@ def test_bad_profile_file_names_file_field_and_choices(tmp_path):
 
 
 def test_check_names_the_missing_kernel_features(monkeypatch):
-    monkeypatch.setattr(l2tp, "read_kernel_config", lambda: {"CONFIG_PPP": "m"})
+    monkeypatch.setattr(kernelfeatures, "read_kernel_config", lambda: {"CONFIG_PPP": "m"})
     a = l2tp.L2TPDriver().check(load_profile("l2tp").params)
     assert not a.ok and a.path == "kernel"
     assert "L2TP (CONFIG_PPPOL2TP, module l2tp_ppp)" in a.why and "PPP (" not in a.why
     assert "--vm" in a.why
     # the userspace data plane needs PPP only
     assert l2tp.L2TPDriver().check(load_profile("l2tp:dataplane=userspace").params).ok
-    monkeypatch.setattr(l2tp, "read_kernel_config", lambda: {})
+    monkeypatch.setattr(kernelfeatures, "read_kernel_config", lambda: {})
     a = l2tp.L2TPDriver().check(load_profile("l2tp:dataplane=userspace").params)
     assert not a.ok and "PPP (CONFIG_PPP, module ppp_generic)" in a.why
 

@@ -242,7 +242,7 @@ def test_host_without_ah_esp_refuses_and_says_use_vm(profile):
 
 def test_check_names_what_this_host_lacks():
     """On this CI host (no CONFIG_INET_AH/ESP, no DES): exactly those are named."""
-    from lab.vpn.strongswan import read_kernel_config
+    from lab.vpn.kernelfeatures import read_kernel_config
 
     config = read_kernel_config()
     if config is None or config.get("CONFIG_INET_AH") in ("y", "m"):

@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from .base import Driver
 
 #: modules of this package that are infrastructure, not drivers
-_NOT_DRIVERS = {"base", "profiles", "tunnel"}
+_NOT_DRIVERS = {"base", "kernelfeatures", "profiles", "tunnel"}
 _registry: dict[str, type[Driver]] | None = None
 
 

@@ -38,7 +38,7 @@ from ..errors import PreconditionError, StartupError, TeardownIncomplete
 from ..node import Daemon
 from .base import Availability, Driver, Endpoint, Param, TunnelContext, route_through, write_secret
 from .profiles import render_template
-from .strongswan import kernel_modules, read_kernel_config
+from .kernelfeatures import missing_features
 
 IFNAME = "ppp0"  # `unit 0`: ppp units are per network namespace
 PPP_DIR = "/etc/ppp"  # what pppd reads; in a node, the lab's ppp/ directory is mounted here
@@ -49,31 +49,17 @@ CONTROL = "/run/lab-xl2tpd.control"
 RUN_FILES = (PID_FILE, CONTROL, "/run/pppd2.tdb", f"/run/{IFNAME}.pid")
 PPP_NAMES = {"client": "lab-lac", "server": "lab-lns"}
 IPV6_IDS = {"client": 1, "server": 2}
-#: kernel features: (what, /proc/config.gz symbol, module)
-PPP = ("PPP", "CONFIG_PPP", "ppp_generic")
-L2TP = ("L2TP", "CONFIG_PPPOL2TP", "l2tp_ppp")
+#: kernel features: (what, /proc/config.gz symbols, modules)
+PPP = ("PPP", ("CONFIG_PPP",), ("ppp_generic",))
+L2TP = ("L2TP", ("CONFIG_PPPOL2TP",), ("l2tp_ppp",))
 LOG_KERNEL = "Using l2tp kernel support."
 LOG_NO_KERNEL = "L2TP kernel support not detected"
 
 
 def kernel_features(dataplane: str) -> list[str]:
-    """What the kernel lacks for `dataplane` (empty: all there), without changing anything:
-    /proc/config.gz, else the loaded modules (/sys/module) and the module lists of
-    /lib/modules/<release> (Debian kernels, the lab VM, expose no config)."""
+    """What the kernel lacks for `dataplane` (empty: all there), without changing anything."""
     need = [PPP, L2TP] if dataplane == "kernel" else [PPP]
-    config = read_kernel_config()
-    mods = None if config is not None else kernel_modules()
-    missing = []
-    for what, sym, mod in need:
-        if config is not None:
-            ok = config.get(sym) in ("y", "m")
-        elif os.path.isdir(f"/sys/module/{mod}"):
-            ok = True
-        else:
-            ok = mods is not None and mod in mods
-        if not ok:
-            missing.append(f"{what} ({sym}, module {mod})")
-    return missing
+    return [f"{what} ({sym[0]}, module {mod[0]})" for what, sym, mod in missing_features(need)]
 
 
 class L2TPDriver(Driver):

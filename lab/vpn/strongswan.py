@@ -23,7 +23,6 @@ selectors through table 220 with our tunnel address as source. See docs/ipsec.md
 from __future__ import annotations
 
 import base64
-import gzip
 import ipaddress
 import json
 import os
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import CommandError, ConfigError, PreconditionError, StartupError, TeardownIncomplete
+from .kernelfeatures import kernel_modules, read_kernel_config
 from .base import (
     Availability,
     Driver,
@@ -82,23 +82,6 @@ _KERNEL_AEAD_MODULES = (
 )
 
 
-def kernel_modules() -> set[str] | None:
-    """Names of the modules this kernel has, loadable or built in (modules.dep +
-    modules.builtin of /lib/modules/<release>), None when neither file exists."""
-    base = Path("/lib/modules") / os.uname().release
-    names: set[str] = set()
-    found = False
-    for f in ("modules.dep", "modules.builtin"):
-        try:
-            text = (base / f).read_text()
-        except OSError:
-            continue
-        found = True
-        for line in text.splitlines():
-            names.add(Path(line.split(":", 1)[0]).name.split(".ko")[0].replace("-", "_"))
-    return names if found else None
-
-
 def retransmit_timeout_for(dpd_timeout: float) -> float:
     return dpd_timeout / sum(RETRANSMIT_BASE**k for k in range(RETRANSMIT_TRIES + 1))
 
@@ -110,21 +93,6 @@ def plugin_list(dataplane: str, crypto_plugins: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------ kernel probing
-
-
-def read_kernel_config() -> dict[str, str] | None:
-    """CONFIG_* symbols of the running kernel from /proc/config.gz, None when not exposed."""
-    try:
-        with gzip.open("/proc/config.gz", "rt") as f:
-            text = f.read()
-    except OSError:
-        return None
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("CONFIG_") and "=" in line:
-            k, _, v = line.partition("=")
-            out[k] = v
-    return out
 
 
 def kernel_esp(config: dict[str, str] | None, esp_proposals: str) -> tuple[bool | None, str]:

@@ -26,7 +26,6 @@ authenc, echainiv) and the algorithms. This CI host has none of AH, ESP or DES: 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets as pysecrets
 import time
@@ -34,7 +33,7 @@ from typing import ClassVar
 
 from ..errors import ConfigError, StartupError
 from .base import Availability, Driver, Endpoint, Param, TunnelContext, config_hash, write_secret
-from .strongswan import kernel_modules, read_kernel_config
+from .kernelfeatures import missing_features
 
 PROTOCOLS = ("ah", "esp", "ah+esp")
 #: auth algorithm -> (key bytes, ICV bits, where the truncation comes from)
@@ -129,20 +128,8 @@ def _all_key_names() -> tuple[str, ...]:
 
 def kernel_missing(needs: list[str]) -> list[str]:
     """Of the _KERNEL features `needs`, what this kernel lacks ("label (CONFIG_X)"); read-only."""
-    config = read_kernel_config()
-    mods = kernel_modules() if config is None else None
-    missing = []
-    for need in needs:
-        for label, symbols, modules in _KERNEL[need]:
-            if config is not None:
-                ok = any(config.get(s) in ("y", "m") for s in symbols)
-            else:
-                ok = any(os.path.isdir(f"/sys/module/{m}") for m in modules) or (
-                    mods is not None and any(m in mods for m in modules)
-                )
-            if not ok:
-                missing.append(f"{label} ({symbols[0]})")
-    return missing
+    features = [f for need in needs for f in _KERNEL[need]]
+    return [f"{label} ({symbols[0]})" for label, symbols, _ in missing_features(features)]
 
 
 def _host(addr: str | None) -> str:
