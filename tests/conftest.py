@@ -6,6 +6,8 @@ import os
 import secrets
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,20 @@ def vm_kernel_or_skip():
 def vm_ready():
     """Skip the test unless a lab VM can boot here (QEMU and the kernel cache present)."""
     return vm_kernel_or_skip()
+
+
+@contextmanager
+def router_capture(lab, pcap: Path):
+    """tcpdump on the router's client-side interface into `pcap` while the block runs."""
+    tcpdump = lab.node("router").popen(
+        ["tcpdump", "-i", "router-eth0", "-n", "-U", "--immediate-mode", "-Z", "root",
+         "-w", str(pcap)],
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert b"listening on" in tcpdump.stderr.readline()
+        yield
+        time.sleep(0.3)
+    finally:
+        tcpdump.terminate()
+        tcpdump.wait(timeout=5)

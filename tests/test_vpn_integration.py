@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
 import sys
 import time
 
@@ -21,7 +20,7 @@ from lab.teardown import teardown
 from lab.topology import load_topology
 from lab.vpn.openvpn import OpenVPNDriver
 from lab.vpn.tunnel import tear_down
-from tests.conftest import TOPOS, lab_traces, run_lab
+from tests.conftest import TOPOS, lab_traces, router_capture, run_lab
 
 pytestmark = [
     pytest.mark.root,
@@ -73,35 +72,15 @@ def capture_marker(lab, target: str) -> tuple[bool, int]:
     interface; returns (marker seen in the capture, capture size)."""
     marker = f"LABMARKER-{secrets.token_hex(8)}".encode()
     pcap = lab.dir / "test-capture.pcap"
-    tcpdump = lab.node("router").popen(
-        [
-            "tcpdump",
-            "-i",
-            "router-eth0",
-            "-n",
-            "-U",
-            "--immediate-mode",
-            "-Z",
-            "root",
-            "-w",
-            str(pcap),
-        ],
-        stderr=subprocess.PIPE,
+    send = (
+        "import socket,sys,time\n"
+        "fam = socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET\n"
+        "s = socket.socket(fam, socket.SOCK_DGRAM)\n"
+        "for _ in range(5):\n"
+        "    s.sendto(sys.argv[2].encode(), (sys.argv[1], 9)); time.sleep(0.02)\n"
     )
-    try:
-        assert b"listening on" in tcpdump.stderr.readline()
-        send = (
-            "import socket,sys,time\n"
-            "fam = socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET\n"
-            "s = socket.socket(fam, socket.SOCK_DGRAM)\n"
-            "for _ in range(5):\n"
-            "    s.sendto(sys.argv[2].encode(), (sys.argv[1], 9)); time.sleep(0.02)\n"
-        )
+    with router_capture(lab, pcap):
         lab.node("client").run([sys.executable, "-c", send, target, marker.decode()])
-        time.sleep(0.3)
-    finally:
-        tcpdump.terminate()
-        tcpdump.wait(timeout=5)
     data = pcap.read_bytes()
     return marker in data, len(data)
 

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import stat
-import subprocess
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from lab.topology import load_topology
 from lab.vpn.profiles import load_profile
 from lab.vpn.tinc import CIPHERS, TincDriver
 from lab.vpn.tunnel import make_context, plan, redact, render, secret_values, tear_down
-from tests.conftest import TOPOS, lab_traces
+from tests.conftest import TOPOS, lab_traces, router_capture
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "data" / "vpn"
@@ -209,30 +208,10 @@ def test_data_plane_is_udp_not_the_tcp_meta_connection(lab_id):
     lab = up(spec_of("pi_pair_middlebox"), lab_id, vpn="tinc")
     try:
         pcap = lab.dir / "test-capture.pcap"
-        tcpdump = lab.node("router").popen(
-            [
-                "tcpdump",
-                "-i",
-                "router-eth0",
-                "-n",
-                "-U",
-                "--immediate-mode",
-                "-Z",
-                "root",
-                "-w",
-                str(pcap),
-            ],
-            stderr=subprocess.PIPE,
-        )
-        try:
-            assert b"listening on" in tcpdump.stderr.readline()
+        with router_capture(lab, pcap):
             lab.node("client").run(
                 ["ping", "-c", "20", "-i", "0.01", "-s", "1000", "-W", "2", "10.99.0.2"]
             )
-            time.sleep(0.3)
-        finally:
-            tcpdump.terminate()
-            tcpdump.wait(timeout=5)
 
         def count(flt: str) -> int:
             cp = lab.node("router").run(["tcpdump", "-r", str(pcap), "-n", flt], check=False)
