@@ -511,18 +511,22 @@ class Runner:
             / f"rep{case.rep}"
         )
 
+    def _not_run(self, case: Case, error: str) -> dict:
+        """The result of a case that could not be measured at all."""
+        return self._entry(
+            case,
+            ok=False,
+            error=error,
+            started_utc=_utc(),
+            seconds=0.0,
+            ended_t=time.time(),
+            records=[],
+            monitor={},
+        )
+
     def _fail_all(self, cases: list[Case], error: str) -> None:
         for c in cases:
-            entry = self._entry(
-                c,
-                ok=False,
-                error=error,
-                started_utc=_utc(),
-                seconds=0.0,
-                ended_t=time.time(),
-                records=[],
-                monitor={},
-            )
+            entry = self._not_run(c, error)
             self.run_dir.add_result(entry)
             self.counts["failed"] += 1
             self.events.case_done(c, entry, self.plan.estimate_s(c))
@@ -537,16 +541,10 @@ class Runner:
         raw_dir.mkdir(parents=True, exist_ok=True)
         target = traffic.get(f"v{case.test.ip}")
         if not target:
-            return self._entry(
+            return self._not_run(
                 case,
-                ok=False,
-                error=f"ip = {case.test.ip}: the lab has no IPv{case.test.ip} traffic address "
+                f"ip = {case.test.ip}: the lab has no IPv{case.test.ip} traffic address "
                 f"(profile {case.profile} or the topology carries no IPv{case.test.ip})",
-                started_utc=_utc(),
-                seconds=0.0,
-                ended_t=time.time(),
-                records=[],
-                monitor={},
             )
         ctx = Context(
             client=lab.node(tc),
