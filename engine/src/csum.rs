@@ -95,9 +95,15 @@ pub fn flip_random_bit(buf: &mut [u8], rng: &mut Rng) {
     frame[i] ^= 1 << rng.below(8);
 }
 
-/// Split a GSO frame (`buf` = vnet header + frame) into single frames with complete checksums,
-/// each with a zero vnet header. Supports TCPv4/TCPv6 (TSO) and UDP_L4 (USO); None otherwise.
-pub fn segment(buf: &[u8]) -> Option<Vec<Vec<u8>>> {
+/// Split a GSO frame (`buf` = vnet header + frame) into wire-sized frames (gso_size of payload
+/// each, as the NIC or the kernel's software GSO would put them on the wire). Supports
+/// TCPv4/TCPv6 (TSO) and UDP_L4 (USO); None otherwise.
+///
+/// `complete`: every segment gets its final L4 checksum and a zero vnet header (needed before a
+/// bit is flipped). Otherwise each segment stays CHECKSUM_PARTIAL (the pseudo-header sum in the
+/// checksum field, VIRTIO_NET_HDR_F_NEEDS_CSUM in its vnet header), which is what the kernel hands
+/// a checksum-offloading device and saves summing every payload byte in the engine.
+pub fn segment(buf: &[u8], complete: bool) -> Option<Vec<Vec<u8>>> {
     let h = VnetHdr::parse(buf);
     let frame = &buf[VNET_HDR_LEN..];
     let gso = h.gso_type & !GSO_ECN;
@@ -166,9 +172,22 @@ pub fn segment(buf: &[u8]) -> Option<Vec<Vec<u8>>> {
         f[csum_field..csum_field + 2].copy_from_slice(&[0, 0]);
         let mut acc = if v4 { sum16(&f[l3 + 12..l3 + 20], 0) } else { sum16(&f[l3 + 8..l3 + 40], 0) };
         acc += proto as u64 + l4len as u64;
-        let c = !fold(sum16(&f[l4..], acc));
-        let c = if c == 0 && !tcp { 0xffff } else { c };
-        f[csum_field..csum_field + 2].copy_from_slice(&c.to_be_bytes());
+        if complete {
+            let c = !fold(sum16(&f[l4..], acc));
+            let c = if c == 0 && !tcp { 0xffff } else { c };
+            f[csum_field..csum_field + 2].copy_from_slice(&c.to_be_bytes());
+        } else {
+            f[csum_field..csum_field + 2].copy_from_slice(&fold(acc).to_be_bytes());
+            let vh = VnetHdr {
+                flags: F_NEEDS_CSUM,
+                gso_type: GSO_NONE,
+                hdr_len: hdrs as u16,
+                gso_size: 0,
+                csum_start: l4 as u16,
+                csum_offset: (csum_field - l4) as u16,
+            };
+            vh.write(&mut seg[..VNET_HDR_LEN]);
+        }
         out.push(seg);
     }
     Some(out)
@@ -241,7 +260,7 @@ mod tests {
     #[test]
     fn segments_tso_frame() {
         let b = tcp4_frame(3000, 1400);
-        let segs = segment(&b).unwrap();
+        let segs = segment(&b, true).unwrap();
         assert_eq!(segs.len(), 3);
         let mut seq = 1000u32;
         for (i, s) in segs.iter().enumerate() {
@@ -255,5 +274,22 @@ mod tests {
             assert_eq!(fin, i == 2);
         }
         assert_eq!(seq, 4000);
+    }
+
+    #[test]
+    fn segments_tso_frame_with_partial_checksums() {
+        let b = tcp4_frame(3000, 1400);
+        let full = segment(&b, true).unwrap();
+        let part = segment(&b, false).unwrap();
+        assert_eq!(part.len(), 3);
+        for (i, (p, f)) in part.iter().zip(&full).enumerate() {
+            let h = VnetHdr::parse(p);
+            assert_eq!((h.flags, h.gso_type, h.csum_start, h.csum_offset), (F_NEEDS_CSUM, GSO_NONE, 34, 16), "segment {i}");
+            assert!(!h.is_gso());
+            // Completing the partial checksum gives exactly the fully computed segment.
+            let mut done = p.clone();
+            assert!(complete_checksum(&mut done));
+            assert_eq!(done[VNET_HDR_LEN..], f[VNET_HDR_LEN..], "segment {i}");
+        }
     }
 }

@@ -36,6 +36,12 @@ pub struct Counters {
     pub tx_errors: AtomicU64,
     /// Frames larger than the receive buffer (cannot happen below 64 KiB GSO frames).
     pub truncated: AtomicU64,
+    /// GSO super-frames split into wire packets before the model saw them, and how many wire
+    /// packets they became (every per-packet decision counts wire packets, see `run`).
+    pub gso_frames: AtomicU64,
+    pub gso_segments: AtomicU64,
+    /// GSO super-frames of a type the engine cannot split (passed whole to the model).
+    pub gso_unsplit: AtomicU64,
 }
 
 impl Counters {
@@ -54,6 +60,9 @@ impl Counters {
             "dropped_rx": self.dropped_rx.load(R),
             "tx_errors": self.tx_errors.load(R),
             "truncated": self.truncated.load(R),
+            "gso_frames": self.gso_frames.load(R),
+            "gso_segments": self.gso_segments.load(R),
+            "gso_unsplit": self.gso_unsplit.load(R),
         })
     }
 }
@@ -283,7 +292,7 @@ impl Forwarder {
         self.shared.counters.corrupted.fetch_add(1, R);
         let hdr = VnetHdr::parse(&buf);
         if hdr.is_gso() {
-            if let Some(segs) = csum::segment(&buf) {
+            if let Some(segs) = csum::segment(&buf, true) {
                 // As netem_segment(): corrupt the first segment; the others go through the whole
                 // enqueue path as packets of their own.
                 self.recycle(buf);
@@ -466,7 +475,21 @@ impl Forwarder {
                 }
                 let stamp = rx.stamps[i];
                 let arrived = if stamp != 0 && stamp <= real_now { now.saturating_sub(real_now - stamp) } else { now };
-                let buf = self.get_buf(&rx.bufs[i][..len]);
+                let frame = &rx.bufs[i][..len];
+                if VnetHdr::parse(frame).is_gso() {
+                    // A super-frame from a TSO/GSO/GRO path: every model acts per wire packet
+                    // (a 1 % loss drops 1 % of MTU-sized packets, not 1 % of 64 KB bursts).
+                    if let Some(segs) = csum::segment(frame, false) {
+                        self.shared.counters.gso_frames.fetch_add(1, R);
+                        self.shared.counters.gso_segments.fetch_add(segs.len() as u64, R);
+                        for s in segs {
+                            self.enqueue(s, arrived, true);
+                        }
+                        continue;
+                    }
+                    self.shared.counters.gso_unsplit.fetch_add(1, R);
+                }
+                let buf = self.get_buf(frame);
                 self.enqueue(buf, arrived, true);
             }
             self.flush();
