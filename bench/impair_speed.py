@@ -7,6 +7,10 @@ One run, three measurements (root; throw-away namespaces named eng<hex>-*):
      /proc/<pid>/stat (goal <= 1 core).
   3. Added one-way latency with no impairment (lab-probe, kernel receive timestamps): p50 through
      the engine minus p50 of the direct pair (goal <= 50 us).
+  4. iperf3 TCP through a per-packet model (`delay 1ms`, then `loss 1%`): throughput, engine CPU
+     per Gbit/s, and how the engine saw the stream: GSO super-frames split into wire packets
+     (`gso_frames` -> `gso_segments`), so `loss 1%` is 1 % of wire packets. Run it with
+     LAB_ENGINE_DIR=<another engine/ checkout> to compare two builds of the engine.
 
 Usage: sudo python3 bench/impair_speed.py [--seconds 5]
 """
@@ -177,6 +181,51 @@ def main() -> int:
             )
         )
         rows.append(("engine CPU during UDP", f"{udp_cpu:.2f} cores", "<= 1", _pf(udp_cpu <= 1.0)))
+        # 4. TCP through per-packet models: what the engine splits, what it costs
+        for name, spec in (
+            ("delay 1ms", {"delay_us": 1000, "limit": 20000}),
+            ("loss 1%", {"loss": {"model": "random", "p_pct": 1.0, "corr_pct": 0.0}}),
+        ):
+            lab.client.set("both", spec)
+            before = lab.client.show()["a2b"]["counters"]
+            c0 = cpu_seconds(pid)
+            t0 = time.monotonic()
+            res = iperf3(lab, "a", "b", B_IP, [], secs)["end"]
+            cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+            after = lab.client.show()["a2b"]["counters"]
+            lab.client.clear()
+            d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            gbit = res["sum_received"]["bits_per_second"] / 1e9
+            wire = d["seen"] - d.get("gso_frames", 0) + d.get("gso_segments", 0)
+            rows.append((f"TCP {name}: throughput", f"{gbit:.3f} Gbit/s", "", ""))
+            rows.append(
+                (
+                    f"TCP {name}: engine CPU",
+                    f"{cpu:.2f} cores = {cpu / max(gbit, 1e-9):.2f} cores per Gbit/s",
+                    "",
+                    "",
+                )
+            )
+            rows.append(
+                (
+                    f"TCP {name}: frames seen / wire packets",
+                    f"{d['seen']} / {wire} ({d.get('gso_frames', 0)} GSO frames split)",
+                    "",
+                    "",
+                )
+            )
+            if d["dropped_loss"]:
+                rows.append(
+                    (
+                        f"TCP {name}: dropped / wire packets",
+                        f"{100 * d['dropped_loss'] / max(wire, 1):.3f} %",
+                        "1 %",
+                        "",
+                    )
+                )
+            rows.append(
+                (f"TCP {name}: retransmits", f"{res['sum_sent'].get('retransmits', 0)}", "", "")
+            )
         rt = lab.client.show()["a2b"].get("realtime")
         leftovers = lab.close()
     print(

@@ -36,6 +36,13 @@ COUNTERS = (
 
 
 def _find(name: str) -> str:
+    # LAB_ENGINE_DIR: another build of engine/ (benchmarks compare two builds in one run)
+    override = os.environ.get("LAB_ENGINE_DIR")
+    if override:
+        alt = Path(override) / "target" / "release" / name
+        if alt.is_file() and os.access(alt, os.X_OK):
+            return str(alt)
+        raise PreconditionError(f"LAB_ENGINE_DIR={override}: no executable {alt}")
     built = ENGINE_DIR / "target" / "release" / name
     if built.is_file() and os.access(built, os.X_OK):
         return str(built)
