@@ -179,6 +179,9 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
                     f"CPU profile {prof.name!r} is uncalibrated on this machine (core_share "
                     f"{prof.core_share} is a placeholder): {prof.uncalibrated_reason}"
                 )
+            elif ((prof.calibration or {}).get("fit") or {}).get("warning"):
+                # the quota is fitted, but some primitives run well off the board's speed here
+                warnings.append(prof.calibration["fit"]["warning"])
             plan[n.name] = plan_entry(prof)
     sub = substrate()
     if sub.get("kind") == "vm" and sub.get("accelerator") == "tcg":
@@ -190,7 +193,10 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
             plan[n]["cores"] = None
             plan[n]["not_applied"] = "TCG"
         if capped:
-            warnings = [w for w in warnings if "uncalibrated" not in w]
+            # no host-calibrated quota applies: neither its absence nor its fit matters
+            warnings = [
+                w for w in warnings if "uncalibrated" not in w and "calibration fit" not in w
+            ]
             warnings.append(
                 f"CPU caps not applied to {', '.join(capped)}: the lab runs in a VM under TCG "
                 "(software CPU emulation), where a host-calibrated quota means nothing; "
@@ -455,7 +461,26 @@ def _build(
         lab = Lab(lab_id, info)
         if iplan.backend == "userspace":
             _start_engines(lab, iplan)
-        runtime.set_impairment(lab, iplan.initial)
+        else:
+            _offloads_off(lab, iplan)
         for lk in spec.links:
             if lk.impair:
-                runtime.set_impairment(lab, lk.impair, f"{lk.node1}-{lk.node2}")
+                runtime.set_base(lab, lk.impair, f"{lk.node1}-{lk.node2}")
+        runtime.set_point(lab, iplan.initial)
+
+
+def _offloads_off(lab: Lab, iplan) -> None:
+    """Kernel netem sees what the stack hands the qdisc: with TSO/GSO on, 64 KB super-frames that
+    per-packet models would drop or duplicate whole. Turn segmentation and receive offloads off
+    on both ends of every impaired link, so every packet a qdisc sees is a wire packet
+    (docs/impairment.md "Wire packets"). The interfaces die with the lab: nothing to restore."""
+    from .impair import runtime
+
+    done = []
+    for idx in sorted({p.link for p in iplan.points}):
+        lk = lab.spec.links[idx]
+        for node, ifname in ((lk.node1, lk.intf1), (lk.node2, lk.intf2)):
+            lab.node(node).run(["ethtool", "-K", ifname, *runtime.OFFLOADS_OFF])
+            done.append(f"{node}:{ifname}")
+    lab.info["impair"]["offloads_off"] = done
+    lab.save()

@@ -178,11 +178,15 @@ def apply_impairment(lab, point: ImpairmentPoint, *, built_impaired: bool) -> di
             "impairment at run time needs lab.impair.runtime, which this build lacks; "
             "run the unimpaired points only (-o impairments=none)"
         )
-    if point.impaired:
-        rt.set_impairment(lab, point.spec)
-    else:
-        rt.clear_impairment(lab)
-    return {"requested": point.spec, **rt.show_impairment(lab)}
+    # exactly the point's own spec, whatever earlier points left (set_point, not the shell's
+    # merge rule); what is recorded is read back from the engine or qdisc, not the request
+    shown = rt.set_point(lab, point.spec)
+    if not shown.get("in_force"):
+        raise PreconditionError(
+            f"impairment {point.name!r} is not in force: expected {shown.get('expected')}, "
+            f"the {shown.get('backend')} backend reports {shown.get('applied')}"
+        )
+    return {"requested": point.spec, **shown}
 
 
 # ---------------------------------------------------------------------- signals
@@ -718,6 +722,8 @@ class Runner:
             )
             return f"impairment {pt.name!r} could not be set: {e}"
         self._event("impair", point=pt.name, ok=True, seconds=time.monotonic() - t0)
+        for w in applied.get("warnings", []):
+            self.events.note(f"{pt.name}: {w}")
         per = self.manifest["impairment"].setdefault(pt.name, {})
         per[self.lab.info.get("vpn", {}).get("profile", "?")] = applied
         self._write_manifest()
@@ -728,7 +734,8 @@ def _slim(applied: dict | None) -> dict | None:
     """What a result line keeps of show_impairment (the manifest has all of it)."""
     if applied is None:
         return None
-    return {k: applied[k] for k in ("backend", "placement", "applied") if k in applied}
+    keep = ("backend", "placement", "applied", "wire_packets", "warnings")
+    return {k: applied[k] for k in keep if k in applied}
 
 
 def _raw_tails(raw_dir: Path, run: RunDir) -> dict[str, str]:

@@ -149,7 +149,7 @@ def test_apply_argvs():
 def test_parse_network1_golden():
     imp = parse_tc_qdisc_show_json(golden("tc_netem_network1.json"))
     # the kernel does not report the delay distribution
-    assert str(imp) == "delay 40ms 5ms loss 0.5%"
+    assert str(imp) == "delay 40ms 5ms loss 0.5% limit 1000"  # the limit in force is reported
     assert differences(preset("network1"), imp) == []
 
 
@@ -177,12 +177,12 @@ def test_parse_all_devs_golden():
 def test_parse_state_golden():
     imp = parse_tc_qdisc_show_json(golden("tc_netem_state.json"))
     assert imp.loss == StateLoss(1.0, 30.0, 5.0, 90.0, 0.1)
-    assert imp == parse_spec("loss state 1% 30% 5% 90% 0.1%")
+    assert imp == parse_spec("loss state 1% 30% 5% 90% 0.1% limit 1000")
 
 
 def test_parse_slot_ecn_golden_reports_extras():
     (q,) = parse_tc_qdisc_show(golden("tc_netem_slot_ecn.json"))
-    assert str(q.impairment) == "loss 2%"
+    assert str(q.impairment) == "loss 2% limit 1000"
     assert q.extra["ecn"] is True
     assert q.extra["slot"]["min-delay"] == 0.001
 
@@ -205,11 +205,13 @@ def test_differences():
     want = parse_spec("delay 40ms 5ms distribution normal loss 0.5%")
     assert differences(want, None) == ["no netem qdisc is applied"]
     assert differences(Impairment(), None) == []
-    got = parse_spec("delay 40ms 5ms loss 1% seed 99")
+    got = parse_spec("delay 40ms 5ms loss 1% seed 99 limit 1000")
     loss = "loss: requested {'model': 'random', 'p_pct': 0.5, 'corr_pct': 0.0}, applied "
     loss += "{'model': 'random', 'p_pct': 1.0, 'corr_pct': 0.0}"
     assert differences(want, got) == [loss]
     assert differences(parse_spec("loss 1% seed 5"), got)[-1].startswith("seed: requested 5")
+    # no limit requested means netem's default 1000; any other limit in force is a difference
+    assert "limit: requested 1000, applied 50" in differences(want, got.merge("limit 50"))
 
 
 @pytest.mark.parametrize(
@@ -257,7 +259,7 @@ def test_readback_round_trip(spec):
         assert abs(back.delay_us - imp.delay_us) <= 10
         assert differences(imp, back) == []
         return
-    assert back == imp
+    assert back == imp.merge(f"limit {imp.limit or 1000}")
     assert differences(imp, back) == []
 
 

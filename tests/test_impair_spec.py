@@ -79,7 +79,7 @@ GOOD = [
     ("rate 64000", {"rate_bps": 64000}),  # bare number = bit/s (tc(8))
     ("rate 250kbps", {"rate_bps": 2_000_000}),
     ("limit 50", {"limit": 50}),
-    ("limit 1000", {}),  # netem's default
+    ("limit 1000", {"limit": 1000}),  # explicit: the lab's default differs (docs/impairment.md)
     ("seed 12345", {"seed": 12345}),
     ("delay 1s", {"delay_us": 1_000_000}),
     ("delay 1.5sec", {"delay_us": 1_500_000}),

@@ -221,6 +221,8 @@ def differences(requested: Impairment, applied: Impairment | None) -> list[str]:
     if applied is None:
         return [] if requested.is_empty() else ["no netem qdisc is applied"]
     want, got = requested.to_json(), applied.to_json()
+    if want:
+        want.setdefault("limit", 1000)  # what tc puts in force without a limit (netem's default)
     want.pop("distribution", None)
     got.pop("distribution", None)
     if "seed" not in want:

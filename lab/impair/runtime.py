@@ -14,6 +14,7 @@ the same end-to-end effect as netem on the router's two interfaces.
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,10 +22,32 @@ from pathlib import Path
 from ..errors import ConfigError, PreconditionError
 from ..topology import LabSpec
 from . import kernel
-from .spec import DirectionalImpairment, Impairment, parse_directional
+from .spec import DirectionalImpairment, Impairment, parse_directional, parse_spec
 
 DEFAULT = "default"
 BUMP_A, BUMP_B = "imp-a", "imp-b"
+
+#: Queue limits count wire packets (the engine splits GSO super-frames, the kernel path runs with
+#: segmentation offloads off: docs/impairment.md "Wire packets"). A delay line must hold what
+#: arrives during the delay: at the link's rate, (delay + 4 x jitter) x rate / 1500 bytes. When
+#: a spec sets no `limit`, the lab uses twice that (never below netem's default 1000), so the
+#: queue of a delay point is never the bottleneck of the condition it models. The rate is the
+#: link's `bw`, else the spec's `rate`, else DEFAULT_LINE_RATE_BPS. The limit in force is always
+#: written out (`loss 1% limit 1000`), so results and reports show it.
+DEFAULT_LINE_RATE_BPS = 1_000_000_000  # 1 GbE: the Raspberry Pi 4's NIC
+WIRE_PACKET_BYTES = 1500
+NETEM_DEFAULT_LIMIT = 1000
+
+#: How each backend makes every per-packet model (loss, duplicate, reorder, corrupt, limit) act
+#: on wire packets rather than on 64 KB GSO/TSO/GRO super-frames (issue 13).
+WIRE_PACKETS = {
+    "userspace": "engine splits GSO super-frames into wire packets before any per-packet "
+    "decision (counters gso_frames -> gso_segments)",
+    "kernel-netem": "segmentation and receive offloads (tso, gso, gro, tx-udp-segmentation) off "
+    "on the impaired path's interfaces, so the stack hands netem wire packets",
+}
+#: ethtool -K words that turn the offloads of WIRE_PACKETS["kernel-netem"] off
+OFFLOADS_OFF = ["tso", "off", "gso", "off", "gro", "off", "tx-udp-segmentation", "off"]
 
 
 @dataclass
@@ -149,12 +172,112 @@ def _key(p: Point) -> str:
     return f"{p.node}:{p.ifname}"
 
 
+def delay_line_packets(imp: Impairment, line_rate_bps: int) -> int:
+    """Wire packets that arrive while the first one waits out the delay, at the line rate."""
+    rate = min(x for x in (imp.rate_bps, line_rate_bps) if x)
+    hold_us = (imp.delay_us or 0) + 4 * (imp.jitter_us or 0)
+    return math.ceil(rate * hold_us / 1e6 / (8 * WIRE_PACKET_BYTES))
+
+
+def with_queue_limit(imp: Impairment, line_rate_bps: int) -> Impairment:
+    """`imp` with the lab's default queue limit when it sets none (see WIRE_PACKET_BYTES)."""
+    if imp.is_empty() or imp.limit is not None:
+        return imp
+    limit = max(NETEM_DEFAULT_LIMIT, 2 * delay_line_packets(imp, line_rate_bps))
+    return imp.merge(Impairment(limit=limit))
+
+
+def limit_warning(imp: Impairment, line_rate_bps: int) -> str | None:
+    """A warning when an explicit `limit` is smaller than what the delay line holds."""
+    need = delay_line_packets(imp, line_rate_bps)
+    limit = imp.limit
+    if limit is None or limit >= need:
+        return None
+    hold_ms = ((imp.delay_us or 0) + 4 * (imp.jitter_us or 0)) / 1000
+    cap = limit * WIRE_PACKET_BYTES * 8 / (hold_ms / 1000) / 1e6
+    return (
+        f"limit {limit} packets is below the {need} wire packets that {hold_ms:g} ms hold at "
+        f"{line_rate_bps / 1e6:g} Mbit/s: the queue, not the link, caps throughput at about "
+        f"{cap:.0f} Mbit/s (omit limit for the lab's default, or raise it)"
+    )
+
+
+def line_rate_bps(lab, p: Point) -> int:
+    bw = lab.spec.links[p.link].bw
+    return int(bw * 1e6) if bw else DEFAULT_LINE_RATE_BPS
+
+
+def point_spec(
+    spec: str, base: Impairment | None = None, *, a: str | None = None, b: str | None = None
+) -> DirectionalImpairment:
+    """A plan point's spec per direction: `spec` on top of `base` (the topology link's own
+    impairment) and nothing else: no earlier point, no shell setting."""
+    own = base or Impairment()
+    start = DirectionalImpairment(own, own)
+    if not spec.strip():
+        return start
+    return parse_directional(spec, source="impairment", a=a, b=b, base=start)
+
+
+def effective_point(
+    spec: str, line_rate: int = DEFAULT_LINE_RATE_BPS, base: Impairment | None = None
+) -> DirectionalImpairment:
+    """What set_point puts in force for `spec`: point_spec with the default queue limit."""
+    d = point_spec(spec, base)
+    return DirectionalImpairment(
+        with_queue_limit(d.a2b, line_rate), with_queue_limit(d.b2a, line_rate)
+    )
+
+
+def set_point(lab, spec: str) -> dict:
+    """Put exactly `spec` in force on every impairment point (a plan point).
+
+    Nothing of what earlier points or `lab impair set` left survives: each point gets the
+    topology's own link impairment (its `impair=` option, none for most) with `spec` on top,
+    and an empty spec leaves just that. Returns show_impairment() plus `expected` (the effective
+    spec of every point) and `in_force` (whether what the engine or qdisc reports, read back
+    after setting, is exactly that).
+    """
+    st = _state(lab)
+    base = st.get("base") or {}
+    a, b = lab.spec.endpoints("vpn")
+    changes = []
+    for p in [Point(**x) for x in st["points"]]:
+        own = Impairment.from_json(base[_key(p)]) if base.get(_key(p)) else Impairment()
+        d = point_spec(spec, own, a=a, b=b)
+        changes.append((p, d.a2b if p.way == "fwd" else d.b2a))
+    sent = _apply(lab, st, changes)
+    st["applied"] = {_key(p): imp.to_json() for p, imp in changes}
+    lab.save()
+    shown = show_impairment(lab)
+    shown["expected"] = {k: str(v) for k, v in sent.items()}
+    shown["in_force"] = _in_force(st["backend"], shown.get("applied") or {}, sent)
+    warnings = [w for p, imp in changes if (w := limit_warning(imp, line_rate_bps(lab, p)))]
+    if warnings:
+        shown["warnings"] = sorted(set(warnings))
+    return shown
+
+
+def _in_force(backend: str, applied: dict, sent: dict[str, Impairment]) -> bool:
+    """Whether the read-back state equals what was sent (keys as _apply's)."""
+    if backend == "kernel-netem":  # tc cannot report everything: kernel.differences knows what
+        return all(
+            not kernel.differences(
+                v, None if applied.get(k, "none") == "none" else parse_spec(applied[k])
+            )
+            for k, v in sent.items()
+        )
+    flat = {f"{name}:{d}": v for name, dirs in applied.items() for d, v in dirs.items()}
+    return all(flat.get(k) == str(v) for k, v in sent.items())
+
+
 def set_impairment(lab, spec: str, target: str | None = None) -> dict:
     """Apply `spec` (tc-netem words, preset, or directional `client->server: ...; ...`).
 
     target None: every point of the lab's placement. target LINK ('router-server') or
     NODE:IFACE limits it to that link / that interface's egress. Each point keeps the
-    parameters the new spec does not mention ("setting one parameter keeps the others").
+    parameters the new spec does not mention ("setting one parameter keeps the others"): the
+    rule for `lab impair set` at a shell. Plan points use set_point (exactly their own spec).
     """
     st = _state(lab)
     applied = st.setdefault("applied", {}) or {}
@@ -169,6 +292,17 @@ def set_impairment(lab, spec: str, target: str | None = None) -> dict:
     st["applied"] = applied
     lab.save()
     return show_impairment(lab)
+
+
+def set_base(lab, spec: str, target: str) -> None:
+    """A topology link's own impairment (`impair=`): applied now and kept under every plan point
+    (set_point)."""
+    set_impairment(lab, spec, target)
+    st = _state(lab)
+    base = st.setdefault("base", {})
+    for p in _select(lab, st, target):
+        base[_key(p)] = st["applied"][_key(p)]
+    lab.save()
 
 
 def clear_impairment(lab) -> dict:
@@ -204,10 +338,16 @@ def _link_name(spec: LabSpec, idx: int) -> str:
     return f"{lk.node1}-{lk.node2}"
 
 
-def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> None:
+def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> dict[str, Impairment]:
+    """Put each change in place with the default queue limit filled in; returns what was sent,
+    keyed as show_impairment's read-back (kernel: NODE:DEV, engine: ENGINE:DIR)."""
+    changes = [(p, with_queue_limit(imp, line_rate_bps(lab, p))) for p, imp in changes]
+    sent: dict[str, Impairment] = {}
     if st["backend"] == "kernel-netem":
         for p, imp in changes:
             node = lab.node(p.node)
+            dev = f"ifb{p.link}" if st["placement"] == "ingress" else p.ifname
+            sent[f"{p.node}:{dev}"] = imp
             if st["placement"] == "ingress":
                 ifb = f"ifb{p.link}"
                 argvs = (
@@ -224,7 +364,7 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> None:
                 )
             for argv in argvs:
                 node.run(argv, check=not imp.is_empty())
-        return
+        return sent
     from .engine import EngineClient
 
     for eng in st["engines"]:
@@ -232,9 +372,10 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> None:
         for p, imp in changes:
             # middlebox: the router's two egresses both live on the one engine (module doc)
             if eng["link"] == p.link or st["placement"] == "middlebox":
-                EngineClient(eng["control"]).set(
-                    eng["fwd_dir"] if p.way == "fwd" else rev, imp.to_json()
-                )
+                d = eng["fwd_dir"] if p.way == "fwd" else rev
+                EngineClient(eng["control"]).set(d, imp.to_json())
+                sent[f"{eng['name']}:{d}"] = imp
+    return sent
 
 
 def netem_parent(node, ifname: str) -> str:
@@ -254,6 +395,10 @@ def show_impairment(lab) -> dict:
     if not st:
         return {"backend": None, "placement": None, "applied": None, "note": "no impairment points"}
     out = {k: st[k] for k in ("backend", "placement", "why") if k in st}
+    if st.get("backend") in WIRE_PACKETS:
+        out["wire_packets"] = WIRE_PACKETS[st["backend"]]
+        if st.get("offloads_off"):
+            out["offloads_off"] = st["offloads_off"]
     out["requested"] = {
         k: str(Impairment.from_json(v)) for k, v in (st.get("applied") or {}).items()
     }

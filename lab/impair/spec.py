@@ -261,7 +261,7 @@ class Impairment:
 
     Construction validates and normalises, so equal behaviour means equal objects: zero values
     mean off (None), a distribution or correlation without jitter is dropped (it has no effect),
-    "uniform" is the default (None), `limit 1000` is netem's default (None), `gap 1` is what tc
+    "uniform" is the default (None), `gap 1` is what tc
     sets for plain reorder (None).
     """
 
@@ -462,8 +462,6 @@ def _normalize(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
         err("rate packetoverhead needs a rate (e.g. 'rate 100mbit 14')", "rate_packet_overhead")
     if f.get("rate_packet_overhead") == 0:
         del f["rate_packet_overhead"]
-    if f.get("limit") == NETEM_DEFAULT_LIMIT:
-        del f["limit"]
     if "reorder_pct" in f and "delay_us" not in f:
         err(
             "reorder needs a delay: netem sends the reordered packets at once and the others "
