@@ -81,7 +81,7 @@ def _run(tmp_path: Path, impairments: str, count: int = 10, interval: float = 0.
     assert counts["failed"] == 0, [r.get("error") for r in lines if not r["ok"]]
     for lab_id in {e["lab_id"] for e in run.load_timeline() if e.get("lab_id")}:
         assert not lab_traces(lab_id), lab_traces(lab_id)
-    return plan, {r["impairment"]["name"]: r for r in lines}
+    return plan, {r["impairment"]["name"]: r for r in lines}, run
 
 
 def _recorded(entry: dict) -> set[str]:
@@ -93,7 +93,7 @@ def _recorded(entry: dict) -> set[str]:
 @pytest.mark.root
 def test_delay_then_loss_then_none(tmp_path):
     """The loss point after `delay 400ms` runs with loss only: its RTT is the base RTT."""
-    plan, by = _run(tmp_path, '["delay 400ms", "loss 1%", "none"]', count=6, interval=0.2)
+    plan, by, run = _run(tmp_path, '["delay 400ms", "loss 1%", "none"]', count=6, interval=0.2)
     names = {p.name: p for p in plan.points}
     delay = next(n for n, p in names.items() if p.spec.startswith("delay"))
     loss = next(n for n, p in names.items() if p.spec.startswith("loss"))
@@ -104,12 +104,20 @@ def test_delay_then_loss_then_none(tmp_path):
     assert _recorded(by[loss]) == {"loss 1% limit 1000"}
     assert by["none"]["impairment_applied"]["applied"].startswith("none")
     assert "wire packets" in by[loss]["impairment_applied"]["wire_packets"]
+    # the report shows what was in force, queue limit included
+    from lab.report import generate
+
+    generate(run.path)
+    section = run.file("report.md").read_text().split("## Network conditions in force")[1]
+    section = section.split("\n## ")[0]
+    assert f"| {delay} | delay 400ms | delay 400ms limit 66668 |" in section
+    assert f"| {loss} | loss 1% | loss 1% limit 1000 |" in section
 
 
 @pytest.mark.root
 def test_study_a_shaped_sweeps_do_not_leak(tmp_path):
     """Delay sweep, then a jitter sweep on its own base, then a loss sweep (study A's order)."""
-    plan, by = _run(
+    plan, by, _ = _run(
         tmp_path,
         textwrap.dedent("""[
             {sweep = "delay", from = 0, to = 20, step = 10},
