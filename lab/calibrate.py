@@ -3,7 +3,9 @@
 1. measure this machine's single-core throughput of each reference primitive with the profile's
    masks applied (openssl speed; tools/gobench for Go's ChaCha20-Poly1305);
 2. fit core_share (host cores per board core) by weighted least squares of the log ratios
-   ln(core_share * measured / reference), and report each primitive's residual;
+   ln(core_share * measured / reference), and report each primitive's residual; above
+   RESIDUAL_GOAL the fit is poor on this host and the record's `fit` says which primitive, how
+   far, and what that means for results (cpuprofile.fit_quality);
 3. verify: re-measure with `openssl speed -elapsed` inside a throwaway cgroup lab/calib-<pid>
    capped at one board core (removed in `finally`);
 4. store the result in the machine-local calibration file that load_profile() merges in.
@@ -28,11 +30,15 @@ from pathlib import Path
 from . import cgroups, proc
 from .cpuprofile import (
     CALIBRATION_SCHEMA,
+    CORE_SHARE_MAX,
     PRIMITIVES,
+    RESIDUAL_THRESHOLD,
     CpuProfile,
     Reference,
     calibration_path,
+    core_share_ok,
     coverage,
+    fit_quality,
     host_cpu_model,
     load_profile,
 )
@@ -42,7 +48,9 @@ from .state import write_json_atomic
 REPO = Path(__file__).resolve().parent.parent
 GOBENCH = REPO / "tools" / "gobench" / "gobench"
 MSG_BYTES = 16384
-RESIDUAL_GOAL = 0.25
+#: above this |residual| the fit is poor on this host and `lab calibrate` says what that means
+#: for results (cpuprofile.fit_quality; docs/cpu.md "Fit quality")
+RESIDUAL_GOAL = RESIDUAL_THRESHOLD
 SECONDS_GOAL = 60.0
 #: (rounds, seconds per openssl run, seconds per verification run)
 MODES = {"full": (3, 1, 2), "quick": (2, 1, 1)}
@@ -241,6 +249,11 @@ def calibrate(
     for p in prof.references:
         if p not in measured:
             skipped.setdefault(p, "not measured")
+    if not core_share_ok(share):
+        raise PreconditionError(
+            f"fitted core_share {share:.4g} is outside (0, {CORE_SHARE_MAX:g}] host cores per "
+            f"board core: this machine cannot imitate {name}"
+        )
     say(f"fitted core_share {share:.4f} host cores per board core")
 
     verification = None
@@ -276,6 +289,7 @@ def calibrate(
         },
         "residuals": {p: round(r, 4) for p, r in residuals.items()},
         "max_abs_residual": round(max(abs(r) for r in residuals.values()), 4),
+        "fit": fit_quality(residuals, profile=name, threshold=RESIDUAL_GOAL),
         "informational": {
             p: {
                 "host_cpu_mbps": round(measured[p], 1),

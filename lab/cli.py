@@ -538,8 +538,11 @@ def cmd_calibrate(args) -> int:
 
     progress = None if args.json else (lambda s: err.print(f"  {s}", markup=False, highlight=False))
     r = calibrate(args.profile, quick=args.quick, verify=not args.no_verify, progress=progress)
+    fit = r.get("fit") or {}
     if args.json:
         print(json.dumps(r, indent=2))
+        for w in fit.get("warnings") or []:  # stdout stays JSON; the human still hears it
+            err.print(f"lab: warning: {w}", markup=False, highlight=False)
         return 0
     ver = (r.get("verification") or {}).get("results", {})
     t = Table(
@@ -582,6 +585,22 @@ def cmd_calibrate(args) -> int:
         f"max |residual| {r['max_abs_residual']:.1%} (goal <= {RESIDUAL_GOAL:.0%}); "
         f"took {r['duration_s']:.1f} s (goal < {SECONDS_GOAL:.0f} s)"
     )
+    if fit.get("above_threshold"):
+        out.print(
+            f"POOR FIT on this machine: one core_share cannot make every primitive run at the "
+            f"{r['profile']} figures here (|residual| > {fit['threshold']:.0%}):",
+            markup=False,
+            highlight=False,
+        )
+        for w in fit["warnings"]:
+            out.print(f"  - {w}", markup=False, highlight=False)
+        out.print(
+            "  Every run's manifest and report carry this warning. Re-run `lab calibrate` on an "
+            "idle machine (without --quick) to tell host noise from a real mismatch of this CPU; "
+            "see docs/cpu.md (Fit quality).",
+            markup=False,
+            highlight=False,
+        )
     if r.get("unmasked_cpu_mbps"):
         out.print(
             "masks bite: "

@@ -7,12 +7,16 @@ import math
 
 import pytest
 
+from lab import calibrate as calibrate_mod
 from lab import cgroups
-from lab.calibrate import fit_core_share, parse_openssl_mr
+from lab.calibrate import Measurement, fit_core_share, parse_openssl_mr
 from lab.cpuprofile import (
+    CORE_SHARE_MAX,
     PRIMITIVES,
+    RESIDUAL_THRESHOLD,
     Reference,
     coverage,
+    fit_quality,
     host_cpu_model,
     known_profiles,
     load_profile,
@@ -194,6 +198,9 @@ def test_calibration_is_merged(profdir, tmp_path):
         ({"profile_fingerprint": "0" * 16}, "references or masks changed"),
         ({"host": {"cpu_model": "Some Other CPU"}}, "another CPU"),
         ({"schema": 99}, "schema"),
+        ({"core_share": 0}, "outside (0, 64]"),
+        ({"core_share": CORE_SHARE_MAX * 2}, "outside (0, 64]"),
+        ({"core_share": "0.3"}, "outside (0, 64]"),
     ],
 )
 def test_stale_calibration_is_not_used(profdir, tmp_path, over, why):
@@ -218,6 +225,144 @@ def test_fit_is_least_squares_of_log_ratios():
     assert res["a"] == pytest.approx(s * 4 - 1) and res["b"] == pytest.approx(s * 2 - 1)
     s1, res1 = fit_core_share({"a": 400.0}, refs)
     assert s1 == pytest.approx(0.25) and res1 == {"a": pytest.approx(0.0)}
+
+
+def test_fit_quality_names_the_primitive_how_far_and_what_it_means():
+    """Fed a synthetic measurement in which one primitive runs 1.6x as fast (relative to the
+    board) as the others: the fit is poor for that one only, in the right direction."""
+    refs = {p: Reference(p, 100, "s") for p in ("a", "b", "c")}
+    measured = {"a": 400.0, "b": 400.0, "c": 640.0}
+    s, res = fit_core_share(measured, refs)
+    expected_c = s * 6.4 - 1  # fitted board speed of c / its reference - 1
+    assert expected_c > RESIDUAL_THRESHOLD > abs(s * 4 - 1)
+    fit = fit_quality(res, profile="pi4")
+    assert fit["above_threshold"] and fit["poor"] == ["c"] and fit["worst"] == "c"
+    assert fit["max_abs_residual"] == pytest.approx(expected_c, abs=1e-4)
+    assert fit["threshold"] == RESIDUAL_THRESHOLD
+    (w,) = fit["warnings"]
+    pct = f"{expected_c * 100:.0f} %"
+    assert w == (
+        f"c runs {pct} faster than the pi4 figure under the fitted cap: results of profiles "
+        f"using it will overstate pi4 throughput by about {pct}"
+    )
+    assert fit["warning"].startswith("poor CPU calibration fit for pi4") and w in fit["warning"]
+    # slower than the board: results understate it
+    slow = fit_quality({"a": 0.05, "b": -0.4}, profile="pi4")
+    assert slow["poor"] == ["b"] and "b runs 40 % slower" in slow["warning"]
+    assert "understate pi4 throughput by about 40 %" in slow["warning"]
+    # worst first; the threshold itself is still a good fit
+    both = fit_quality({"a": -0.3, "b": 0.5, "c": RESIDUAL_THRESHOLD})
+    assert both["poor"] == ["b", "a"] and both["warnings"][0].startswith("b runs 50 % faster")
+    good = fit_quality({"a": 0.1, "b": -0.2})
+    assert not good["above_threshold"] and good["warnings"] == [] and good["warning"] is None
+    assert good["max_abs_residual"] == 0.2 and good["worst"] == "b"
+
+
+#: fake host rates: the pi4 reference / 0.25, aes-256-gcm 1.6x as fast as that
+def _fake_rates(off: float) -> dict[str, float]:
+    prof = load_profile("pi4", merge_calibration=False)
+    rates = {p: r.mbps / 0.25 for p, r in prof.references.items()}
+    rates["aes-256-gcm"] *= off
+    rates["go-chacha20-poly1305"] = 1000.0
+    return rates
+
+
+@pytest.fixture
+def fake_measurements(monkeypatch, tmp_path):
+    """calibrate() with measurements it did not make: each primitive's rate per CPU second is
+    set by the test (`rates`), so fitting and reporting are checked whatever this host is."""
+    monkeypatch.setenv("LAB_CALIBRATION_DIR", str(tmp_path / "cal"))
+    rates: dict[str, float] = {}
+
+    def openssl(primitive, env, seconds, preexec=None):
+        assert env["OPENSSL_ia32cap"]  # measured with the profile's masks
+        return Measurement(primitive, int(rates[primitive] * 1e6), 1.0, 1.0)
+
+    def go(env, seconds, preexec=None):
+        m = Measurement("go-chacha20-poly1305", int(rates["go-chacha20-poly1305"] * 1e6), 1, 1)
+        return m, {"aes": False, "avx2": False}
+
+    monkeypatch.setattr(calibrate_mod, "measure_openssl", openssl)
+    monkeypatch.setattr(calibrate_mod, "measure_go", go)
+    return rates
+
+
+def _expected_fit(rates: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """core_share and residuals by the definition in docs/cpu.md, from the fake rates."""
+    refs = load_profile("pi4", merge_calibration=False).references
+    wsum = sum(r.weight for r in refs.values())
+    s = math.exp(sum(r.weight * math.log(r.mbps / rates[p]) for p, r in refs.items()) / wsum)
+    return s, {p: s * rates[p] / r.mbps - 1 for p, r in refs.items()}
+
+
+def test_poor_fit_is_recorded_merged_and_warned_at_up(fake_measurements, tmp_path):
+    from lab.lab import cpu_plan
+    from lab.topology import load_topology
+    from tests.conftest import TOPOS
+
+    fake_measurements.update(_fake_rates(1.6))
+    share, res = _expected_fit(fake_measurements)
+    assert res["aes-256-gcm"] > RESIDUAL_THRESHOLD
+    assert all(abs(r) <= RESIDUAL_THRESHOLD for p, r in res.items() if p != "aes-256-gcm")
+    r = calibrate_mod.calibrate("pi4", quick=True, verify=False)
+    assert r["core_share"] == pytest.approx(share)
+    assert r["residuals"] == {p: pytest.approx(v, abs=1e-4) for p, v in res.items()}
+    fit = r["fit"]
+    assert fit["above_threshold"] and fit["poor"] == ["aes-256-gcm"]
+    pct = f"{res['aes-256-gcm'] * 100:.0f} %"
+    assert f"aes-256-gcm runs {pct} faster than the pi4 figure" in fit["warning"]
+    stored = json.loads((tmp_path / "cal" / "pi4.json").read_text())
+    assert stored["fit"] == fit
+    # every lab (and so every run's manifest: node cpu dicts and lab_warnings) carries it
+    prof = load_profile("pi4")
+    assert prof.calibrated and prof.calibration["fit"]["warning"] == fit["warning"]
+    plan, warnings = cpu_plan(load_topology(TOPOS / "pi_pair.py", params={"cpu": "pi4"}), None)
+    assert plan["client"]["calibration"]["fit"]["poor"] == ["aes-256-gcm"]
+    assert fit["warning"] in warnings
+
+
+def test_good_fit_is_not_warned(fake_measurements):
+    from lab.lab import cpu_plan
+    from lab.topology import load_topology
+    from tests.conftest import TOPOS
+
+    fake_measurements.update(_fake_rates(1.1))
+    r = calibrate_mod.calibrate("pi4", quick=True, verify=False)
+    assert not r["fit"]["above_threshold"] and r["fit"]["warning"] is None
+    _, warnings = cpu_plan(load_topology(TOPOS / "pi_pair.py", params={"cpu": "pi4"}), None)
+    assert not any("calibration fit" in w for w in warnings), warnings
+
+
+def test_calibrate_cli_tells_a_poor_fit_plainly(fake_measurements, capsys):
+    from lab.cli import main
+
+    fake_measurements.update(_fake_rates(1.6))
+    _, res = _expected_fit(fake_measurements)
+    pct = f"{res['aes-256-gcm'] * 100:.0f} %"
+    assert main(["calibrate", "pi4", "--quick", "--no-verify"]) == 0
+    out = capsys.readouterr().out
+    assert "POOR FIT on this machine" in out
+    assert (
+        f"aes-256-gcm runs {pct} faster than the pi4 figure under the fitted cap: results of "
+        f"profiles using it will overstate pi4 throughput by about {pct}"
+    ) in " ".join(out.split())
+    assert "aes-128-gcm runs" not in out  # the primitives that fit are not named
+    # --json: stdout stays the record; the warning goes to stderr
+    assert main(["calibrate", "pi4", "--quick", "--no-verify", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["fit"]["poor"] == ["aes-256-gcm"]
+    assert "lab: warning:" in cap.err and "aes-256-gcm runs" in cap.err
+    # a good fit: no warning at all
+    fake_measurements.update(_fake_rates(1.0))
+    assert main(["calibrate", "pi4", "--quick", "--no-verify"]) == 0
+    cap = capsys.readouterr()
+    assert "POOR FIT" not in cap.out and "runs" not in cap.out + cap.err
+
+
+def test_calibrate_refuses_a_share_outside_the_bounds(fake_measurements):
+    fake_measurements.update({p: 1e-3 for p in _fake_rates(1.0)})  # a board 1000x this host
+    with pytest.raises(PreconditionError, match="cannot imitate pi4"):
+        calibrate_mod.calibrate("pi4", quick=True, verify=False)
 
 
 def test_parse_openssl_machine_readable_output():
