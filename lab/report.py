@@ -232,6 +232,7 @@ def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
             rows.append(["warning", str(sub.get("note"))])
     if False in calibrated:
         rows.append(["warning", "CPU profile uncalibrated on this machine (`lab calibrate`)"])
+    rows += _calibration_rows(m)
     doc.table(["", ""], rows)
     prof_rows = []
     for name, p in (m.get("profiles") or {}).items():
@@ -254,6 +255,38 @@ def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
     tools = {k2: v for k2, v in (m.get("tool_versions") or {}).items() if v}
     if tools:
         doc.table(["tool", "version"], [[k2, v] for k2, v in tools.items()])
+
+
+def _calibration_rows(m: dict) -> list[list[str]]:
+    """Per calibrated CPU profile of the run: how well its fitted cap imitates the board on this
+    host (residual per primitive against the threshold), and the poor-fit warning if any."""
+    from .cpuprofile import fit_quality
+
+    cals: dict[str, dict] = {}
+    for c in (m.get("cpu") or {}).values():
+        if (c or {}).get("calibration") and not c.get("not_applied"):
+            cals.setdefault(str(c.get("profile")), c["calibration"])
+    rows = []
+    for prof, cal in cals.items():
+        # a manifest written before fit quality was recorded still has the residuals
+        fit = cal.get("fit") or fit_quality(cal.get("residuals") or {}, profile=prof)
+        res = ", ".join(f"{p} {r:+.1%}" for p, r in fit["residuals"].items()) or "none recorded"
+        verdict = (
+            f"max |residual| {fit['max_abs_residual']:.1%} ({fit['worst']}) "
+            f"{'above' if fit['above_threshold'] else 'within'} the {fit['threshold']:.0%} "
+            "threshold"
+            if fit["worst"]
+            else "fit quality unknown"
+        )
+        rows.append(
+            [
+                "CPU calibration",
+                f"{prof} ({cal.get('mode')}, {cal.get('created')}): residuals {res}; {verdict}",
+            ]
+        )
+        if fit["warning"]:
+            rows.append(["warning", fit["warning"]])
+    return rows
 
 
 def _throttling(doc: Doc, results: list[dict]) -> None:

@@ -95,3 +95,38 @@ def test_report_warns_when_a_test_ran_throttled(tmp_path):
     quiet = make_run(tmp_path / "quiet", profiles=("baseline",))  # no vcgencmd readings
     generate(quiet.path)
     assert "ran throttled" not in quiet.file("report.md").read_text()
+
+
+def test_report_states_the_cpu_calibration_fit(tmp_path):
+    """The fit quality recorded in the manifest (node cpu dicts) is in the report: residuals per
+    primitive against the threshold, and the poor-fit warning in plain words."""
+    import json
+
+    from lab.cpuprofile import fit_quality
+
+    def with_calibration(name, residuals, fit=True):
+        run = make_run(tmp_path / name)
+        m = run.manifest()
+        cal = {"file": "/var/lib/lab/calibration/pi4.json", "created": "2026-01-01T00:00:00Z",
+               "mode": "full", "residuals": residuals}  # fmt: skip
+        if fit:
+            cal["fit"] = fit_quality(residuals, profile="pi4")
+        m["cpu"] = {n: {"profile": "pi4", "calibrated": True, "calibration": cal}
+                    for n in ("client", "server")}  # fmt: skip
+        run.file("manifest.json").write_text(json.dumps(m))
+        generate(run.path)
+        return run.file("report.md").read_text().replace("\\|", "|")  # Markdown's escaped |
+
+    poor = with_calibration("poor", {"aes-128-gcm": -0.0978, "aes-256-gcm": 0.3009})
+    assert poor.count("| CPU calibration |") == 1  # one row per profile, not per node
+    assert "aes-128-gcm -9.8%, aes-256-gcm +30.1%" in poor
+    assert "max |residual| 30.1% (aes-256-gcm) above the 25% threshold" in poor
+    assert "| warning | poor CPU calibration fit for pi4" in poor
+    assert "aes-256-gcm runs 30 % faster than the pi4 figure under the fitted cap" in poor
+    assert "overstate pi4 throughput by about 30 %" in poor
+    good = with_calibration("good", {"aes-128-gcm": 0.01, "aes-256-gcm": -0.12})
+    assert "max |residual| 12.0% (aes-256-gcm) within the 25% threshold" in good
+    assert "calibration fit" not in good and "runs" not in good.split("## ")[1]
+    # a manifest from before fit quality was recorded: judged from its residuals
+    old = with_calibration("old", {"aes-256-gcm": -0.4}, fit=False)
+    assert "understate pi4 throughput by about 40 %" in old
