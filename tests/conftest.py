@@ -82,6 +82,17 @@ def lab_traces(lab_id: str) -> list[str]:
     return found
 
 
+def kernel_quota_cores(layout, rel: str) -> float | None:
+    """The CFS quota of cgroup `rel` as the kernel holds it, in cores (None = unlimited)."""
+    if layout.version == 2:
+        quota, period = (layout.root / rel / "cpu.max").read_text().split()
+    else:
+        d = layout.root / "cpu" / rel
+        quota = (d / "cpu.cfs_quota_us").read_text().strip()
+        period = (d / "cpu.cfs_period_us").read_text().strip()
+    return None if quota in ("max", "-1") else int(quota) / int(period)
+
+
 def machine_snapshot() -> dict:
     """What `lab down` must leave as it found: netns list, links, cgroup tree, mounts, processes."""
     from lab import cgroups

@@ -1,14 +1,15 @@
-"""CPU profiles for real (root): calibration, a capped pi4 node's crypto speed, masks in daemons.
+"""CPU profiles for real (root): calibration, a capped pi4 node's crypto, masks in daemons.
 
-The machine is shared with other work, so rates are compared with a stated tolerance on top of
-the residual that calibration reported (TOLERANCE below).
+These tests check mechanisms, never how well this host imitates a Pi: the residuals, the time a
+calibration takes and how close a capped node comes to the Pi figures depend on the host's CPU
+model and on what else runs at that moment. bench/cpu_calibrate.py prints those figures.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-import resource
 import time
 from pathlib import Path
 
@@ -16,21 +17,17 @@ import pytest
 
 from lab import cgroups
 from lab.calibrate import calibrate, measure_openssl, parse_openssl_mr
-from lab.cpuprofile import load_profile
+from lab.cpuprofile import CORE_SHARE_MAX, RESIDUAL_THRESHOLD, load_profile
 
-from .conftest import REPO, lab_traces, run_lab
+from .conftest import REPO, kernel_quota_cores, lab_traces, run_lab
 
 pytestmark = pytest.mark.root
 
 
-def _child_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
-#: what a capped measurement may miss the calibrated prediction by, on top of the residual:
-#: calibration and test run minutes apart on a 2-core machine shared with other builds and tests
-TOLERANCE = 0.30
+#: what a capped group's CPU time per wall-clock second may exceed its quota by: CFS hands the
+#: quota out per 100 ms period (a window of a few seconds can catch one period's worth extra)
+#: in per-CPU slices. Host load only lowers the figure, never raises it.
+CAP_SLOP = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +47,35 @@ def calibrated(tmp_path_factory):
 
 
 def test_calibrate_cli_quick(tmp_path):
+    """Calibration runs, writes its file, fits a core_share inside the profile's bounds by the
+    documented formula from the rates it measured, reports a residual per reference primitive
+    and judges each against the documented threshold. Not how small the residuals are: that
+    depends on this host (bench/cpu_calibrate.py); the warning itself is tested in
+    test_cpu_profile.py with synthetic measurements."""
     r = run_lab("calibrate", "pi4", "--quick", "--json", env={"LAB_CALIBRATION_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    assert res["duration_s"] < 60
-    assert res["max_abs_residual"] <= 0.25, res["residuals"]
-    assert set(res["residuals"]) == {
-        "aes-128-gcm",
-        "aes-256-gcm",
-        "aes-256-cbc",
-        "chacha20-poly1305",
-    }
+    refs = load_profile("pi4", merge_calibration=False).references
+    expected = {"aes-128-gcm", "aes-256-gcm", "aes-256-cbc", "chacha20-poly1305"}
+    assert set(res["residuals"]) == set(refs) == expected
+    # the fit, recomputed from the best round of each primitive (docs/cpu.md, Calibration 2)
+    for p in refs:
+        rounds = [m["cpu_mbps"] for m in res["measured"][p]["rounds"]]
+        assert len(rounds) == 2 and all(x > 0 for x in rounds), (p, rounds)
+        assert res["measured"][p]["best"]["cpu_mbps"] == max(rounds)
+    got = {p: res["measured"][p]["best"]["cpu_mbps"] for p in refs}
+    wsum = sum(r.weight for r in refs.values())
+    share = math.exp(sum(r.weight * math.log(r.mbps / got[p]) for p, r in refs.items()) / wsum)
+    assert 0 < res["core_share"] <= CORE_SHARE_MAX
+    assert res["core_share"] == pytest.approx(share, rel=1e-3)
+    for p, ref in refs.items():
+        assert res["residuals"][p] == pytest.approx(share * got[p] / ref.mbps - 1, abs=1e-3), p
+    # judged against the documented threshold, and said on stderr when poor
+    fit = res["fit"]
+    poor = {p for p, x in res["residuals"].items() if abs(x) > RESIDUAL_THRESHOLD}
+    assert fit["threshold"] == RESIDUAL_THRESHOLD and set(fit["poor"]) == poor
+    assert fit["above_threshold"] == bool(poor) and (fit["warning"] is None) == (not poor)
+    assert all(f"lab: warning: {p} runs" in r.stderr for p in poor), r.stderr
     stored = json.loads((tmp_path / "pi4.json").read_text())
     assert stored["core_share"] == res["core_share"] and stored["host"]["openssl"].startswith(
         "OpenSSL"
@@ -81,19 +96,39 @@ def test_calibrate_cli_quick(tmp_path):
     assert p.calibrated and p.core_share == pytest.approx(res["core_share"])
 
 
-def test_masks_slow_aes_and_chacha():
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.parametrize(
+    ("prim", "flag", "at_least"),
+    # masked vs unmasked on the same host in the same minute, per CPU second: AES-NI vs vpaes is
+    # 10-20x, AVX2/AVX-512 vs SSSE3 ChaCha20-Poly1305 2-4x; the bounds leave room for noise
+    [("aes-128-gcm", "aes", 3.0), ("chacha20-poly1305", "avx2", 1.5)],
+)
+def test_masks_slow_aes_and_chacha(prim, flag, at_least):
     """OPENSSL_ia32cap really removes AES-NI (AES-GCM several times slower) and the wide-vector
-    ChaCha20-Poly1305 paths (it falls to the SSSE3 code, clearly slower than AVX2/AVX-512)."""
+    ChaCha20-Poly1305 paths (it falls to the SSSE3 code, clearly slower than AVX2/AVX-512).
+    Interleaved rounds, best of each, as calibration does: one disturbed run does not decide."""
+    if flag not in _cpu_flags():
+        pytest.skip(f"host CPU lacks {flag}: nothing faster than the masked path to compare with")
     prof = load_profile("pi4", merge_calibration=False)
     plain = {k: v for k, v in os.environ.items() if k != "OPENSSL_ia32cap"}
     masked = dict(plain, **prof.env)
-    for prim, at_least in (("aes-128-gcm", 3.0), ("chacha20-poly1305", 1.5)):
-        fast = measure_openssl(prim, plain, 1).cpu_mbps
-        slow = measure_openssl(prim, masked, 1).cpu_mbps
-        assert fast / slow >= at_least, (prim, fast, slow)
+    fast, slow = [], []
+    for _ in range(3):
+        fast.append(measure_openssl(prim, plain, 1).cpu_mbps)
+        slow.append(measure_openssl(prim, masked, 1).cpu_mbps)
+    assert max(fast) / max(slow) >= at_least, (prim, fast, slow)
 
 
-def test_capped_pi4_node_runs_crypto_at_pi_speed_and_masks_reach_daemons(calibrated, lab_id):
+def test_capped_pi4_node_holds_its_quota_and_masks_reach_daemons(calibrated, lab_id):
+    """The calibrated quota is the node's, the kernel throttles crypto in the node to it (its
+    CPU time per elapsed second never above the quota), and the masks reach a daemon. How close
+    the node's rate comes to the Pi figure moves with the host: bench/cpu_calibrate.py."""
     from lab.lab import Lab, up
     from lab.topology import load_topology
 
@@ -108,11 +143,13 @@ def test_capped_pi4_node_runs_crypto_at_pi_speed_and_masks_reach_daemons(calibra
         node = lab.node("client")
         prof = load_profile("pi4")
         quota = cpu["cores"]
+        rel = lab.runtime["client"].cgroup
+        assert kernel_quota_cores(lab.cg, rel) == pytest.approx(quota, abs=1e-5)
+        throttled0 = cgroups.throttling(lab.cg, rel).get("nr_throttled", 0)
         for prim in ("aes-128-gcm", "chacha20-poly1305"):
-            # best of 3 short runs, as calibration keeps its best round: the least disturbed
-            runs = []
+            rates = []
+            used0, t0 = cgroups.usage(lab.cg, rel)["total"], time.monotonic()
             for _ in range(3):
-                c0 = _child_cpu()
                 cp = node.run(
                     [
                         "openssl",
@@ -128,23 +165,15 @@ def test_capped_pi4_node_runs_crypto_at_pi_speed_and_masks_reach_daemons(calibra
                     ],
                     timeout=60,
                 )
-                cpu_s = _child_cpu() - c0  # nsenter execs openssl under the same PID
                 count, secs = parse_openssl_mr(cp.stderr + cp.stdout)
-                runs.append((count * 16384 / secs / 1e6, cpu_s / secs))
-            got, cpu_frac = max(runs)
-            ref = prof.references[prim].mbps
-            predicted = ref * (1 + calibrated["residuals"][prim])
-            why = (
-                prim,
-                f"{got:.1f} MB/s",
-                f"predicted {predicted:.1f}",
-                f"Pi {ref}",
-                f"CPU {cpu_frac:.3f} of quota {quota:.3f} cores",
-                runs,
-            )
-            # the cap holds: never faster than the calibrated Pi figure (plus tolerance)
-            assert got <= predicted * (1 + TOLERANCE), why
-            assert got >= predicted * (1 - TOLERANCE), why
+                rates.append(count * 16384 / secs / 1e6)
+            # the node's CPU time per wall-clock second over the three runs, by its cgroup
+            share = (cgroups.usage(lab.cg, rel)["total"] - used0) / (time.monotonic() - t0)
+            why = (prim, f"{share:.3f} of a core, quota {quota:.3f}", "MB/s:", rates)
+            assert all(r > 0 for r in rates), why  # the crypto ran
+            assert share <= quota * (1 + CAP_SLOP), why  # the cap holds
+        # and it was the quota that held them there, not a busy host
+        assert cgroups.throttling(lab.cg, rel).get("nr_throttled", 0) > throttled0
 
         # masks reach a daemon started in the node (its environ, read from /proc)
         d = node.spawn("envprobe", ["sleep", "60"])
