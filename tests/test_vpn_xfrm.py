@@ -321,7 +321,7 @@ def test_transport_mode_in_vm(vm, topology):
         assert r["vpn_left"] == [], (where, r["vpn_left"])  # no XFRM state/policy after stop
         assert r["path"] == "kernel" and r["kernel"] == vm.kernel_release, where
         assert r["ping_v4_ms"] is not None and r["ping_v6_ms"] is not None, where
-        assert r["iperf3_mbps"] > 1, where
+        assert r["iperf3_bytes"] > 0, where  # traffic passed (the rate: bench/vm_dataplanes.py)
         d = r["describe"]
         assert d["mode"] == "transport" and d["protocol"] == protocol
         # every SA of the client, both directions and families, counted traffic: the pings
