@@ -175,6 +175,7 @@ def generate(run_path: Path) -> dict:
     for n in plan.get("notes") or []:
         doc.p(f"**Note:** {n}")
     _facts(doc, run, manifest, plan)
+    _conditions(doc, results, points)
     _throttling(doc, results)
     _budget(doc, budget, len(results), sum(1 for r in results if r.get("ok")))
     _results_tables(doc, table, profiles, points, labels, plan)
@@ -287,6 +288,45 @@ def _calibration_rows(m: dict) -> list[list[str]]:
         if fit["warning"]:
             rows.append(["warning", fit["warning"]])
     return rows
+
+
+def _conditions(doc: Doc, results: list[dict], points: list[str]) -> None:
+    """The network condition of every impaired point as read back from the engine or qdisc while
+    its cases ran (queue limit included, in wire packets), and how per-packet models saw wire
+    packets (docs/impairment.md)."""
+    rows: dict[str, dict] = {}
+    for r in results:
+        imp, applied = r.get("impairment") or {}, r.get("impairment_applied") or {}
+        if not imp.get("spec") or not isinstance(applied.get("applied"), dict):
+            continue
+        row = rows.setdefault(imp["name"], {"spec": imp["spec"], "read": set(), "how": set()})
+        for v in applied["applied"].values():
+            row["read"].update(v.values() if isinstance(v, dict) else [str(v)])
+        if applied.get("wire_packets"):
+            row["how"].add(f"{applied.get('backend')}: {applied['wire_packets']}")
+        for w in applied.get("warnings") or []:
+            row.setdefault("warnings", set()).add(w)
+    if not rows:
+        return
+    doc.h("Network conditions in force")
+    doc.p(
+        "Read back from the impairment engine or the kernel qdisc before each point's cases ran; "
+        "each point is exactly its own spec (no parameter of an earlier point). `limit` counts "
+        "wire packets; without one in the plan the lab uses twice what the delay holds at the "
+        "link rate, at least 1000 (docs/impairment.md)."
+    )
+    doc.table(
+        ["point", "plan spec", "in force (per direction)"],
+        [
+            [name, rows[name]["spec"], " | ".join(sorted(rows[name]["read"]))]
+            for name in _order(list(rows), points)
+        ],
+    )
+    for how in sorted(set().union(*(r["how"] for r in rows.values()))):
+        doc.p(f"Wire packets: {how}.")
+    for name in _order(list(rows), points):
+        for w in sorted(rows[name].get("warnings", ())):
+            doc.p(f"**Warning ({name}):** {w}")
 
 
 def _throttling(doc: Doc, results: list[dict]) -> None:
