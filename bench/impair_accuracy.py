@@ -10,20 +10,31 @@ on the same clock) from A-ns through the engine to B-ns and compares with the sp
   reorder 25% (delay 10ms)-> early-sent count inside the 99 % binomial interval
   corrupt 1 %             -> engine's corrupted count inside the 99 % binomial interval
   rate 10 Mbit/s          -> receive rate within 2 %
+  loss 1 %, TCP (wire)    -> iperf3 TCP through the engine, tcpdump on both sides: lost wire
+                             packets (super-frames cut at the MSS, tests/pcapwire.py) inside the
+                             99 % binomial interval, no run of more than 3 lost in a row (a
+                             dropped 64 KB super-frame is a run of ~45), no frame > MSS after
 
 Usage: sudo python3 bench/impair_accuracy.py
+(LAB_ENGINE_DIR=DIR selects another build of engine/, e.g. to compare two builds.)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.pcapwire
 
-from impair_netns import EngineLab, binom_interval, percentile
+from impair_netns import B_IP, EngineLab, binom_interval, percentile
+
+from tests.pcapwire import data_frames, flow_mss, kernel_drops, missing_runs, read_tcp, wire_packets
 
 ROWS: list[tuple[str, str, str, str, str]] = []
 
@@ -56,6 +67,66 @@ def bursts(received_seqs: set[int], n: int) -> list[int]:
     if run:
         out.append(run)
     return out
+
+
+def tcp_wire_run(lab: EngineLab, spec: dict, seconds: int = 3, rate: str = "200M") -> dict:
+    """iperf3 TCP A -> B through the engine with `spec` on a2b, tcpdump on A's a0 (the
+    super-frames A's stack hands over) and on B's b0 (what the engine sent; veth GRO is off).
+    Returns wire packets before/after, frames after, the data connection's MSS, tcpdump's kernel
+    drops and the engine's counter deltas."""
+    port = 5301
+    gro = lab.exec("b", ["ethtool", "-k", lab.p + "b0"]).stdout
+    if "generic-receive-offload: off" not in gro:
+        raise RuntimeError(f"GRO is on on {lab.p}b0: frames after the engine are not wire packets")
+    before, after = os.path.join(lab.tmp, "before.pcap"), os.path.join(lab.tmp, "after.pcap")
+    lab.client.set("a2b", spec)
+    c0 = lab.client.show()["a2b"]["counters"]
+    srv = lab.spawn("b", ["iperf3", "-s", "-1", "-p", str(port), "-B", B_IP])
+    deadline = time.monotonic() + 10
+    while not lab.exec("b", ["ss", "-Hltn", f"sport = :{port}"]).stdout.strip():
+        if time.monotonic() > deadline:
+            raise RuntimeError("iperf3 server did not start")
+        time.sleep(0.05)
+    dumps = []
+    for key, dev, path in (("a", lab.p + "a0", before), ("b", lab.p + "b0", after)):
+        d = lab.spawn(
+            key,
+            ["tcpdump", "-i", dev, "-n", "-s", "128", "-B", "16384", "-U", "--immediate-mode",
+             "--time-stamp-precision", "nano", "-w", path, "tcp", "port", str(port)],
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        dumps.append(d)
+        if b"listening on" not in d.popen.stderr.readline():
+            raise RuntimeError(f"tcpdump on {dev} did not start")
+    cp = lab.exec(
+        "a",
+        ["iperf3", "-c", B_IP, "-p", str(port), "-t", str(seconds), "-b", rate, "-J"],
+        timeout=seconds + 30,
+    )
+    time.sleep(0.5)
+    c1 = lab.client.show()["a2b"]["counters"]
+    drops = []
+    for d in dumps:
+        lab.stop(d)
+        drops.append(kernel_drops(d.popen.stderr.read().decode(errors="replace")))
+        d.popen.stderr.close()
+    lab.stop(srv)
+    lab.client.clear()
+    b, a = read_tcp(before), read_tcp(after)
+    bd, ad = data_frames(b, B_IP, port), data_frames(a, B_IP, port)
+    mss = flow_mss(b, a)
+    end = json.loads(cp.stdout)["end"]["sum_sent"]
+    return {
+        "before": wire_packets(bd, mss),
+        "after": wire_packets(ad, mss),
+        "after_frames": len(ad),
+        "mss": max(mss[f.flow] for f in bd),
+        "largest_after": max(f.payload for f in ad),
+        "super_frames": sum(1 for f in bd if f.payload > mss[f.flow]),
+        "drops": drops,
+        "engine": {k: c1[k] - c0[k] for k in c1},
+        "mbit": end["bits_per_second"] / 1e6,
+    }
 
 
 def main() -> int:
@@ -197,6 +268,33 @@ def main() -> int:
             f"{got / 1e6:.2f} Mbit/s (frames)",
             "within 2 %",
             abs(got / 10e6 - 1) <= 0.02,
+        )
+        # loss 1 % on TCP: wire packets, not super-frames
+        for rate in ("200M", "100M"):
+            r = tcp_wire_run(lab, {"loss": {"model": "random", "p_pct": 1.0}}, rate=rate)
+            if r["drops"] == [0, 0]:
+                break
+        n = len(r["before"])
+        lost = n - len(r["after"])  # the after side cut at the MSS too: fair to an old build
+        runs = missing_runs(r["before"], r["after"])
+        lo, hi = binom_interval(n, 0.01)
+        e = r["engine"]
+        split = (
+            f", engine split {e['gso_frames']} -> {e['gso_segments']} (unsplit {e['gso_unsplit']})"
+            if "gso_frames" in e
+            else ""
+        )
+        row(
+            "loss TCP (wire)",
+            f"1 % of {n} wire pkts",
+            f"{lost} lost ({100 * lost / n:.3f} %), longest run {max(runs, default=0)}, "
+            f"largest frame after {r['largest_after']} B ({r['super_frames']} super-frames "
+            f"before{split})",
+            f"[{lo:.0f}, {hi:.0f}], run <= 3, frame <= {r['mss']} B",
+            lo <= lost <= hi
+            and max(runs, default=0) <= 3
+            and r["largest_after"] <= r["mss"]
+            and r["drops"] == [0, 0],
         )
         rt = lab.client.show()["a2b"].get("realtime")
     print(
