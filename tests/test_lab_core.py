@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -94,7 +93,5 @@ def test_daemons_are_stopped_by_pid_on_down(lab_id):
     lab = up(load_topology(TOPOS / "pi_pair.py"), lab_id)
     d = lab.node("server").spawn("sleeper", ["sleep", "1000"])
     assert d.alive()
-    t = time.monotonic()
     assert teardown(lab_id) == []
-    assert not d.alive()
-    assert time.monotonic() - t < 5
+    assert not d.alive()  # how fast `lab down` is belongs to bench/up_down.py

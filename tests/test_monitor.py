@@ -363,7 +363,12 @@ def test_summary_of_handmade_samples():
 
 def test_real_monitor_run_on_this_machine():
     mon = Monitor(None, {}).start()
-    time.sleep(1.5)
+    # the sampling thread's first tick, however slow the host: then stop() adds the tail
+    deadline = time.monotonic() + 60
+    while not mon.samples:
+        assert time.monotonic() < deadline, "the monitor thread never sampled"
+        time.sleep(0.1)
+    time.sleep(0.1)  # the tail must span more than the monitor's 50 ms minimum interval
     s = mon.stop()
     assert s["samples"] >= 2
     mem = s["host"]["memory"]

@@ -164,12 +164,12 @@ def check_interactive(lid: str) -> None:
         shell.stdin.write("echo shell-is-open\n")
         shell.stdin.flush()
         assert shell.stdout.readline().strip() == "shell-is-open"
-        t0 = time.monotonic()
+        # locked out, `lab exec` would fail after the VM's attach timeout (a non-zero exit)
         cp = subprocess.run(
             [*LAB, "exec", "--id", lid, "server", "--", "hostname"],
             capture_output=True, text=True, env=e, cwd=REPO, timeout=120,
         )  # fmt: skip
-        assert cp.returncode == 0 and time.monotonic() - t0 < 60, cp.stdout + cp.stderr
+        assert cp.returncode == 0, cp.stdout + cp.stderr
         shell.stdin.write("exit 4\n")
         shell.stdin.flush()
         assert shell.wait(60) == 4

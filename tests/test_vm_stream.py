@@ -109,16 +109,12 @@ def process_gone(pid: int) -> bool:
 
 # -- pipe mode --------------------------------------------------------------------------------------
 def test_output_arrives_while_the_command_runs(vm):
-    s = vm.start_stream(["sh", "-c", "echo a; sleep 2; echo b"])
-    t0 = time.monotonic()
-    seen = []
-    for fd, data in s.events(30):
-        seen.append((time.monotonic() - t0, fd, data))
-    done = time.monotonic() - t0
-    assert b"".join(d for _, _, d in seen) == b"a\nb\n"
-    first_at = seen[0][0]
-    assert seen[0][2] == b"a\n"
-    assert done - first_at >= 1.0, f"first chunk at {first_at:.2f} s, done at {done:.2f} s"
+    s = vm.start_stream(["sh", "-c", "echo a; read x; echo b"])
+    it = s.events(30)
+    # "a" arrives while the command still waits for our input: not held back until it ends
+    assert next(it) == (1, b"a\n")
+    s.write(b"\n")
+    assert b"".join(d for _, d in it) == b"b\n"
     assert s.returncode == 0
 
 
@@ -172,10 +168,8 @@ def test_signal_reaches_the_whole_process_group(vm):
     while text.count(b"\n") < 2:
         text += next(it)[1]
     pids = [int(x) for x in text.split()]
-    t0 = time.monotonic()
     s.signal(signal.SIGTERM)
     assert s.wait(30) == 128 + signal.SIGTERM
-    assert time.monotonic() - t0 < 20
     wait_for(lambda: all(process_gone(p) for p in pids), what=f"{pids} to die")
 
 
@@ -241,7 +235,7 @@ def test_tty_stream_ends_when_the_command_exits(vm):
     t0 = time.monotonic()
     s = vm.start_stream(["sh", "-c", "trap '' HUP; (trap '' HUP; sleep 20) & echo bye"], tty=True)
     assert b"bye" in collect(s)[1]
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 20  # ended before the background sleep did
 
 
 # -- control ops, hang-up, failures ------------------------------------------------------------------
@@ -328,6 +322,7 @@ def test_attach_pipe_mode_with_files(vm):
 def test_attach_pipe_mode_with_fds_relays_live(vm, tmp_path):
     r, w = os.pipe()
     os.close(w)  # stdin at EOF at once
+    gate = tmp_path / "a-was-relayed"  # the agent runs on this host: same file system
     writes = []
 
     class Recorder(io.RawIOBase):
@@ -335,16 +330,20 @@ def test_attach_pipe_mode_with_fds_relays_live(vm, tmp_path):
             return True
 
         def write(self, b):
-            writes.append((time.monotonic(), bytes(b)))
+            writes.append(bytes(b))
+            if b"a" in b:
+                gate.touch()
             return len(b)
 
-    t0 = time.monotonic()
-    rc = attach(vm, ["sh", "-c", "cat; echo a; sleep 1.5; echo b"], stdin=r, stdout=Recorder())
+    # after "a", the command waits (up to 30 s) for the proof that "a" reached our stdout
+    script = (
+        f"cat; echo a; i=0; while [ ! -e {gate} ] && [ $i -lt 600 ]; do sleep 0.05; "
+        f"i=$((i+1)); done; if [ -e {gate} ]; then echo b; else echo late; fi"
+    )
+    rc = attach(vm, ["sh", "-c", script], stdin=r, stdout=Recorder())
     os.close(r)
     assert rc == 0
-    assert b"".join(d for _, d in writes) == b"a\nb\n"
-    assert writes[-1][0] - writes[0][0] >= 0.8, "output was not relayed as it came"
-    assert time.monotonic() - t0 < 30
+    assert b"".join(writes) == b"a\nb\n", "output was not relayed as it came"
 
 
 def test_attach_forwards_sigint_instead_of_raising(vm):
