@@ -9,7 +9,8 @@ engine on the same spec, path and probes (the checks of bench/impair_accuracy.py
 
 Each backend gets a real lab: topologies/pi_pair_middlebox.py (1 Gbit/s links, so the kernel
 netem sits under the links' tbf), `--impair none`, middlebox placement, the backend forced.
-`lab.impair.runtime.set_impairment` applies each case exactly as `lab impair set` does; lab-probe
+`lab.impair.runtime.set_point` applies each case exactly as a plan point (its own spec and the
+lab's default queue limit, docs/impairment.md); lab-probe
 sends sequence-numbered UDP datagrams from the client to the server, receive times are kernel
 timestamps on the same clock. Under TCG both backends run on an emulated CPU: timing figures are
 functional evidence (they show each parameter does what it says), not a board's precision.
@@ -222,7 +223,12 @@ def cases(quick: bool):
 
 def guest(backends: list[str], quick: bool, lab_id: str) -> dict:
     from lab.impair.kernel import differences
-    from lab.impair.runtime import clear_impairment, set_impairment, show_impairment
+    from lab.impair.runtime import (
+        DEFAULT_LINE_RATE_BPS,
+        clear_impairment,
+        set_point,
+        with_queue_limit,
+    )
     from lab.impair.spec import parse_spec
     from lab.lab import up
     from lab.teardown import teardown
@@ -241,8 +247,7 @@ def guest(backends: list[str], quick: bool, lab_id: str) -> dict:
             probe(lab, 200, 1000, 64, port)  # warm-up: ARP/ND, caches
             for name, words, _conf, _acc, n, rate, size, evaluate in cases(quick):
                 port += 1
-                set_impairment(lab, words)
-                shown = show_impairment(lab)
+                shown = set_point(lab, words)  # exactly this case's spec, as a plan point
                 recs = probe(lab, n, rate, size, port)
                 clear_impairment(lab)
                 measured, ok = evaluate(recs, n)
@@ -252,7 +257,8 @@ def guest(backends: list[str], quick: bool, lab_id: str) -> dict:
                     # is what was asked (lab.impair.kernel.differences)
                     applied = shown["applied"].get("router:router-eth1")
                     cell["tc_applied"] = applied
-                    want = parse_spec(words)
+                    # the lab fills in its default queue limit (docs/impairment.md)
+                    want = with_queue_limit(parse_spec(words), DEFAULT_LINE_RATE_BPS)
                     got = parse_spec(applied) if applied and applied != "none" else None
                     cell["tc_differences"] = differences(want, got)
                 rows[name][backend] = cell

@@ -92,7 +92,8 @@ def test_macsec_mka_in_vm_end_to_end(vm_ready, vm_lab_id):
     cp = run_lab("impair", "show", "--id", lid, "--json")
     assert cp.returncode == 0, cp.stderr
     applied = json.loads(cp.stdout)["applied"]
-    assert set(applied.values()) == {"delay 20ms"}, applied
+    # with the queue limit in force: 2 x 20 ms at 1 Gbit/s in 1500-byte packets (docs/impairment.md)
+    assert set(applied.values()) == {"delay 20ms limit 3334"}, applied
 
     # the MKA-keyed frames on the wire are encrypted: the plaintext marker is absent
     from lab.vm import VM
