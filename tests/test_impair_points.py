@@ -138,9 +138,10 @@ def test_study_a_shaped_sweeps_do_not_leak(tmp_path):
         want = 2 * (own.delay_us or 0) / 1000
         if p.parameter == "loss":
             assert own.delay_us is None and own.jitter_us is None, p.spec
-            assert abs(rtt - base) <= 1.0, (p.spec, rtt, base)
+            # an inherited delay would add >= 20 ms (the smallest delay point, both ways)
+            assert abs(rtt - base) <= 3.0, (p.spec, rtt, base)
         elif p.parameter == "delay":
-            assert abs(rtt - want) <= max(0.05 * want, 1.0), (p.spec, rtt)
+            assert want - 0.5 <= rtt <= want + max(0.1 * want, 3.0), (p.spec, rtt)
         seen += 1
     assert seen == 2 + 3 + 2  # delay 10, 20; jitter 0..2 on its base; loss 0.5, 1
 
@@ -155,11 +156,11 @@ def test_set_point_replaces_and_topology_impairment_is_the_base(lab_id):
 
         def rtt(n=5):
             out = c.run(["ping", "-c", str(n), "-i", "0.05", "-W", "2", "10.0.2.2"]).stdout
-            return float(re.search(r"= [\d.]+/([\d.]+)/", out).group(1))
+            return float(re.search(r"= ([\d.]+)/", out).group(1))  # the minimum: load only adds
 
         base = rtt()
         shown = runtime.set_point(lab, "delay 50ms")
-        assert shown["in_force"] and 99 <= rtt() <= 104
+        assert shown["in_force"] and 99 <= rtt() <= 110
         shown = runtime.set_point(lab, "loss 1%")
         assert shown["in_force"] and abs(rtt() - base) <= 1.0
         assert set(shown["expected"].values()) == {"loss 1% limit 1000"}

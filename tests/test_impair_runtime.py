@@ -56,10 +56,11 @@ def _rtt_ms(node, addr, n=5):
 def test_runtime_set_merge_clear_and_teardown(lab_id):
     lab = up(load_topology(TOPOS / "pi_pair_middlebox.py"), lab_id, impair="delay 10ms")
     c = lab.node("client")
-    assert 19.5 < _rtt_ms(c, "10.0.2.2") < 24  # 10 ms each way, once per direction
+    # the minimum of 5 RTTs: load only adds to it; the bounds tell 10, 20 and 30 ms apart
+    assert 19.5 < _rtt_ms(c, "10.0.2.2") < 30  # 10 ms each way, once per direction
     shown = runtime.set_impairment(lab, "delay 20ms")
     assert shown["requested"]["router:router-eth1"] == "delay 20ms"
-    assert 39.5 < _rtt_ms(c, "10.0.2.2") < 45
+    assert 39.5 < _rtt_ms(c, "10.0.2.2") < 50  # not 10 + 20 ms stacked
     # one parameter on one point: the rest kept
     shown = runtime.set_impairment(lab, "duplicate 100%", "router:router-eth1")
     assert shown["requested"]["router:router-eth1"] == "delay 20ms duplicate 100%"
@@ -67,7 +68,7 @@ def test_runtime_set_merge_clear_and_teardown(lab_id):
     out = c.run(["ping", "-c", "2", "-i", "0.2", "10.0.2.2"], check=False).stdout
     assert "DUP!" in out
     runtime.clear_impairment(lab)
-    assert _rtt_ms(c, "10.0.2.2") < 2
+    assert _rtt_ms(c, "10.0.2.2") < 5
     if shown["backend"] == "userspace":
         counters = runtime.show_impairment(lab)["engines"]["imp1"]["a2b"]["counters"]
         assert counters["duplicated"] >= 2 and counters["forwarded"] > 10
