@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -105,11 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_id(q)
     q.add_argument("target")
     q.add_argument("spec", nargs="+", help="tc-netem words; parameters not given keep their values")
+    q.add_argument("--json", action="store_true")
     q = isub.add_parser("show", help="what is really applied, plus the engine's counters")
     _add_id(q)
     q.add_argument("--json", action="store_true")
     q = isub.add_parser("clear", help="remove all impairment (undisturbed forwarding)")
     _add_id(q)
+    q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("shell", help="open a shell in a node")
     _add_id(p)
@@ -171,50 +172,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_up(args) -> int:
-    from .lab import up
+    from .substrates import bring_up
     from .topology import load_topology, parse_param
 
     params = dict(parse_param(p) for p in args.param)
     spec = load_topology(args.topology, args.topo, params)
-    if args.vm:
-        return _up_vm(args, spec)
-    vpn = None
-    if args.vpn:
-        from .vpn.tunnel import prepare
-
-        vpn = prepare(spec, args.vpn)  # bad profile or missing tool: nothing is created
-    t0 = time.monotonic()
-    lab = up(
-        spec,
-        args.lab_id,
-        vpn=vpn,
-        impair=args.impair,
-        placement=args.placement,
-        impair_backend=args.impair_backend,
-    )
-    dt = time.monotonic() - t0
-    for w in lab.info.get("warnings", []):
-        err.print(f"lab: warning: {w}", markup=False, highlight=False)
-    if args.json:
-        print(json.dumps(lab.status(), indent=2))
-    else:
-        _print_status(lab.status())
-        if "vpn" in lab.info:
-            v = lab.info["vpn"]
-            d = v["describe"]
-            out.print(
-                f"vpn {v['profile']}: {d.get('implementation')} {d.get('version') or ''} "
-                f"({d.get('path')}), cipher {d.get('cipher')}, mtu {d.get('mtu')}; "
-                f"traffic {v['traffic']['client']} -> {v['traffic']['v4']}",
-                highlight=False,
-            )
-        out.print(f"lab {lab.id!r} up in {dt:.2f} s; `lab exec NODE -- CMD`, `lab down` when done")
-    return 0
-
-
-def _up_vm(args, spec) -> int:
-    from . import vmlab
-
     guest = [a for p in args.param for a in ("-p", p)]
     for flag, value in (
         ("--topo", args.topo),
@@ -226,20 +188,21 @@ def _up_vm(args, spec) -> int:
         if value is not None:
             guest += [flag, value]
     t0 = time.monotonic()
-    rec = vmlab.up(
+    lab, status, notes = bring_up(
         spec,
-        args.topology,
-        args.lab_id,
-        guest,
+        on="vm" if args.vm else "local",
+        lab_id=args.lab_id,
         vpn=args.vpn,
         impair=args.impair,
         placement=args.placement,
-        mem_mb=args.vm_mem,
+        impair_backend=args.impair_backend,
+        topology_file=args.topology,
+        guest_args=guest,
+        vm_mem_mb=args.vm_mem,
     )
     dt = time.monotonic() - t0
-    for line in rec.pop("guest_stderr", "").splitlines():
+    for line in notes:
         err.print(line, markup=False, highlight=False)
-    status = {**rec["status"], "substrate": rec["substrate"], "vm": rec["vm"]}
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
@@ -255,32 +218,16 @@ def _up_vm(args, spec) -> int:
             highlight=False,
         )
     out.print(
-        f"lab {rec['id']!r} up in a VM in {dt:.2f} s (boot {rec['vm']['boot_seconds']} s); "
-        "`lab exec NODE -- CMD`, `lab down` when done"
+        f"lab {lab.id!r} up {lab.up_note(status, dt)}; `lab exec NODE -- CMD`, `lab down` when done"
     )
     return 0
 
 
 def _print_substrate(s: dict) -> None:
-    sub = s.get("substrate") or {}
-    if sub.get("kind") == "vm":
-        out.print(
-            f"substrate: VM, kernel {sub.get('kernel')}, accelerator {sub.get('accelerator')} "
-            f"(QEMU pid {sub.get('qemu_pid')}); {sub.get('note')}",
-            markup=False,
-            highlight=False,
-        )
+    from .substrates import substrate_line
 
-
-def _forward(lab_id: str, args) -> int:
-    """Run this very command line in the VM of lab `lab_id`; relay its output and exit code."""
-    from . import vmlab
-
-    cp = vmlab.forward(lab_id, args.argv)
-    sys.stdout.write(cp.stdout)
-    sys.stdout.flush()
-    sys.stderr.write(cp.stderr)
-    return cp.returncode
+    if line := substrate_line(s):
+        out.print(line, markup=False, highlight=False)
 
 
 def cmd_render(args) -> int:
@@ -339,7 +286,7 @@ def cmd_profiles(args) -> int:
 
 def cmd_down(args) -> int:
     from .state import check_id, lab_dir, list_lab_ids
-    from .teardown import teardown
+    from .substrates import open_lab
 
     if args.lab_id:
         lab_id = check_id(args.lab_id)
@@ -354,12 +301,7 @@ def cmd_down(args) -> int:
         out.print(f"lab {lab_id or ''} is not up; nothing to do".replace("  ", " "))
         return 0
     notes: list[str] = []
-    from . import vmlab
-
-    if vmlab.is_vm_lab(lab_id):
-        left = vmlab.down(lab_id, notes)  # the guest's `lab down`, poweroff, then the host ledger
-    else:
-        left = teardown(lab_id, notes)
+    left = open_lab(lab_id).down(notes)
     for n in notes:
         err.print(f"lab: note: {n}", markup=False, highlight=False)
     if left:
@@ -395,21 +337,11 @@ def cmd_clean(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from .lab import Lab
     from .state import list_lab_ids
-
-    from . import vmlab
+    from .substrates import open_lab
 
     ids = [args.lab_id] if args.lab_id else list_lab_ids()
-    statuses = []
-    for lab_id in ids:
-        if vmlab.is_vm_lab(lab_id):
-            statuses.append(vmlab.status(lab_id))
-            continue
-        try:
-            statuses.append(Lab.open(lab_id).status())
-        except LabError as e:
-            statuses.append({"id": lab_id, "state": f"broken ({e}); run `lab clean`"})
+    statuses = [open_lab(lab_id).status() for lab_id in ids]
     if args.json:
         print(json.dumps(statuses, indent=2))
         return 0
@@ -465,50 +397,26 @@ def _command(args) -> list[str]:
 
 
 def cmd_exec(args) -> int:
-    from . import vmlab
-    from .lab import Lab
+    from .substrates import open_lab
 
-    if vm_id := vmlab.resolve(args.lab_id):
-        sys.stdout.flush()
-        return vmlab.forward_interactive(vm_id, args.argv)
-
-    node = Lab.open(args.lab_id).node(args.node)
-    sys.stdout.flush()
-    return node.interactive(_command(args))
+    return open_lab(args.lab_id).exec(args.node, _command(args))
 
 
 def cmd_shell(args) -> int:
-    from . import vmlab
-    from .lab import Lab
+    from .substrates import open_lab
 
-    if vm_id := vmlab.resolve(args.lab_id):
-        sys.stdout.flush()
-        return vmlab.forward_interactive(vm_id, args.argv)
-
-    lab = Lab.open(args.lab_id)
-    node = lab.node(args.node)
-    shell = os.environ.get("SHELL") or shutil.which("bash") or "/bin/sh"
-    env_ps1 = {"PS1": f"[{lab.id}:{args.node}] \\w# "}
-    node.env.update(env_ps1)
-    return node.interactive([shell, "--norc"] if shell.endswith("bash") else [shell])
+    return open_lab(args.lab_id).shell(args.node)
 
 
 def cmd_impair(args) -> int:
-    from . import vmlab
-    from .impair.runtime import clear_impairment, set_impairment, show_impairment
-    from .lab import Lab
+    from .substrates import open_lab
 
-    if vm_id := vmlab.resolve(args.lab_id):
-        return _forward(vm_id, args)
-
-    lab = Lab.open(args.lab_id)
+    lab = open_lab(args.lab_id)
     if args.impair_cmd == "set":
         target = None if args.target in ("all", "default") else args.target
-        res = set_impairment(lab, " ".join(args.spec), target)
-    elif args.impair_cmd == "clear":
-        res = clear_impairment(lab)
+        res = lab.impair("set", " ".join(args.spec), target)
     else:
-        res = show_impairment(lab)
+        res = lab.impair(args.impair_cmd)
     if getattr(args, "json", False):
         print(json.dumps(res, indent=2, default=str))
         return 0
@@ -630,26 +538,25 @@ def cmd_calibrate(args) -> int:
 def cmd_run(args) -> int:
     from pathlib import Path
 
-    from .lab import substrate
     from .plan import load_plan
     from .report import generate
     from .results import RunDir
     from .runner import Runner, create_run_dir, preflight, resume_plan
     from .runprogress import RunProgress
+    from .substrates import plan_substrate
 
     overrides = list(args.override) + (["vm=true"] if args.vm else [])
-    in_vm = substrate().get("kind") == "vm"
     if args.resume:
         run = RunDir(Path(args.resume)).check()
         plan = resume_plan(run, args.plan, overrides)
     elif args.plan:
         plan = load_plan(args.plan, overrides)
         # before the run directory exists; a plan for the VM: not this kernel's features
-        preflight(plan, kernel=in_vm or not plan.vm)
+        preflight(plan, kernel=plan_substrate(plan) == "local")
         run = create_run_dir(plan, Path(args.out) if args.out else None)
     else:
         raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")
-    if plan.vm and not in_vm:
+    if plan_substrate(plan) == "vm":
         return _run_vm(args, plan, run)
     out.print(f"run directory: {run.path}")
     interrupted = False
@@ -676,8 +583,8 @@ def _run_vm(args, plan, run) -> int:
     """`lab run --vm` (or a plan with vm = true): the same run, inside a throwaway VM."""
     from pathlib import Path
 
-    from . import vmlab
     from .plan import find_plan, plan_file
+    from .substrates import run_plan_on
 
     plan_path = find_plan(args.plan) if args.plan else Path(plan_file(plan.source))
     out.print(f"run directory: {run.path}")
@@ -693,7 +600,8 @@ def _run_vm(args, plan, run) -> int:
             highlight=False,
         )
 
-    rc, left, notes = vmlab.run_plan(
+    rc, left, notes = run_plan_on(
+        "vm",
         plan,
         run,
         plan_path,

@@ -145,7 +145,7 @@ def resolve_id(lab_id: str | None) -> str:
     )
 
 
-def substrate() -> dict:
+def current_substrate() -> dict:
     """What this lab runs on: this machine's kernel, or (LAB_SUBSTRATE, set by lab.vmlab for the
     `lab up` it runs in a guest) the full-kernel VM with its accelerator and evidence class."""
     given = os.environ.get("LAB_SUBSTRATE")
@@ -183,7 +183,7 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
                 # the quota is fitted, but some primitives run well off the board's speed here
                 warnings.append(prof.calibration["fit"]["warning"])
             plan[n.name] = plan_entry(prof)
-    sub = substrate()
+    sub = current_substrate()
     if sub.get("kind") == "vm" and sub.get("accelerator") == "tcg":
         # QEMU TCG emulates the CPU in software, many times slower than the host: a quota
         # calibrated on the host would make a node far slower than a board, and no figure from
@@ -260,7 +260,7 @@ def up(
         "cgroup": {"version": layout.version, "root": str(layout.root)},
         "nodes": {},
         "warnings": warnings,
-        "substrate": substrate(),
+        "substrate": current_substrate(),
     }
     ledger.record("lab", id=lab_id, cgroup_version=layout.version, cgroup_root=str(layout.root))
     try:

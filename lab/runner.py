@@ -370,7 +370,7 @@ class Runner:
         write_json_atomic(self.run_dir.file("manifest.json"), self.manifest)
 
     def init_manifest(self) -> None:
-        from .lab import substrate
+        from .lab import current_substrate
 
         m = self.run_dir.manifest()
         session = {
@@ -380,7 +380,7 @@ class Runner:
             "lab_version": __version__,
             "git_revision": git_revision(),
             "kernel": kernel_info(),
-            "substrate": substrate(),
+            "substrate": current_substrate(),
             "lab_id": self.lab_id,
         }
         if not m:

@@ -81,7 +81,7 @@ def resolve(lab_id: str | None) -> str | None:
     return ids[0] if len(ids) == 1 and is_vm_lab(ids[0]) else None
 
 
-def substrate(vm) -> dict:
+def vm_substrate(vm) -> dict:
     """What the lab runs on, for lab.json, `lab status` and run manifests."""
     return {
         "kind": "vm",
@@ -177,7 +177,7 @@ def _boot_lab(
         )
         info.update(
             state="starting",
-            substrate=substrate(vm),
+            substrate=vm_substrate(vm),
             vm={
                 "state_dir": str(state_dir),
                 **{

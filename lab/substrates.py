@@ -1,0 +1,256 @@
+"""One interface for a lab, whatever it runs on (issue 14): the CLI holds no substrate branches.
+
+    bring_up(spec, ..., on="local" | "vm")  -> LabHandle   build a lab (nothing left on failure)
+    open_lab(lab_id)                         -> LabHandle   a lab that is up, found by its ledger
+
+A LabHandle answers `status()`, `exec(node, argv)`, `shell(node)`, `impair(action, ...)` and
+`down(notes)`. Implementations:
+  LocalLab  namespaces on this machine (lab.lab.Lab; objects, no strings in between)
+  VmLab     a lab inside the full-kernel VM (lab.vmlab): each call crosses into the guest as the
+            guest's own `lab` command line through the VM's agent; JSON comes back
+Boards over SSH implement the same methods; nothing above this module asks what a lab runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from abc import ABC, abstractmethod
+from typing import Any
+
+from .errors import CommandError, LabError
+from .lab import Lab, resolve_id
+
+#: the substrates `bring_up` knows, for --help and error messages
+KINDS = ("local", "vm")
+
+
+class LabHandle(ABC):
+    """A running lab, whatever it runs on."""
+
+    kind: str
+
+    def __init__(self, lab_id: str):
+        self.id = lab_id
+
+    def up_note(self, status: dict, seconds: float) -> str:
+        """How the bring-up went, for the user: "in 0.41 s", "in a VM in 9.2 s (boot 4.1 s)"."""
+        return f"in {seconds:.2f} s"
+
+    @abstractmethod
+    def status(self) -> dict:
+        """`lab status --json` of this lab: id, state, topology, nodes, substrate, ..."""
+
+    @abstractmethod
+    def exec(self, node: str, argv: list[str]) -> int:
+        """Run `argv` in host node `node` attached to this terminal (or these pipes); exit code."""
+
+    @abstractmethod
+    def shell(self, node: str) -> int:
+        """An interactive shell in `node`; its exit code."""
+
+    @abstractmethod
+    def impair(self, action: str, spec: str = "", target: str | None = None) -> dict:
+        """action "set" (tc-netem words on `target`: a link, NODE:IFACE, or None for all),
+        "clear" or "show"; returns what the backend reports as applied (show_impairment)."""
+
+    @abstractmethod
+    def down(self, notes: list[str]) -> list[str]:
+        """Remove exactly what the lab created; notes get what the user should know; returns
+        what is left over."""
+
+
+class LocalLab(LabHandle):
+    """A lab of namespaces on this machine."""
+
+    kind = "local"
+
+    def __init__(self, lab_id: str, lab: Lab | None = None):
+        super().__init__(lab_id)
+        self._lab = lab
+
+    @property
+    def lab(self) -> Lab:
+        if self._lab is None:
+            self._lab = Lab.open(self.id)
+        return self._lab
+
+    def status(self) -> dict:
+        try:
+            return self.lab.status()
+        except LabError as e:
+            return {"id": self.id, "state": f"broken ({e}); run `lab clean`"}
+
+    def exec(self, node: str, argv: list[str]) -> int:
+        n = self.lab.node(node)
+        sys.stdout.flush()
+        return n.interactive(argv)
+
+    def shell(self, node: str) -> int:
+        n = self.lab.node(node)
+        sh = os.environ.get("SHELL") or shutil.which("bash") or "/bin/sh"
+        n.env.update({"PS1": f"[{self.id}:{node}] \\w# "})
+        sys.stdout.flush()
+        return n.interactive([sh, "--norc"] if sh.endswith("bash") else [sh])
+
+    def impair(self, action: str, spec: str = "", target: str | None = None) -> dict:
+        from .impair import runtime
+
+        if action == "set":
+            return runtime.set_impairment(self.lab, spec, target)
+        if action == "clear":
+            return runtime.clear_impairment(self.lab)
+        return runtime.show_impairment(self.lab)
+
+    def down(self, notes: list[str]) -> list[str]:
+        from .teardown import teardown
+
+        return teardown(self.id, notes)
+
+
+class VmLab(LabHandle):
+    """A lab inside the full-kernel VM; the host keeps the VM's ledger (lab.vmlab)."""
+
+    kind = "vm"
+
+    def up_note(self, status: dict, seconds: float) -> str:
+        return f"in a VM in {seconds:.2f} s (boot {(status.get('vm') or {}).get('boot_seconds')} s)"
+
+    def _guest(self, argv: list[str], what: str) -> Any:
+        """Run the guest's `lab ARGV --json`; its parsed JSON, or its error as a LabError."""
+        from . import vmlab
+
+        cp = vmlab.forward(self.id, [*argv, "--json"])
+        if cp.returncode != 0:
+            raise CommandError(
+                [f"lab {what} (in the VM of lab {self.id!r})"],
+                cp.returncode,
+                (cp.stderr or cp.stdout).strip().removeprefix("lab: error: "),
+            )
+        return json.loads(cp.stdout or "null")
+
+    def status(self) -> dict:
+        from . import vmlab
+
+        return vmlab.status(self.id)
+
+    def exec(self, node: str, argv: list[str]) -> int:
+        from . import vmlab
+
+        sys.stdout.flush()
+        return vmlab.forward_interactive(self.id, ["exec", "--id", self.id, node, "--", *argv])
+
+    def shell(self, node: str) -> int:
+        from . import vmlab
+
+        sys.stdout.flush()
+        return vmlab.forward_interactive(self.id, ["shell", "--id", self.id, node])
+
+    def impair(self, action: str, spec: str = "", target: str | None = None) -> dict:
+        argv = ["impair", action, "--id", self.id]
+        if action == "set":
+            argv += [target or "all", *spec.split()]
+        return self._guest(argv, f"impair {action}")
+
+    def down(self, notes: list[str]) -> list[str]:
+        from . import vmlab
+
+        return vmlab.down(self.id, notes)
+
+
+def open_lab(lab_id: str | None) -> LabHandle:
+    """The lab `lab_id` names (without one: the only lab up), on whatever it runs."""
+    from . import vmlab
+
+    lab_id = resolve_id(lab_id)
+    return VmLab(lab_id) if vmlab.is_vm_lab(lab_id) else LocalLab(lab_id)
+
+
+def bring_up(
+    spec,
+    *,
+    on: str = "local",
+    lab_id: str | None = None,
+    vpn: str | None = None,
+    impair: str | None = None,
+    placement: str | None = None,
+    impair_backend: str = "auto",
+    topology_file: str | None = None,
+    guest_args: list[str] | None = None,
+    vm_mem_mb: int = 2048,
+) -> tuple[LabHandle, dict, list[str]]:
+    """Build `spec` on substrate `on`; (handle, status, lines for the user's stderr). Bad input is refused before anything is
+    created and a failure unwinds what was built (lab.lab.up, lab.vmlab.up).
+
+    `topology_file` and `guest_args` (the `-p`/`--topo`/... words a guest's `lab up` needs) are
+    what crosses into a VM: the guest loads the same file itself.
+    """
+    if on == "vm":
+        from . import vmlab
+
+        rec = vmlab.up(
+            spec,
+            topology_file,
+            lab_id,
+            list(guest_args or []),
+            vpn=vpn,
+            impair=impair,
+            placement=placement,
+            mem_mb=vm_mem_mb,
+        )
+        status = {**rec["status"], "substrate": rec["substrate"], "vm": rec["vm"]}
+        return VmLab(rec["id"]), status, rec.pop("guest_stderr", "").splitlines()
+    if on != "local":
+        from .errors import ConfigError
+
+        raise ConfigError(f"unknown substrate {on!r}; known: {', '.join(KINDS)}", field="on")
+    from .lab import up
+
+    prepared = None
+    if vpn:
+        from .vpn.tunnel import prepare
+
+        prepared = prepare(spec, vpn)  # bad profile or missing tool: nothing is created
+    lab = up(
+        spec,
+        lab_id,
+        vpn=prepared,
+        impair=impair,
+        placement=placement,
+        impair_backend=impair_backend,
+    )
+    notes = [f"lab: warning: {w}" for w in lab.info.get("warnings", [])]
+    return LocalLab(lab.id, lab), lab.status(), notes
+
+
+def run_plan_on(on: str, plan, run, plan_path, **kw) -> tuple[int, list[str], list[str]]:
+    """Run a whole plan on substrate `on` (a runner of its own there, results in `run`):
+    "vm" boots a throwaway full-kernel VM (lab.vmlab.run_plan). (exit code, left over, notes)."""
+    if on == "vm":
+        from . import vmlab
+
+        return vmlab.run_plan(plan, run, plan_path, **kw)
+    from .errors import ConfigError
+
+    raise ConfigError(f"a whole plan cannot be handed to substrate {on!r}", field="on")
+
+
+def plan_substrate(plan) -> str:
+    """Where a plan's cases run: "vm" when it asks for the full-kernel VM (`vm = true`, `--vm`)
+    and this process is not already inside one, else "local"."""
+    from .lab import current_substrate
+
+    return "vm" if plan.vm and current_substrate().get("kind") != "vm" else "local"
+
+
+def substrate_line(status: dict) -> str | None:
+    """One line on what a lab runs on, when it is not this machine's own kernel."""
+    sub = status.get("substrate") or {}
+    if sub.get("kind") != "vm":
+        return None
+    return (
+        f"substrate: VM, kernel {sub.get('kernel')}, accelerator {sub.get('accelerator')} "
+        f"(QEMU pid {sub.get('qemu_pid')}); {sub.get('note')}"
+    )
