@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import cgroups, proc
+from .errors import PreconditionError
 from .node import Daemon, Node, merged_env
 from .state import Ledger
 
@@ -113,6 +114,20 @@ class LocalNode(Node):
             )
         return Daemon(self.name, name, p.pid, st, log, p)
 
+    def private_mounts(self) -> bool:
+        """A node with a mount namespace of its own (every host node of a lab)."""
+        return self.mntns is not None
+
+    def adopt(self, name: str, pid: int, *, log: Path | None = None) -> Daemon:
+        """Node.adopt, and the process goes into the ledger like a spawned one (teardown then
+        stops it by PID and start time, as any daemon)."""
+        d = super().adopt(name, pid, log=log)
+        if self.ledger is not None and d.start_time is not None:
+            self.ledger.record(
+                "process", node=self.name, name=name, pid=pid, start_time=d.start_time, argv=[]
+            )
+        return d
+
     def stop(self, daemon: Daemon, *, grace: float = 3.0) -> bool:
         gone = proc.stop_pid(daemon.pid, daemon.start_time, grace=grace)
         if daemon.popen is not None:
@@ -123,3 +138,51 @@ class LocalNode(Node):
         if self.ledger is not None and gone:
             self.ledger.record("process-stopped", node=self.name, name=daemon.name, pid=daemon.pid)
         return gone
+
+
+class HostNode(Node):
+    """This machine itself, in its root namespaces: the node that answers "can it run here?"
+    before any lab node exists (`lab profiles`, `lab render`, the VPN preflight of `lab up` and
+    `lab run`). A local lab's nodes are namespaces of this machine (same kernel, same files,
+    same tools), so what it answers holds for them; drivers ask it through the Node interface
+    exactly as they would ask a lab node or a board. It runs probes only: it starts no daemons.
+    """
+
+    def __init__(self) -> None:
+        self.name = "this machine"
+        self.env: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return "HostNode()"
+
+    def run(self, argv, *, check=True, timeout=60, input=None, env=None):
+        return proc.run(
+            argv,
+            check=check,
+            timeout=timeout,
+            input=input,
+            env=merged_env(self.env, env),
+            where=self.name,
+        )
+
+    def popen(self, argv, *, stdout=None, stderr=None, env=None, stdin=None):
+        return proc.spawn(
+            argv, stdout=stdout, stderr=stderr, stdin=stdin, env=merged_env(self.env, env)
+        )
+
+    def spawn(self, name, argv, *, log=None, env=None):
+        raise PreconditionError(f"{self.name}: probes only, no daemon is started here ({name})")
+
+    def stop(self, daemon: Daemon, *, grace: float = 3.0) -> bool:
+        raise PreconditionError(f"{self.name}: probes only, it started no daemon to stop")
+
+
+_this_machine: HostNode | None = None
+
+
+def this_machine() -> HostNode:
+    """The one HostNode of this process (probe results cached per node are shared)."""
+    global _this_machine
+    if _this_machine is None:
+        _this_machine = HostNode()
+    return _this_machine

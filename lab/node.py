@@ -79,6 +79,46 @@ class Node(ABC):
     ) -> subprocess.Popen:
         """Start argv on the node attached to the caller (foreground helpers, e.g. tcpdump)."""
 
+    # ------------------------------------------------------------------ asked on the node
+    # Questions about the node are answered by commands the node runs (self.run), never by
+    # reading the controller's files: the same code works for a namespace here, a VM guest or a
+    # board over SSH. A kind of node may override one with something cheaper that gives the
+    # same answer.
+
+    def missing_tools(self, tools: Sequence[str]) -> list[str]:
+        """Of `tools` (names looked up on PATH plus the sbin directories, or absolute paths),
+        those this node cannot execute, in their order."""
+        if not tools:
+            return []
+        script = (
+            'PATH="$PATH:/usr/sbin:/sbin:/usr/local/sbin"; '
+            'for t; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
+        )
+        cp = self.run(["sh", "-c", script, "sh", *tools], check=False, timeout=30)
+        if cp.returncode != 0:  # no shell at all: nothing can be said to be there
+            return list(tools)
+        gone = set(cp.stdout.split())
+        return [t for t in tools if t in gone]
+
+    def private_mounts(self) -> bool:
+        """True when a mount made by a command on this node is seen by this node's processes
+        only (a mount namespace of its own), so a driver may bind its files over a fixed path
+        (pppd's /etc/ppp) without changing the machine. False unless a kind of node knows."""
+        return False
+
+    def children(self, pid: int) -> list[int]:
+        """PIDs of the children of process `pid` on this node (empty when it has none or is
+        gone)."""
+        cp = self.run(["cat", f"/proc/{pid}/task/{pid}/children"], check=False)
+        return [int(x) for x in cp.stdout.split()] if cp.returncode == 0 else []
+
+    def adopt(self, name: str, pid: int, *, log: Path | None = None) -> Daemon:
+        """A process on this node that the lab did not spawn itself but owns (e.g. the pppd an
+        xl2tpd of ours started), as a Daemon: its PID and start time, read on the node."""
+        cp = self.run(["cat", f"/proc/{pid}/stat"], check=False)
+        start = proc.parse_start_time(cp.stdout) if cp.returncode == 0 else None
+        return Daemon(self.name, name, pid, start, log)
+
 
 def merged_env(
     base: Mapping[str, str | None], *extra: Mapping[str, str | None] | None

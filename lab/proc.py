@@ -105,9 +105,20 @@ def proc_start_time(pid: int) -> int | None:
             data = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
+    return parse_start_time(data)
+
+
+def parse_start_time(data: bytes | str) -> int | None:
+    """Start time (field 22) from the text of a /proc/PID/stat file, None for a zombie or for
+    text that is not one (an empty read: the process is gone). Pure: Node.adopt() feeds it what
+    a node printed."""
+    if isinstance(data, str):
+        data = data.encode()
+    if b")" not in data:
+        return None
     # comm may contain spaces and parentheses: split after the last ')'.
     rest = data[data.rindex(b")") + 2 :].split()
-    if rest[0] == b"Z":
+    if len(rest) < 20 or rest[0] == b"Z":
         return None  # a zombie is already dead; only its parent can reap it
     return int(rest[19])
 
