@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report import PRIMARY, Doc, _fmt, _plt, _save
+from .report import Doc, _fmt, _plt, _save, primary
 from .results import RunDir, rows, summarize, to_csv
 from .state import write_text_atomic
 
@@ -54,7 +54,7 @@ def compare(a: Path, b: Path, out: Path | None = None) -> dict:
     only_a = [k for k in sa if k not in sb]
     write_text_atomic(out / "compare.csv", to_csv(table, COLUMNS))
 
-    primary = [r for r in table if PRIMARY.get(r["test"], ("",))[0] == r["metric"]]
+    main = [r for r in table if primary(r["test"]).column == r["metric"]]
     doc = Doc(f"{rb.name} (B) compared with {ra.name} (A)")
     doc.p("Main metric of every case: mean of the successful repetitions in each run and the "
           "ratio B/A. Every metric is in `compare.csv`.")  # fmt: skip
@@ -64,10 +64,10 @@ def compare(a: Path, b: Path, out: Path | None = None) -> dict:
             [r["profile"], r["impairment"], r["test_label"], r["point"], r["metric"],
              _fmt(r["mean_a"]), _fmt(r["mean_b"]),
              f"{r['ratio_b_over_a']:.3f}" if r.get("ratio_b_over_a") is not None else "-"]
-            for r in primary
+            for r in main
         ],
     )  # fmt: skip
-    plot = _plot(out, ra.name, rb.name, primary)
+    plot = _plot(out, ra.name, rb.name, main)
     if plot:
         doc.img(plot, "A vs B")
     write_text_atomic(out / "compare.md", doc.markdown())
@@ -76,16 +76,16 @@ def compare(a: Path, b: Path, out: Path | None = None) -> dict:
             and r["n_b"]), "only_a": len(only_a), "only_b": len([k for k in sb if k not in sa])}  # fmt: skip
 
 
-def _plot(out: Path, name_a: str, name_b: str, primary: list[dict]) -> str | None:
-    labels = list(dict.fromkeys(r["test_label"] for r in primary if r["n_a"] and r["n_b"]))
+def _plot(out: Path, name_a: str, name_b: str, main: list[dict]) -> str | None:
+    labels = list(dict.fromkeys(r["test_label"] for r in main if r["n_a"] and r["n_b"]))
     if not labels:
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, len(labels), figsize=(max(6, 4.5 * len(labels)), 4.5),
                              squeeze=False, layout="constrained")  # fmt: skip
     for ax, lb in zip(axes[0], labels, strict=True):
-        rs = [r for r in primary if r["test_label"] == lb and r["n_a"] and r["n_b"]]
-        unit = PRIMARY.get(rs[0]["test"], ("", "", 1.0))
+        rs = [r for r in main if r["test_label"] == lb and r["n_a"] and r["n_b"]]
+        unit = primary(rs[0]["test"])
         scale = unit[2]
         xs = [f"{r['profile']}\n{r['impairment']}" + (f" #{r['point']}" if r["point"] else "")
               for r in rs]  # fmt: skip

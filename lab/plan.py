@@ -253,27 +253,10 @@ class Plan:
 
 
 def estimate_s(test: str, params: dict[str, Any]) -> float:
-    """Expected wall time of one run of `test` (for the progress bar's ETA)."""
-    if test == "tcp":
-        return params["duration_s"] + params["omit_s"] + 0.5
-    if test in ("udp", "rr"):
-        return params["duration_s"] + 0.5
-    if test == "udp-sweep":
-        from .measure.udp import UdpSweepTest
+    """Expected wall time of one run of `test` (for the progress bar's ETA): the test's own."""
+    from .measure import get_test
 
-        return len(UdpSweepTest.rates(params)) * (params["duration_s"] + 0.3) + 0.5
-    if test == "ping":
-        return params["count"] * params["interval_s"] + 0.3
-    if test == "mtu":
-        return 1.5 * (2 if params.get("addr6") else 1)
-    if test == "scp":
-        return 1.0 + params["size_mb"] * 8 / 100  # ~100 Mbit/s through a capped tunnel
-    if test == "contention":
-        from .measure import TESTS
-
-        inner = TESTS[params["test"]].validate(params["params"], source="estimate")
-        return estimate_s(params["test"], inner) + 0.5
-    return 5.0
+    return get_test(test).estimate_s(params)
 
 
 # ---------------------------------------------------------------------- loading

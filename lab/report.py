@@ -12,20 +12,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .measure import TESTS, Primary
 from .results import RunDir, time_budget, write_tables
 from .state import write_text_atomic
 
-#: test -> (metric column, label, scale, higher is better)
-PRIMARY: dict[str, tuple[str, str, float, bool]] = {
-    "tcp": ("throughput_bps", "Mbit/s", 1e-6, True),
-    "udp": ("throughput_bps", "Mbit/s", 1e-6, True),
-    "scp": ("throughput_bps", "Mbit/s", 1e-6, True),
-    "contention": ("throughput_bps", "Mbit/s", 1e-6, True),
-    "udp-sweep": ("throughput_bps", "Mbit/s", 1e-6, True),
-    "ping": ("rtt_avg_ms", "ms RTT", 1.0, False),
-    "mtu": ("path_mtu", "bytes", 1.0, True),
-    "rr": ("transactions_per_s", "transactions/s", 1.0, True),
-}
+#: the primary metric of a test that declares none (or is not registered any more)
+DEFAULT_PRIMARY = Primary("throughput_bps", "Mbit/s", 1e-6, True)
+
+
+def primary(test: str) -> Primary:
+    """(metric column, label, scale, higher is better) the report ranks `test` by: its own."""
+    t = TESTS.get(test)
+    return (t.primary if t is not None else None) or DEFAULT_PRIMARY
+
+
 THROUGHPUT_TESTS = ("tcp", "udp", "scp", "contention")
 FORMATS = ("png", "svg")
 
@@ -394,7 +394,7 @@ def _results_tables(doc, table, profiles, points, labels, plan) -> None:
     present_points = _order([r["impairment"] for r in table], points)
     for label in labels:
         test = tests[label]
-        col, unit, scale, _ = PRIMARY.get(test, ("throughput_bps", "Mbit/s", 1e-6, True))
+        col, unit, scale, _ = primary(test)
         rows_l = _group(table, test_label=label)
         if not rows_l:
             continue

@@ -26,14 +26,20 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .measure import TESTS, metric_columns
 from .state import read_jsonl, write_text_atomic
 
 RESULT_SCHEMA = 1
 
-#: results.csv columns: (name, dtype, meaning). dtype is the pandas dtype after read_csv:
-#: "string" (object), "int64" (never empty), "float64" (empty = not measured), "bool".
+#: results.csv's column order: the common columns as (name, dtype, meaning) and, by name only,
+#: the places of the tests' metric columns (their dtype and meaning come from the `metrics` the
+#: tests declare, lab.measure.base.Metric). dtype is the pandas dtype after read_csv: "string"
+#: (object), "int64" (never empty), "float64" (empty = not measured), "bool".
+#: Frozen: a column keeps its place, so older readers and runs already written stay valid. A
+#: metric column a test declares that is not named here is appended after the last entry, in
+#: registry order; before adding a common column, name those appended columns here first.
 #: docs/results.md documents the same list; tests/test_results.py checks they agree.
-CSV_COLUMNS: list[tuple[str, str, str]] = [
+_LAYOUT: list[tuple[str, str, str] | str] = [
     ("run", "string", "run directory name"),
     ("case", "string", "profile|impairment|test label|rep: the key --resume matches on"),
     ("profile", "string", "VPN profile spec"),
@@ -43,7 +49,7 @@ CSV_COLUMNS: list[tuple[str, str, str]] = [
     ("impairment_spec", "string", "tc-netem words requested (empty: none)"),
     ("sweep_parameter", "string", "swept parameter (delay, jitter, loss, ...), empty otherwise"),
     ("sweep_value", "float64", "its value at this point (ms, %, Mbit/s)"),
-    ("test", "string", "registered test (tcp, udp, udp-sweep, ping, mtu, rr, scp, contention)"),
+    ("test", "string", f"registered test ({', '.join(sorted(TESTS))})"),
     ("test_label", "string", "the plan's label for the test entry"),
     ("ip", "int64", "IP version of the traffic address the test targeted (4 or 6)"),
     ("rep", "int64", "repetition, from 0"),
@@ -52,52 +58,9 @@ CSV_COLUMNS: list[tuple[str, str, str]] = [
     ("error", "string", "why not (tool error, tunnel failure), empty when ok"),
     ("started_utc", "string", "start of the case, ISO 8601 UTC"),
     ("case_seconds", "float64", "wall time of the test run (servers and tools included)"),
-    ("direction", "string", "client-to-server or server-to-client (tcp, udp)"),
-    ("throughput_bps", "float64", "the test's rate: receiver_bps (tcp, udp), rate_bps (scp)"),
-    ("sender_bps", "float64", "iperf3 sender rate"),
-    ("receiver_bps", "float64", "iperf3 receiver rate"),
-    ("retransmits", "float64", "TCP retransmits of the sender"),
-    ("tcp_mss", "float64", "TCP_MAXSEG as iperf3 reports it"),
-    ("packets_per_s", "float64", "tcp: packets/s from goodput and payload per segment"),
-    ("rate_mbit", "float64", "udp: target rate"),
-    ("size", "float64", "udp: datagram payload bytes"),
-    ("target_pps", "float64", "udp: packets/s the target rate asks for"),
-    ("sent_pps", "float64", "udp: packets/s sent"),
-    ("received_pps", "float64", "udp: packets/s received"),
-    ("jitter_ms", "float64", "udp: jitter"),
-    ("loss_pct", "float64", "udp or ping: lost share"),
-    ("packets_sent", "float64", "udp: datagrams sent"),
-    ("packets_lost", "float64", "udp: datagrams lost"),
-    ("rtt_min_ms", "float64", "ping: minimum RTT"),
-    ("rtt_avg_ms", "float64", "ping: mean RTT"),
-    ("rtt_max_ms", "float64", "ping: maximum RTT"),
-    ("rtt_mdev_ms", "float64", "ping: RTT mean deviation"),
-    ("iface_mtu", "float64", "mtu: the tunnel interface's MTU"),
-    ("path_mtu", "float64", "mtu: largest DF ping that passed + headers"),
-    ("transactions_per_s", "float64", "rr: transactions per second"),
-    ("latency_p50_us", "float64", "rr: median transaction latency"),
-    ("latency_p99_us", "float64", "rr: 99th percentile transaction latency"),
-    ("seconds", "float64", "scp: transfer time"),
-    ("cpu_vpn_client_pct", "float64", "mean CPU of the VPN client node's cgroup, % of one core"),
-    ("cpu_vpn_server_pct", "float64", "mean CPU of the VPN server node's cgroup, % of one core"),
-    ("cpu_traffic_client_pct", "float64", "same for the traffic client node"),
-    ("cpu_traffic_server_pct", "float64", "same for the traffic server node"),
-    ("host_busy_pct", "float64", "mean busy share of all host cores (host-wide, /proc/stat)"),
-    ("host_softirq_pct", "float64", "mean softirq share of all host cores (host-wide)"),
-    ("daemon_cpu_pct", "float64", "sum of the VPN daemons' mean CPU, % of one core"),
-    ("daemon_rss_mb", "float64", "sum of the VPN daemons' peak resident memory, MiB"),
-    ("raw_files", "string", "raw tool output of the case, ';'-separated, relative to the run"),
-    ("host_clock_min_mhz", "float64", "lowest clock of any host core during the test (cpufreq)"),
-    ("host_clock_mean_mhz", "float64", "mean clock over the host's cores and samples (cpufreq)"),
-    ("host_temp_max_c", "float64", "highest temperature any host sensor reported, deg C"),
-    ("host_mem_used_max_mb", "float64", "peak host memory in use (psutil 'used'), MiB"),
-    ("host_mem_available_min_mb", "float64", "lowest host memory available (psutil), MiB"),
-    ("throttled", "float64", "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0"),
-]
-COLUMN_NAMES = [c[0] for c in CSV_COLUMNS]
-#: record keys copied verbatim into the column of the same name
-_METRIC_KEYS = [
+    # the tests' metric columns of schema 1 in their places (dtype, meaning: the tests' Metric)
     "direction",
+    "throughput_bps",
     "sender_bps",
     "receiver_bps",
     "retransmits",
@@ -122,11 +85,53 @@ _METRIC_KEYS = [
     "latency_p50_us",
     "latency_p99_us",
     "seconds",
+    ("cpu_vpn_client_pct", "float64", "mean CPU of the VPN client node's cgroup, % of one core"),
+    ("cpu_vpn_server_pct", "float64", "mean CPU of the VPN server node's cgroup, % of one core"),
+    ("cpu_traffic_client_pct", "float64", "same for the traffic client node"),
+    ("cpu_traffic_server_pct", "float64", "same for the traffic server node"),
+    ("host_busy_pct", "float64", "mean busy share of all host cores (host-wide, /proc/stat)"),
+    ("host_softirq_pct", "float64", "mean softirq share of all host cores (host-wide)"),
+    ("daemon_cpu_pct", "float64", "sum of the VPN daemons' mean CPU, % of one core"),
+    ("daemon_rss_mb", "float64", "sum of the VPN daemons' peak resident memory, MiB"),
+    ("raw_files", "string", "raw tool output of the case, ';'-separated, relative to the run"),
+    ("host_clock_min_mhz", "float64", "lowest clock of any host core during the test (cpufreq)"),
+    ("host_clock_mean_mhz", "float64", "mean clock over the host's cores and samples (cpufreq)"),
+    ("host_temp_max_c", "float64", "highest temperature any host sensor reported, deg C"),
+    ("host_mem_used_max_mb", "float64", "peak host memory in use (psutil 'used'), MiB"),
+    ("host_mem_available_min_mb", "float64", "lowest host memory available (psutil), MiB"),
+    ("throttled", "float64", "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0"),
 ]
+
+
+def _columns() -> tuple[list[tuple[str, str, str]], set[str]]:
+    """(CSV_COLUMNS, the float columns summary.csv leaves out)."""
+    metrics = metric_columns()
+    common = {e[0] for e in _LAYOUT if isinstance(e, tuple)}
+    clash = sorted(common & set(metrics))
+    if clash:
+        raise TypeError(f"tests declare metric columns that are common columns: {clash}")
+    out: list[tuple[str, str, str]] = []
+    for entry in _LAYOUT:
+        if isinstance(entry, tuple):
+            out.append(entry)
+            continue
+        col = metrics.get(entry)
+        if col is None:
+            raise TypeError(f"results.csv column {entry!r} is declared by no test in lab.measure")
+        out.append((col.name, col.dtype, col.meaning))
+    placed = {c[0] for c in out}
+    out += [(c.name, c.dtype, c.meaning) for c in metrics.values() if c.name not in placed]
+    unsummarised = {"sweep_value"} | {c.name for c in metrics.values() if not c.summarised}
+    return out, unsummarised
+
+
+CSV_COLUMNS, _NOT_SUMMARISED = _columns()
+COLUMN_NAMES = [c[0] for c in CSV_COLUMNS]
+_COMMON = {e[0] for e in _LAYOUT if isinstance(e, tuple)}
+#: the tests' metric columns in CSV order, with their dtype
+_METRIC_COLUMNS = [(n, t) for n, t, _ in CSV_COLUMNS if n not in _COMMON]
 #: numeric columns summarised per case in summary.csv
-SUMMARY_METRICS = [
-    n for n, t, _ in CSV_COLUMNS if t == "float64" and n not in ("sweep_value", "rate_mbit", "size")
-]
+SUMMARY_METRICS = [n for n, t, _ in CSV_COLUMNS if t == "float64" and n not in _NOT_SUMMARISED]
 
 
 @dataclass
@@ -215,10 +220,10 @@ def _num(v: Any) -> float | None:
     return None
 
 
-def throughput(rec: dict) -> float | None:
-    if rec.get("test") == "scp":
-        return _num(rec.get("rate_bps"))
-    return _num(rec.get("receiver_bps"))
+def _sources(test: str | None) -> dict[str, str]:
+    """Metric column -> record key, as the registered test `test` declares them."""
+    t = TESTS.get(test) if isinstance(test, str) else None
+    return {m.name: m.key for m in t.metrics} if t is not None else {}
 
 
 def rows(run_name: str, results: list[dict]) -> list[dict]:
@@ -283,11 +288,12 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
             row["point"] = i
             row["ok"] = bool(r.get("ok")) and bool(rec.get("ok", False))
             row["error"] = rec.get("error") or (r.get("error") if not r.get("ok") else None) or ""
-            for k in _METRIC_KEYS:
-                v = rec.get(k)
-                row[k] = v if k == "direction" else _num(v)
-            row["direction"] = row["direction"] or ""
-            row["throughput_bps"] = throughput(rec)
+            # a column the record's test declares is read from its source key; any other metric
+            # column from the record key of the same name
+            src = _sources(rec.get("test") or r["test"])
+            for k, dtype in _METRIC_COLUMNS:
+                v = rec.get(src.get(k, k))
+                row[k] = (v or "") if dtype == "string" else _num(v)
             files = rec.get("raw_files") or r.get("raw_files") or []
             row["raw_files"] = ";".join(files)
             out.append(row)

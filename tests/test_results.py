@@ -14,6 +14,7 @@ import pytest
 from lab.results import (
     COLUMN_NAMES,
     CSV_COLUMNS,
+    SUMMARY_METRICS,
     RunDir,
     read_jsonl,
     read_results_csv,
@@ -181,6 +182,49 @@ def test_documented_schema_matches_code():
     assert documented_columns() == [(n, t) for n, t, _ in CSV_COLUMNS]
 
 
+#: results.csv's columns as runs have been written so far: they keep these places whatever test
+#: kinds are added (a new test's metric columns come after them)
+WRITTEN_LAYOUT = [
+    "run", "case", "profile", "driver", "datapath", "impairment", "impairment_spec",
+    "sweep_parameter", "sweep_value", "test", "test_label", "ip", "rep", "point", "ok", "error",
+    "started_utc", "case_seconds", "direction", "throughput_bps", "sender_bps", "receiver_bps",
+    "retransmits", "tcp_mss", "packets_per_s", "rate_mbit", "size", "target_pps", "sent_pps",
+    "received_pps", "jitter_ms", "loss_pct", "packets_sent", "packets_lost", "rtt_min_ms",
+    "rtt_avg_ms", "rtt_max_ms", "rtt_mdev_ms", "iface_mtu", "path_mtu", "transactions_per_s",
+    "latency_p50_us", "latency_p99_us", "seconds", "cpu_vpn_client_pct", "cpu_vpn_server_pct",
+    "cpu_traffic_client_pct", "cpu_traffic_server_pct", "host_busy_pct", "host_softirq_pct",
+    "daemon_cpu_pct", "daemon_rss_mb", "raw_files", "host_clock_min_mhz", "host_clock_mean_mhz",
+    "host_temp_max_c", "host_mem_used_max_mb", "host_mem_available_min_mb", "throttled",
+]  # fmt: skip
+
+
+def test_written_columns_keep_their_places():
+    assert COLUMN_NAMES[: len(WRITTEN_LAYOUT)] == WRITTEN_LAYOUT
+    dtypes = dict((n, t) for n, t, _ in CSV_COLUMNS)
+    assert dtypes["direction"] == "string" and dtypes["throughput_bps"] == "float64"
+    # parameters echoed by udp are columns but not outcomes: summary.csv leaves them out
+    assert {"rate_mbit", "size", "sweep_value"}.isdisjoint(SUMMARY_METRICS)
+    assert {"throughput_bps", "loss_pct", "rtt_avg_ms", "seconds"} <= set(SUMMARY_METRICS)
+
+
+def test_a_column_is_read_from_the_key_its_test_declares():
+    """throughput_bps is iperf3's receiver rate for tcp/udp and the file rate for scp; a test
+    that does not declare a column still fills it from a record key of the same name."""
+    recs = {"tcp": {"receiver_bps": 5.0, "rate_bps": 7.0}, "scp": {"receiver_bps": 5.0,
+            "rate_bps": 7.0}, "ping": {"receiver_bps": 5.0, "throughput_bps": 9.0}}  # fmt: skip
+    lines = [
+        {"case": f"p|none|{t}|0", "profile": "p", "test": t, "label": t, "rep": 0, "ok": True,
+         "records": [{"test": t, "ok": True, **rec}]}
+        for t, rec in recs.items()
+    ]  # fmt: skip
+    # contention's records are the wrapped test's: its declarations apply
+    lines.append({"case": "p|none|c|0", "profile": "p", "test": "contention", "label": "c",
+                  "rep": 0, "ok": True, "records": [{"test": "scp", "ok": True, "rate_bps": 3.0,
+                                                     "receiver_bps": 1.0}]})  # fmt: skip
+    got = {r["test_label"]: r["throughput_bps"] for r in rows("R", lines)}
+    assert got == {"tcp": 5.0, "scp": 7.0, "ping": 9.0, "c": 3.0}
+
+
 def test_results_csv_loads_in_pandas_with_the_documented_schema(tmp_path):
     run = make_run(tmp_path / "run")
     write_tables(run)
@@ -212,7 +256,10 @@ def test_results_csv_loads_in_pandas_with_the_documented_schema(tmp_path):
     new = ["host_clock_min_mhz", "host_clock_mean_mhz", "host_temp_max_c",
            "host_mem_used_max_mb", "host_mem_available_min_mb", "throttled"]  # fmt: skip
     assert bl[new].isna().all().all()  # a line from before these fields: empty cells
-    assert COLUMN_NAMES[-len(new) :] == new  # appended: older columns keep their positions
+    # appended after every column of the first layout (raw_files was its last); columns a new
+    # test kind declares may follow them
+    first = COLUMN_NAMES.index("raw_files") + 1
+    assert COLUMN_NAMES[first : first + len(new)] == new
     # the typed loader gives the same columns with text as pandas strings
     typed = read_results_csv(run.file("results.csv"))
     assert str(typed["profile"].dtype) == "string"

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 from ..errors import ConfigError, StartupError
 from ..node import Daemon, Node
@@ -157,21 +157,120 @@ def _check_value(test: str, name: str, p: Param, value: Any, source: str) -> Any
     return value
 
 
-# --- the interface --------------------------------------------------------------------------
+# --- the interface ---------------------------------------------------------------------------
+
+#: results.csv dtypes a metric column may have: empty cells must be possible ("not measured")
+METRIC_DTYPES = ("float64", "string")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A results.csv column a test's records fill (docs/results.md lists every column).
+
+    Tests that declare the same column share it and must agree on dtype, unit and `summarised`.
+    """
+
+    name: str
+    #: "float64" (a number; empty = not measured) or "string"
+    dtype: str = "float64"
+    unit: str = ""
+    description: str = ""
+    #: record key the value is read from (default: the column's own name)
+    source: str | None = None
+    #: an outcome with n/mean/sd/min/max in summary.csv; False for a parameter echoed back
+    #: (udp's rate_mbit and size), so it is a column but not summarised
+    summarised: bool = True
+
+    @property
+    def key(self) -> str:
+        return self.source or self.name
+
+
+class Primary(NamedTuple):
+    """The one metric a report ranks and plots a test by (a results.csv column)."""
+
+    column: str
+    #: label of the scaled value, e.g. "Mbit/s"
+    unit: str
+    #: multiply the column by this for display (bit/s -> Mbit/s: 1e-6)
+    scale: float = 1.0
+    higher_is_better: bool = True
+
+
+#: Every concrete Test subclass defined in a module of this package, by name, filled by
+#: Test.__init_subclass__ as lab.measure imports its modules (classes defined elsewhere, such as
+#: tests' fakes, are not registered). lab.measure.TESTS holds one instance of each.
+REGISTRY: dict[str, type[Test]] = {}
+_PACKAGE = __name__.rpartition(".")[0]
 
 
 class Test(ABC):
-    """One measurement. Subclasses set `name` and `schema` and implement `run`."""
+    """One measurement. A subclass in a module of lab/measure declares, at class level:
 
-    name: str
+    `name` (registers it), `schema` (its parameters), `metrics` (the results.csv columns its
+    records fill), `primary` (the metric a report ranks it by), and implements `estimate_s`
+    (expected wall time, for the progress bar) and `run`. No other code needs editing
+    (docs/measurements.md, "Adding a test kind").
+    """
+
+    name: ClassVar[str]
     schema: Mapping[str, Param]
     #: external tools needed on the client / server nodes (checked by the runner)
     client_tools: tuple[str, ...] = ()
     server_tools: tuple[str, ...] = ()
+    #: results.csv columns this test's records fill
+    metrics: ClassVar[tuple[Metric, ...]] = ()
+    #: the metric reports and comparisons rank this test by (required of a registered test;
+    #: the report falls back to throughput_bps for a test it does not know)
+    primary: ClassVar[Primary | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if name is None or not cls.__module__.startswith(_PACKAGE + "."):
+            return
+        other = REGISTRY.get(name)
+        if other is not None and (other.__module__, other.__qualname__) != (
+            cls.__module__,
+            cls.__qualname__,
+        ):
+            raise TypeError(
+                f"test name {name!r} of {cls.__module__}.{cls.__qualname__} is already taken by "
+                f"{other.__module__}.{other.__qualname__}"
+            )
+        REGISTRY[name] = cls
+
+    @classmethod
+    def check_declarations(cls) -> None:
+        """TypeError naming the class when its class-level declarations are malformed."""
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        name = getattr(cls, "name", None)
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{where}: name must be a non-empty string")
+        if not isinstance(getattr(cls, "schema", None), Mapping):
+            raise TypeError(f"{where}: schema must be a mapping of parameter name -> Param")
+        seen = set()
+        for m in cls.metrics:
+            if not isinstance(m, Metric):
+                raise TypeError(f"{where}: metrics must be Metric(...) entries, got {m!r}")
+            if m.dtype not in METRIC_DTYPES:
+                raise TypeError(
+                    f"{where}: metric {m.name!r} has dtype {m.dtype!r}; accepted: "
+                    + ", ".join(METRIC_DTYPES)
+                )
+            if m.name in seen:
+                raise TypeError(f"{where}: metric {m.name!r} declared twice")
+            seen.add(m.name)
+        if not isinstance(cls.primary, Primary):
+            raise TypeError(f"{where}: primary must be a Primary(column, unit, scale, higher)")
 
     def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
         """Reject unknown keys and impossible values (ConfigError naming source and field)."""
         return validate_params(self.name, self.schema, params, source)
+
+    def estimate_s(self, params: Mapping[str, Any]) -> float:
+        """Expected wall time of one run with validated `params` (the progress bar's ETA)."""
+        return 5.0
 
     @abstractmethod
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..errors import ConfigError
-from .base import Context, Param, Record, Test
+from .base import Context, Param, Primary, Record, Test
 
 HOG = ["python3", "-c", "while True: pass"]
 
@@ -29,6 +29,15 @@ class ContentionTest(Test):
         "workers": Param(int, 1, min=1, max=64, doc="busy loops started"),
         "cpu": Param(int, None, optional=True, min=0, max=4095, doc="pin the loops (taskset -c)"),
     }
+    #: no columns of its own: its records are the wrapped test's, filled by that test's metrics
+    metrics = ()
+    primary = Primary("throughput_bps", "Mbit/s", 1e-6, True)
+
+    def estimate_s(self, params: Mapping[str, Any]) -> float:
+        from . import get_test
+
+        inner = get_test(params["test"])
+        return inner.estimate_s(inner.validate(params["params"], source="estimate")) + 0.5
 
     def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
         from . import TESTS, get_test

@@ -17,6 +17,7 @@ from typing import Any
 from .base import (
     Context,
     MeasurementFailed,
+    Metric,
     describe_failure,
     family_of,
     invoke,
@@ -25,6 +26,19 @@ from .base import (
 
 DEFAULT_PORT = 5201
 BUSY = "the server is busy"
+
+#: results.csv columns every iperf3 test (tcp, udp, udp-sweep) fills
+IPERF3_METRICS = (
+    Metric("direction", "string", description="client-to-server or server-to-client"),
+    Metric(
+        "throughput_bps",
+        unit="bit/s",
+        description="receiver_bps, the iperf3 receiver rate",
+        source="receiver_bps",
+    ),
+    Metric("sender_bps", unit="bit/s", description="iperf3 sender rate"),
+    Metric("receiver_bps", unit="bit/s", description="iperf3 receiver rate"),
+)
 
 
 @contextmanager

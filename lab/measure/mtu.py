@@ -13,7 +13,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import Context, MeasurementFailed, Param, Record, Test, family_of, invoke
+from .base import (
+    Context,
+    MeasurementFailed,
+    Metric,
+    Param,
+    Primary,
+    Record,
+    Test,
+    family_of,
+    invoke,
+)
 from .ping import parse_ping, ping_argv
 
 ICMP_OVERHEAD = {4: 28, 6: 48}
@@ -50,6 +60,14 @@ class MtuTest(Test):
         ),
         "attempts": Param(int, 2, min=1, max=10, doc="echoes per probe before it counts as lost"),
     }
+    metrics = (
+        Metric("iface_mtu", unit="bytes", description="the tunnel interface's MTU"),
+        Metric("path_mtu", unit="bytes", description="largest DF ping that passed + headers"),
+    )
+    primary = Primary("path_mtu", "bytes", 1.0, True)
+
+    def estimate_s(self, params: Mapping[str, Any]) -> float:
+        return 1.5 * (2 if params.get("addr6") else 1)
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         files: list[Path] = []

@@ -9,7 +9,9 @@ from typing import Any, ClassVar
 from .base import (
     Context,
     MeasurementFailed,
+    Metric,
     Param,
+    Primary,
     Record,
     Test,
     describe_failure,
@@ -117,6 +119,17 @@ class PingTest(Test):
         "reply_timeout_s": Param(float, 2.0, min=0.1, max=60, doc="ping -W"),
         "family": Param(int, None, optional=True, choices=(4, 6), doc="None: from the address"),
     }
+    metrics = (
+        Metric("loss_pct", unit="%", description="lost share"),
+        Metric("rtt_min_ms", unit="ms", description="minimum RTT"),
+        Metric("rtt_avg_ms", unit="ms", description="mean RTT"),
+        Metric("rtt_max_ms", unit="ms", description="maximum RTT"),
+        Metric("rtt_mdev_ms", unit="ms", description="RTT mean deviation"),
+    )
+    primary = Primary("rtt_avg_ms", "ms RTT", 1.0, False)
+
+    def estimate_s(self, params: Mapping[str, Any]) -> float:
+        return params["count"] * params["interval_s"] + 0.3
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         argv = ping_argv(

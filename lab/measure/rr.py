@@ -14,7 +14,9 @@ from typing import Any, ClassVar
 from .base import (
     Context,
     MeasurementFailed,
+    Metric,
     Param,
+    Primary,
     Record,
     Test,
     describe_failure,
@@ -73,6 +75,15 @@ class RrTest(Test):
             float, 200.0, min=1, max=60000, doc="UDP answer not back by then counts as a timeout"
         ),
     }
+    metrics = (
+        Metric("transactions_per_s", unit="1/s", description="transactions per second"),
+        Metric("latency_p50_us", unit="us", description="median transaction latency"),
+        Metric("latency_p99_us", unit="us", description="99th percentile transaction latency"),
+    )
+    primary = Primary("transactions_per_s", "transactions/s", 1.0, True)
+
+    def estimate_s(self, params: Mapping[str, Any]) -> float:
+        return params["duration_s"] + 0.5
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         base = {

@@ -18,7 +18,18 @@ from typing import Any, ClassVar
 from .. import proc
 from ..errors import StartupError
 from ..node import Node
-from .base import Context, Param, Record, Test, describe_failure, family_of, invoke, wait_listening
+from .base import (
+    Context,
+    Metric,
+    Param,
+    Primary,
+    Record,
+    Test,
+    describe_failure,
+    family_of,
+    invoke,
+    wait_listening,
+)
 
 MIB = 1024 * 1024
 #: OpenSSH >= 9.0 speaks SFTP underneath scp; -O forces the legacy protocol that older
@@ -92,6 +103,19 @@ class ScpTest(Test):
         "dest": Param(str, "/dev/null", doc="path written on the server"),
         "protocol": Param(str, "default", choices=tuple(PROTOCOL_FLAGS), doc="scp -O / -s"),
     }
+    metrics = (
+        Metric(
+            "throughput_bps",
+            unit="bit/s",
+            description="rate_bps = file size x 8 / seconds",
+            source="rate_bps",
+        ),
+        Metric("seconds", unit="s", description="transfer time, SSH handshake included"),
+    )
+    primary = Primary("throughput_bps", "Mbit/s", 1e-6, True)
+
+    def estimate_s(self, params: Mapping[str, Any]) -> float:
+        return 1.0 + params["size_mb"] * 8 / 100  # ~100 Mbit/s through a capped tunnel
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         state = ctx.state_path() / f"scp-{secrets.token_hex(4)}"

@@ -6,8 +6,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import Context, MeasurementFailed, Param, Record, Test, family_of
-from .iperf3 import DEFAULT_PORT, client_argv, iperf3_server, parse_iperf3_tcp, run_client
+from .base import Context, MeasurementFailed, Metric, Param, Primary, Record, Test, family_of
+from .iperf3 import (
+    DEFAULT_PORT,
+    IPERF3_METRICS,
+    client_argv,
+    iperf3_server,
+    parse_iperf3_tcp,
+    run_client,
+)
 
 DIRECTIONS = ("client-to-server", "server-to-client")
 
@@ -70,6 +77,20 @@ class TcpTest(Test):
         ),
         "port": Param(int, DEFAULT_PORT, min=1, max=65535),
     }
+    metrics = (
+        *IPERF3_METRICS,
+        Metric("retransmits", unit="segments", description="TCP retransmits of the sender"),
+        Metric("tcp_mss", unit="bytes", description="TCP_MAXSEG as iperf3 reports it"),
+        Metric(
+            "packets_per_s",
+            unit="packets/s",
+            description="packets/s from goodput and payload per segment",
+        ),
+    )
+    primary = Primary("throughput_bps", "Mbit/s", 1e-6, True)
+
+    def estimate_s(self, params: Mapping[str, Any]) -> float:
+        return params["duration_s"] + params["omit_s"] + 0.5
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         argv = client_argv(

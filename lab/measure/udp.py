@@ -12,11 +12,33 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import ConfigError
-from .base import Context, MeasurementFailed, Param, Record, Test
-from .iperf3 import DEFAULT_PORT, client_argv, iperf3_server, parse_iperf3_udp, run_client
+from .base import Context, MeasurementFailed, Metric, Param, Primary, Record, Test
+from .iperf3 import (
+    DEFAULT_PORT,
+    IPERF3_METRICS,
+    client_argv,
+    iperf3_server,
+    parse_iperf3_udp,
+    run_client,
+)
 from .tcp import DIRECTIONS
 
 MBIT = 1_000_000
+
+#: results.csv columns of udp and udp-sweep records (rate and size are the parameters, echoed)
+UDP_METRICS = (
+    *IPERF3_METRICS,
+    Metric("rate_mbit", unit="Mbit/s", description="target rate", summarised=False),
+    Metric("size", unit="bytes", description="datagram payload bytes", summarised=False),
+    Metric("target_pps", unit="packets/s", description="packets/s the target rate asks for"),
+    Metric("sent_pps", unit="packets/s", description="packets/s sent"),
+    Metric("received_pps", unit="packets/s", description="packets/s received"),
+    Metric("jitter_ms", unit="ms", description="jitter"),
+    Metric("loss_pct", unit="%", description="lost share"),
+    Metric("packets_sent", unit="packets", description="datagrams sent"),
+    Metric("packets_lost", unit="packets", description="datagrams lost"),
+)
+THROUGHPUT = Primary("throughput_bps", "Mbit/s", 1e-6, True)
 
 
 def _common_schema(duration: float) -> dict[str, Param]:
@@ -65,6 +87,11 @@ class UdpTest(Test):
         "rate_mbit": Param(float, 1.0, min=0.001, max=100_000, doc="target rate, iperf3 -b"),
         **_common_schema(10.0),
     }
+    metrics = UDP_METRICS
+    primary = THROUGHPUT
+
+    def estimate_s(self, params: Mapping[str, Any]) -> float:
+        return params["duration_s"] + 0.5
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         with iperf3_server(ctx, params["port"]) as log:
@@ -92,6 +119,8 @@ class UdpSweepTest(Test):
         ),
         **_common_schema(10.0),
     }
+    metrics = UDP_METRICS
+    primary = THROUGHPUT
 
     def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
         out = super().validate(params, source=source)
@@ -111,6 +140,9 @@ class UdpSweepTest(Test):
         start, stop, step = params["start_mbit"], params["stop_mbit"], params["step_mbit"]
         n = int((stop - start) / step + 1e-9)
         return [round(start + i * step, 6) for i in range(n + 1)]
+
+    def estimate_s(self, params: Mapping[str, Any]) -> float:
+        return len(self.rates(params)) * (params["duration_s"] + 0.3) + 0.5
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         records = []
