@@ -26,9 +26,18 @@ import pytest  # noqa: E402
 
 from lab.errors import ConfigError, KernelFeatureMissing  # noqa: E402
 from lab.topology import load_topology  # noqa: E402
-from lab.vpn import kernelfeatures, l2tp  # noqa: E402
+from lab.vpn import l2tp  # noqa: E402
 from lab.vpn.profiles import load_profile  # noqa: E402
-from lab.vpn.tunnel import make_context, plan, prepare, redact, render, secret_values  # noqa: E402
+from lab.vpn.tunnel import (  # noqa: E402
+    make_context,
+    plan,
+    prepare,
+    redact,
+    render,
+    secret_values,
+    this_machine,
+)
+from tests.fakenode import RecordingNode  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "data" / "vpn"
 PROFILES = ("l2tp",)
@@ -161,23 +170,47 @@ def test_bad_profile_file_names_file_field_and_choices(tmp_path):
 # ------------------------------------------------------------------------- the host
 
 
-def test_check_names_the_missing_kernel_features(monkeypatch):
-    monkeypatch.setattr(kernelfeatures, "read_kernel_config", lambda: {"CONFIG_PPP": "m"})
-    a = l2tp.L2TPDriver().check(load_profile("l2tp").params)
+def _kernel(config: str) -> RecordingNode:
+    """A node whose /proc/config.gz holds `config`."""
+    return RecordingNode({("gzip", "-dc", "/proc/config.gz"): (0, config, "")})
+
+
+def test_check_names_the_missing_kernel_features():
+    a = l2tp.L2TPDriver().check(load_profile("l2tp").params, _kernel("CONFIG_PPP=m\n"))
     assert not a.ok and a.path == "kernel"
     assert "L2TP (CONFIG_PPPOL2TP, module l2tp_ppp)" in a.why and "PPP (" not in a.why
     assert "--vm" in a.why
     # the userspace data plane needs PPP only
-    assert l2tp.L2TPDriver().check(load_profile("l2tp:dataplane=userspace").params).ok
-    monkeypatch.setattr(kernelfeatures, "read_kernel_config", lambda: {})
-    a = l2tp.L2TPDriver().check(load_profile("l2tp:dataplane=userspace").params)
+    userspace = load_profile("l2tp:dataplane=userspace").params
+    assert l2tp.L2TPDriver().check(userspace, _kernel("CONFIG_PPP=m\n")).ok
+    a = l2tp.L2TPDriver().check(userspace, _kernel("# CONFIG_PPP is not set\n"))
     assert not a.ok and "PPP (CONFIG_PPP, module ppp_generic)" in a.why
+
+
+def test_check_without_a_kernel_config_asks_the_node_for_its_modules():
+    """Debian's kernels (the lab VM's) do not expose /proc/config.gz: the node's modules.dep
+    says what can load."""
+    node = RecordingNode(
+        {
+            ("uname", "-r"): (0, "6.1.0-x\n", ""),
+            ("cat", "/lib/modules/6.1.0-x/modules.dep"): (
+                0,
+                "kernel/drivers/net/ppp/ppp_generic.ko: kernel/lib/crc-ccitt.ko\n"
+                "kernel/net/l2tp/l2tp_ppp.ko: kernel/net/l2tp/l2tp_core.ko\n",
+                "",
+            ),
+        }
+    )
+    assert l2tp.L2TPDriver().check(load_profile("l2tp").params, node).ok
+    assert ["gzip", "-dc", "/proc/config.gz"] in node.calls and ["ls", "-1", "/sys/module"] in (
+        node.calls
+    )
 
 
 @pytest.mark.parametrize("profile", ["l2tp", "l2tp:dataplane=userspace"])
 def test_host_without_ppp_or_l2tp_refuses_and_says_use_vm(profile):
     prof = load_profile(profile)
-    avail = prof.driver.check(prof.params)
+    avail = prof.driver.check(prof.params, this_machine())
     if avail.ok:
         pytest.skip("this kernel has PPP and L2TP: nothing to refuse")
     spec = spec_of("pi_pair_middlebox")

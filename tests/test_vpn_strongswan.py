@@ -21,6 +21,7 @@ from lab.vpn import get_driver, tunnel
 from lab.vpn import strongswan as sw
 from lab.vpn.base import Endpoint, TunnelContext
 from lab.vpn.profiles import load_profile
+from tests.fakenode import RecordingNode
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "strongswan"
@@ -172,29 +173,45 @@ def test_kernel_esp_from_config():
     assert ok is False and "CONFIG_INET_ESP" in missing and "CONFIG_CRYPTO_GCM" in missing
 
 
-def test_check_picks_libipsec_without_kernel_esp(monkeypatch, tmp_path):
-    drv = sw.StrongSwanDriver()
-    for plugin in ("vici", "kernel-netlink", "socket-default", "openssl", "kdf", "kernel-libipsec"):
-        (tmp_path / f"libstrongswan-{plugin}.so").touch()
-    monkeypatch.setattr(sw, "PLUGIN_DIR", tmp_path)
-    monkeypatch.setattr(sw, "read_kernel_config", lambda: {"CONFIG_XFRM": "y"})
-    a = drv.check(_params())
-    assert (a.ok, a.path) == (True, "kernel-libipsec")
-    a = drv.check(_params(dataplane="kernel"))
-    assert not a.ok and "dataplane=libipsec" in a.why
-    monkeypatch.setattr(
-        sw,
-        "read_kernel_config",
-        lambda: {"CONFIG_INET_ESP": "y", "CONFIG_INET6_ESP": "y", "CONFIG_CRYPTO_GCM": "y"},
+def _node(config: str, plugins=("vici", "kernel-netlink", "socket-default", "openssl", "kdf")):
+    """A node with these charon plugins installed and this kernel config."""
+    listing = "".join(f"libstrongswan-{p}.so\n" for p in plugins)
+    return RecordingNode(
+        {
+            ("ls", "-1", str(sw.PLUGIN_DIR)): (0, listing, ""),
+            ("gzip", "-dc", "/proc/config.gz"): (0, config, ""),
+        }
     )
-    assert drv.check(_params()).path == "kernel"
-    assert drv.check(_params(dataplane="libipsec")).path == "kernel-libipsec"
 
 
-def test_check_names_a_missing_plugin(monkeypatch, tmp_path):
-    monkeypatch.setattr(sw, "PLUGIN_DIR", tmp_path)
-    a = sw.StrongSwanDriver().check(_params())
+def test_check_picks_libipsec_without_kernel_esp():
+    drv = sw.StrongSwanDriver()
+    plugins = ("vici", "kernel-netlink", "socket-default", "openssl", "kdf", "kernel-libipsec")
+    no_esp = _node("CONFIG_XFRM=y\n", plugins)
+    a = drv.check(_params(), no_esp)
+    assert (a.ok, a.path) == (True, "kernel-libipsec")
+    a = drv.check(_params(dataplane="kernel"), no_esp)
+    assert not a.ok and "dataplane=libipsec" in a.why
+    esp = _node("CONFIG_INET_ESP=y\nCONFIG_INET6_ESP=y\nCONFIG_CRYPTO_GCM=y\n", plugins)
+    assert drv.check(_params(), esp).path == "kernel"
+    assert drv.check(_params(dataplane="libipsec"), esp).path == "kernel-libipsec"
+    # without the kernel-libipsec plugin the fallback cannot run
+    a = drv.check(_params(), _node("CONFIG_XFRM=y\n"))
+    assert not a.ok and "libcharon-extra-plugins" in a.why
+
+
+def test_check_names_a_missing_plugin():
+    a = sw.StrongSwanDriver().check(_params(), _node("CONFIG_XFRM=y\n", plugins=()))
     assert not a.ok and "vici plugin" in a.why and "setup.sh" in a.why
+
+
+def test_kernel_esp_from_module_lists():
+    """No kernel config exposed: a loaded esp4, or the module lists, decide."""
+    assert sw.kernel_esp(None, "aes128gcm16", loaded={"esp4"}) == (True, "")
+    ok, missing = sw.kernel_esp(None, "aes128gcm16", modules={"esp4", "esp6"})
+    assert ok is False and missing == "module gcm"
+    assert sw.kernel_esp(None, "aes128gcm16", modules={"esp4", "esp6", "gcm"}) == (True, "")
+    assert sw.kernel_esp(None, "aes128gcm16")[0] is None
 
 
 # ------------------------------------------------------------------ vici output

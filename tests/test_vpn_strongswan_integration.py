@@ -73,7 +73,7 @@ def test_tunnel_passes_traffic_encrypted_and_leaves_nothing(profile, sw_lab_id, 
     client, server, router = lab.node("client"), lab.node("server"), lab.node("router")
     rec = lab.info["vpn"]
     desc = rec["describe"]
-    expected_path = sw.StrongSwanDriver().check(rec["params"]).path
+    expected_path = sw.StrongSwanDriver().check(rec["params"], client).path
     cipher, group = CIPHERS[profile]
     assert desc["implementation"] == "strongSwan" and desc["version"]
     assert desc["path"] == expected_path

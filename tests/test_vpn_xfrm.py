@@ -25,7 +25,15 @@ from lab.errors import ConfigError, KernelFeatureMissing
 from lab.topology import load_topology
 from lab.vpn import get_driver
 from lab.vpn.profiles import load_profile
-from lab.vpn.tunnel import make_context, plan, prepare, redact, render, secret_values
+from lab.vpn.tunnel import (
+    make_context,
+    plan,
+    prepare,
+    redact,
+    render,
+    secret_values,
+    this_machine,
+)
 from lab.vpn.xfrm import overhead, sa_names
 from tests.conftest import REPO, TOPOS, vm_kernel_or_skip
 
@@ -226,7 +234,7 @@ def test_accepted_where_the_endpoints_talk_to_each_other(topology):
 @pytest.mark.parametrize("profile", PROFILES)
 def test_host_without_ah_esp_refuses_and_says_use_vm(profile):
     prof = load_profile(profile)
-    avail = prof.driver.check(prof.params)
+    avail = prof.driver.check(prof.params, this_machine())
     if avail.ok:
         pytest.skip("this kernel has AH/ESP and the algorithms: nothing to refuse")
     assert avail.path == "kernel"
@@ -242,19 +250,19 @@ def test_host_without_ah_esp_refuses_and_says_use_vm(profile):
 
 def test_check_names_what_this_host_lacks():
     """On this CI host (no CONFIG_INET_AH/ESP, no DES): exactly those are named."""
-    from lab.vpn.kernelfeatures import read_kernel_config
+    from lab.vpn.kernelfeatures import kernel_facts
 
-    config = read_kernel_config()
+    config = kernel_facts(this_machine()).config
     if config is None or config.get("CONFIG_INET_AH") in ("y", "m"):
         pytest.skip("not the CI host's kernel (its config is not readable or it has AH)")
     why = (
         load_profile("ipsec-transport-ah")
-        .driver.check(load_profile("ipsec-transport-ah").params)
+        .driver.check(load_profile("ipsec-transport-ah").params, this_machine())
         .why
     )
     assert "ah4 (CONFIG_INET_AH)" in why and "ah6 (CONFIG_INET6_AH)" in why
     prof = load_profile("ipsec-transport-esp")
-    why = prof.driver.check(prof.params).why
+    why = prof.driver.check(prof.params, this_machine()).why
     assert "esp4 (CONFIG_INET_ESP)" in why and "esp6 (CONFIG_INET6_ESP)" in why
     if config.get("CONFIG_CRYPTO_DES") not in ("y", "m"):
         assert "des3_ede (CONFIG_CRYPTO_DES)" in why

@@ -2,7 +2,8 @@
 
 Drivers are discovered, not listed: every module in this package that defines a `Driver`
 subclass with a `name` registers it, so adding a technology means adding one module (plus its
-profiles in vpn_profiles/) and touching nothing else.
+profiles in vpn_profiles/, and the Debian packages of the tools it declares in setup.sh's
+APT_PACKAGES, which tests/test_vpn_conformance.py checks) and touching nothing else.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib
 import pkgutil
 
 from ..errors import ConfigError
-from .base import Driver
+from .base import NODE_TOOLS, Driver, Tool
 
 #: modules of this package that are infrastructure, not drivers
 _NOT_DRIVERS = {"base", "kernelfeatures", "profiles", "tunnel"}
@@ -38,6 +39,19 @@ def drivers() -> dict[str, type[Driver]]:
                     found[obj.name] = obj
         _registry = found
     return _registry
+
+
+def declared_tools(*, node_tools: bool = False) -> list[Tool]:
+    """Every tool the drivers declare (Driver.requires), once each, in registry order; with
+    node_tools, the commands the probes run on any node (base.NODE_TOOLS) first. The run
+    manifest's tool versions and the conformance test's package check come from here."""
+    out: dict[str, Tool] = {}
+    for t in NODE_TOOLS if node_tools else ():
+        out.setdefault(t.name, t)
+    for name in sorted(drivers()):
+        for t in drivers()[name].requires:
+            out.setdefault(t.name, t)
+    return list(out.values())
 
 
 def get_driver(name: str, *, source: str | None = None) -> Driver:

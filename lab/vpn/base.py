@@ -2,15 +2,24 @@
 
 A driver knows one technology (WireGuard, strongSwan, OpenVPN, ...). A profile (vpn_profiles/*.toml)
 picks a driver and its parameters. The lab calls, in order:
-    check()  -> can this run here, and which data-plane path would it use (before anything starts)
+    check_topology() -> does the technology fit this topology (pure; ConfigError if not)
+    check(params, node) -> can this run on that node, and which data-plane path would it use
+               there (before anything starts; read-only; asked through the node only)
     secrets() -> fresh per-lab keys/PSKs/certs, written mode 0600 into ctx.secrets_dir
     render() -> the config files per node, exactly as they would be deployed on a board
     start()  -> write the rendered files, start daemons with node.spawn (PIDs go to the ledger)
     wait_ready() -> poll until traffic really passes the tunnel (ping through it), with a timeout
     describe() -> implementation, version, data-plane path, cipher, tunnel MTU, config hash
     stop()   -> stop what start() started (teardown also ends every recorded PID on its own)
-Drivers run commands only through ctx.nodes[...] (lab.node.Node), never on the host directly, so
-the same driver later drives Raspberry Pi boards over SSH and labs inside a VM.
+Drivers run commands only through a lab.node.Node (ctx.client.node, ctx.server.node, the node
+check() is given), never on the host directly and never by reading the controller's files about a
+node (its /proc, /sys, /dev, kernel config or installed files), so the same driver later drives
+Raspberry Pi boards over SSH and labs inside a VM. Before any lab node exists, check() is given
+lab.localnode.this_machine(): the machine whose namespaces will be the lab's nodes.
+
+Each driver also declares the executables it may run on a node (`requires`: Tool = name, Debian
+package, version command); setup.sh installs the packages and every run manifest records the
+versions (tests/test_vpn_conformance.py checks both).
 """
 
 from __future__ import annotations
@@ -50,6 +59,9 @@ class TunnelContext:
     log_dir: Path
     daemons: list[Daemon] = field(default_factory=list)
     profile: str = ""  # the profile's name, for headers of rendered files
+    #: the data-plane path check() found on the nodes ("" when nobody asked: then a driver
+    #: that renders per path goes by its parameters)
+    dataplane: str = ""
 
     def ends(self) -> tuple[Endpoint, Endpoint]:
         return self.client, self.server
@@ -77,6 +89,40 @@ class Availability:
     why: str = ""  # when not ok: what is missing (and e.g. "use --vm")
 
 
+@dataclass(frozen=True)
+class Tool:
+    """An executable a driver runs on a node, the Debian package that provides it, and the argv
+    that prints its version (first line kept in the run manifest; None: nothing worth recording,
+    e.g. swanctl, whose --version asks the running charon)."""
+
+    name: str  # as run: a name looked up on PATH, or an absolute path
+    package: str
+    version: tuple[str, ...] | None = None
+    label: str = ""  # key in the manifest's tool_versions (default: the name's basename)
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name.rsplit("/", 1)[-1]
+
+
+#: commands the lab's own probes and Node helpers run on any node (kernelfeatures, Node.
+#: missing_tools/children/adopt, mkdir/rm of run files): every driver may use them
+NODE_TOOLS: tuple[Tool, ...] = (
+    Tool("sh", "dash"),
+    Tool("cat", "coreutils"),
+    Tool("ls", "coreutils"),
+    Tool("test", "coreutils"),
+    Tool("id", "coreutils"),
+    Tool("uname", "coreutils"),
+    Tool("mkdir", "coreutils"),
+    Tool("rm", "coreutils"),
+    Tool("gzip", "gzip"),
+    Tool("unshare", "util-linux"),
+)
+IP = Tool("ip", "iproute2", ("ip", "-V"))
+PING = Tool("ping", "iputils-ping", ("ping", "-V"))
+
+
 @dataclass
 class Param:
     """A profile parameter: type, default, allowed values (or None), one-line doc."""
@@ -96,18 +142,29 @@ class Driver(ABC):
     params: ClassVar[dict[str, Param]] = {}
     #: keys of rendered-config values that are secret (redacted unless asked)
     secret_markers: tuple[str, ...] = ()
+    #: every executable the driver may run on a node besides NODE_TOOLS (its daemons, its
+    #: tools, its probes): package and version command of each
+    requires: ClassVar[tuple[Tool, ...]] = ()
 
-    @abstractmethod
     def tools(self, params: dict) -> list[str]:
-        """Executables this profile needs on the machine (or board)."""
+        """Executables this profile needs on the node (checked before anything starts); a
+        subset of `requires` (default: all of them)."""
+        return [t.name for t in self.requires]
 
     def validate(self, params: dict, *, source: str) -> None:
         """Checks across parameters (each one alone is already valid); raise ConfigError."""
         return None
 
+    def check_topology(self, spec, plan) -> None:
+        """Does the technology fit the topology (e.g. layer 2 needs both ends on one segment)?
+        Pure, called before anything exists; raise ConfigError naming what would work."""
+        return None
+
     @abstractmethod
-    def check(self, params: dict) -> Availability:
-        """Can it run here, and which data-plane path? Must not change the system."""
+    def check(self, params: dict, node: Node) -> Availability:
+        """Can it run on `node` (a lab node, or this_machine() before the lab exists), and which
+        data-plane path would it use there? Asks the node only (node.run, kernelfeatures);
+        must not change anything."""
 
     def secrets(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
         """Generate fresh secrets (write them 0600 under ctx.secrets_dir); returns name -> value."""

@@ -14,20 +14,20 @@ node. Tunnel addresses are the lab's usual 10.99.0.1/.2 and fd99::1/2; nothing i
              static tunnel and session ids (`ip l2tp`, no control connection)
 
 The kernel must have the module: check() probes by creating the link in a throwaway network
-namespace (`unshare --net`), which dies with everything in it. This CI host's kernel has none of
+namespace on the node (`unshare --net`, kernelfeatures.probe_links), which dies with everything
+in it. This CI host's kernel has none of
 them: run such labs with `lab up --vm`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from functools import cache
 from typing import ClassVar
 
-from .. import proc
 from ..errors import ConfigError, StartupError
-from .base import Availability, Driver, Endpoint, Param, TunnelContext
+from ..node import Node
+from .base import IP, PING, Availability, Driver, Endpoint, Param, TunnelContext
+from .kernelfeatures import probe_links
 
 KINDS = ("gre", "ipip", "ip6gre", "ip6tnl", "l2tpv3")
 IFNAME = {
@@ -68,20 +68,6 @@ _PROBES = {
 }
 
 
-@cache
-def probe_kernel(lines: tuple[str, ...]) -> tuple[bool, str]:
-    """Run `ip -batch` lines in a throwaway network namespace: (worked, last error line)."""
-    if not proc.which("unshare") or not proc.which("ip"):
-        return False, "cannot probe (unshare/ip missing)"
-    argv = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "--map-root-user", "--net"]
-    cp = proc.run(
-        [*argv, "ip", "-batch", "-"], input="\n".join(lines) + "\n", check=False, timeout=15
-    )
-    if cp.returncode == 0:
-        return True, ""
-    return False, (cp.stderr.strip().splitlines() or ["refused"])[-1]
-
-
 def _host(addr: str | None) -> str:
     return (addr or "").split("/")[0]
 
@@ -96,8 +82,7 @@ class KernelTunnelDriver(Driver):
         "port": Param(int, 1701, "L2TPv3 UDP port (both ends)", min=1, max=65535),
     }
 
-    def tools(self, params: dict) -> list[str]:
-        return ["ip", "ping"]
+    requires = (IP, PING)
 
     def _probe_lines(self, params: dict) -> tuple[str, ...]:
         ports = (
@@ -107,8 +92,8 @@ class KernelTunnelDriver(Driver):
         )
         return tuple(x.format(encap=params["encap"], ports=ports) for x in _PROBES[params["kind"]])
 
-    def check(self, params: dict) -> Availability:
-        ok, why = probe_kernel(self._probe_lines(params))
+    def check(self, params: dict, node: Node) -> Availability:
+        ok, why = probe_links(node, self._probe_lines(params))
         if ok:
             return Availability(True, "kernel")
         return Availability(

@@ -18,27 +18,37 @@ caller's mount namespace): pppd then sees only the lab's files, the machine's /e
 is, and the rendered files name the same paths a board uses. xl2tpd's own files are passed with
 -c/-s/-p/-C; its pid file and control pipe live in the node's private /run.
 
-pppd is a child of xl2tpd, not spawned by the lab: start() records it as a daemon (PID + start
-time) once the session is up, stop() ends it by that PID if xl2tpd's SIGTERM did not, and a full
+pppd is a child of xl2tpd, not spawned by the lab: once the session is up start() asks the node
+for xl2tpd's children and adopts each pppd (Node.adopt: PID + start time read on the node, and
+on a lab node a ledger line), stop() ends it by that PID if xl2tpd's SIGTERM did not, and a full
 `lab down` ends it as a member of the node's cgroup.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets as pysecrets
 import time
 from pathlib import Path
 from typing import ClassVar
 
-from .. import proc
 from ..errors import PreconditionError, StartupError, TeardownIncomplete
-from ..node import Daemon
-from .base import Availability, Driver, Endpoint, Param, TunnelContext, route_through, write_secret
-from .profiles import render_template
+from ..node import Daemon, Node
+from .base import (
+    IP,
+    PING,
+    Availability,
+    Driver,
+    Endpoint,
+    Param,
+    Tool,
+    TunnelContext,
+    route_through,
+    write_secret,
+)
 from .kernelfeatures import missing_features
+from .profiles import render_template
 
 IFNAME = "ppp0"  # `unit 0`: ppp units are per network namespace
 PPP_DIR = "/etc/ppp"  # what pppd reads; in a node, the lab's ppp/ directory is mounted here
@@ -56,10 +66,13 @@ LOG_KERNEL = "Using l2tp kernel support."
 LOG_NO_KERNEL = "L2TP kernel support not detected"
 
 
-def kernel_features(dataplane: str) -> list[str]:
-    """What the kernel lacks for `dataplane` (empty: all there), without changing anything."""
+def kernel_features(node: Node, dataplane: str) -> list[str]:
+    """What the node's kernel lacks for `dataplane` (empty: all there), without changing
+    anything."""
     need = [PPP, L2TP] if dataplane == "kernel" else [PPP]
-    return [f"{what} ({sym[0]}, module {mod[0]})" for what, sym, mod in missing_features(need)]
+    return [
+        f"{what} ({sym[0]}, module {mod[0]})" for what, sym, mod in missing_features(node, need)
+    ]
 
 
 class L2TPDriver(Driver):
@@ -88,12 +101,17 @@ class L2TPDriver(Driver):
         ),
     }
     secret_markers = ("chap_secret",)
+    requires = (
+        Tool("xl2tpd", "xl2tpd", ("xl2tpd", "-v")),
+        Tool("pppd", "ppp", ("pppd", "--version")),
+        IP,
+        PING,
+        Tool("mount", "mount"),
+        Tool("umount", "mount"),
+    )
 
-    def tools(self, params: dict) -> list[str]:
-        return ["xl2tpd", "pppd", "ip", "ping", "mount", "umount"]
-
-    def check(self, params: dict) -> Availability:
-        missing = kernel_features(params["dataplane"])
+    def check(self, params: dict, node: Node) -> Availability:
+        missing = kernel_features(node, params["dataplane"])
         if missing:
             return Availability(
                 False,
@@ -195,8 +213,8 @@ class L2TPDriver(Driver):
                     + xl2tpd.log_tail(25)
                 )
             time.sleep(0.05)
-        for pid in _children(end, xl2tpd.pid):
-            ctx.daemons.append(Daemon(end.name, "pppd", pid, proc.proc_start_time(pid), xl2tpd.log))
+        for pid in end.node.children(xl2tpd.pid):
+            ctx.daemons.append(end.node.adopt("pppd", pid, log=xl2tpd.log))
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
         node = ctx.client.node
@@ -271,18 +289,16 @@ def _daemon(ctx: TunnelContext, end: Endpoint, name: str) -> Daemon | None:
 def _mount_ppp_dir(end: Endpoint, src: Path) -> None:
     """Bind the node's rendered ppp/ directory over /etc/ppp in the node's mount namespace.
 
-    Only where the node has a mount namespace of its own (checked by comparing namespace ids
-    with ours: a node sharing it would otherwise change the machine's /etc/ppp).
+    Only where the node says its mounts are its own (Node.private_mounts(): a lab node's
+    private mount namespace); on any other node the mount would change the machine's /etc/ppp.
     """
-    # a LocalNode's own mount namespace (nsenter --mount=...); a node without one (None, or
-    # another kind of node) would run the mount in the machine's namespace
-    if getattr(end.node, "mntns", None) is None:
+    if not end.node.private_mounts():
         raise PreconditionError(
             f"node {end.name} has no mount namespace of its own: refusing to mount over "
             f"{PPP_DIR} (pppd reads its options and chap-secrets only from there)"
         )
-    if not os.path.isdir(PPP_DIR):
-        raise PreconditionError(f"{PPP_DIR} missing (is ppp installed?)")
+    if end.node.run(["test", "-d", PPP_DIR], check=False).returncode != 0:
+        raise PreconditionError(f"{PPP_DIR} missing on {end.name} (is ppp installed?)")
     end.node.run(["mount", "--bind", str(src), PPP_DIR])
 
 
@@ -319,11 +335,6 @@ def _check_path(end: Endpoint, d: Daemon, dataplane: str) -> None:
             f"xl2tpd on {end.name} runs the {ran} data plane, the profile asks for {dataplane} "
             f"(kernel L2TP needs l2tp_ppp)\n{d.log_tail(10)}"
         )
-
-
-def _children(end: Endpoint, pid: int) -> list[int]:
-    cp = end.node.run(["cat", f"/proc/{pid}/task/{pid}/children"], check=False)
-    return [int(x) for x in cp.stdout.split()]
 
 
 def _wait_gone(d: Daemon, timeout: float) -> None:

@@ -26,8 +26,9 @@ import time
 from typing import ClassVar
 
 from ..errors import ConfigError, StartupError
-from .base import Availability, Driver, Endpoint, Param, TunnelContext, write_secret
-from .kerneltunnel import probe_kernel
+from ..node import Node
+from .base import IP, PING, Availability, Driver, Endpoint, Param, Tool, TunnelContext, write_secret
+from .kernelfeatures import probe_links
 from .profiles import render_template
 
 STATIC_IFNAME = "macsec0"
@@ -69,6 +70,7 @@ class MACsecDriver(Driver):
         ),
     }
     secret_markers = ("cak", "client_key", "server_key")
+    requires = (IP, PING, Tool("wpa_supplicant", "wpasupplicant", ("wpa_supplicant", "-v")))
 
     def tools(self, params: dict) -> list[str]:
         return ["ip", "ping"] + (["wpa_supplicant"] if params["mode"] == "mka" else [])
@@ -82,9 +84,9 @@ class MACsecDriver(Driver):
                 field="params.cipher",
             )
 
-    def check(self, params: dict) -> Availability:
-        ok, why = probe_kernel(
-            ("link add p type veth peer name q", "link add link p name m type macsec")
+    def check(self, params: dict, node: Node) -> Availability:
+        ok, why = probe_links(
+            node, ("link add p type veth peer name q", "link add link p name m type macsec")
         )
         if ok:
             return Availability(True, "kernel")

@@ -9,18 +9,17 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from .base import Availability, Driver, Param, TunnelContext, config_hash
+from ..node import Node
+from .base import IP, PING, Availability, Driver, Param, TunnelContext, config_hash
 
 
 class NoneDriver(Driver):
     name = "none"
     has_tunnel = False
     params: ClassVar[dict[str, Param]] = {}
+    requires = (IP, PING)
 
-    def tools(self, params: dict) -> list[str]:
-        return ["ip", "ping"]
-
-    def check(self, params: dict) -> Availability:
+    def check(self, params: dict, node: Node) -> Availability:
         return Availability(True, "none")
 
     def render(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict:

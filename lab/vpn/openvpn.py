@@ -21,7 +21,9 @@ from typing import ClassVar
 
 from .. import proc
 from ..errors import ConfigError, StartupError
-from .base import Availability, Driver, Param, TunnelContext, route_through, write_secret
+from ..node import Node
+from .base import IP, Availability, Driver, Param, Tool, TunnelContext, route_through, write_secret
+from .kernelfeatures import has_char_device
 from .profiles import render_template
 
 IFNAME = "tun0"
@@ -93,6 +95,12 @@ class OpenVPNDriver(Driver):
         "key": Param(str, "ec-p256", "tls: certificate key type", choices=("ec-p256", "rsa-2048")),
     }
     secret_markers = ("static_key", "ca_key", "server_key", "client_key")
+    requires = (
+        Tool("openvpn", "openvpn", ("openvpn", "--version")),
+        IP,
+        # on the controller (tls: the per-lab CA and certificates)
+        Tool("openssl", "openssl", ("openssl", "version")),
+    )
 
     def tools(self, params: dict) -> list[str]:
         return ["openvpn", "ip"] + (["openssl"] if params["mode"] == "tls" else [])
@@ -120,8 +128,8 @@ class OpenVPNDriver(Driver):
                 field="params.keepalive_timeout",
             )
 
-    def check(self, params: dict) -> Availability:
-        if not os.path.exists("/dev/net/tun"):
+    def check(self, params: dict, node: Node) -> Availability:
+        if not has_char_device(node, "/dev/net/tun"):
             return Availability(False, "userspace", "/dev/net/tun missing")
         return Availability(True, "userspace")
 

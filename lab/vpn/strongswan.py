@@ -6,7 +6,8 @@ socket and the logging are ours and nothing from /etc/strongswan.d is loaded. Th
 (/run/charon.pid, compiled in) and the vici socket live under the node's private /run.
 swanctl loads the rendered swanctl.conf over vici and the client initiates.
 
-Data plane (decided by check(), recorded in the rendered strongswan.conf and in describe()):
+Data plane (decided by check() on the node, recorded in the rendered strongswan.conf and in
+describe()):
   kernel          kernel XFRM (CONFIG_INET_ESP); charon's kernel-netlink installs SAs/policies
   kernel-libipsec userspace ESP in charon (libcharon-extra-plugins) over the TUN device ipsec0,
                   always UDP-encapsulated (port 4500); used when the kernel has no ESP
@@ -25,7 +26,6 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
-import os
 import re
 import secrets as pysecrets
 import time
@@ -33,16 +33,20 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import CommandError, ConfigError, PreconditionError, StartupError, TeardownIncomplete
-from .kernelfeatures import kernel_modules, read_kernel_config
+from ..node import Node
 from .base import (
+    IP,
+    PING,
     Availability,
     Driver,
     Endpoint,
     Param,
+    Tool,
     TunnelContext,
     config_hash,
     write_secret,
 )
+from .kernelfeatures import KernelFacts, kernel_facts
 
 CHARON = "/usr/lib/ipsec/charon"
 PLUGIN_DIR = Path("/usr/lib/ipsec/plugins")
@@ -95,13 +99,21 @@ def plugin_list(dataplane: str, crypto_plugins: str) -> list[str]:
 # ------------------------------------------------------------------------ kernel probing
 
 
-def kernel_esp(config: dict[str, str] | None, esp_proposals: str) -> tuple[bool | None, str]:
-    """(has ESP + the proposal's AEAD, what is missing); None when the config is unknown."""
+def kernel_esp(
+    config: dict[str, str] | None,
+    esp_proposals: str,
+    *,
+    loaded: frozenset[str] | set[str] = frozenset(),
+    modules: frozenset[str] | set[str] | None = None,
+) -> tuple[bool | None, str]:
+    """(has ESP + the proposal's AEAD, what is missing); None when the config is unknown.
+    Pure: `config` is the node's kernel config (None: not exposed), `loaded` its /sys/module
+    names and `modules` the names its modules.dep/modules.builtin list (None: neither)."""
     if config is None:
-        if os.path.isdir("/sys/module/esp4"):
+        if "esp4" in loaded:
             return True, ""
         # no /proc/config.gz (Debian kernels, the lab VM): the module lists say what can load
-        mods = kernel_modules()
+        mods = modules
         if mods is None:
             return None, "kernel config not readable (/proc/config.gz) and no modules.dep"
         first = esp_proposals.split(",")[0]
@@ -237,22 +249,25 @@ class StrongSwanDriver(Driver):
                     f"{plugin!r} is not a plugin name", source=source, field="params.crypto_plugins"
                 )
 
-    def tools(self, params: dict) -> list[str]:
-        return [CHARON, "swanctl", "ip", "ping"]
+    requires = (
+        Tool(CHARON, "strongswan-charon", (CHARON, "--version"), label="charon"),
+        Tool("swanctl", "strongswan-swanctl"),  # its --version asks the running charon
+        IP,
+        PING,
+    )
 
-    def check(self, params: dict) -> Availability:
+    def check(self, params: dict, node: Node) -> Availability:
+        cp = node.run(["ls", "-1", str(PLUGIN_DIR)], check=False)
+        have = set(cp.stdout.split()) if cp.returncode == 0 else set()
         missing = [
             f"{p} plugin ({PLUGIN_DIR}/libstrongswan-{p}.so)"
             for p in ("vici", "kernel-netlink", "socket-default", *params["crypto_plugins"].split())
-            if not (PLUGIN_DIR / f"libstrongswan-{p}.so").exists()
+            if f"libstrongswan-{p}.so" not in have
         ]
         if missing:
             return Availability(False, "", "missing " + ", ".join(missing) + "; run ./setup.sh")
-        path, why = self._dataplane(params)
-        if (
-            path == "kernel-libipsec"
-            and not (PLUGIN_DIR / "libstrongswan-kernel-libipsec.so").exists()
-        ):
+        path, why = self._dataplane(params, kernel_facts(node))
+        if path == "kernel-libipsec" and "libstrongswan-kernel-libipsec.so" not in have:
             return Availability(
                 False, path, f"{why}; kernel-libipsec plugin missing (libcharon-extra-plugins)"
             )
@@ -260,12 +275,15 @@ class StrongSwanDriver(Driver):
             return Availability(False, "kernel", why)
         return Availability(True, path)  # why: only when it cannot run (`lab profiles`)
 
-    def _dataplane(self, params: dict) -> tuple[str, str]:
-        """('kernel' | 'kernel-libipsec' | '' when impossible, explanation)."""
+    def _dataplane(self, params: dict, facts: KernelFacts) -> tuple[str, str]:
+        """('kernel' | 'kernel-libipsec' | '' when impossible, explanation) for a kernel with
+        `facts`. Pure."""
         want = params["dataplane"]
         if want == "libipsec":
             return "kernel-libipsec", "dataplane=libipsec requested"
-        ok, missing = kernel_esp(read_kernel_config(), params["esp_proposals"])
+        ok, missing = kernel_esp(
+            facts.config, params["esp_proposals"], loaded=facts.loaded, modules=facts.available
+        )
         if want == "kernel":
             if ok is False:
                 return "", f"kernel lacks {missing}: use dataplane=libipsec (or --vm)"
@@ -284,7 +302,8 @@ class StrongSwanDriver(Driver):
     def render(
         self, ctx: TunnelContext, params: dict, secrets: dict[str, str]
     ) -> dict[str, dict[str, str]]:
-        path, _ = self._dataplane(params)
+        # the path check() found on the nodes; unasked, the one the parameters name
+        path = ctx.dataplane or ("kernel-libipsec" if params["dataplane"] == "libipsec" else "")
         return render_configs(ctx, params, secrets["psk"], path or "kernel")
 
     # ------------------------------------------------------------------ start

@@ -21,13 +21,14 @@ import os
 import re
 import tempfile
 import time
-from functools import cache
 from pathlib import Path
 from typing import ClassVar
 
 from .. import proc
-from ..errors import StartupError
-from .base import Availability, Driver, Param, TunnelContext, write_secret
+from ..errors import LabError, StartupError
+from ..node import Node
+from .base import IP, Availability, Driver, Param, Tool, TunnelContext, write_secret
+from .kernelfeatures import has_char_device
 from .profiles import render_template
 
 IFNAME = "tinc0"
@@ -66,14 +67,17 @@ class TincDriver(Driver):
         ),
     }
     secret_markers = ("client_private", "server_private")
+    requires = (
+        Tool("tincd", "tinc", ("tincd", "--version")),
+        IP,
+        # keys are made on the controller; the node's OpenSSL is asked about Blowfish
+        Tool("openssl", "openssl", ("openssl", "version")),
+    )
 
-    def tools(self, params: dict) -> list[str]:
-        return ["tincd", "ip", "openssl"]
-
-    def check(self, params: dict) -> Availability:
-        if not os.path.exists("/dev/net/tun"):
+    def check(self, params: dict, node: Node) -> Availability:
+        if not has_char_device(node, "/dev/net/tun"):
             return Availability(False, "userspace", "/dev/net/tun missing")
-        if params["cipher"] in LEGACY_CIPHERS and not _legacy_provider():
+        if params["cipher"] in LEGACY_CIPHERS and not _legacy_provider(node):
             return Availability(
                 False,
                 "userspace",
@@ -217,13 +221,15 @@ def _host_net(addr: str) -> str:
     return f"{ip}/128" if ":" in ip else f"{ip}/32"
 
 
-@cache
-def _legacy_provider() -> bool:
-    """Is OpenSSL 3's legacy provider module installed (or is this OpenSSL 1.x, which has
-    Blowfish built in)? Probed with the openssl tool; changes nothing."""
-    if not proc.which("openssl"):
+def _legacy_provider(node: Node) -> bool:
+    """Is OpenSSL 3's legacy provider module installed on the node (or is its OpenSSL 1.x, which
+    has Blowfish built in)? Probed with the node's openssl tool; changes nothing."""
+    try:
+        cp = node.run(
+            ["openssl", "list", "-providers", "-provider", "legacy"], check=False, timeout=10
+        )
+    except LabError:  # no openssl there
         return False
-    cp = proc.run(["openssl", "list", "-providers", "-provider", "legacy"], check=False, timeout=10)
     return cp.returncode == 0 or "invalid command" in cp.stderr.lower()
 
 

@@ -1,7 +1,9 @@
 """Tunnel orchestration: from a lab and a profile to a tunnel that really passes traffic.
 
     prepare(spec, profile)  validate the profile, place the tunnel in the topology, check the
-                            driver can run here -- before anything is created
+                            driver can run on the nodes that will run it -- before anything is
+                            created (no lab node exists yet: this machine, whose namespaces
+                            become the nodes, answers for them; see nodes_for())
     bring_up(lab, profile)  secrets -> render -> start -> wait until a ping passes -> describe;
                             the result is recorded in lab.info["vpn"] (and lab.json)
     tear_down(lab)          stop the tunnel, keep the lab
@@ -26,10 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, KernelFeatureMissing, LabError, PreconditionError, StartupError
-from ..node import Daemon
-from ..proc import which
+from ..node import Daemon, Node
 from ..topology import Interface, LabSpec
-from .base import Driver, Endpoint, TunnelContext, config_hash
+from .base import Availability, Driver, Endpoint, TunnelContext, config_hash
 from .profiles import Profile, load_profile
 
 TUNNEL_V4 = ipaddress.ip_network("10.99.0.0/24")
@@ -59,6 +60,8 @@ class TunnelPlan:
     server: Side
     traffic_client: str
     traffic_server: str
+    #: what Driver.check() said on the nodes (prepare() with kernel=True, render(), bring_up())
+    availability: Availability | None = None
 
     @property
     def driver(self) -> Driver:
@@ -201,33 +204,100 @@ def plan(spec: LabSpec, profile: str | Profile) -> TunnelPlan:
     return TunnelPlan(profile, _side(spec, client, server), _side(spec, server, client), tc, ts)
 
 
-def prepare(spec: LabSpec, profile: str | Profile, *, kernel: bool = True) -> TunnelPlan:
+def this_machine() -> Node:
+    """The node that answers for a lab that does not exist yet: this machine (its namespaces
+    will be the lab's nodes; a VM lab's guest asks itself the same way when it builds)."""
+    from ..localnode import this_machine as host
+
+    return host()
+
+
+def nodes_for(p: TunnelPlan, nodes: dict[str, Node] | None = None) -> dict[str, Node]:
+    """{end node name: the Node that will run it}: `nodes` (a lab's, or a board substrate's)
+    when given, else this machine for both ends."""
+    if nodes is not None:
+        return {n: nodes[n] for n in (p.client.node, p.server.node)}
+    return {p.client.node: this_machine(), p.server.node: this_machine()}
+
+
+def _distinct(nodes: dict[str, Node]) -> list[tuple[str, Node]]:
+    """(end name, node) once per node object: two ends on one machine are asked once."""
+    seen: list[tuple[str, Node]] = []
+    for name, node in nodes.items():
+        if not any(node is n for _, n in seen):
+            seen.append((name, node))
+    return seen
+
+
+def check_on(drv: Driver, params: dict, nodes: dict[str, Node]) -> Availability:
+    """Driver.check() on every node that will run an end (once per distinct node). Both ends
+    must be able to run it and on the same data-plane path (a driver renders one config per
+    path); the reason names the end when the nodes differ."""
+    results = [(name, drv.check(params, node)) for name, node in _distinct(nodes)]
+    if len(results) == 1:
+        return results[0][1]
+    bad = [(name, a) for name, a in results if not a.ok]
+    if bad:
+        return Availability(False, bad[0][1].path, "; ".join(f"{n}: {a.why}" for n, a in bad))
+    paths = {a.path for _, a in results}
+    if len(paths) > 1:
+        return Availability(
+            False,
+            results[0][1].path,
+            "the ends would use different data planes ("
+            + ", ".join(f"{n}: {a.path}" for n, a in results)
+            + "); choose one with the profile's parameters",
+        )
+    return results[0][1]
+
+
+def missing_tools(drv: Driver, params: dict, nodes: dict[str, Node]) -> list[str]:
+    """The profile's tools some node lacks ("tool" or, when the nodes differ, "tool on END")."""
+    tools = drv.tools(params)
+    distinct = _distinct(nodes)
+    out = []
+    for name, node in distinct:
+        for t in node.missing_tools(tools):
+            out.append(t if len(distinct) == 1 else f"{t} on {name}")
+    return out
+
+
+def prepare(
+    spec: LabSpec,
+    profile: str | Profile,
+    *,
+    kernel: bool = True,
+    nodes: dict[str, Node] | None = None,
+) -> TunnelPlan:
     """plan() plus: the driver accepts the topology (an L2 technology needs both ends on one
-    segment: ConfigError), every tool is present and, with `kernel`, the driver can run on this
-    kernel (PreconditionError). kernel=False for a lab that will run in the full-kernel VM,
-    which runs the host's tools on a kernel that has every feature."""
+    segment: ConfigError), every tool is present on the nodes and, with `kernel`, the driver can
+    run on their kernels (KernelFeatureMissing). `nodes`: {end node name: Node} that will run
+    the ends; default this machine (see nodes_for). kernel=False for a lab that will run in the
+    full-kernel VM, which runs the host's tools on a kernel that has every feature."""
     p = plan(spec, profile)
     drv, params = p.driver, p.profile.params
-    check_topology = getattr(drv, "check_topology", None)
-    if check_topology is not None:
-        check_topology(spec, p)
-    missing = [t for t in drv.tools(params) if not which(t)]
+    drv.check_topology(spec, p)
+    on = nodes_for(p, nodes)
+    missing = missing_tools(drv, params, on)
     if missing:
         raise PreconditionError(
             f"profile {p.profile.name!r} needs {', '.join(missing)} (not on PATH); run ./setup.sh"
         )
     if kernel:
-        avail = drv.check(params)
+        avail = check_on(drv, params, on)
         if not avail.ok:
             raise KernelFeatureMissing(f"profile {p.profile.name!r} cannot run here: {avail.why}")
+        p.availability = avail
     return p
 
 
-def availability(profile: Profile) -> dict:
-    """For `lab profiles`: can this profile run here, on which data-plane path, why not."""
+def availability(profile: Profile, nodes: dict[str, Node] | None = None) -> dict:
+    """For `lab profiles`: can this profile run here (on `nodes`, default this machine), on
+    which data-plane path, why not."""
     drv = profile.driver
-    missing = [t for t in drv.tools(profile.params) if not which(t)]
-    a = drv.check(profile.params)
+    on = nodes if nodes is not None else {"client": this_machine(), "server": this_machine()}
+    missing = missing_tools(drv, profile.params, on)
+    a = check_on(drv, profile.params, on)
     why = a.why
     if missing:
         why = f"missing tools: {', '.join(missing)}" + (f"; {why}" if why else "")
@@ -260,6 +330,7 @@ def make_context(lab_id: str, p: TunnelPlan, nodes: dict, base: Path) -> TunnelC
         config_dir=base / "config" / "vpn",
         log_dir=base / "logs",
         profile=p.profile.name,
+        dataplane=p.availability.path if p.availability else "",
     )
 
 
@@ -282,9 +353,11 @@ def redact(
 
 
 def render(spec: LabSpec, profile: str | Profile, *, show_secrets: bool = False) -> dict:
-    """Render a profile for a topology without a lab: fresh throwaway secrets, redacted."""
+    """Render a profile for a topology without a lab: fresh throwaway secrets, redacted. The
+    data-plane path (which some drivers render) is the one check() finds on this machine."""
     p = plan(spec, profile)
     drv = p.driver
+    p.availability = check_on(drv, p.profile.params, nodes_for(p))
     with tempfile.TemporaryDirectory(prefix="lab-render-") as tmp:
         ctx = make_context("render", p, {}, Path(tmp))
         secrets = drv.secrets(ctx, p.profile.params)
@@ -329,6 +402,8 @@ def bring_up(lab, profile: str | Profile | TunnelPlan) -> dict:
         raise PreconditionError(f"lab {lab.id!r} already has a VPN ({lab.info['vpn']['profile']})")
     drv, params = p.driver, p.profile.params
     nodes = {p.client.node: lab.node(p.client.node), p.server.node: lab.node(p.server.node)}
+    if p.availability is None:  # prepared without the kernel check: ask the lab's own nodes
+        p.availability = check_on(drv, params, nodes)
     ctx = make_context(lab.id, p, nodes, lab.dir)
     record = {
         "profile": p.profile.name,

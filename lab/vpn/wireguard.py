@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from functools import cache
 from typing import ClassVar
 
-from .. import proc
 from ..errors import ConfigError, StartupError
-from .base import Availability, Driver, Param, TunnelContext, route_through, write_secret
+from ..node import Node
+from .base import IP, Availability, Driver, Param, Tool, TunnelContext, route_through, write_secret
+from .kernelfeatures import has_char_device, probe_netns
 from .profiles import render_template
 
 IFNAME = "wg0"
@@ -84,19 +84,10 @@ def setconf_text(wg_quick: str) -> str:
     return "\n".join(out) + "\n"
 
 
-@cache
-def kernel_wireguard() -> tuple[bool, str]:
-    """Can this kernel create a WireGuard link? Probed in a throwaway network namespace
-    (`unshare --net`): the probe link dies with that namespace, nothing is left behind."""
-    if not proc.which("unshare") or not proc.which("ip"):
-        return False, "cannot probe (unshare/ip missing)"
-    argv = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "--map-root-user", "--net"]
-    cp = proc.run(
-        [*argv, "ip", "link", "add", "wgprobe", "type", "wireguard"], check=False, timeout=10
-    )
-    if cp.returncode == 0:
-        return True, ""
-    return False, (cp.stderr.strip().splitlines() or ["no wireguard link type"])[-1]
+def kernel_wireguard(node: Node) -> tuple[bool, str]:
+    """Can the node's kernel create a WireGuard link? Probed in a throwaway network namespace on
+    the node (`unshare --net`): the probe link dies with that namespace, nothing is left behind."""
+    return probe_netns(node, ["ip", "link", "add", "wgprobe", "type", "wireguard"])
 
 
 class WireGuardDriver(Driver):
@@ -115,6 +106,11 @@ class WireGuardDriver(Driver):
         ),
     }
     secret_markers = ("client_private", "server_private")
+    requires = (
+        Tool("wg", "wireguard-tools", ("wg", "--version")),
+        Tool("wireguard-go", "wireguard-go", ("wireguard-go", "--version")),
+        IP,
+    )
 
     def tools(self, params: dict) -> list[str]:
         impl = params["implementation"]
@@ -124,16 +120,16 @@ class WireGuardDriver(Driver):
         if params["listen_port"] == 0:
             raise ConfigError("must be 1..65535", source=source, field="params.listen_port")
 
-    def check(self, params: dict) -> Availability:
+    def check(self, params: dict, node: Node) -> Availability:
         impl = params["implementation"]
-        kernel, why = kernel_wireguard()
+        kernel, why = kernel_wireguard(node)
         if impl in ("auto", "kernel") and kernel:
             return Availability(True, "kernel")
         if impl == "kernel":
             return Availability(False, "kernel", f"kernel WireGuard unavailable ({why}); use --vm")
-        if not proc.which("wireguard-go"):
+        if node.missing_tools(["wireguard-go"]):
             return Availability(False, "wireguard-go", "no kernel WireGuard and no wireguard-go")
-        if not os.path.exists("/dev/net/tun"):
+        if not has_char_device(node, "/dev/net/tun"):
             return Availability(False, "wireguard-go", "/dev/net/tun missing")
         return Availability(True, "wireguard-go")
 

@@ -18,9 +18,9 @@ The rendered files per node are `ip -batch` scripts, as a board would run them:
 The kernel objects are made with `ip xfrm` through node.run, not pyroute2: pyroute2 (0.9) has
 no XFRM netlink API (only the xfrm interface link kind), and the script is the deployable file.
 
-check() reads, without changing anything, /proc/config.gz (or, where the config is not exposed,
-/sys/module and the module lists of /lib/modules/<release>) for AH (ah4/ah6), ESP (esp4/esp6,
-authenc, echainiv) and the algorithms. This CI host has none of AH, ESP or DES: `lab up --vm`.
+check() asks the node, without changing anything, for its /proc/config.gz (or, where the config
+is not exposed, /sys/module and the module lists of /lib/modules/<release>; kernelfeatures) for
+AH (ah4/ah6), ESP (esp4/esp6, authenc, echainiv) and the algorithms. This CI host has none of AH, ESP or DES: `lab up --vm`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,18 @@ import time
 from typing import ClassVar
 
 from ..errors import ConfigError, StartupError
-from .base import Availability, Driver, Endpoint, Param, TunnelContext, config_hash, write_secret
+from ..node import Node
+from .base import (
+    IP,
+    PING,
+    Availability,
+    Driver,
+    Endpoint,
+    Param,
+    TunnelContext,
+    config_hash,
+    write_secret,
+)
 from .kernelfeatures import missing_features
 
 PROTOCOLS = ("ah", "esp", "ah+esp")
@@ -126,10 +137,11 @@ def _all_key_names() -> tuple[str, ...]:
     )
 
 
-def kernel_missing(needs: list[str]) -> list[str]:
-    """Of the _KERNEL features `needs`, what this kernel lacks ("label (CONFIG_X)"); read-only."""
+def kernel_missing(node: Node, needs: list[str]) -> list[str]:
+    """Of the _KERNEL features `needs`, what the node's kernel lacks ("label (CONFIG_X)");
+    read-only."""
     features = [f for need in needs for f in _KERNEL[need]]
-    return [f"{label} ({symbols[0]})" for label, symbols, _ in missing_features(features)]
+    return [f"{label} ({symbols[0]})" for label, symbols, _ in missing_features(node, features)]
 
 
 def _host(addr: str | None) -> str:
@@ -164,8 +176,7 @@ class XfrmManualDriver(Driver):
     }
     secret_markers = _all_key_names()
 
-    def tools(self, params: dict) -> list[str]:
-        return ["ip", "ping"]
+    requires = (IP, PING)
 
     def validate(self, params: dict, *, source: str) -> None:
         if params["esp_auth"] and params["protocol"] == "ah":
@@ -185,8 +196,8 @@ class XfrmManualDriver(Driver):
             needs += ["hmac", params["auth"]] if params["esp_auth"] else ["digest_null"]
         return list(dict.fromkeys(needs))
 
-    def check(self, params: dict) -> Availability:
-        missing = kernel_missing(self._needs(params))
+    def check(self, params: dict, node: Node) -> Availability:
+        missing = kernel_missing(node, self._needs(params))
         if not missing:
             return Availability(True, "kernel")
         return Availability(
