@@ -16,6 +16,9 @@ log() { printf '\n== %s\n' "$*"; }
 APT_PACKAGES=(
   # namespaces, links, capture
   iproute2 iputils-ping util-linux procps psmisc tcpdump ethtool kmod
+  # what the lab's probes and the drivers run on a node (Essential on Debian; listed because
+  # the drivers declare them: tests/test_vpn_conformance.py checks every declared package)
+  coreutils dash gzip mount
   # measurement tools
   iperf3 sockperf openssh-server openssh-client openssl
   # VPN data planes

@@ -44,21 +44,32 @@ from .state import lab_dir, new_lab_id, write_json_atomic
 
 RAW_TAIL_LINES = 30
 
-#: tools whose version every manifest records: name -> argv
-TOOL_VERSIONS: dict[str, list[str]] = {
+#: tools the measurements and the lab itself run, whose version every manifest records
+MEASURE_TOOL_VERSIONS: dict[str, list[str]] = {
     "iperf3": ["iperf3", "--version"],
     "openssl": ["openssl", "version"],
-    "wg": ["wg", "--version"],
-    "wireguard-go": ["wireguard-go", "--version"],
-    "openvpn": ["openvpn", "--version"],
-    "charon": ["/usr/lib/ipsec/charon", "--version"],
-    "ipsec": ["ipsec", "--version"],
     "tc": ["tc", "-V"],
     "ip": ["ip", "-V"],
     "ping": ["ping", "-V"],
     "ssh": ["ssh", "-V"],
     "python": ["python3", "--version"],
 }
+
+
+def _tool_version_table() -> dict[str, list[str]]:
+    """The measurement tools above, then every VPN driver's declared tools that have a version
+    command (Driver.requires: wg, openvpn, charon, tincd, xl2tpd, pppd, wpa_supplicant, ...)."""
+    from .vpn import declared_tools
+
+    table = dict(MEASURE_TOOL_VERSIONS)
+    for t in declared_tools():
+        if t.version:
+            table.setdefault(t.key, list(t.version))
+    return table
+
+
+#: tools whose version every manifest records: name -> argv
+TOOL_VERSIONS: dict[str, list[str]] = _tool_version_table()
 
 
 class RunEvents:
