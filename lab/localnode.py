@@ -2,6 +2,8 @@
 
 Every process started here joins the node's cgroup before it executes (preexec), then nsenter
 moves it into the node's network and mount namespaces and execs the command under the same PID.
+
+HostNode (this_machine()): this machine itself, for the questions asked before a lab exists.
 """
 
 from __future__ import annotations
