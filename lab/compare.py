@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report import Doc, _fmt, _plt, _save, primary
+from .plots import _plt, _save
+from .reportdoc import Doc, _fmt, primary
 from .results import RunDir, rows, summarize, to_csv
 from .state import write_text_atomic
 

@@ -2,158 +2,30 @@
 
 Everything is computed from results.jsonl, timeline.jsonl and manifest.json, so `lab report
 RUN_DIR` regenerates the same report at any time (also for a run that was interrupted).
+The document and its statistics live in lab.reportdoc, the plots in lab.plots; their names stay
+importable from here.
 """
 
 from __future__ import annotations
 
-import html
-import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from .measure import TESTS, Primary
+from .plots import FORMATS, THROUGHPUT_TESTS, _err, _plt, _save, make_plots  # noqa: F401
+from .reportdoc import (  # noqa: F401
+    DEFAULT_PRIMARY,
+    Doc,
+    _cell,
+    _fmt,
+    _group,
+    _inline_html,
+    _md,
+    _mean,
+    _order,
+    _stats,
+    primary,
+)
 from .results import RunDir, time_budget, write_tables
 from .state import write_text_atomic
-
-#: the primary metric of a test that declares none (or is not registered any more)
-DEFAULT_PRIMARY = Primary("throughput_bps", "Mbit/s", 1e-6, True)
-
-
-def primary(test: str) -> Primary:
-    """(metric column, label, scale, higher is better) the report ranks `test` by: its own."""
-    t = TESTS.get(test)
-    return (t.primary if t is not None else None) or DEFAULT_PRIMARY
-
-
-THROUGHPUT_TESTS = ("tcp", "udp", "scp", "contention")
-FORMATS = ("png", "svg")
-
-
-# ---------------------------------------------------------------------- document blocks
-
-
-@dataclass
-class Doc:
-    """A report as blocks rendered both to Markdown and to HTML."""
-
-    title: str
-    blocks: list[tuple[str, Any]] = field(default_factory=list)
-
-    def h(self, text: str) -> None:
-        self.blocks.append(("h", text))
-
-    def p(self, text: str) -> None:
-        self.blocks.append(("p", text))
-
-    def table(self, header: list[str], rows: list[list[Any]]) -> None:
-        self.blocks.append(("table", (header, rows)))
-
-    def img(self, path: str, alt: str) -> None:
-        self.blocks.append(("img", (path, alt)))
-
-    def pre(self, summary: str, text: str) -> None:
-        self.blocks.append(("pre", (summary, text)))
-
-    def markdown(self) -> str:
-        out = [f"# {self.title}", ""]
-        for kind, v in self.blocks:
-            if kind == "h":
-                out += [f"## {v}", ""]
-            elif kind == "p":
-                out += [v, ""]
-            elif kind == "table":
-                header, rows = v
-                out.append("| " + " | ".join(header) + " |")
-                out.append("|" + "---|" * len(header))
-                out += ["| " + " | ".join(_md(c) for c in r) + " |" for r in rows]
-                out.append("")
-            elif kind == "img":
-                out += [f"![{v[1]}]({v[0]})", ""]
-            elif kind == "pre":
-                out += [f"**{v[0]}**", "", "```", v[1].rstrip(), "```", ""]
-        return "\n".join(out)
-
-    def html(self) -> str:
-        e = html.escape
-        out = [
-            "<!doctype html><html><head><meta charset='utf-8'>",
-            f"<title>{e(self.title)}</title><style>",
-            "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}",
-            "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;",
-            "padding:2px 8px;text-align:right}th{background:#eee}td:first-child{text-align:left}",
-            "img{max-width:100%}pre{background:#f6f6f6;padding:0.5em;overflow:auto}",
-            f"</style></head><body><h1>{e(self.title)}</h1>",
-        ]
-        for kind, v in self.blocks:
-            if kind == "h":
-                out.append(f"<h2>{e(v)}</h2>")
-            elif kind == "p":
-                out.append(f"<p>{_inline_html(v)}</p>")
-            elif kind == "table":
-                header, rows = v
-                out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
-                for r in rows:
-                    out.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>")
-                out.append("</table>")
-            elif kind == "img":
-                out.append(f"<p><img src='{e(v[0])}' alt='{e(v[1])}'></p>")
-            elif kind == "pre":
-                out.append(f"<details><summary>{e(v[0])}</summary><pre>{e(v[1])}</pre></details>")
-        out.append("</body></html>")
-        return "\n".join(out)
-
-
-def _md(c: Any) -> str:
-    return str(c).replace("|", "\\|").replace("\n", " ")
-
-
-def _inline_html(text: str) -> str:
-    # the report's paragraphs use `code` and **bold** only
-    import re
-
-    t = html.escape(text)
-    t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
-
-
-# ---------------------------------------------------------------------- statistics
-
-
-def _stats(vals: list[float]) -> dict | None:
-    vals = [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not vals:
-        return None
-    n = len(vals)
-    mean = sum(vals) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
-    return {"n": n, "mean": mean, "sd": sd, "min": min(vals), "max": max(vals)}
-
-
-def _fmt(x: float | None, digits: int = 3) -> str:
-    if x is None:
-        return "-"
-    if x == 0:
-        return "0"
-    mag = math.floor(math.log10(abs(x)))
-    dec = max(0, digits - 1 - mag)
-    return f"{x:.{dec}f}"
-
-
-def _cell(s: dict | None, scale: float) -> str:
-    if s is None:
-        return "-"
-    out = f"{_fmt(s['mean'] * scale)}"
-    if s["n"] > 1:
-        out += f" ± {_fmt(s['sd'] * scale, 2)}"
-    return out + f" (n={s['n']})"
-
-
-def _order(values: list, ref: list) -> list:
-    return sorted(set(values), key=lambda v: (ref.index(v) if v in ref else len(ref), str(v)))
-
-
-# ---------------------------------------------------------------------- report
 
 
 def generate(run_path: Path) -> dict:
@@ -379,10 +251,6 @@ def _budget(doc: Doc, b: dict, cases: int, ok: int) -> None:
     )
 
 
-def _group(table: list[dict], **match) -> list[dict]:
-    return [r for r in table if all(r.get(k) == v for k, v in match.items())]
-
-
 def _results_tables(doc, table, profiles, points, labels, plan) -> None:
     doc.h("Results")
     doc.p(
@@ -477,11 +345,6 @@ def _results_tables(doc, table, profiles, points, labels, plan) -> None:
             ],
             cpu_rows,
         )
-
-
-def _mean(vals) -> float | None:
-    s = _stats(vals)
-    return s["mean"] if s else None
 
 
 def _recommendation(doc, table, profiles, points, labels, manifest) -> None:
@@ -596,291 +459,3 @@ def _failures(doc: Doc, results: list[dict]) -> None:
         if tails:
             text = "\n".join(f"==> {f} <==\n{t}" for f, t in tails.items())
             doc.pre(f"raw output of {r['case']}", text)
-
-
-# ---------------------------------------------------------------------- plots
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, run: RunDir, name: str) -> str:
-    d = run.path / "plots"
-    d.mkdir(exist_ok=True)
-    for ext in FORMATS:
-        tmp = d / f".{name}.tmp.{ext}"
-        fig.savefig(tmp, format=ext, dpi=110, bbox_inches="tight")
-        tmp.replace(d / f"{name}.{ext}")
-    _plt().close(fig)
-    return f"plots/{name}.png"
-
-
-def _err(s: dict, scale: float, mode: str) -> tuple[float, float]:
-    if mode == "minmax":
-        return ((s["mean"] - s["min"]) * scale, (s["max"] - s["mean"]) * scale)
-    return (s["sd"] * scale, s["sd"] * scale)
-
-
-def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, str]]:
-    if not table:
-        return []
-    plt = _plt()
-    out: list[tuple[str, str]] = []
-    profiles = plan.get("profiles", [])
-    tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
-    mode = plan.get("error_bars", "sd")
-    thr_labels = [lb for lb, t in tests.items() if t in THROUGHPUT_TESTS]
-    unimp = [r for r in table if not r["impairment_spec"] and r["ok"]]
-    points = [p["name"] for p in plan.get("impairments", [])]
-
-    # 1. throughput per implementation, no impairment, with error bars
-    labels = [lb for lb in thr_labels if _group(unimp, test_label=lb)]
-    if labels:
-        fig, axes = plt.subplots(
-            1, len(labels), figsize=(max(5, 3.2 * len(labels)), 4), squeeze=False
-        )
-        for ax, lb in zip(axes[0], labels, strict=True):
-            xs, ys, errs = [], [], [[], []]
-            for p in profiles:
-                s = _stats([r["throughput_bps"] for r in _group(unimp, test_label=lb, profile=p)])
-                if s:
-                    lo, hi = _err(s, 1e-6, mode)
-                    xs.append(p)
-                    ys.append(s["mean"] * 1e-6)
-                    errs[0].append(lo)
-                    errs[1].append(hi)
-            ax.bar(range(len(xs)), ys, yerr=errs, capsize=4, color="tab:blue")
-            ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right")
-            ax.set_title(f"{lb} ({tests[lb]})")
-            ax.set_ylabel("throughput (Mbit/s)")
-            ax.grid(axis="y", alpha=0.3)
-        fig.suptitle(f"Throughput per implementation, no impairment (error bars: {mode})")
-        out.append((_save(fig, run, "throughput"), "throughput per implementation"))
-
-    # 2a. throughput vs each swept parameter, log y
-    sweeps = sorted({r["sweep_parameter"] for r in table if r["sweep_parameter"]})
-    units = {
-        "delay": "ms",
-        "jitter": "ms",
-        "loss": "%",
-        "duplicate": "%",
-        "corrupt": "%",
-        "reorder": "%",
-        "rate": "Mbit/s",
-    }
-    for par in sweeps:
-        rs = [r for r in table if r["sweep_parameter"] == par and r["ok"]]
-        labels = [lb for lb in thr_labels if _group(rs, test_label=lb)]
-        if not labels or len({r["sweep_value"] for r in rs}) < 2:
-            continue
-        fig, axes = plt.subplots(
-            1, len(labels), figsize=(max(5.5, 4.5 * len(labels)), 4), squeeze=False
-        )
-        for ax, lb in zip(axes[0], labels, strict=True):
-            for p in profiles:
-                pts = sorted({r["sweep_value"] for r in _group(rs, test_label=lb, profile=p)})
-                ys = [
-                    _mean(
-                        [
-                            r["throughput_bps"]
-                            for r in _group(rs, test_label=lb, profile=p)
-                            if r["sweep_value"] == v
-                        ]
-                    )
-                    for v in pts
-                ]
-                xs_ys = [(x, y * 1e-6) for x, y in zip(pts, ys, strict=True) if y]
-                if xs_ys:
-                    ax.plot(*zip(*xs_ys, strict=True), marker="o", label=p)
-            ax.set_yscale("log")
-            ax.set_xlabel(f"{par} ({units.get(par, '')})")
-            ax.set_ylabel("throughput (Mbit/s, log)")
-            ax.set_title(f"{lb} vs {par}")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        out.append((_save(fig, run, f"throughput_vs_{par}"), f"throughput vs {par}"))
-
-    # 2b. throughput per network condition (presets, explicit specs), log y
-    conds = _order([r["impairment"] for r in table if not r["sweep_parameter"]], points)
-    labels = [lb for lb in thr_labels if _group(table, test_label=lb, ok=True)]
-    if len(conds) >= 2 and labels:
-        fig, axes = plt.subplots(
-            1, len(labels), figsize=(max(6, 4.5 * len(labels)), 4), squeeze=False
-        )
-        width = 0.8 / max(1, len(conds))
-        for ax, lb in zip(axes[0], labels, strict=True):
-            for j, c in enumerate(conds):
-                ys, errs = [], [[], []]
-                for p in profiles:
-                    s = _stats(
-                        [
-                            r["throughput_bps"]
-                            for r in _group(table, test_label=lb, profile=p, impairment=c, ok=True)
-                        ]
-                    )
-                    ys.append(s["mean"] * 1e-6 if s else 0)
-                    lo, hi = _err(s, 1e-6, mode) if s else (0, 0)
-                    errs[0].append(min(lo, ys[-1] * 0.999))  # a log axis cannot reach 0
-                    errs[1].append(hi)
-                ax.bar(
-                    [i + j * width for i in range(len(profiles))],
-                    ys,
-                    width,
-                    yerr=errs,
-                    capsize=3,
-                    label=c,
-                )
-            ax.set_xticks(
-                [i + width * (len(conds) - 1) / 2 for i in range(len(profiles))],
-                profiles,
-                rotation=30,
-                ha="right",
-            )
-            ax.set_yscale("log")
-            ax.set_ylabel("throughput (Mbit/s, log)")
-            ax.set_title(f"{lb} per network condition")
-            ax.grid(axis="y", which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        out.append((_save(fig, run, "throughput_by_condition"), "throughput per condition"))
-
-    # 3. CPU per implementation per node
-    labels = [lb for lb in thr_labels if _group(unimp, test_label=lb)]
-    if labels:
-        results = {r["case"]: r for r in run.load_results()}
-        fig, axes = plt.subplots(
-            1, len(labels), figsize=(max(6, 4.8 * len(labels)), 4), squeeze=False
-        )
-        for ax, lb in zip(axes[0], labels, strict=True):
-            entries = {
-                p: [results[r["case"]] for r in _group(unimp, test_label=lb, profile=p, point=0)]
-                for p in profiles
-            }
-            nodes = sorted(
-                {
-                    n
-                    for es in entries.values()
-                    for e in es
-                    for n in (e.get("monitor") or {}).get("nodes", {})
-                }
-            )
-            series: dict[str, list[float | None]] = {}
-            for n in nodes:
-                series[f"node {n}"] = [
-                    _mean(
-                        [
-                            (((e.get("monitor") or {}).get("nodes") or {}).get(n) or {})
-                            .get("total", {})
-                            .get("mean")
-                            for e in entries[p]
-                        ]
-                    )
-                    for p in profiles
-                ]
-            # host-wide softirq in the same unit: % of one core (share of all cores x cores)
-            series["host softirq (host-wide)"] = [
-                _mean(
-                    [
-                        ((e.get("monitor") or {}).get("host") or {})
-                        .get("softirq_pct", {})
-                        .get("mean", 0)
-                        * ((e["monitor"].get("host") or {}).get("ncores") or 1)
-                        for e in entries[p]
-                        if e.get("monitor")
-                    ]
-                )
-                for p in profiles
-            ]
-            width = 0.8 / max(1, len(series))
-            for j, (key, vals) in enumerate(series.items()):
-                ax.bar(
-                    [i + j * width for i in range(len(profiles))],
-                    [v or 0 for v in vals],
-                    width,
-                    label=key,
-                )
-            ax.set_xticks(
-                [i + width * (len(series) - 1) / 2 for i in range(len(profiles))],
-                profiles,
-                rotation=30,
-                ha="right",
-            )
-            ax.set_ylabel("CPU (% of one host core)")
-            ax.set_title(f"CPU during {lb}")
-            ax.grid(axis="y", alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.suptitle("CPU per implementation per node (cgroup), softirq host-wide")
-        out.append((_save(fig, run, "cpu"), "CPU per implementation per node"))
-
-    # 4. UDP: target vs achieved rate and packets/s
-    sweep_labels = [lb for lb, t in tests.items() if t == "udp-sweep"]
-    udp_labels = [lb for lb, t in tests.items() if t == "udp"]
-    for lb in sweep_labels:
-        rs = [r for r in unimp if r["test_label"] == lb] or _group(table, test_label=lb, ok=True)
-        if not rs:
-            continue
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-        rates = sorted({r["rate_mbit"] for r in rs})
-        a1.plot(rates, rates, "k--", lw=0.8, label="target")
-        for p in profiles:
-            pr = _group(rs, profile=p)
-            if not pr:
-                continue
-            ach = [_mean([r["receiver_bps"] for r in pr if r["rate_mbit"] == x]) for x in rates]
-            a1.plot(rates, [(y or 0) * 1e-6 for y in ach], marker="o", label=p)
-            sent = [_mean([r["sent_pps"] for r in pr if r["rate_mbit"] == x]) for x in rates]
-            recv = [_mean([r["received_pps"] for r in pr if r["rate_mbit"] == x]) for x in rates]
-            line = a2.plot(rates, [s or 0 for s in sent], marker="^", label=f"{p} sent")
-            a2.plot(
-                rates,
-                [v or 0 for v in recv],
-                marker="o",
-                ls=":",
-                color=line[0].get_color(),
-                label=f"{p} received",
-            )
-        a1.set_xlabel("target (Mbit/s)")
-        a1.set_ylabel("achieved (Mbit/s)")
-        a1.set_title(f"{lb}: target vs achieved")
-        a2.set_xlabel("target (Mbit/s)")
-        a2.set_ylabel("packets/s")
-        a2.set_title("sent vs received packets/s (sender- vs receiver-bound)")
-        for a in (a1, a2):
-            a.grid(alpha=0.3)
-            a.legend(fontsize=7)
-        out.append((_save(fig, run, f"udp_sweep_{lb}"), f"UDP sweep {lb}"))
-    labels = [lb for lb in udp_labels if _group(unimp, test_label=lb)]
-    if labels:
-        fig, axes = plt.subplots(
-            2, len(labels), figsize=(max(6, 4.5 * len(labels)), 7), squeeze=False
-        )
-        for k, lb in enumerate(labels):
-            rs = _group(unimp, test_label=lb)
-            x = range(len(profiles))
-            tgt = [_mean([r["rate_mbit"] for r in _group(rs, profile=p)]) for p in profiles]
-            ach = [_mean([r["receiver_bps"] for r in _group(rs, profile=p)]) for p in profiles]
-            snt = [_mean([r["sent_pps"] for r in _group(rs, profile=p)]) for p in profiles]
-            rcv = [_mean([r["received_pps"] for r in _group(rs, profile=p)]) for p in profiles]
-            tpp = [_mean([r["target_pps"] for r in _group(rs, profile=p)]) for p in profiles]
-            a1, a2 = axes[0][k], axes[1][k]
-            a1.bar([i - 0.2 for i in x], [t or 0 for t in tgt], 0.4, label="target")
-            a1.bar([i + 0.2 for i in x], [(a or 0) * 1e-6 for a in ach], 0.4, label="achieved")
-            a1.set_ylabel("Mbit/s")
-            a1.set_title(f"{lb}: target vs achieved rate")
-            w = 0.27
-            a2.bar([i - w for i in x], [t or 0 for t in tpp], w, label="target pps")
-            a2.bar(list(x), [s or 0 for s in snt], w, label="sent pps")
-            a2.bar([i + w for i in x], [r or 0 for r in rcv], w, label="received pps")
-            a2.set_ylabel("packets/s")
-            a2.set_title(f"{lb}: packets/s")
-            for a in (a1, a2):
-                a.set_xticks(list(x), profiles, rotation=30, ha="right")
-                a.grid(axis="y", alpha=0.3)
-                a.legend(fontsize=7)
-        out.append((_save(fig, run, "udp"), "UDP target vs achieved rate and packets/s"))
-    return out
