@@ -152,10 +152,6 @@ def _remove(e: dict, layout, errors: list[str]) -> None:
             cgroups.remove_dir(layout, e["rel"])  # shared parent: removed only when empty
             return
         errors.extend(cgroups.remove_dir(layout, e["rel"]))
-    elif kind == "file":
-        Path(e["path"]).unlink(missing_ok=True)
-    elif kind == "dir":
-        shutil.rmtree(e["path"], ignore_errors=True)
     # bridge, qdisc: live inside a namespace and go with it
 
 

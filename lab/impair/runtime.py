@@ -17,7 +17,6 @@ import json
 import math
 from collections import deque
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from ..errors import ConfigError, PreconditionError
 from ..topology import LabSpec
@@ -485,7 +484,3 @@ def engine_fwd_dir(spec: LabSpec, link: int) -> str:
         if idx == link:
             return "a2b" if spec.links[idx].node1 == frm else "b2a"
     return "a2b"
-
-
-def write_engine_config(path: Path, a2b: dict, b2a: dict) -> None:
-    path.write_text(json.dumps({"a2b": a2b, "b2a": b2a}))

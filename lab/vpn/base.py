@@ -8,7 +8,7 @@ picks a driver and its parameters. The lab calls, in order:
     secrets() -> fresh per-lab keys/PSKs/certs, written mode 0600 into ctx.secrets_dir
     render() -> the config files per node, exactly as they would be deployed on a board
     start()  -> write the rendered files, start daemons with node.spawn (PIDs go to the ledger)
-    wait_ready() -> poll until traffic really passes the tunnel (ping through it), with a timeout
+    (the lab then polls until traffic really passes the tunnel: lab.vpn.tunnel.wait_ready)
     describe() -> implementation, version, data-plane path, cipher, tunnel MTU, config hash
     stop()   -> stop what start() started (teardown also ends every recorded PID on its own)
 Drivers run commands only through a lab.node.Node (ctx.client.node, ctx.server.node, the node

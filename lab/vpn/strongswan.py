@@ -401,36 +401,6 @@ class StrongSwanDriver(Driver):
                 out += f"\n--- charon on {d.node} ({d.log}) ---\n{d.log_tail(15) or '(empty log)'}"
         return out
 
-    # ------------------------------------------------------------------ readiness
-
-    def wait_ready(self, ctx: TunnelContext, params: dict, *, timeout: float = 10.0) -> float:
-        """Ping the server's tunnel addresses (IPv4, IPv6) from the client until both answer.
-
-        Returns the seconds waited. A charon that died raises StartupError with its log tail.
-        """
-        t0 = time.monotonic()
-        deadline = t0 + timeout
-        for addr in (_host(ctx.server.tunnel_v4), _host(ctx.server.tunnel_v6)):
-            if not addr:
-                continue
-            while True:
-                for d in ctx.daemons:
-                    if d.name == "charon" and not d.alive():
-                        raise StartupError(
-                            f"strongSwan: charon on {d.node} exited\n{d.log_tail(20)}"
-                        )
-                cp = ctx.client.node.run(
-                    ["ping", "-n", "-q", "-c", "1", "-W", "0.3", addr], check=False, timeout=5
-                )
-                if cp.returncode == 0:
-                    break
-                if time.monotonic() > deadline:
-                    raise StartupError(
-                        f"strongSwan: no reply from {addr} through the tunnel within {timeout:.0f} s"
-                        + self._log_tails(ctx)
-                    )
-        return time.monotonic() - t0
-
     # ------------------------------------------------------------------ describe
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
