@@ -8,68 +8,39 @@ that died, impairment that cannot be set) is recorded with its error and raw out
 carries on; a tunnel found dead is brought up again before the next case.
 
 Nothing here prints: progress goes through a `RunEvents` object the CLI supplies.
+Signals are lab.interrupts, the preflight, run directory and host facts lab.runsetup; their
+names stay importable from here.
 """
 
 from __future__ import annotations
 
 import inspect
-import itertools
-import os
-import platform
 import secrets
-import signal
-import sys
-import socket
-import threading
 import time
 import traceback
-from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from . import __version__, proc
-from .errors import (
-    CommandError,
-    ConfigError,
-    KernelFeatureMissing,
-    LabError,
-    PreconditionError,
-)
+from .errors import CommandError, LabError, PreconditionError
+from .interrupts import Interrupts
 from .measure import TESTS, Context
 from .monitor import Monitor
-from .plan import REPO, Case, ImpairmentPoint, Plan, plan_file, slug
+from .plan import Case, ImpairmentPoint, Plan, slug
 from .results import RESULT_SCHEMA, RunDir
+from .runsetup import (  # noqa: F401
+    MEASURE_TOOL_VERSIONS,
+    TOOL_VERSIONS,
+    create_run_dir,
+    git_revision,
+    kernel_info,
+    preflight,
+    resume_plan,
+    tool_versions,
+)
 from .state import lab_dir, new_lab_id, write_json_atomic
 
 RAW_TAIL_LINES = 30
-
-#: tools the measurements and the lab itself run, whose version every manifest records
-MEASURE_TOOL_VERSIONS: dict[str, list[str]] = {
-    "iperf3": ["iperf3", "--version"],
-    "openssl": ["openssl", "version"],
-    "tc": ["tc", "-V"],
-    "ip": ["ip", "-V"],
-    "ping": ["ping", "-V"],
-    "ssh": ["ssh", "-V"],
-    "python": ["python3", "--version"],
-}
-
-
-def _tool_version_table() -> dict[str, list[str]]:
-    """The measurement tools above, then every VPN driver's declared tools that have a version
-    command (Driver.requires: wg, openvpn, charon, tincd, xl2tpd, pppd, wpa_supplicant, ...)."""
-    from .vpn import declared_tools
-
-    table = dict(MEASURE_TOOL_VERSIONS)
-    for t in declared_tools():
-        if t.version:
-            table.setdefault(t.key, list(t.version))
-    return table
-
-
-#: tools whose version every manifest records: name -> argv
-TOOL_VERSIONS: dict[str, list[str]] = _tool_version_table()
 
 
 class RunEvents:
@@ -84,77 +55,6 @@ class RunEvents:
     def case_done(self, case: Case, entry: dict, estimate_s: float) -> None: ...
 
     def note(self, text: str) -> None: ...
-
-
-# ---------------------------------------------------------------------- run directory
-
-
-def create_run_dir(plan: Plan, path: Path | None = None, *, root: Path | None = None) -> RunDir:
-    """A new run directory: `path` (must not exist or be empty) or root/<UTC time>_<plan>."""
-    if path is not None:
-        path = Path(path)
-        if path.exists() and any(path.iterdir()):
-            raise ConfigError(
-                "exists and is not empty; choose a new directory or resume it with --resume",
-                source=str(path),
-                field="--out",
-            )
-        path.mkdir(parents=True, exist_ok=True)
-    else:
-        root = root if root is not None else REPO / "runs"
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        for i in itertools.count():
-            path = root / (f"{stamp}_{plan.name}" + (f"-{i}" if i else ""))
-            try:
-                path.mkdir(parents=True)
-                break
-            except FileExistsError:
-                continue
-    for sub in ("raw", "monitor"):
-        (path / sub).mkdir()
-    write_json_atomic(path / "plan.json", {**plan.to_json(), "digest": plan.digest()})
-    return RunDir(path)
-
-
-# ---------------------------------------------------------------------- host facts
-
-
-def tool_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name, argv in TOOL_VERSIONS.items():
-        if not proc.which(argv[0]):
-            out[name] = None
-            continue
-        try:
-            cp = proc.run(argv, check=False, timeout=5)
-        except LabError:
-            out[name] = None
-            continue
-        text = (cp.stdout or cp.stderr or "").strip().splitlines()
-        out[name] = text[0].strip() if text else None
-    return out
-
-
-def git_revision() -> str | None:
-    try:
-        cp = proc.run(
-            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], check=False, timeout=10
-        )
-    except LabError:
-        return None
-    return cp.stdout.strip() or None
-
-
-def kernel_info() -> dict:
-    u = platform.uname()
-    return {
-        "system": u.system,
-        "release": u.release,
-        "version": u.version,
-        "machine": u.machine,
-        "hostname": socket.gethostname(),
-        "cpus": os.cpu_count(),
-    }
 
 
 # ---------------------------------------------------------------------- impairment seam
@@ -200,126 +100,7 @@ def apply_impairment(lab, point: ImpairmentPoint, *, built_impaired: bool) -> di
     return {"requested": point.spec, **shown}
 
 
-# ---------------------------------------------------------------------- signals
-
-
-class Interrupts:
-    """SIGINT and SIGTERM during a run: the first one stops the run, none cuts a teardown short.
-
-    Outside a teardown the first signal raises KeyboardInterrupt at once. Inside one (`shielded`)
-    it is remembered and raised when the teardown is done. Every later signal only prints a
-    note: the run is already stopping and its lab must still go.
-
-    Python drops an exception raised where it cannot propagate: a signal that lands in an
-    at-fork hook (every subprocess spawn runs logging's), a finalizer or a weakref callback
-    prints "Exception ignored in ..." and the run would go on. So the runner also calls
-    `check()` between steps; it raises again for a signal whose KeyboardInterrupt was lost.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, note: Callable[[str], None]):
-        self.note = note
-        self.pending = False  # a signal came
-        self.raised = False  # ... and KeyboardInterrupt was raised for it
-        self.depth = 0
-        self._me = os.getpid()
-        self._old: dict = {}
-
-    def _handler(self, signum, frame):
-        if os.getpid() != self._me:
-            # a forked helper (pyroute2 forks to enter namespaces) inherits this handler: it
-            # must die of the signal as it would have, not unwind the runner's stack
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        if self.pending:
-            self.note("stopping: tearing the lab down, please wait")
-            return
-        self.pending = True
-        if self.depth:
-            self.note("stopping after the teardown in progress")
-            return
-        self.raised = True
-        raise KeyboardInterrupt
-
-    def __enter__(self) -> Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
-            self._old_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        if self._old:
-            sys.unraisablehook = self._old_hook
-        self._old = {}
-
-    def _unraisable(self, u) -> None:
-        """Our own KeyboardInterrupt, dropped where it could not propagate: `check()` raises it
-        again at the next step, so no "Exception ignored" traceback for it on the terminal."""
-        if u.exc_type is KeyboardInterrupt and self.pending:
-            return
-        self._old_hook(u)
-
-    def check(self) -> None:
-        """Raise KeyboardInterrupt if a signal came (its first raise may have been swallowed).
-        Called only on the forward path, between steps; unwinding code never calls it."""
-        if self.pending and not self.depth:
-            self.raised = True
-            raise KeyboardInterrupt
-
-    @contextmanager
-    def shielded(self):
-        self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-        if self.pending and not self.raised and not self.depth:
-            self.raised = True
-            raise KeyboardInterrupt
-
-
 # ---------------------------------------------------------------------- the runner
-
-
-def preflight(plan: Plan, *, kernel: bool = True):
-    """The plan's topology spec, once every profile can run here and every tool is on PATH;
-    else PreconditionError listing every problem (and what to do about kernel data planes).
-    Checked before the run directory or anything else is created. kernel=False: the plan will
-    run in the full-kernel VM (tools and topology are checked, kernel features are not)."""
-    from .topology import load_topology
-    from .vpn.tunnel import prepare
-
-    spec = load_topology(REPO / plan.topology_file, plan.topo, plan.topology_params)
-    problems, runnable, need_vm = [], [], []
-    for p in plan.profiles:
-        try:
-            prepare(spec, p, kernel=kernel)
-            runnable.append(p)
-        except KernelFeatureMissing as e:
-            problems.append(str(e))
-            need_vm.append(p)
-        except PreconditionError as e:
-            problems.append(str(e))
-    for t in plan.tests:
-        test = TESTS[t.test]
-        for tool in {*test.client_tools, *test.server_tools}:
-            if not proc.which(tool):
-                problems.append(f"test {t.label!r} needs {tool} (not on PATH)")
-    if problems:
-        hint = ""
-        if need_vm:
-            hint = (
-                "\nrun the whole plan in the full-kernel VM with `lab run --vm` (kernel data "
-                "planes), or leave those profiles out: -o 'profiles="
-                + ",".join(runnable or ["..."])
-                + "'"
-            )
-        raise PreconditionError("cannot run this plan here:\n  " + "\n  ".join(problems) + hint)
-    return spec
 
 
 class Runner:
@@ -760,20 +541,3 @@ def _raw_tails(raw_dir: Path, run: RunDir) -> dict[str, str]:
 
 def _utc() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def resume_plan(run: RunDir, plan_path: str | None, overrides: list[str]) -> Plan:
-    """The plan a resumed run continues: the one it stored (PLAN, if given, must match it)."""
-    from .plan import load_plan
-
-    stored = run.check().plan_json()
-    base = plan_path or plan_file(stored.get("source", ""))
-    plan = load_plan(base, list(stored.get("overrides") or []) + list(overrides))
-    if plan.digest() != stored.get("digest"):
-        raise ConfigError(
-            "the plan differs from the one this run was started with (cases, parameters or "
-            "profiles changed); resume with the same plan and -o options, or start a new run",
-            source=str(run.path),
-            field="plan",
-        )
-    return plan

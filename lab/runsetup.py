@@ -1,0 +1,174 @@
+"""Before and around a run: the preflight (profiles runnable here, tools on PATH), the run
+directory, the plan a resumed run continues, and the host facts every manifest records (tool
+versions, git revision, kernel)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+
+from . import proc
+from .errors import ConfigError, KernelFeatureMissing, LabError, PreconditionError
+from .measure import TESTS
+from .plan import REPO, Plan, plan_file
+from .results import RunDir
+from .state import write_json_atomic
+
+#: tools the measurements and the lab itself run, whose version every manifest records
+MEASURE_TOOL_VERSIONS: dict[str, list[str]] = {
+    "iperf3": ["iperf3", "--version"],
+    "openssl": ["openssl", "version"],
+    "tc": ["tc", "-V"],
+    "ip": ["ip", "-V"],
+    "ping": ["ping", "-V"],
+    "ssh": ["ssh", "-V"],
+    "python": ["python3", "--version"],
+}
+
+
+def _tool_version_table() -> dict[str, list[str]]:
+    """The measurement tools above, then every VPN driver's declared tools that have a version
+    command (Driver.requires: wg, openvpn, charon, tincd, xl2tpd, pppd, wpa_supplicant, ...)."""
+    from .vpn import declared_tools
+
+    table = dict(MEASURE_TOOL_VERSIONS)
+    for t in declared_tools():
+        if t.version:
+            table.setdefault(t.key, list(t.version))
+    return table
+
+
+#: tools whose version every manifest records: name -> argv
+TOOL_VERSIONS: dict[str, list[str]] = _tool_version_table()
+
+
+# ---------------------------------------------------------------------- run directory
+
+
+def create_run_dir(plan: Plan, path: Path | None = None, *, root: Path | None = None) -> RunDir:
+    """A new run directory: `path` (must not exist or be empty) or root/<UTC time>_<plan>."""
+    if path is not None:
+        path = Path(path)
+        if path.exists() and any(path.iterdir()):
+            raise ConfigError(
+                "exists and is not empty; choose a new directory or resume it with --resume",
+                source=str(path),
+                field="--out",
+            )
+        path.mkdir(parents=True, exist_ok=True)
+    else:
+        root = root if root is not None else REPO / "runs"
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for i in itertools.count():
+            path = root / (f"{stamp}_{plan.name}" + (f"-{i}" if i else ""))
+            try:
+                path.mkdir(parents=True)
+                break
+            except FileExistsError:
+                continue
+    for sub in ("raw", "monitor"):
+        (path / sub).mkdir()
+    write_json_atomic(path / "plan.json", {**plan.to_json(), "digest": plan.digest()})
+    return RunDir(path)
+
+
+def resume_plan(run: RunDir, plan_path: str | None, overrides: list[str]) -> Plan:
+    """The plan a resumed run continues: the one it stored (PLAN, if given, must match it)."""
+    from .plan import load_plan
+
+    stored = run.check().plan_json()
+    base = plan_path or plan_file(stored.get("source", ""))
+    plan = load_plan(base, list(stored.get("overrides") or []) + list(overrides))
+    if plan.digest() != stored.get("digest"):
+        raise ConfigError(
+            "the plan differs from the one this run was started with (cases, parameters or "
+            "profiles changed); resume with the same plan and -o options, or start a new run",
+            source=str(run.path),
+            field="plan",
+        )
+    return plan
+
+
+# ---------------------------------------------------------------------- host facts
+
+
+def tool_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name, argv in TOOL_VERSIONS.items():
+        if not proc.which(argv[0]):
+            out[name] = None
+            continue
+        try:
+            cp = proc.run(argv, check=False, timeout=5)
+        except LabError:
+            out[name] = None
+            continue
+        text = (cp.stdout or cp.stderr or "").strip().splitlines()
+        out[name] = text[0].strip() if text else None
+    return out
+
+
+def git_revision() -> str | None:
+    try:
+        cp = proc.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], check=False, timeout=10
+        )
+    except LabError:
+        return None
+    return cp.stdout.strip() or None
+
+
+def kernel_info() -> dict:
+    u = platform.uname()
+    return {
+        "system": u.system,
+        "release": u.release,
+        "version": u.version,
+        "machine": u.machine,
+        "hostname": socket.gethostname(),
+        "cpus": os.cpu_count(),
+    }
+
+
+# ---------------------------------------------------------------------- preflight
+
+
+def preflight(plan: Plan, *, kernel: bool = True):
+    """The plan's topology spec, once every profile can run here and every tool is on PATH;
+    else PreconditionError listing every problem (and what to do about kernel data planes).
+    Checked before the run directory or anything else is created. kernel=False: the plan will
+    run in the full-kernel VM (tools and topology are checked, kernel features are not)."""
+    from .topology import load_topology
+    from .vpn.tunnel import prepare
+
+    spec = load_topology(REPO / plan.topology_file, plan.topo, plan.topology_params)
+    problems, runnable, need_vm = [], [], []
+    for p in plan.profiles:
+        try:
+            prepare(spec, p, kernel=kernel)
+            runnable.append(p)
+        except KernelFeatureMissing as e:
+            problems.append(str(e))
+            need_vm.append(p)
+        except PreconditionError as e:
+            problems.append(str(e))
+    for t in plan.tests:
+        test = TESTS[t.test]
+        for tool in {*test.client_tools, *test.server_tools}:
+            if not proc.which(tool):
+                problems.append(f"test {t.label!r} needs {tool} (not on PATH)")
+    if problems:
+        hint = ""
+        if need_vm:
+            hint = (
+                "\nrun the whole plan in the full-kernel VM with `lab run --vm` (kernel data "
+                "planes), or leave those profiles out: -o 'profiles="
+                + ",".join(runnable or ["..."])
+                + "'"
+            )
+        raise PreconditionError("cannot run this plan here:\n  " + "\n  ".join(problems) + hint)
+    return spec
