@@ -11,12 +11,12 @@ import ipaddress
 import re
 import sys
 import traceback
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .graph import reachable_segments
 
 IFNAMSIZ = 15  # bytes, without the trailing NUL (linux/if.h IFNAMSIZ - 1)
 
@@ -621,37 +621,15 @@ def _seg_desc(idxs, links):
 
 def _compute_routes(nodes: dict[str, NodeSpec], segments: list[Segment], links: list[LinkSpec]):
     """Static routes: every host reaches every segment through the nearest forwarding hosts."""
-    seg_members: dict[int, list[Interface]] = {s.index: [] for s in segments}
-    for nd in nodes.values():
-        if nd.kind == "host":
-            for intf in nd.interfaces:
-                seg_members[intf.segment].append(intf)
     for nd in nodes.values():
         if nd.kind != "host":
             continue
-        direct = {i.segment for i in nd.interfaces}
-        # BFS over segments: state = segment, remembering the first hop (intf, via-ip)
-        first: dict[int, tuple[Interface, Interface]] = {}
-        q = deque()
-        for intf in nd.interfaces:
-            for m in seg_members[intf.segment]:
-                if m.node != nd.name and nodes[m.node].router:
-                    for other in nodes[m.node].interfaces:
-                        if other.segment not in direct and other.segment not in first:
-                            first[other.segment] = (intf, m)
-                            q.append((other.segment, m.node))
-        while q:
-            seg, _via_node = q.popleft()
-            for m in seg_members[seg]:
-                if nodes[m.node].router:
-                    for other in nodes[m.node].interfaces:
-                        if other.segment not in direct and other.segment not in first:
-                            first[other.segment] = first[seg]
-                            q.append((other.segment, m.node))
-        for seg, (intf, hop) in sorted(first.items()):
+        for seg, r in sorted(reachable_segments(nodes, nd.name).items()):
+            if r.hops == 0:
+                continue
             s = segments[seg]
-            nd.routes.append({"dst": s.v4, "via": hop.ip.split("/")[0], "dev": intf.name})
-            nd.routes.append({"dst": s.v6, "via": hop.ip6.split("/")[0], "dev": intf.name})
+            nd.routes.append({"dst": s.v4, "via": r.via.ip.split("/")[0], "dev": r.out.name})
+            nd.routes.append({"dst": s.v6, "via": r.via.ip6.split("/")[0], "dev": r.out.name})
 
 
 def _check_default_route(n: NodeSpec, source: str):

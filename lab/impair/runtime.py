@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections import deque
 from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError, PreconditionError
+from ..graph import shortest_path
 from ..topology import LabSpec
 from . import kernel
 from .spec import DirectionalImpairment, Impairment, parse_directional, parse_spec
@@ -62,31 +62,10 @@ class Point:
 
 def path_links(spec: LabSpec, a: str, b: str) -> list[tuple[int, str, str]]:
     """Links on the shortest underlay path a -> b as (link index, from node, to node)."""
-    adj: dict[str, list[tuple[int, str]]] = {}
-    for lk in spec.links:
-        adj.setdefault(lk.node1, []).append((lk.index, lk.node2))
-        adj.setdefault(lk.node2, []).append((lk.index, lk.node1))
-    prev: dict[str, tuple[str, int]] = {a: ("", -1)}
-    q = deque([a])
-    while q:
-        n = q.popleft()
-        if n == b:
-            break
-        for idx, m in adj.get(n, []):
-            node = spec.nodes[m]
-            passable = m == b or node.kind == "switch" or node.router
-            if m not in prev and passable:
-                prev[m] = (n, idx)
-                q.append(m)
-    if b not in prev:
+    path = shortest_path(spec.nodes, spec.links, a, b)
+    if path is None:
         raise ConfigError(f"no underlay path between {a} and {b}", source=spec.source)
-    out = []
-    n = b
-    while n != a:
-        p, idx = prev[n]
-        out.append((idx, p, n))
-        n = p
-    return list(reversed(out))
+    return path
 
 
 def _ifname_on(spec: LabSpec, link: int, node: str) -> str:

@@ -23,12 +23,12 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, KernelFeatureMissing, LabError, PreconditionError, StartupError
 from ..node import Daemon, Node
+from ..graph import reachable_segments
 from ..topology import Interface, LabSpec
 from .base import Availability, Driver, Endpoint, TunnelContext, config_hash
 from .profiles import Profile, load_profile
@@ -88,42 +88,11 @@ class TunnelPlan:
 # ------------------------------------------------------------------------------- placement
 
 
-def _seg_members(spec: LabSpec) -> dict[int, list[Interface]]:
-    members: dict[int, list[Interface]] = {s.index: [] for s in spec.segments}
-    for n in spec.hosts():
-        for i in n.interfaces:
-            members[i.segment].append(i)
-    return members
-
-
-def _bfs(spec: LabSpec, start: str, *, skip_ifs=(), blocked=()) -> dict[int, tuple[int, Interface]]:
-    """Segments reachable from host `start` through forwarding hosts: {segment: (hops, first if)}."""
-    members = _seg_members(spec)
-    seen: dict[int, tuple[int, Interface]] = {}
-    q: deque[int] = deque()
-    for i in spec.nodes[start].interfaces:
-        if i.name not in skip_ifs and i.segment not in seen:
-            seen[i.segment] = (0, i)
-            q.append(i.segment)
-    while q:
-        seg = q.popleft()
-        hops, first = seen[seg]
-        for m in members[seg]:
-            node = spec.nodes[m.node]
-            if m.node in (start, *blocked) or not node.router:
-                continue
-            for other in node.interfaces:
-                if other.segment not in seen:
-                    seen[other.segment] = (hops + 1, first)
-                    q.append(other.segment)
-    return seen
-
-
 def _nearest_iface(spec: LabSpec, frm: str, to: str) -> Interface:
     """The interface of `to` whose segment is fewest hops from `frm`."""
-    reach = _bfs(spec, frm)
+    reach = reachable_segments(spec.nodes, frm)
     best = [
-        (reach[i.segment][0], k, i)
+        (reach[i.segment].hops, k, i)
         for k, i in enumerate(spec.nodes[to].interfaces)
         if i.segment in reach and i.ip
     ]
@@ -136,7 +105,7 @@ def _side(spec: LabSpec, node: str, peer: str) -> Side:
     # my interface nearest to the peer: its address is what the peer sends to, and it faces
     # the peer; everything reachable from my other interfaces (not through the peer) is behind me
     mine = _nearest_iface(spec, peer, node)
-    far = _bfs(spec, node, skip_ifs={mine.name}, blocked={peer})
+    far = reachable_segments(spec.nodes, node, skip_ifs={mine.name}, blocked={peer})
     behind = []
     for seg in sorted(far):
         if seg != mine.segment:
