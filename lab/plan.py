@@ -23,24 +23,38 @@ A plan is a TOML file (see plans/ and docs/results.md):
 (topology, profiles, impairment specs, every test's parameters) without touching the system:
 every problem is a ConfigError naming the file, the field and the accepted values. `Plan.cases()`
 lists the cases in the order the runner runs them (fewest lab bring-ups).
+
+The data model (points, tests, cases, estimates) is lab.plancases, the impairment points and
+sweeps lab.planpoints; their names stay importable from here.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import re
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, LabError
+from .plancases import (  # noqa: F401
+    NAME_RE,
+    SCHEMA,
+    Case,
+    ImpairmentPoint,
+    Plan,
+    TestEntry,
+    _bad,
+    _int,
+    _num,
+    _str,
+    case_key,
+    estimate_s,
+)
+from .planpoints import SWEEP_KEYS, _impairments, slug  # noqa: F401
 
-SCHEMA = 1
 REPO = Path(__file__).resolve().parent.parent
 PLAN_DIR = REPO / "plans"
+
 
 #: top-level keys -> what they mean (for error messages and docs)
 TOP_KEYS: dict[str, str] = {
@@ -62,14 +76,22 @@ TOP_KEYS: dict[str, str] = {
     "tests": "array of tables: test, name, reps, ip (4 or 6) and the test's parameters",
     "vm": "true: run the whole plan inside the full-kernel VM (`lab run --vm`); default false",
 }
+
+
 TOPOLOGY_KEYS = {
     "file": "topology file (relative to the plan, else to the repository)",
     "topo": "entry of the file's topos dict",
     "cpu": "CPU profile name given as the topology's cpu parameter",
     "params": "table of other topology parameters (the -p of `lab up`)",
 }
+
+
 TEST_META_KEYS = ("test", "name", "reps", "ip", "args")
+
+
 ERROR_BARS = ("sd", "minmax")
+
+
 #: keys `-o key=value` accepts (the dotted ones reach into [topology])
 OVERRIDE_KEYS = {
     "reps": "all repetitions (reps, impaired_reps and per-test reps) to this number",
@@ -87,176 +109,6 @@ OVERRIDE_KEYS = {
     "topology.cpu": "CPU profile",
     "topology.params.KEY": "one topology parameter",
 }
-SWEEP_KEYS = {"sweep", "from", "to", "step", "base", "name"}
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-
-
-@dataclass(frozen=True)
-class ImpairmentPoint:
-    """One network condition: `name` (file-name safe) and the spec handed to set_impairment."""
-
-    name: str
-    spec: str  # canonical tc-netem words ("" = none); directional as 'a2b: ...; b2a: ...'
-    group: str  # the plan entry it came from: "none", a preset, a sweep name
-    parameter: str | None = None  # the swept parameter, e.g. "delay"
-    value: float | None = None  # its value at this point (ms, %, Mbit/s)
-
-    @property
-    def impaired(self) -> bool:
-        return bool(self.spec)
-
-    def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "spec": self.spec,
-            "group": self.group,
-            "parameter": self.parameter,
-            "value": self.value,
-        }
-
-
-@dataclass(frozen=True)
-class TestEntry:
-    """One [[tests]] entry: the registered test, its label, repetitions and validated params."""
-
-    label: str
-    test: str
-    params: dict[str, Any]
-    reps: int | None  # None: the plan's reps / impaired_reps
-    ip: int = 4  # IP version of the traffic address the test targets (study C: IPv4 and IPv6)
-
-    def to_json(self) -> dict:
-        d = {"label": self.label, "test": self.test, "reps": self.reps, "params": self.params}
-        if self.ip != 4:  # absent for IPv4: plans written before `ip` keep their digest
-            d["ip"] = self.ip
-        return d
-
-
-@dataclass(frozen=True)
-class Case:
-    """One measurement: a test at one repetition, for one profile at one impairment point."""
-
-    profile: str
-    point: ImpairmentPoint
-    test: TestEntry
-    rep: int
-
-    @property
-    def key(self) -> str:
-        return case_key(self.profile, self.point.name, self.test.label, self.rep)
-
-
-def case_key(profile: str, point: str, label: str, rep: int) -> str:
-    return f"{profile}|{point}|{label}|{rep}"
-
-
-@dataclass
-class Plan:
-    name: str
-    source: str
-    description: str
-    study: str
-    notes: list[str]
-    topology_file: str
-    topo: str | None
-    topology_params: dict[str, Any]
-    profiles: list[str]
-    points: list[ImpairmentPoint]
-    placement: str | None
-    reps: int
-    impaired_reps: int
-    timeout_s: float
-    error_bars: str
-    tests: list[TestEntry]
-    vm: bool = False
-    overrides: list[str] = field(default_factory=list)
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    # ------------------------------------------------------------------ derived
-    def reps_for(self, test: TestEntry, point: ImpairmentPoint) -> int:
-        """`reps` for the plan's unimpaired entries, `impaired_reps` for every other point.
-
-        A sweep's zero point (delay 0 ms) is unimpaired but belongs to the sweep: it gets the
-        sweep's repetitions (study A: 1), and runs in the clean lab.
-        """
-        if test.reps is not None:
-            return test.reps
-        return self.reps if point.group == "none" else self.impaired_reps
-
-    def groups(self) -> list[tuple[str, list[ImpairmentPoint]]]:
-        """Points that share one bring-up of a profile's lab.
-
-        The unimpaired points run in a lab built without any impairment machinery (with the
-        userspace engine a hidden bump namespace would otherwise forward the baseline's
-        packets); every impaired point shares a second lab whose impairment is changed in place.
-        """
-        clean = [p for p in self.points if not p.impaired]
-        dirty = [p for p in self.points if p.impaired]
-        return [(g, pts) for g, pts in (("unimpaired", clean), ("impaired", dirty)) if pts]
-
-    def cases(self) -> list[Case]:
-        """Every case in run order: profile, impairment group, point, repetition, test.
-
-        Repetitions are interleaved (rep 0 of every test, then rep 1, ...) so a slow drift of
-        the host shows up as spread rather than as a difference between tests.
-        """
-        out = []
-        for profile in self.profiles:
-            for _, pts in self.groups():
-                for pt in pts:
-                    n = max(self.reps_for(t, pt) for t in self.tests)
-                    for rep in range(n):
-                        for t in self.tests:
-                            if rep < self.reps_for(t, pt):
-                                out.append(Case(profile, pt, t, rep))
-        return out
-
-    def estimate_s(self, case: Case) -> float:
-        return estimate_s(case.test.test, case.test.params)
-
-    def to_json(self) -> dict:
-        return {
-            "schema": SCHEMA,
-            "name": self.name,
-            "source": self.source,
-            "description": self.description,
-            "study": self.study,
-            "notes": self.notes,
-            "topology": {
-                "file": self.topology_file,
-                "topo": self.topo,
-                "params": self.topology_params,
-            },
-            "profiles": self.profiles,
-            "impairments": [p.to_json() for p in self.points],
-            "placement": self.placement,
-            "reps": self.reps,
-            "impaired_reps": self.impaired_reps,
-            "timeout_s": self.timeout_s,
-            "error_bars": self.error_bars,
-            "tests": [t.to_json() for t in self.tests],
-            "vm": self.vm,
-            "overrides": self.overrides,
-        }
-
-    def digest(self) -> str:
-        """Hash of what the plan runs (cases and parameters), to match a run it resumes."""
-        d = self.to_json()
-        for k in ("source", "description", "notes", "overrides"):
-            d.pop(k)
-        if not d["vm"]:
-            d.pop("vm")  # digests of runs made before the key existed stay valid
-        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-# ---------------------------------------------------------------------- estimates
-
-
-def estimate_s(test: str, params: dict[str, Any]) -> float:
-    """Expected wall time of one run of `test` (for the progress bar's ETA): the test's own."""
-    from .measure import get_test
-
-    return get_test(test).estimate_s(params)
 
 
 # ---------------------------------------------------------------------- loading
@@ -383,30 +235,7 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
     return raw
 
 
-def _bad(msg: str, source: str, fld: str) -> ConfigError:
-    return ConfigError(msg, source=source, field=fld)
-
-
-def _int(raw: dict, key: str, source: str, default: int | None, lo: int = 1) -> int | None:
-    v = raw.get(key, default)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise _bad(f"got {v!r}; accepted: an integer >= {lo}", source, key)
-    return v
-
-
-def _num(v: Any, key: str, source: str, lo: float, hi: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-        raise _bad(f"got {v!r}; accepted: a number {lo:g}..{hi:g}", source, key)
-    return float(v)
-
-
-def _str(raw: dict, key: str, source: str, default: str = "") -> str:
-    v = raw.get(key, default)
-    if not isinstance(v, str):
-        raise _bad(f"got {type(v).__name__} {v!r}; accepted: a string", source, key)
-    return v
+# ---------------------------------------------------------------------- validation
 
 
 def validate(raw: dict, *, source: str, base_dir: Path, default_name: str) -> Plan:
@@ -546,113 +375,6 @@ def _profiles(raw: dict, source: str, spec) -> list[str]:
     if dup:
         raise _bad(f"profile {dup[0]!r} listed twice", source, "profiles")
     return list(profiles)
-
-
-def slug(text: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
-    return s or "none"
-
-
-def _impairments(raw: dict, source: str) -> list[ImpairmentPoint]:
-    from .impair.presets import PRESETS, SWEEP_PARAMETERS, preset, sweep
-    from .impair.spec import parse_directional
-
-    items = raw.get("impairments", ["none"])
-    if not isinstance(items, list) or not items:
-        raise _bad(
-            "accepted: a non-empty list ('none', presets, specs, sweeps)", source, "impairments"
-        )
-    points: list[ImpairmentPoint] = []
-    for i, item in enumerate(items):
-        fld = f"impairments[{i}]"
-        if isinstance(item, str):
-            item = {"spec": item}
-        if not isinstance(item, dict):
-            raise _bad(f"got {item!r}; accepted: a string or a table", source, fld)
-        if "sweep" in item:
-            unknown = sorted(set(item) - SWEEP_KEYS)
-            if unknown:
-                raise _bad(
-                    f"unknown key in a sweep; accepted: {', '.join(sorted(SWEEP_KEYS))}",
-                    source,
-                    f"{fld}.{unknown[0]}",
-                )
-            par = item["sweep"]
-            if par not in SWEEP_PARAMETERS:
-                raise _bad(
-                    f"got {par!r}; accepted: {', '.join(SWEEP_PARAMETERS)}", source, f"{fld}.sweep"
-                )
-            missing = [k for k in ("from", "to", "step") if k not in item]
-            if missing:
-                raise _bad("a sweep needs from, to and step", source, f"{fld}.{missing[0]}")
-            nums = {k: _num(item[k], f"{fld}.{k}", source, 0, 1e6) for k in ("from", "to", "step")}
-            base = item.get("base")
-            if base is not None and not isinstance(base, str):
-                raise _bad("accepted: tc-netem words", source, f"{fld}.base")
-            prefix = item.get("name")
-            try:
-                pts = sweep(
-                    par,
-                    nums["from"],
-                    nums["to"],
-                    nums["step"],
-                    base=base,
-                    prefix=prefix,
-                    source=f"{source}: {fld}",
-                )
-            except ConfigError as e:
-                raise _bad(str(e), source, fld) from None
-            group = prefix or par
-            points += [
-                ImpairmentPoint(
-                    p.name,
-                    "" if p.impairment.is_empty() else str(p.impairment),
-                    group,
-                    par,
-                    p.value,
-                )
-                for p in pts
-            ]
-            continue
-        unknown = sorted(set(item) - {"spec", "name"})
-        if unknown:
-            raise _bad(
-                "unknown key; accepted: spec, name (or a sweep: sweep, from, to, step, base, name)",
-                source,
-                f"{fld}.{unknown[0]}",
-            )
-        text = item.get("spec")
-        if not isinstance(text, str):
-            raise _bad(
-                "missing spec; accepted: 'none', a preset "
-                f"({', '.join(PRESETS)}) or tc-netem words",
-                source,
-                fld,
-            )
-        words = text.strip()
-        try:
-            if words in PRESETS:
-                imp = preset(words, source=f"{source}: {fld}")
-            else:
-                imp = parse_directional(words, source=f"{source}: {fld}")
-            canonical = "" if imp.is_empty() else str(imp)
-        except ConfigError as e:
-            raise _bad(f"{e}; presets: {', '.join(PRESETS)}", source, fld) from None
-        name = item.get("name") or (words if words in PRESETS else slug(words))
-        if not canonical:
-            name = item.get("name") or "none"
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            raise _bad(
-                f"name {name!r}: accepted letters, digits, '-', '_', '.'", source, f"{fld}.name"
-            )
-        points.append(ImpairmentPoint(name, canonical, name if canonical else "none"))
-    names = [p.name for p in points]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise _bad(
-            f"impairment point {dup[0]!r} appears twice (give one a name=)", source, "impairments"
-        )
-    return points
 
 
 def _tests(raw: dict, source: str) -> list[TestEntry]:

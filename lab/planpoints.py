@@ -1,0 +1,118 @@
+"""A plan's `impairments` list -> its impairment points: 'none', presets, tc-netem specs (one
+direction or both) and sweeps of one parameter, each point named file-name safe (`slug`)."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import ConfigError
+from .plancases import NAME_RE, ImpairmentPoint, _bad, _num
+
+SWEEP_KEYS = {"sweep", "from", "to", "step", "base", "name"}
+
+
+def slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
+    return s or "none"
+
+
+def _impairments(raw: dict, source: str) -> list[ImpairmentPoint]:
+    from .impair.presets import PRESETS, SWEEP_PARAMETERS, preset, sweep
+    from .impair.spec import parse_directional
+
+    items = raw.get("impairments", ["none"])
+    if not isinstance(items, list) or not items:
+        raise _bad(
+            "accepted: a non-empty list ('none', presets, specs, sweeps)", source, "impairments"
+        )
+    points: list[ImpairmentPoint] = []
+    for i, item in enumerate(items):
+        fld = f"impairments[{i}]"
+        if isinstance(item, str):
+            item = {"spec": item}
+        if not isinstance(item, dict):
+            raise _bad(f"got {item!r}; accepted: a string or a table", source, fld)
+        if "sweep" in item:
+            unknown = sorted(set(item) - SWEEP_KEYS)
+            if unknown:
+                raise _bad(
+                    f"unknown key in a sweep; accepted: {', '.join(sorted(SWEEP_KEYS))}",
+                    source,
+                    f"{fld}.{unknown[0]}",
+                )
+            par = item["sweep"]
+            if par not in SWEEP_PARAMETERS:
+                raise _bad(
+                    f"got {par!r}; accepted: {', '.join(SWEEP_PARAMETERS)}", source, f"{fld}.sweep"
+                )
+            missing = [k for k in ("from", "to", "step") if k not in item]
+            if missing:
+                raise _bad("a sweep needs from, to and step", source, f"{fld}.{missing[0]}")
+            nums = {k: _num(item[k], f"{fld}.{k}", source, 0, 1e6) for k in ("from", "to", "step")}
+            base = item.get("base")
+            if base is not None and not isinstance(base, str):
+                raise _bad("accepted: tc-netem words", source, f"{fld}.base")
+            prefix = item.get("name")
+            try:
+                pts = sweep(
+                    par,
+                    nums["from"],
+                    nums["to"],
+                    nums["step"],
+                    base=base,
+                    prefix=prefix,
+                    source=f"{source}: {fld}",
+                )
+            except ConfigError as e:
+                raise _bad(str(e), source, fld) from None
+            group = prefix or par
+            points += [
+                ImpairmentPoint(
+                    p.name,
+                    "" if p.impairment.is_empty() else str(p.impairment),
+                    group,
+                    par,
+                    p.value,
+                )
+                for p in pts
+            ]
+            continue
+        unknown = sorted(set(item) - {"spec", "name"})
+        if unknown:
+            raise _bad(
+                "unknown key; accepted: spec, name (or a sweep: sweep, from, to, step, base, name)",
+                source,
+                f"{fld}.{unknown[0]}",
+            )
+        text = item.get("spec")
+        if not isinstance(text, str):
+            raise _bad(
+                "missing spec; accepted: 'none', a preset "
+                f"({', '.join(PRESETS)}) or tc-netem words",
+                source,
+                fld,
+            )
+        words = text.strip()
+        try:
+            if words in PRESETS:
+                imp = preset(words, source=f"{source}: {fld}")
+            else:
+                imp = parse_directional(words, source=f"{source}: {fld}")
+            canonical = "" if imp.is_empty() else str(imp)
+        except ConfigError as e:
+            raise _bad(f"{e}; presets: {', '.join(PRESETS)}", source, fld) from None
+        name = item.get("name") or (words if words in PRESETS else slug(words))
+        if not canonical:
+            name = item.get("name") or "none"
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise _bad(
+                f"name {name!r}: accepted letters, digits, '-', '_', '.'", source, f"{fld}.name"
+            )
+        points.append(ImpairmentPoint(name, canonical, name if canonical else "none"))
+    names = [p.name for p in points]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise _bad(
+            f"impairment point {dup[0]!r} appears twice (give one a name=)", source, "impairments"
+        )
+    return points
