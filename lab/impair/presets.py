@@ -11,20 +11,9 @@ from decimal import Decimal
 from typing import Any
 
 from ..errors import ConfigError
-from .spec import Impairment, _build, _fmt_num, _merge_fields, _parse_fragment
-
-#: Preset name -> tc-netem words. Jitter in the network presets uses the normal distribution:
-#: study A applied its jitter sweep with `distribution normal`, and its combined "network 1/2/3"
-#: conditions were run by the same harness (docs/impairment.md).
-PRESETS: dict[str, str] = {
-    "network1": "delay 40ms 5ms distribution normal loss 0.5%",
-    "network2": "delay 80ms 10ms distribution normal loss 1%",
-    "network3": "delay 120ms 15ms distribution normal loss 1.5%",
-    "voip-delay": "delay 400ms",  # study D: 400 ms added delay
-    "lossy": "loss 1%",  # study D: 1 % loss
-    "none": "",
-    "clear": "",
-}
+from .model import Impairment, build, merge_fields
+from .vocab import fmt_num
+from .words import PRESETS, parse_fragment  # PRESETS is defined next to the parser that reads it
 
 
 def preset(name: str, *, source: str = "preset") -> Impairment:
@@ -32,7 +21,7 @@ def preset(name: str, *, source: str = "preset") -> Impairment:
         raise ConfigError(
             f"unknown preset {name!r}; presets: {', '.join(PRESETS)}", source=source, field="preset"
         )
-    return _build(_parse_fragment(PRESETS[name], f"preset {name}").fields, source)
+    return build(parse_fragment(PRESETS[name], f"preset {name}").fields, source)
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,7 +78,7 @@ SWEEP_PARAMETERS: dict[str, str] = {
 
 
 def _point_fields(parameter: str, value: Decimal, base: dict[str, Any], source: str) -> dict:
-    v = _fmt_num(float(value))
+    v = fmt_num(float(value))
     if parameter == "delay":
         words = f"delay {v}ms"
     elif parameter == "jitter":
@@ -110,7 +99,7 @@ def _point_fields(parameter: str, value: Decimal, base: dict[str, Any], source: 
         if value <= 0:
             return {"rate_bps": None}
         words = f"rate {v}mbit"
-    return _parse_fragment(words, source).fields
+    return parse_fragment(words, source).fields
 
 
 def sweep(
@@ -143,7 +132,7 @@ def sweep(
             field="step",
         )
     if isinstance(base, str):
-        base_fields = _parse_fragment(base, source).fields
+        base_fields = parse_fragment(base, source).fields
     elif base is not None:
         base_fields = base._fields()
     else:
@@ -153,14 +142,14 @@ def sweep(
     n = int((d_stop - d_start) / d_step)
     for i in range(n + 1):
         value = d_start + i * d_step
-        fields = _merge_fields(base_fields, _point_fields(parameter, value, base_fields, source))
-        label = _fmt_num(float(value))
+        fields = merge_fields(base_fields, _point_fields(parameter, value, base_fields, source))
+        label = fmt_num(float(value))
         points.append(
             SweepPoint(
                 name=f"{prefix or parameter}-{label}{unit}",
                 parameter=parameter,
                 value=float(value),
-                impairment=_build(fields, source),
+                impairment=build(fields, source),
             )
         )
     return points
