@@ -1,0 +1,444 @@
+"""The `lab` commands (`cmd_<name>(args) -> exit code`): part of the CLI layer, dispatched by
+lab.cli.main, which maps errors to exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from rich.table import Table
+
+from .cliprint import _print_status, _print_substrate, err, out
+from .errors import ConfigError, LabError, TeardownIncomplete
+
+
+def cmd_up(args) -> int:
+    from .substrates import bring_up
+    from .topology import load_topology, parse_param
+
+    params = dict(parse_param(p) for p in args.param)
+    spec = load_topology(args.topology, args.topo, params)
+    guest = [a for p in args.param for a in ("-p", p)]
+    for flag, value in (
+        ("--topo", args.topo),
+        ("--vpn", args.vpn),
+        ("--impair", args.impair),
+        ("--placement", args.placement),
+        ("--impair-backend", args.impair_backend),
+    ):
+        if value is not None:
+            guest += [flag, value]
+    t0 = time.monotonic()
+    lab, status, notes = bring_up(
+        spec,
+        on="vm" if args.vm else "local",
+        lab_id=args.lab_id,
+        vpn=args.vpn,
+        impair=args.impair,
+        placement=args.placement,
+        impair_backend=args.impair_backend,
+        topology_file=args.topology,
+        guest_args=guest,
+        vm_mem_mb=args.vm_mem,
+    )
+    dt = time.monotonic() - t0
+    for line in notes:
+        err.print(line, markup=False, highlight=False)
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    _print_status(status)
+    _print_substrate(status)
+    if "vpn" in status:
+        v = status["vpn"]
+        d = v["describe"]
+        out.print(
+            f"vpn {v['profile']}: {d.get('implementation')} {d.get('version') or ''} "
+            f"({d.get('path')}), cipher {d.get('cipher')}, mtu {d.get('mtu')}; "
+            f"traffic {v['traffic']['client']} -> {v['traffic']['v4']}",
+            highlight=False,
+        )
+    out.print(
+        f"lab {lab.id!r} up {lab.up_note(status, dt)}; `lab exec NODE -- CMD`, `lab down` when done"
+    )
+    return 0
+
+
+def cmd_render(args) -> int:
+    from pathlib import Path
+
+    from .topology import load_topology, parse_param
+    from .vpn.tunnel import render, write_rendered
+
+    params = dict(parse_param(p) for p in args.param)
+    spec = load_topology(args.topology, args.topo, params)
+    result = render(spec, args.vpn, show_secrets=args.show_secrets)
+    for path in write_rendered(result, Path(args.out)):
+        out.print(str(path), highlight=False)
+    if not result["files"]:
+        out.print(f"profile {result['profile']['name']!r} has no config files", highlight=False)
+    return 0
+
+
+def cmd_profiles(args) -> int:
+    from .vpn.profiles import known_profiles, load_profile
+    from .vpn.tunnel import availability
+
+    rows = []
+    for name in known_profiles():
+        try:
+            prof = load_profile(name)
+            rows.append(
+                {
+                    "profile": name,
+                    "driver": prof.driver_name,
+                    "study": prof.study,
+                    "description": prof.description,
+                    **availability(prof),
+                }
+            )
+        except LabError as e:  # one broken file must not hide the others
+            rows.append({"profile": name, "driver": None, "ok": False, "path": None, "why": str(e)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    t = Table(title="VPN profiles", title_justify="left")
+    for col in ("profile", "driver", "study", "runs here", "data plane", "why not"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(
+            r["profile"],
+            r["driver"] or "-",
+            r.get("study") or "",
+            "yes" if r["ok"] else "no",
+            r["path"] or "-",
+            r["why"] or "",
+        )
+    out.print(t)
+    return 0
+
+
+def cmd_down(args) -> int:
+    from .state import check_id, lab_dir, list_lab_ids
+    from .substrates import open_lab
+
+    if args.lab_id:
+        lab_id = check_id(args.lab_id)
+    else:
+        ids = list_lab_ids()
+        if len(ids) > 1:
+            raise ConfigError(
+                f"several labs are up ({', '.join(ids)}); choose one with --id", source="--id"
+            )
+        lab_id = ids[0] if ids else None
+    if lab_id is None or not (lab_dir(lab_id) / "ledger.jsonl").exists():
+        out.print(f"lab {lab_id or ''} is not up; nothing to do".replace("  ", " "))
+        return 0
+    notes: list[str] = []
+    left = open_lab(lab_id).down(notes)
+    for n in notes:
+        err.print(f"lab: note: {n}", markup=False, highlight=False)
+    if left:
+        raise TeardownIncomplete(left)
+    out.print(f"lab {lab_id!r} down")
+    return 0
+
+
+def cmd_clean(args) -> int:
+    from .state import list_lab_ids, state_root
+    from .teardown import teardown
+
+    ids = list_lab_ids()
+    left_all = []
+    for lab_id in ids:
+        notes: list[str] = []
+        left = teardown(lab_id, notes)
+        for n in notes:
+            err.print(f"lab: note: {n}", markup=False, highlight=False)
+        left_all += [f"{lab_id}: {x}" for x in left]
+        out.print(f"lab {lab_id!r}: {'removed' if not left else 'left over: ' + '; '.join(left)}")
+    # a lab killed between creating its state directory and its first ledger line owns nothing else
+    root = state_root()
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and not (p / "ledger.jsonl").exists() and not any(p.iterdir()):
+                p.rmdir()
+    if not ids:
+        out.print("no labs recorded; nothing to do")
+    if left_all:
+        raise TeardownIncomplete(left_all)
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .state import list_lab_ids
+    from .substrates import open_lab
+
+    ids = [args.lab_id] if args.lab_id else list_lab_ids()
+    statuses = [open_lab(lab_id).status() for lab_id in ids]
+    if args.json:
+        print(json.dumps(statuses, indent=2))
+        return 0
+    if not statuses:
+        out.print("no labs are up")
+    for s in statuses:
+        _print_status(s)
+        _print_substrate(s)
+    return 0
+
+
+def _command(args) -> list[str]:
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError(
+            "no command given; usage: lab exec NODE -- CMD [ARGS...]", source="lab exec"
+        )
+    return cmd
+
+
+def cmd_exec(args) -> int:
+    from .substrates import open_lab
+
+    return open_lab(args.lab_id).exec(args.node, _command(args))
+
+
+def cmd_shell(args) -> int:
+    from .substrates import open_lab
+
+    return open_lab(args.lab_id).shell(args.node)
+
+
+def cmd_impair(args) -> int:
+    from .substrates import open_lab
+
+    lab = open_lab(args.lab_id)
+    if args.impair_cmd == "set":
+        target = None if args.target in ("all", "default") else args.target
+        res = lab.impair("set", " ".join(args.spec), target)
+    else:
+        res = lab.impair(args.impair_cmd)
+    if getattr(args, "json", False):
+        print(json.dumps(res, indent=2, default=str))
+        return 0
+    out.print(
+        f"backend {res.get('backend')} ({res.get('why', '')}), placement {res.get('placement')}",
+        markup=False,
+        highlight=False,
+    )
+    for where, req in (res.get("requested") or {}).items():
+        out.print(f"  requested {where}: {req}", markup=False, highlight=False)
+    for where, applied in (res.get("applied") or {}).items():
+        out.print(f"  applied {where}: {applied}", markup=False, highlight=False)
+    for name, e in (res.get("engines") or {}).items():
+        for d in ("a2b", "b2a"):
+            c = (e.get(d) or {}).get("counters") if isinstance(e, dict) else None
+            if c:
+                out.print(
+                    f"  {name} {d}: " + ", ".join(f"{k}={v}" for k, v in c.items()),
+                    markup=False,
+                    highlight=False,
+                )
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from .calibrate import RESIDUAL_GOAL, SECONDS_GOAL, calibrate
+
+    progress = None if args.json else (lambda s: err.print(f"  {s}", markup=False, highlight=False))
+    r = calibrate(args.profile, quick=args.quick, verify=not args.no_verify, progress=progress)
+    fit = r.get("fit") or {}
+    if args.json:
+        print(json.dumps(r, indent=2))
+        for w in fit.get("warnings") or []:  # stdout stays JSON; the human still hears it
+            err.print(f"lab: warning: {w}", markup=False, highlight=False)
+        return 0
+    ver = (r.get("verification") or {}).get("results", {})
+    t = Table(
+        title=f"lab calibrate {r['profile']} ({r['mode']}) on {r['host']['cpu_model']}",
+        title_justify="left",
+    )
+    for col in (
+        "primitive",
+        "reference MB/s",
+        "host masked MB/s",
+        "fitted board MB/s",
+        "residual",
+        "capped MB/s",
+        "capped vs ref",
+    ):
+        t.add_column(col, justify="left" if col == "primitive" else "right")
+    for p, m in r["measured"].items():
+        host = m["best"]["cpu_mbps"]
+        ref = r["references"].get(p, {}).get("mbps")
+        res = r["residuals"].get(p)
+        v = ver.get(p)
+        t.add_row(
+            p,
+            f"{ref:g}" if ref else "-",
+            f"{host:.1f}",
+            f"{host * r['core_share']:.1f}",
+            (f"{res:+.1%}" + ("" if abs(res) <= RESIDUAL_GOAL else " (!)"))
+            if res is not None
+            else "n/a",
+            f"{v['elapsed_mbps']:.1f}" if v else "",
+            f"{v['error']:+.1%}" if v else "",
+        )
+    out.print(t)
+    share = r["core_share"]
+    out.print(
+        f"core_share = {share:.4f} host cores per board core: a node gets a CFS quota of "
+        f"{share * 100_000:.0f} us per 100000 us period per emulated board core"
+    )
+    out.print(
+        f"max |residual| {r['max_abs_residual']:.1%} (goal <= {RESIDUAL_GOAL:.0%}); "
+        f"took {r['duration_s']:.1f} s (goal < {SECONDS_GOAL:.0f} s)"
+    )
+    if fit.get("above_threshold"):
+        out.print(
+            f"POOR FIT on this machine: one core_share cannot make every primitive run at the "
+            f"{r['profile']} figures here (|residual| > {fit['threshold']:.0%}):",
+            markup=False,
+            highlight=False,
+        )
+        for w in fit["warnings"]:
+            out.print(f"  - {w}", markup=False, highlight=False)
+        out.print(
+            "  Every run's manifest and report carry this warning. Re-run `lab calibrate` on an "
+            "idle machine (without --quick) to tell host noise from a real mismatch of this CPU; "
+            "see docs/cpu.md (Fit quality).",
+            markup=False,
+            highlight=False,
+        )
+    if r.get("unmasked_cpu_mbps"):
+        out.print(
+            "masks bite: "
+            + ", ".join(
+                f"{p} {v:.0f} -> {r['measured'][p]['best']['cpu_mbps']:.0f} MB/s"
+                for p, v in r["unmasked_cpu_mbps"].items()
+            )
+        )
+    for p, why in r.get("skipped", {}).items():
+        out.print(f"skipped {p}: {why}")
+    if r.get("verification"):
+        v = r["verification"]
+        out.print(
+            f"verified in cgroup v{v['cgroup_version']} {v['cgroup']} at {v['quota_cores']} cores "
+            "with openssl speed -elapsed; group removed"
+            + (f" except: {'; '.join(v['left_over'])}" if v["left_over"] else "")
+        )
+        if v.get("contended"):
+            out.print(
+                f"note: the host was busy; {', '.join(v['contended'])} got less CPU than the "
+                "quota while verifying, so those capped figures read low"
+            )
+    out.print(f"stored in {r.get('stored', '(not stored)')}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from pathlib import Path
+
+    from .plan import load_plan
+    from .report import generate
+    from .results import RunDir
+    from .runner import Runner, create_run_dir, preflight, resume_plan
+    from .runprogress import RunProgress
+    from .substrates import plan_substrate
+
+    overrides = list(args.override) + (["vm=true"] if args.vm else [])
+    if args.resume:
+        run = RunDir(Path(args.resume)).check()
+        plan = resume_plan(run, args.plan, overrides)
+    elif args.plan:
+        plan = load_plan(args.plan, overrides)
+        # before the run directory exists; a plan for the VM: not this kernel's features
+        preflight(plan, kernel=plan_substrate(plan) == "local")
+        run = create_run_dir(plan, Path(args.out) if args.out else None)
+    else:
+        raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")
+    if plan_substrate(plan) == "vm":
+        return _run_vm(args, plan, run)
+    out.print(f"run directory: {run.path}")
+    interrupted = False
+    try:
+        with RunProgress(out) as progress:
+            argv = json.loads(os.environ.get("LAB_RUN_ARGV") or "null") or ["lab", *sys.argv[1:]]
+            Runner(plan, run, progress, argv=argv).execute()
+    except KeyboardInterrupt:
+        interrupted = True
+    s = generate(run.path)
+    b = s["budget"]
+    out.print(
+        f"{s['cases']} case repetitions, {s['failed']} failed; outside measurement "
+        f"{100 * (b['outside_share'] or 0):.1f} % of {b['wall_s']:.0f} s"
+    )
+    out.print(f"report: {s['report']}")
+    if interrupted:
+        err.print(f"lab: interrupted; the lab is down. Continue: lab run --resume {run.path}")
+        return 130
+    return 1 if s["failed"] else 0
+
+
+def _run_vm(args, plan, run) -> int:
+    """`lab run --vm` (or a plan with vm = true): the same run, inside a throwaway VM."""
+    from pathlib import Path
+
+    from .plan import find_plan, plan_file
+    from .substrates import run_plan_on
+
+    plan_path = find_plan(args.plan) if args.plan else Path(plan_file(plan.source))
+    out.print(f"run directory: {run.path}")
+    out.print("booting the full-kernel VM ...")
+
+    def booted(lab_id: str, info: dict) -> None:
+        sub = info["substrate"]
+        out.print(
+            f"VM {lab_id}: kernel {sub['kernel']}, accelerator {sub['accelerator'].upper()}, "
+            f"booted in {sub['boot_s']:.1f} s"
+            + (f"; {sub['note']}" if sub["evidence"] == "functional" else ""),
+            markup=False,
+            highlight=False,
+        )
+
+    rc, left, notes = run_plan_on(
+        "vm",
+        plan,
+        run,
+        plan_path,
+        overrides=args.override if args.resume else [],
+        argv=["lab", *sys.argv[1:]],
+        mem_mb=args.vm_mem,
+        on_boot=booted,
+    )
+    for n in notes:
+        err.print(f"lab: note: {n}", markup=False, highlight=False)
+    if left:
+        raise TeardownIncomplete(left)
+    out.print("VM powered off; nothing of it is left on this host", highlight=False)
+    return rc
+
+
+def cmd_report(args) -> int:
+    from .report import generate
+
+    s = generate(args.run_dir)
+    out.print(
+        f"{s['report']} ({s['cases']} case repetitions, {s['failed']} failed, "
+        f"{len(s['plots'])} plots)"
+    )
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare
+
+    s = compare(args.run_a, args.run_b, args.out)
+    out.print(
+        f"{s['out']}/compare.md: {s['matched']} case metrics in both runs, "
+        f"{s['only_a']} only in A, {s['only_b']} only in B"
+    )
+    return 0

@@ -1,0 +1,51 @@
+"""The CLI's consoles and the lab status printouts: part of the CLI layer (lab.cli and the
+modules it uses to print; nothing below it prints)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _print_status(s: dict) -> None:
+    if not s.get("nodes"):  # a broken lab, or the VM of a `lab run --vm` (no lab of its own)
+        out.print(f"lab {s['id']}: {s.get('state')}", markup=False, highlight=False)
+        return
+    t = Table(
+        title=f"lab {s['id']} ({s.get('state')}) — {s.get('topology', '')}", title_justify="left"
+    )
+    for col in ("node", "netns", "cpu", "interface", "IPv4", "IPv6", "peer"):
+        t.add_column(col)
+    for name, n in s.get("nodes", {}).items():
+        cpu = n.get("cpu") or {}
+        cpu_s = cpu.get("profile") or (f"{cpu['cores']:.2f} cores" if cpu.get("cores") else "-")
+        if cpu.get("profile") and cpu.get("cores"):
+            cpu_s += (
+                f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
+            )
+        kind = n["kind"] + (" router" if n.get("router") else "")
+        first = True
+        for i in n["interfaces"] or [{}]:
+            t.add_row(
+                f"{name} ({kind})" if first else "",
+                n["netns"] if first else "",
+                cpu_s if first else "",
+                i.get("name", ""),
+                i.get("ip") or "",
+                i.get("ip6") or "",
+                i.get("peer", ""),
+            )
+            first = False
+    out.print(t)
+
+
+def _print_substrate(s: dict) -> None:
+    from .substrates import substrate_line
+
+    if line := substrate_line(s):
+        out.print(line, markup=False, highlight=False)
