@@ -32,13 +32,14 @@ temperature and memory are instantaneous readings at the sample.
 A source this machine does not have (a VM has no cpufreq and no thermal sensors) is probed once
 at start(): its values are null and the reason is recorded once in the summary's
 "unavailable" (not an error per sample). Nothing here raises because a source is missing.
+
+The readers and parsers of each source are lab.hostreadings; their names stay importable
+from here.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -48,214 +49,28 @@ from typing import Any, Self
 
 from . import cgroups, proc
 from .errors import LabError
+from .hostreadings import (  # noqa: F401
+    _NOW_MASK,
+    _OCCURRED_MASK,
+    SYS_CPU,
+    SYS_THERMAL,
+    THROTTLED_BITS,
+    _cpu_index,
+    _psutil_sensors,
+    core_rates,
+    flatten_sensors,
+    node_memory_bytes,
+    parse_measure_clock,
+    parse_throttled,
+    read_cpu_freq,
+    read_host_memory,
+    read_proc_stat,
+    read_temperatures,
+    read_thermal_zones,
+    throttled_during,
+)
 
 INTERVAL_S = 0.5
-SYS_CPU = Path("/sys/devices/system/cpu")
-SYS_THERMAL = Path("/sys/class/thermal")
-
-
-def read_proc_stat(path: str = "/proc/stat") -> dict[str, list[int]]:
-    """cpuN -> [user, nice, system, idle, iowait, irq, softirq, steal] in clock ticks."""
-    out = {}
-    with open(path) as f:
-        for line in f:
-            if line.startswith("cpu") and line[3:4].isdigit():
-                parts = line.split()
-                out[parts[0]] = [int(x) for x in parts[1:9]]
-    return out
-
-
-def core_rates(prev: dict[str, list[int]], cur: dict[str, list[int]]) -> dict[str, dict]:
-    """Per core: busy % and softirq % of the interval between two /proc/stat readings."""
-    rates = {}
-    for cpu, now in cur.items():
-        before = prev.get(cpu)
-        if before is None:
-            continue
-        d = [a - b for a, b in zip(now, before, strict=True)]
-        total = sum(d)
-        if total <= 0:
-            continue
-        idle = d[3] + d[4]
-        rates[cpu] = {
-            "busy_pct": 100.0 * (total - idle) / total,
-            "softirq_pct": 100.0 * d[6] / total,
-            "system_pct": 100.0 * d[2] / total,
-            "user_pct": 100.0 * (d[0] + d[1]) / total,
-        }
-    return rates
-
-
-# ---------------------------------------------------------------------- clock, temperature, memory
-
-
-def _cpu_index(name: str) -> int | None:
-    return int(name[3:]) if name.startswith("cpu") and name[3:].isdigit() else None
-
-
-def read_cpu_freq(root: Path = SYS_CPU) -> dict[str, float]:
-    """cpuN -> current clock in MHz (cpufreq, kHz in sysfs); {} without cpufreq.
-
-    A core whose files cannot be read (offline, no cpufreq) is left out.
-    """
-    out: dict[str, float] = {}
-    try:
-        dirs = [d for d in root.iterdir() if _cpu_index(d.name) is not None]
-    except OSError:
-        return out
-    for d in sorted(dirs, key=lambda d: _cpu_index(d.name) or 0):
-        for name in ("scaling_cur_freq", "cpuinfo_cur_freq"):
-            try:
-                khz = int((d / "cpufreq" / name).read_text().strip())
-            except (OSError, ValueError):
-                continue
-            if khz > 0:
-                out[d.name] = khz / 1000.0
-                break
-    return out
-
-
-def read_thermal_zones(root: Path = SYS_THERMAL) -> dict[str, float]:
-    """Zone type (thermal_zoneN when it has none) -> deg C, from thermal_zone*/temp (milli-deg C).
-
-    A zone that cannot be read (some return EINVAL/ENODATA while their sensor is off) is left
-    out; a repeated type is told apart by its zone name ("acpitz/thermal_zone1").
-    """
-    out: dict[str, float] = {}
-    try:
-        zones = [z for z in root.iterdir() if z.name.startswith("thermal_zone")]
-    except OSError:
-        return out
-    for z in sorted(zones, key=lambda z: int(z.name[12:]) if z.name[12:].isdigit() else 0):
-        try:
-            milli = int((z / "temp").read_text().strip())
-        except (OSError, ValueError):
-            continue
-        try:
-            kind = (z / "type").read_text().strip() or z.name
-        except OSError:
-            kind = z.name
-        key = kind if kind not in out else f"{kind}/{z.name}"
-        out[key] = milli / 1000.0
-    return out
-
-
-def flatten_sensors(sensors: dict[str, list]) -> dict[str, float]:
-    """psutil.sensors_temperatures() -> "chip" or "chip/label" -> deg C (finite readings only)."""
-    out: dict[str, float] = {}
-    for chip, entries in sensors.items():
-        for e in entries:
-            cur = getattr(e, "current", None)
-            if not isinstance(cur, int | float) or not math.isfinite(cur):
-                continue
-            label = (getattr(e, "label", "") or "").strip()
-            key = f"{chip}/{label}" if label else chip
-            base, n = key, 2
-            while key in out:
-                key, n = f"{base}#{n}", n + 1
-            out[key] = float(cur)
-    return out
-
-
-def _psutil_sensors() -> dict[str, list]:
-    import psutil
-
-    fn = getattr(psutil, "sensors_temperatures", None)  # absent on some platforms
-    return fn() if fn is not None else {}
-
-
-def read_temperatures(
-    thermal_root: Path = SYS_THERMAL, sensors: Callable[[], dict] | None = _psutil_sensors
-) -> tuple[dict[str, float], str | None]:
-    """(sensor -> deg C, why psutil failed or None): psutil's sensors, else the thermal zones."""
-    problem = None
-    if sensors is not None:
-        try:
-            found = flatten_sensors(sensors() or {})
-        except Exception as e:  # noqa: BLE001 -- psutil raises assorted errors on odd sysfs
-            found, problem = {}, f"psutil.sensors_temperatures(): {type(e).__name__}: {e}"
-        if found:
-            return found, None
-    return read_thermal_zones(thermal_root), problem
-
-
-def read_host_memory() -> dict[str, int]:
-    """Host memory in bytes: total, used (as free(1) counts it), available (psutil)."""
-    import psutil
-
-    vm = psutil.virtual_memory()
-    return {"total_bytes": vm.total, "used_bytes": vm.used, "available_bytes": vm.available}
-
-
-def node_memory_bytes(layout: cgroups.CgroupLayout, rel: str) -> int | None:
-    """Memory charged to the group, when it has the memory controller; None otherwise.
-
-    v2: <root>/<rel>/memory.current (present only where memory is enabled for the group);
-    v1: <root>/memory/<rel>/memory.usage_in_bytes (present only if the group exists in the
-    memory hierarchy). Never creates anything.
-    """
-    if layout.version == 2:
-        p = layout.root / rel / "memory.current"
-    else:
-        p = layout.root / "memory" / rel / "memory.usage_in_bytes"
-    try:
-        return int(p.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-#: `vcgencmd get_throttled` bits (Raspberry Pi documentation, "vcgencmd"): 0-3 now, 16-19 since boot
-THROTTLED_BITS = {
-    0: "under_voltage",
-    1: "arm_freq_capped",
-    2: "throttled",
-    3: "soft_temp_limit",
-    16: "under_voltage_occurred",
-    17: "arm_freq_capped_occurred",
-    18: "throttled_occurred",
-    19: "soft_temp_limit_occurred",
-}
-_NOW_MASK = 0xF
-_OCCURRED_MASK = 0xF0000
-
-
-def parse_throttled(text: str) -> dict:
-    """`throttled=0x50005` -> {"raw": "0x50005", "value": 327685, "under_voltage": True, ...}."""
-    m = re.search(r"throttled=(0x[0-9a-fA-F]+|\d+)", text)
-    if not m:
-        raise ValueError(f"unexpected vcgencmd get_throttled output: {text.strip()[:80]!r}")
-    value = int(m.group(1), 0)
-    out: dict[str, Any] = {"raw": m.group(1), "value": value}
-    out.update({name: bool(value >> bit & 1) for bit, name in THROTTLED_BITS.items()})
-    return out
-
-
-def parse_measure_clock(text: str) -> float:
-    """`frequency(48)=1500398464` (Hz) -> MHz."""
-    m = re.search(r"frequency\(\d+\)=(\d+)", text)
-    if not m:
-        raise ValueError(f"unexpected vcgencmd measure_clock output: {text.strip()[:80]!r}")
-    return int(m.group(1)) / 1e6
-
-
-def throttled_during(start: dict | None, end: dict | None) -> bool | None:
-    """Did the firmware throttle, cap the clock or see under-voltage during the test?
-
-    True when a "now" flag is set at the start or at the end, or a "has occurred" flag is set
-    at the end that was not at the start. The "occurred" flags are sticky since boot: once set
-    (before the test), a new event between the two readings that is over by the end is not
-    visible. None without any reading.
-    """
-    vs = [r.get("value") for r in (start, end) if r and r.get("value") is not None]
-    if not vs:
-        return None
-    if any(v & _NOW_MASK for v in vs):
-        return True
-    before = (start or {}).get("value")
-    after = (end or {}).get("value")
-    if before is not None and after is not None:
-        return bool(after & _OCCURRED_MASK & ~before)
-    return False
 
 
 def _minmeanmax(values: list[float]) -> dict:
