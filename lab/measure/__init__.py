@@ -17,15 +17,14 @@ import pkgutil
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from ..errors import ConfigError
-from .base import REGISTRY, Context, Metric, Param, Primary, Record, Test
+from .base import REGISTRY, TESTS, Context, Metric, Param, Primary, Record, Test, get_test
 
 
 def _discover() -> dict[str, Test]:
     for mod in pkgutil.iter_modules(__path__):
         if not mod.name.startswith("_"):
             importlib.import_module(f"{__name__}.{mod.name}")
-    tests = {}
+    tests = TESTS  # filled in place: lab.measure.base.get_test reads the same dict
     for name, cls in REGISTRY.items():
         if inspect.isabstract(cls):
             continue
@@ -34,19 +33,7 @@ def _discover() -> dict[str, Test]:
     return tests
 
 
-TESTS: dict[str, Test] = _discover()
-
-
-def get_test(name: str, *, source: str | None = None, field: str | None = "test") -> Test:
-    """The registered test called `name`; ConfigError listing the valid names otherwise."""
-    try:
-        return TESTS[name]
-    except (KeyError, TypeError):
-        raise ConfigError(
-            f"unknown test {name!r}; accepted: {', '.join(sorted(TESTS))}",
-            source=source,
-            field=field,
-        ) from None
+_discover()
 
 
 @dataclass(frozen=True)

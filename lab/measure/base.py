@@ -201,6 +201,10 @@ class Primary(NamedTuple):
 #: Test.__init_subclass__ as lab.measure imports its modules (classes defined elsewhere, such as
 #: tests' fakes, are not registered). lab.measure.TESTS holds one instance of each.
 REGISTRY: dict[str, type[Test]] = {}
+#: One instance of each registered test, by name; lab.measure fills it when it has imported its
+#: modules (here, not there, so a test that wraps others, such as contention, needs no import of
+#: the package that imports it).
+TESTS: dict[str, Test] = {}
 _PACKAGE = __name__.rpartition(".")[0]
 
 
@@ -374,3 +378,15 @@ def wait_listening(
                 f"{timeout:.0f}s:\n{daemon.log_tail()}"
             )
         time.sleep(0.05)
+
+
+def get_test(name: str, *, source: str | None = None, field: str | None = "test") -> Test:
+    """The registered test called `name`; ConfigError listing the valid names otherwise."""
+    try:
+        return TESTS[name]
+    except (KeyError, TypeError):
+        raise ConfigError(
+            f"unknown test {name!r}; accepted: {', '.join(sorted(TESTS))}",
+            source=source,
+            field=field,
+        ) from None

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..errors import ConfigError
-from .base import Context, Param, Primary, Record, Test
+from .base import TESTS, Context, Param, Primary, Record, Test, get_test
 
 HOG = ["python3", "-c", "while True: pass"]
 
@@ -34,14 +34,10 @@ class ContentionTest(Test):
     primary = Primary("throughput_bps", "Mbit/s", 1e-6, True)
 
     def estimate_s(self, params: Mapping[str, Any]) -> float:
-        from . import get_test
-
         inner = get_test(params["test"])
         return inner.estimate_s(inner.validate(params["params"], source="estimate")) + 0.5
 
     def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
-        from . import TESTS, get_test
-
         out = super().validate(params, source=source)
         if out["test"] == self.name:
             valid = ", ".join(n for n in sorted(TESTS) if n != self.name)
@@ -51,8 +47,6 @@ class ContentionTest(Test):
         return out
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
-        from . import get_test
-
         inner = get_test(params["test"])
         node = ctx.client if params["node"] == "client" else ctx.server
         hogs = []

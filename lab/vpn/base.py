@@ -216,3 +216,22 @@ def route_through(end: Endpoint, peer: Endpoint, dev: str) -> None:
     for net in peer.behind:
         fam = "-6" if ":" in net else "-4"
         end.node.run(["ip", fam, "route", "replace", net, "dev", dev])
+
+
+#: Jinja2 templates of the drivers' config files (vpn_profiles/templates/<driver>/...)
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent.parent / "vpn_profiles" / "templates"
+
+
+def render_template(rel: str, **values: Any) -> str:
+    """Render vpn_profiles/templates/<rel> (Jinja2; an undefined name is an error, not '')."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    return env.get_template(rel).render(**values)

@@ -46,9 +46,9 @@ from .base import (
     TunnelContext,
     route_through,
     write_secret,
+    render_template,
 )
 from .kernelfeatures import missing_features
-from .profiles import render_template
 
 IFNAME = "ppp0"  # `unit 0`: ppp units are per network namespace
 PPP_DIR = "/etc/ppp"  # what pppd reads; in a node, the lab's ppp/ directory is mounted here

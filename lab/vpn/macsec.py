@@ -27,9 +27,19 @@ from typing import ClassVar
 
 from ..errors import ConfigError, StartupError
 from ..node import Node
-from .base import IP, PING, Availability, Driver, Endpoint, Param, Tool, TunnelContext, write_secret
+from .base import (
+    IP,
+    PING,
+    Availability,
+    Driver,
+    Endpoint,
+    Param,
+    Tool,
+    TunnelContext,
+    write_secret,
+    render_template,
+)
 from .kernelfeatures import probe_links
-from .profiles import render_template
 
 STATIC_IFNAME = "macsec0"
 WPA_CONF = "wpa_supplicant.conf"

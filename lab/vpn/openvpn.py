@@ -22,9 +22,18 @@ from typing import ClassVar
 from .. import proc
 from ..errors import ConfigError, StartupError
 from ..node import Node
-from .base import IP, Availability, Driver, Param, Tool, TunnelContext, route_through, write_secret
+from .base import (
+    IP,
+    Availability,
+    Driver,
+    Param,
+    Tool,
+    TunnelContext,
+    route_through,
+    write_secret,
+    render_template,
+)
 from .kernelfeatures import has_char_device
-from .profiles import render_template
 
 IFNAME = "tun0"
 CBC_CIPHERS = ("AES-256-CBC", "AES-128-CBC", "BF-CBC")

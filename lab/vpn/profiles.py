@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import get_driver
-from .base import Driver, Param
+from .base import TEMPLATE_DIR, Driver, Param, render_template  # noqa: F401  (re-exported)
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent.parent / "vpn_profiles"
 TOP_KEYS = {"driver": str, "description": str, "study": str, "params": dict}
@@ -34,7 +34,7 @@ def profile_dirs() -> list[Path]:
 
 
 def template_dir() -> Path:
-    return PROFILE_DIR / "templates"
+    return TEMPLATE_DIR
 
 
 @dataclass
@@ -199,18 +199,3 @@ def validate_params(driver: Driver, given: dict[str, Any], *, source: str) -> di
         out[key] = value
     driver.validate(out, source=source)
     return out
-
-
-def render_template(rel: str, **values: Any) -> str:
-    """Render vpn_profiles/templates/<rel> (Jinja2; an undefined name is an error, not '')."""
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir())),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    return env.get_template(rel).render(**values)

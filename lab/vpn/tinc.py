@@ -27,9 +27,17 @@ from typing import ClassVar
 from .. import proc
 from ..errors import LabError, StartupError
 from ..node import Node
-from .base import IP, Availability, Driver, Param, Tool, TunnelContext, write_secret
+from .base import (
+    IP,
+    Availability,
+    Driver,
+    Param,
+    Tool,
+    TunnelContext,
+    write_secret,
+    render_template,
+)
 from .kernelfeatures import has_char_device
-from .profiles import render_template
 
 IFNAME = "tinc0"
 NETNAME = "lab"

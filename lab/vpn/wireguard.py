@@ -17,9 +17,18 @@ from typing import ClassVar
 
 from ..errors import ConfigError, StartupError
 from ..node import Node
-from .base import IP, Availability, Driver, Param, Tool, TunnelContext, route_through, write_secret
+from .base import (
+    IP,
+    Availability,
+    Driver,
+    Param,
+    Tool,
+    TunnelContext,
+    route_through,
+    write_secret,
+    render_template,
+)
 from .kernelfeatures import has_char_device, probe_netns
-from .profiles import render_template
 
 IFNAME = "wg0"
 WG_QUICK_ONLY = {
