@@ -21,18 +21,6 @@ from ..proc import which
 ENGINE_DIR = Path(__file__).resolve().parents[2] / "engine"
 BUILD_COMMAND = "cargo build --release --manifest-path engine/Cargo.toml"
 DIRECTIONS = ("a2b", "b2a", "both")
-COUNTERS = (
-    "seen",
-    "forwarded",
-    "dropped_loss",
-    "dropped_limit",
-    "duplicated",
-    "reordered",
-    "corrupted",
-    "queue_depth",
-    "queue_depth_max",
-    "bytes",
-)
 
 
 def _find(name: str) -> str:
