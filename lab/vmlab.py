@@ -92,6 +92,8 @@ def vm_substrate(vm) -> dict:
         "host_kernel": os.uname().release,
         "qemu_pid": vm.pid,
         "boot_s": vm.boot_seconds,
+        # guest boots that panicked in the emulator and were started again (lab.vm.machine)
+        "boot_panics": len(vm.record.get("boot_panics") or ()),
     }
 
 

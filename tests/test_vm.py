@@ -19,7 +19,7 @@ from lab.errors import PreconditionError
 from lab.vm import agent, kernel, qemu
 from lab.vm.channel import Channel, ChannelClosed
 from lab.vm.initramfs import Entry, newc, render_config
-from lab.vm.machine import plan_shares
+from lab.vm.machine import PANIC_LOGS, STATE_FILES, VM, _emulator_panic, plan_shares
 
 
 # -- initramfs -------------------------------------------------------------------------------------
@@ -172,6 +172,32 @@ def test_plan_shares(tmp_path):
         plan_shares(None, None, {"rel": tmp_path})
     with pytest.raises(PreconditionError, match="accepted values"):
         plan_shares(tmp_path, None, None, project_cache="always")
+
+
+INT3_OOPS = """[    1.057902] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI
+[    1.060264] RIP: 0010:enqueue_timer+0xa5/0x100
+[    1.060406] Kernel panic - not syncing: Fatal exception in interrupt
+"""
+NO_INIT = "[    0.9] Kernel panic - not syncing: No working init found.\n"
+
+
+@pytest.mark.parametrize(
+    "accel, console, retried, again",
+    [
+        ("tcg", INT3_OOPS, 0, True),  # the emulator's stale translation: start once more
+        ("tcg", INT3_OOPS, 1, False),  # only once
+        ("kvm", INT3_OOPS, 0, False),  # a real CPU: the kernel's own bug, reported
+        ("tcg", NO_INIT, 0, False),  # another panic: starting again cannot help
+        ("tcg", "[    1.0] Oops: int3: 0000 [#1]\n", 0, False),  # oops survived: not a panic
+        ("tcg", None, 0, False),  # no console at all
+    ],
+)
+def test_boot_starts_again_only_after_an_emulator_panic(tmp_path, accel, console, retried, again):
+    if console is not None:
+        (tmp_path / "console.log").write_text(console)
+    vm = VM(tmp_path, {"pid": 0, "accel": accel})
+    assert _emulator_panic(vm, accel, retried) is again
+    assert set(PANIC_LOGS) <= set(STATE_FILES)  # shutdown removes the kept consoles too
 
 
 def test_probe_accel_without_kvm_device_is_tcg(monkeypatch):
