@@ -163,6 +163,28 @@ def remove_link(ns: str, ifname: str) -> None:
                     raise
 
 
+def root_link_exists(ifname: str) -> bool:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        return bool(ipr.link_lookup(ifname=ifname))
+
+
+def remove_root_link(ifname: str) -> None:
+    """Delete the root-namespace interface `ifname` the ledger names, if it is still there."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if idx:
+            try:
+                ipr.link("del", index=idx[0])
+            except NetlinkError as e:
+                if e.code != errno.ENODEV:
+                    raise
+
+
 def configure_node(
     ns: str,
     interfaces: list[dict],

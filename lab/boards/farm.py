@@ -1,0 +1,312 @@
+"""An emulated board farm: one node per board of a topology, each running a real sshd.
+
+`lab boards emulate TOPOLOGY --out farm.toml` builds, as a lab of its own (same ledger, same
+teardown):
+- one node per host of the topology (same name, same CPU profile), cabled as the topology's
+  links say, its data interfaces named eth1, eth2, ... and left unaddressed, forwarding off: a
+  freshly installed board;
+- a management network: every board's eth0 on a switch with an address in a free
+  172.30.X.0/24, and this machine reaching that switch through one veth (the only object the
+  farm puts in the root namespace; it goes with the switch's namespace). SSH listens on the
+  management address only, as on a board whose data ports carry the experiment;
+- per board, its own /var/lib/lab (a tmpfs in the board's mount namespace, so files the
+  controller puts on a board really travel over SSH) and its sshd's files bound at /run/board;
+- fresh keys per farm: an ed25519 client key, a host key per board and a known_hosts file, all
+  mode 0600 in the farm's state directory, named by the inventory it writes.
+
+The inventory it writes is an ordinary boards.toml: `lab up --boards farm.toml` cannot tell
+these boards from real ones.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shlex
+from pathlib import Path
+
+from mininet.topo import Topo
+
+from .. import proc
+from ..errors import ConfigError, PreconditionError
+from ..lab import Lab, up
+from ..state import lab_dir, list_lab_ids, new_lab_id, state_root, write_json_atomic
+from ..topology import LabSpec, resolve
+
+MGMT_SWITCH = "mgmt"
+MGMT_IF = "eth0"
+#: management subnets are picked from here, skipping any this machine already routes
+MGMT_POOL = ipaddress.ip_network("172.30.0.0/16")
+SSHD = "/usr/sbin/sshd"
+SSHD_CONFIG = """\
+ListenAddress {addr}
+Port 22
+HostKey /run/board/host_key
+AuthorizedKeysFile /run/board/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PidFile none
+LogLevel ERROR
+"""
+
+
+def data_names(spec: LabSpec) -> dict[tuple[str, str], str]:
+    """(node, topology ifname) -> the farm board's interface name: eth1, eth2, ... per node in
+    link order (eth0 is the management port)."""
+    out: dict[tuple[str, str], str] = {}
+    count: dict[str, int] = {}
+    for lk in spec.links:
+        for node, ifname in ((lk.node1, lk.intf1), (lk.node2, lk.intf2)):
+            count[node] = count.get(node, 0) + 1
+            out[(node, ifname)] = f"eth{count[node]}"
+    return out
+
+
+def farm_spec(spec: LabSpec, subnet: ipaddress.IPv4Network) -> LabSpec:
+    """The farm as a lab: the topology's hosts as bare boards (no addresses, routes or
+    forwarding on their data ports) plus the management switch."""
+    switches = [n.name for n in spec.nodes.values() if n.kind == "switch"]
+    if switches:
+        raise ConfigError(
+            f"switch {switches[0]!r}: boards connect by point-to-point cables only",
+            source=spec.source,
+        )
+    if MGMT_SWITCH in spec.nodes:
+        raise ConfigError(
+            f"node name {MGMT_SWITCH!r} is the farm's management switch; rename the node",
+            source=spec.source,
+        )
+    names = data_names(spec)
+    hosts = spec.hosts()
+    addrs = list(subnet.hosts())
+
+    class Farm(Topo):
+        def build(self):
+            self.addSwitch(MGMT_SWITCH)
+            for n in hosts:
+                self.addHost(n.name, **({"cpu": n.cpu} if n.cpu is not None else {}))
+            for i, n in enumerate(hosts):
+                self.addLink(
+                    n.name, MGMT_SWITCH, intfName1=MGMT_IF,
+                    params1={"ip": f"{addrs[i]}/{subnet.prefixlen}"},
+                )  # fmt: skip
+            for lk in spec.links:
+                self.addLink(
+                    lk.node1, lk.node2,
+                    intfName1=names[(lk.node1, lk.intf1)], intfName2=names[(lk.node2, lk.intf2)],
+                )  # fmt: skip
+
+    fs = resolve(Farm(), source=f"board farm of {spec.source}", topo_name="farm")
+    for n in fs.hosts():
+        n.routes = []
+        n.default_route = None
+        n.router = False
+        n.vpn = n.traffic = None
+        for i in n.interfaces:
+            if i.name != MGMT_IF:
+                i.ip = i.ip6 = None
+            else:
+                i.ip6 = None
+    return fs
+
+
+def _routed_networks() -> list[ipaddress.IPv4Network]:
+    from pyroute2 import IPRoute
+
+    nets = []
+    with IPRoute() as ipr:
+        for r in ipr.get_routes(family=2):
+            dst = r.get_attr("RTA_DST") or "0.0.0.0"
+            if r["dst_len"] == 0:
+                continue
+            nets.append(ipaddress.ip_network(f"{dst}/{r['dst_len']}", strict=False))
+    return nets
+
+
+def free_subnet(taken: list[ipaddress.IPv4Network] | None = None) -> ipaddress.IPv4Network:
+    """The first /24 of MGMT_POOL that no route of this machine and no other farm overlaps."""
+    taken = list(_routed_networks() if taken is None else taken)
+    for other in list_farms():
+        taken.append(ipaddress.ip_network(other["subnet"]))
+    for net in MGMT_POOL.subnets(new_prefix=24):
+        if not any(net.overlaps(t) for t in taken):
+            return net
+    raise PreconditionError(f"no free /24 left in {MGMT_POOL} for a farm's management network")
+
+
+def list_farms() -> list[dict]:
+    out = []
+    for lab_id in list_lab_ids():
+        try:
+            import json
+
+            info = json.loads((lab_dir(lab_id) / "lab.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("farm"):
+            out.append({"id": lab_id, **info["farm"]})
+    return out
+
+
+def _keygen(path: Path, comment: str) -> str:
+    proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def emulate(spec: LabSpec, out: Path, farm_id: str | None = None) -> dict:
+    """Build the farm for `spec` and write its inventory to `out`. Returns the farm record."""
+    if not os.path.exists(SSHD):
+        raise PreconditionError(f"{SSHD} missing: install openssh-server (./setup.sh does)")
+    out = Path(out).absolute()
+    if out.exists():
+        raise PreconditionError(f"{out} exists; remove it or choose another --out")
+    subnet = free_subnet()
+    fspec = farm_spec(spec, subnet)
+    farm_id = farm_id or new_lab_id("f")
+    lab = up(fspec, farm_id)
+    try:
+        record = _finish(lab, spec, subnet, out)
+    except BaseException:
+        from ..teardown import teardown
+
+        teardown(farm_id)
+        raise
+    return record
+
+
+def _finish(lab: Lab, spec: LabSpec, subnet, out: Path) -> dict:
+    d = lab.dir / "farm"
+    d.mkdir(mode=0o700)
+    host_ip = list(subnet.hosts())[-1]
+    mgmt_ns = lab.info["nodes"][MGMT_SWITCH]["netns"]
+    host_if = f"lab-{lab.id}"[:15]
+    lab.ledger.record("hostveth", ifname=host_if, peer_ns=mgmt_ns)
+    _host_veth(host_if, mgmt_ns, f"{host_ip}/{subnet.prefixlen}")
+
+    client_pub = _keygen(d / "id_ed25519", f"lab farm {lab.id}")
+    known = []
+    boards = {}
+    names = data_names(spec)
+    for n in lab.spec.hosts():
+        bdir = d / "boards" / n.name
+        bdir.mkdir(parents=True, mode=0o700)
+        addr = next(i.ip for i in n.interfaces if i.name == MGMT_IF).split("/")[0]
+        host_pub = _keygen(bdir / "host_key", f"{n.name}@{lab.id}")
+        (bdir / "authorized_keys").write_text(client_pub + "\n")
+        (bdir / "sshd_config").write_text(SSHD_CONFIG.format(addr=addr))
+        known.append(f"{addr} {host_pub}")
+        node = lab.node(n.name)
+        root = str(state_root())
+        script = (
+            "mkdir -p /run/board /run/sshd"
+            f" && mount --bind {shlex.quote(str(bdir))} /run/board"
+            f" && mount -t tmpfs -o mode=0755,size=64m lab-board {shlex.quote(root)}"
+        )
+        node.run(["sh", "-c", script])
+        node.spawn("sshd", [SSHD, "-D", "-e", "-f", "/run/board/sshd_config"])
+        boards[n.name] = {
+            "host": addr,
+            "data": [names[(n.name, i.name)] for i in spec.nodes[n.name].interfaces],
+        }
+    kh = d / "known_hosts"
+    kh.write_text("\n".join(known) + "\n")
+    kh.chmod(0o600)
+    _wait_sshd(lab, boards)
+
+    lines = [
+        f"# Emulated board farm {lab.id} (`lab boards emulate`) for {spec.source}.",
+        f"# Remove it with `lab boards emulate --down --id {lab.id}`.",
+        "",
+    ]
+    for name, b in boards.items():
+        lines += [
+            f"[boards.{name}]",
+            f'host = "{b["host"]}"',
+            'user = "root"',
+            f'key = "{d / "id_ed25519"}"',
+            'become = "root"',
+            f'mgmt = "{MGMT_IF}"',
+            "data = [" + ", ".join(f'"{x}"' for x in b["data"]) + "]",
+            f'ssh_options = ["UserKnownHostsFile={kh}", "GlobalKnownHostsFile=/dev/null"]',
+            "",
+        ]
+    for lk in spec.links:
+        a = f"{lk.node1}:{names[(lk.node1, lk.intf1)]}"
+        b = f"{lk.node2}:{names[(lk.node2, lk.intf2)]}"
+        lines += ["[[cables]]", f'a = "{a}"', f'b = "{b}"', ""]
+    out.write_text("\n".join(lines))
+    record = {
+        "subnet": str(subnet),
+        "controller": str(host_ip),
+        "host_interface": host_if,
+        "inventory": str(out),
+        "topology": spec.source,
+        "boards": boards,
+    }
+    lab.info["farm"] = record
+    write_json_atomic(lab.dir / "lab.json", lab.info)
+    return {"id": lab.id, **record}
+
+
+def _host_veth(host_if: str, mgmt_ns: str, cidr: str) -> None:
+    from pyroute2 import IPRoute, NetNS
+
+    addr, plen = cidr.split("/")
+    with IPRoute() as ipr:
+        ipr.link("add", ifname=host_if, kind="veth", peer={"ifname": "ctl0", "net_ns_fd": mgmt_ns})
+        idx = ipr.link_lookup(ifname=host_if)[0]
+        ipr.addr("add", index=idx, address=addr, prefixlen=int(plen))
+        ipr.link("set", index=idx, state="up")
+    with NetNS(mgmt_ns) as ns:
+        br = ns.link_lookup(ifname="br0")[0]
+        idx = ns.link_lookup(ifname="ctl0")[0]
+        ns.link("set", index=idx, master=br, state="up")
+
+
+def _wait_sshd(lab: Lab, boards: dict, timeout: float = 15.0) -> None:
+    """Until each board's sshd listens on its management address."""
+    import time
+
+    for name, b in boards.items():
+        node = lab.node(name)
+        deadline = time.monotonic() + timeout
+        while True:
+            cp = node.run(["ss", "-Hltn", f"src {b['host']} and sport = :22"], check=False)
+            if cp.returncode == 0 and cp.stdout.strip():
+                break
+            if time.monotonic() > deadline:
+                log = lab.dir / "logs" / f"{name}-sshd.log"
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise PreconditionError(f"sshd on board {name} not listening:\n{tail}")
+            time.sleep(0.05)
+
+
+def farm_id(lab_id: str | None) -> str:
+    """The farm to remove: `lab_id`, else the only farm on this machine."""
+    farms = list_farms()
+    if lab_id is not None:
+        if not any(f["id"] == lab_id for f in farms):
+            raise PreconditionError(
+                f"no emulated board farm {lab_id!r}; farms: "
+                + (", ".join(f["id"] for f in farms) or "none")
+            )
+        return lab_id
+    if len(farms) != 1:
+        raise PreconditionError(
+            "choose the farm with --id: " + (", ".join(f["id"] for f in farms) or "no farm is up")
+        )
+    return farms[0]["id"]
+
+
+def remove(lab_id: str) -> list[str]:
+    """Tear the farm down (its lab's ledger) and delete the inventory it wrote."""
+    from ..teardown import teardown
+
+    info = next(f for f in list_farms() if f["id"] == lab_id)
+    left = teardown(lab_id)
+    if not left:
+        Path(info["inventory"]).unlink(missing_ok=True)
+    return left
