@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("lab.py / vmlab.py", ["lab.lab", "lab.vmlab"]),
     ("vpn/ impair/ measure/", ["lab.vpn.*", "lab.impair.*", "lab.measure.*"]),
-    ("topology", ["lab.topology"]),
+    ("topology", ["lab.topology", "lab.boards.inventory", "lab.boards.types"]),
     (
         "graph / impairment language / cpu profiles (pure data)",
         [
