@@ -14,6 +14,7 @@ from . import __version__
 from .clicommands import (  # noqa: F401
     _command,
     _run_vm,
+    cmd_boards,
     cmd_calibrate,
     cmd_clean,
     cmd_compare,
@@ -82,6 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
         "L2TP when this kernel lacks them); exec/impair/status/down reach into it",
     )
     p.add_argument("--vm-mem", type=int, default=2048, metavar="MB", help="VM memory (with --vm)")
+    p.add_argument(
+        "--boards",
+        metavar="INVENTORY",
+        help="build it on real boards over SSH (boards.toml or an Ansible inventory; "
+        "docs/boards.md); everything changed on a board is restored at `lab down`",
+    )
+    p.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="NODE=BOARD",
+        help="run topology node NODE on board BOARD (default: the board of the same name)",
+    )
 
     p = sub.add_parser("render", help="write a VPN profile's config files for a topology")
     p.add_argument("topology")
@@ -159,6 +173,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--vm-mem", type=int, default=2048, metavar="MB", help="VM memory (with --vm)")
 
+    p = sub.add_parser("boards", help="real boards over SSH: an emulated board farm for tests")
+    bsub = p.add_subparsers(dest="boards_cmd", required=True, metavar="ACTION")
+    q = bsub.add_parser(
+        "emulate",
+        help="build an emulated board farm for a topology (real sshd per board) and write its "
+        "inventory; --down removes it",
+    )
+    q.add_argument("topology", nargs="?", help="topology file whose hosts become boards")
+    q.add_argument("--topo", help="which entry of the file's topos dict")
+    q.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+    q.add_argument("--out", metavar="INVENTORY", help="where to write the farm's boards.toml")
+    q.add_argument("--down", action="store_true", help="remove the farm (--id, or the only one)")
+    q.add_argument("--id", dest="lab_id", help="farm id")
+    q.add_argument("--json", action="store_true")
+
     p = sub.add_parser("report", help="regenerate a run's tables, plots and report")
     p.add_argument("run_dir")
 
@@ -199,6 +228,7 @@ COMMANDS = {
     "exec": cmd_exec,
     "shell": cmd_shell,
     "calibrate": cmd_calibrate,
+    "boards": cmd_boards,
 }
 
 

@@ -15,7 +15,7 @@ from .errors import ConfigError, LabError, TeardownIncomplete
 
 
 def cmd_up(args) -> int:
-    from .substrates import bring_up
+    from .substrates import bring_up, choose
     from .topology import load_topology, parse_param
 
     params = dict(parse_param(p) for p in args.param)
@@ -33,7 +33,7 @@ def cmd_up(args) -> int:
     t0 = time.monotonic()
     lab, status, notes = bring_up(
         spec,
-        on="vm" if args.vm else "local",
+        on=choose(vm=args.vm, boards=args.boards),
         lab_id=args.lab_id,
         vpn=args.vpn,
         impair=args.impair,
@@ -42,6 +42,8 @@ def cmd_up(args) -> int:
         topology_file=args.topology,
         guest_args=guest,
         vm_mem_mb=args.vm_mem,
+        inventory=args.boards,
+        mapping=args.map,
     )
     dt = time.monotonic() - t0
     for line in notes:
@@ -148,13 +150,13 @@ def cmd_down(args) -> int:
 
 def cmd_clean(args) -> int:
     from .state import list_lab_ids, state_root
-    from .teardown import teardown
+    from .substrates import remove, removal_order
 
-    ids = list_lab_ids()
+    ids = removal_order(list_lab_ids())
     left_all = []
     for lab_id in ids:
         notes: list[str] = []
-        left = teardown(lab_id, notes)
+        left = remove(lab_id, notes)
         for n in notes:
             err.print(f"lab: note: {n}", markup=False, highlight=False)
         left_all += [f"{lab_id}: {x}" for x in left]
@@ -442,3 +444,40 @@ def cmd_compare(args) -> int:
         f"{s['only_a']} only in A, {s['only_b']} only in B"
     )
     return 0
+
+
+def cmd_boards(args) -> int:
+    from pathlib import Path
+
+    from .boards import farm
+
+    if args.boards_cmd == "emulate":
+        if args.down:
+            lab_id = farm.farm_id(args.lab_id)
+            left = farm.remove(lab_id)
+            if left:
+                raise TeardownIncomplete([f"{lab_id}: {x}" for x in left])
+            out.print(f"board farm {lab_id!r} removed")
+            return 0
+        if not args.topology or not args.out:
+            raise ConfigError(
+                "lab boards emulate TOPOLOGY --out INVENTORY (or --down to remove a farm)",
+                source="lab boards emulate",
+            )
+        from .topology import load_topology, parse_param
+
+        spec = load_topology(args.topology, args.topo, dict(parse_param(p) for p in args.param))
+        t0 = time.monotonic()
+        rec = farm.emulate(spec, Path(args.out), args.lab_id)
+        if args.json:
+            print(json.dumps(rec, indent=2))
+            return 0
+        for name, b in rec["boards"].items():
+            out.print(f"board {name}: ssh root@{b['host']}, data ports {', '.join(b['data'])}")
+        out.print(
+            f"board farm {rec['id']!r} up in {time.monotonic() - t0:.2f} s "
+            f"(management {rec['subnet']}); inventory {rec['inventory']}; "
+            f"`lab boards emulate --down --id {rec['id']}` removes it"
+        )
+        return 0
+    raise ConfigError(f"unknown action {args.boards_cmd!r}", source="lab boards")

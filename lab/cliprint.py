@@ -19,7 +19,7 @@ def _print_status(s: dict) -> None:
     t = Table(
         title=f"lab {s['id']} ({s.get('state')}) — {s.get('topology', '')}", title_justify="left"
     )
-    for col in ("node", "netns", "cpu", "interface", "IPv4", "IPv6", "peer"):
+    for col in ("node", "where", "cpu", "interface", "IPv4", "IPv6", "peer"):
         t.add_column(col)
     for name, n in s.get("nodes", {}).items():
         cpu = n.get("cpu") or {}
@@ -33,7 +33,7 @@ def _print_status(s: dict) -> None:
         for i in n["interfaces"] or [{}]:
             t.add_row(
                 f"{name} ({kind})" if first else "",
-                n["netns"] if first else "",
+                (n.get("netns") or f"{n.get('board')} ({n.get('host')})") if first else "",
                 cpu_s if first else "",
                 i.get("name", ""),
                 i.get("ip") or "",

@@ -1,6 +1,7 @@
 """One interface for a lab, whatever it runs on (issue 14): the CLI holds no substrate branches.
 
-    bring_up(spec, ..., on="local" | "vm")  -> LabHandle   build a lab (nothing left on failure)
+    bring_up(spec, ..., on="local" | "vm" | "boards")  -> LabHandle   build a lab (nothing left
+                                                            on failure)
     open_lab(lab_id)                         -> LabHandle   a lab that is up, found by its ledger
 
 A LabHandle answers `status()`, `exec(node, argv)`, `shell(node)`, `impair(action, ...)` and
@@ -8,7 +9,8 @@ A LabHandle answers `status()`, `exec(node, argv)`, `shell(node)`, `impair(actio
   LocalLab  namespaces on this machine (lab.lab.Lab; objects, no strings in between)
   VmLab     a lab inside the full-kernel VM (lab.vmlab): each call crosses into the guest as the
             guest's own `lab` command line through the VM's agent; JSON comes back
-Boards over SSH implement the same methods; nothing above this module asks what a lab runs on.
+  BoardsLab boards over SSH (lab.boards.boardlab): every change recorded, restored at down
+Nothing above this module asks what a lab runs on.
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ from .errors import CommandError, LabError
 from .lab import Lab, resolve_id
 
 #: the substrates `bring_up` knows, for --help and error messages
-KINDS = ("local", "vm")
+KINDS = ("local", "vm", "boards")
+
+
+def choose(*, vm: bool = False, boards: str | None = None) -> str:
+    """The substrate the command-line flags ask for (--vm, --boards INVENTORY)."""
+    if vm and boards:
+        from .errors import ConfigError
+
+        raise ConfigError("--vm and --boards exclude each other", field="--boards")
+    return "boards" if boards else "vm" if vm else "local"
 
 
 class LabHandle(ABC):
@@ -160,12 +171,88 @@ class VmLab(LabHandle):
         return vmlab.down(self.id, notes)
 
 
+class BoardsLab(LabHandle):
+    """A lab on boards over SSH; this machine keeps its ledger (lab.boards.boardlab)."""
+
+    kind = "boards"
+
+    def __init__(self, lab_id: str, lab=None):
+        super().__init__(lab_id)
+        self._lab = lab
+
+    @property
+    def lab(self):
+        from .boards.boardlab import BoardLab
+
+        if self._lab is None:
+            self._lab = BoardLab.open(self.id)
+        return self._lab
+
+    def up_note(self, status: dict, seconds: float) -> str:
+        return f"on {len(status.get('nodes') or {})} boards in {seconds:.2f} s"
+
+    def status(self) -> dict:
+        try:
+            return self.lab.status()
+        except LabError as e:
+            return {"id": self.id, "state": f"broken ({e}); run `lab clean`"}
+
+    def exec(self, node: str, argv: list[str]) -> int:
+        from .boards.boardlab import interactive
+
+        return interactive(self.lab.board(node), argv)
+
+    def shell(self, node: str) -> int:
+        return self.exec(node, ["sh", "-l"])
+
+    def impair(self, action: str, spec: str = "", target: str | None = None) -> dict:
+        from .impair import runtime
+
+        if action == "set":
+            return runtime.set_impairment(self.lab, spec, target)
+        if action == "clear":
+            return runtime.clear_impairment(self.lab)
+        return runtime.show_impairment(self.lab)
+
+    def down(self, notes: list[str]) -> list[str]:
+        from .boards.boardlab import restore
+
+        if self._lab is not None:
+            self._lab.close()
+        return restore(self.id, notes)
+
+
 def open_lab(lab_id: str | None) -> LabHandle:
     """The lab `lab_id` names (without one: the only lab up), on whatever it runs."""
     from . import vmlab
+    from .boards.boardlab import is_board_lab
 
     lab_id = resolve_id(lab_id)
+    if is_board_lab(lab_id):
+        return BoardsLab(lab_id)
     return VmLab(lab_id) if vmlab.is_vm_lab(lab_id) else LocalLab(lab_id)
+
+
+def removal_order(ids: list[str]) -> list[str]:
+    """`lab clean`'s order: labs on boards first (they may run on an emulated board farm,
+    itself a lab of this machine), then the rest."""
+    from .boards.boardlab import is_board_lab
+
+    return sorted(ids, key=lambda i: (not is_board_lab(i), i))
+
+
+def remove(lab_id: str, notes: list[str]) -> list[str]:
+    """Tear down lab `lab_id` from its ledger alone, whatever it runs on (`lab clean`; a lab
+    whose lab.json is gone or half-written included). What is left over."""
+    from .boards.boardlab import is_board_lab
+
+    if is_board_lab(lab_id):
+        from .boards.boardlab import restore
+
+        return restore(lab_id, notes)
+    from .teardown import teardown
+
+    return teardown(lab_id, notes)
 
 
 def bring_up(
@@ -180,13 +267,33 @@ def bring_up(
     topology_file: str | None = None,
     guest_args: list[str] | None = None,
     vm_mem_mb: int = 2048,
+    inventory: str | None = None,
+    mapping: list[str] | None = None,
 ) -> tuple[LabHandle, dict, list[str]]:
     """Build `spec` on substrate `on`; (handle, status, lines for the user's stderr). Bad input is refused before anything is
     created and a failure unwinds what was built (lab.lab.up, lab.vmlab.up).
 
     `topology_file` and `guest_args` (the `-p`/`--topo`/... words a guest's `lab up` needs) are
-    what crosses into a VM: the guest loads the same file itself.
+    what crosses into a VM: the guest loads the same file itself. `inventory` (a boards.toml
+    or Ansible inventory) and `mapping` (["client=pi-a", ...]) say which boards, for "boards".
     """
+    if on == "boards":
+        from .boards import boardlab
+        from .boards.inventory import load_inventory, parse_map_option
+
+        inv = load_inventory(inventory)
+        blab = boardlab.up(
+            spec,
+            inv,
+            mapping=parse_map_option(list(mapping or [])),
+            lab_id=lab_id,
+            vpn=vpn,
+            impair=impair,
+            placement=placement,
+        )
+        blab.close()
+        notes = [f"lab: warning: {w}" for w in blab.info.get("warnings", [])]
+        return BoardsLab(blab.id, blab), blab.status(), notes
     if on == "vm":
         from . import vmlab
 
