@@ -1,7 +1,8 @@
 """The command agent inside the lab VM: runs argv lists for the host over a virtio-serial port.
 
 Runs under the host root's /usr/bin/python3 (standard library only: it must not depend on the
-project's venv, which may not exist yet). The init copies it to /run/lab/agent.py.
+project's venv, which may not exist yet). The init copies it to /run/lab/agent.py. On a real
+board (lab.boards.sshnode) ssh starts it with --stdio: requests on stdin, replies on stdout.
 
 Protocol, one JSON object per line in each direction (see docs/vm.md):
   host -> agent  {"id": "...", "op": "run", "argv": [...], "env": {...}, "timeout": s,
@@ -104,10 +105,12 @@ class Port:
     virtio_console returns EOF while no host is connected and writes at most 32 KiB per call, so
     both directions loop. With `reconnects` (the virtio port) an EOF means "the host went away,
     a later one may connect": reading goes on. Without it (a socket) the first EOF ends lines().
+    Replies go to `wfd` when given (--stdio: requests on fd 0, replies on fd 1).
     """
 
-    def __init__(self, fd: int, *, reconnects: bool = True):
+    def __init__(self, fd: int, *, reconnects: bool = True, wfd: int | None = None):
         self.fd = fd
+        self.wfd = fd if wfd is None else wfd
         self.reconnects = reconnects
         self.wlock = threading.Lock()
 
@@ -143,7 +146,7 @@ class Port:
         with self.wlock:
             view = memoryview(data)
             while view:
-                n = os.write(self.fd, view)
+                n = os.write(self.wfd, view)
                 view = view[n:]
 
 
@@ -504,6 +507,10 @@ def main(args: list[str] | None = None) -> None:
     if args[:1] == ["--fd"]:
         # Tests: serve one connected socket (inherited as this fd) until it closes.
         port = Port(int(args[1]), reconnects=False)
+    elif args[:1] == ["--stdio"]:
+        # A board over SSH (lab.boards.sshnode): one ssh session's stdin and stdout; EOF on
+        # stdin (the controller closed it, or the connection dropped) ends serve() and us.
+        port = Port(0, reconnects=False, wfd=1)
     else:
         # The init starts us early, to overlap our start-up with its mounts; wait until done.
         while not os.path.exists(INIT_DONE):
@@ -519,7 +526,8 @@ def main(args: list[str] | None = None) -> None:
     log(f"ready after {uptime():.2f} s of uptime")
     agent = Agent(port)
     agent.serve()
-    # Only a test's socket ends serve(): give the hung-up streams a moment to be reaped.
+    # Only a test's socket or --stdio ends serve(): give the hung-up streams a moment to be
+    # reaped.
     deadline = time.monotonic() + 5
     while agent.streams and time.monotonic() < deadline:
         time.sleep(0.05)
