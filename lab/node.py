@@ -27,13 +27,23 @@ class Daemon:
     start_time: int | None
     log: Path | None
     popen: subprocess.Popen | None = field(default=None, repr=False)
+    #: the node the process runs on when that is not this machine (a board): alive() and
+    #: log_tail() then ask it, through the Node interface; None: this machine's /proc and files
+    where: Node | None = field(default=None, repr=False, compare=False)
 
     def alive(self) -> bool:
         if self.popen is not None and self.popen.poll() is not None:
             return False
+        if self.where is not None:
+            cp = self.where.run(["cat", f"/proc/{self.pid}/stat"], check=False, timeout=30)
+            st = proc.parse_start_time(cp.stdout) if cp.returncode == 0 else None
+            return st is not None and (self.start_time is None or st == self.start_time)
         return proc.is_same_process(self.pid, self.start_time)
 
     def log_tail(self, lines: int = 30) -> str:
+        if self.log and self.where is not None:
+            cp = self.where.run(["tail", "-n", str(lines), str(self.log)], check=False, timeout=30)
+            return cp.stdout.rstrip("\n") if cp.returncode == 0 else ""
         if not self.log or not self.log.exists():
             return ""
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
