@@ -43,7 +43,11 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("lab.py / vmlab.py", ["lab.lab", "lab.vmlab"]),
     ("vpn/ impair/ measure/", ["lab.vpn.*", "lab.impair.*", "lab.measure.*"]),
-    ("topology", ["lab.topology", "lab.boards.inventory", "lab.boards.types"]),
+    # lab.boards.sshnode is a Node like lab.localnode, but it takes a Board (lab.boards.types)
+    (
+        "topology",
+        ["lab.topology", "lab.boards.inventory", "lab.boards.types", "lab.boards.sshnode"],
+    ),
     (
         "graph / impairment language / cpu profiles (pure data)",
         [
