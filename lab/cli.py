@@ -111,8 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("down", help="tear a lab down (exactly what it created)")
     _add_id(p)
 
-    sub.add_parser(
-        "clean", help="tear down every lab recorded on this machine, even half-built ones"
+    p = sub.add_parser(
+        "clean",
+        help="tear down every lab recorded on this machine, even half-built ones, and restore "
+        "every board a lab changed",
+    )
+    p.add_argument(
+        "--farms", action="store_true", help="remove emulated board farms too (kept otherwise)"
     )
 
     p = sub.add_parser("status", help="list labs, nodes and addresses")

@@ -153,6 +153,15 @@ def cmd_clean(args) -> int:
     from .substrates import remove, removal_order
 
     ids = removal_order(list_lab_ids())
+    if not args.farms:
+        from .boards.farm import list_farms
+
+        for f in list_farms():
+            ids.remove(f["id"])
+            out.print(
+                f"board farm {f['id']!r} kept: it stands in for hardware "
+                f"(`lab boards emulate --down --id {f['id']}` or `lab clean --farms` removes it)"
+            )
     left_all = []
     for lab_id in ids:
         notes: list[str] = []

@@ -1,0 +1,207 @@
+"""Labs on boards over SSH, against an emulated board farm (real sshd per board, management
+network separate from the data cables): what `lab up --boards` changes on a board is exactly
+what `lab down` / `lab clean` restore, a miscabled or management-overlapping topology is refused
+with nothing changed, and a controller SIGKILLed mid-build leaves boards `lab clean` restores.
+
+Board state is read over SSH by the test itself (not by the lab's own restore report): links,
+addresses, routes, root qdiscs, the sysctls the lab sets, xfrm, the files under /var/lib/lab and
+the processes in the board's network namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from .conftest import TOPOS, run_lab
+
+pytestmark = pytest.mark.root
+
+#: on the board, every process in its network namespace but this script and its ancestors (the
+#: agent, the ssh session, sshd itself)
+PROCS = r"""
+import os
+me = os.getpid()
+keep = {me}
+pid = me
+while pid > 1:
+    with open(f"/proc/{pid}/stat") as f:
+        pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    keep.add(pid)
+net = os.readlink("/proc/self/ns/net")
+for p in sorted(os.listdir("/proc")):
+    if p.isdigit() and int(p) not in keep:
+        try:
+            if os.readlink(f"/proc/{p}/ns/net") == net:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    print(p, f.read().replace(b"\0", b" ").decode().strip())
+        except OSError:
+            pass
+"""
+
+
+def _need_tools():
+    for tool in ("sshd", "ssh", "ssh-keygen", "wireguard-go"):
+        if not shutil.which(tool) and not shutil.which(tool, path="/usr/sbin"):
+            pytest.skip(f"{tool} missing (./setup.sh installs it)")
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory):
+    """The farm, and a state root of these tests' own: `lab clean` here sees only their labs
+    (the farm's boards get their private /var/lib/lab over this root instead)."""
+    import os
+
+    _need_tools()
+    saved = {k: os.environ.get(k) for k in ("LAB_STATE_DIR", "LAB_RUN_DIR")}
+    os.environ["LAB_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
+    os.environ["LAB_RUN_DIR"] = str(tmp_path_factory.mktemp("run"))
+    try:
+        yield from _farm(tmp_path_factory)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _farm(tmp_path_factory):
+    inv = tmp_path_factory.mktemp("farm") / "farm.toml"
+    r = run_lab("boards", "emulate", TOPOS / "pi_pair_middlebox.py", "--out", inv, "--json")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    yield inv, rec
+    d = run_lab("boards", "emulate", "--down", "--id", rec["id"])
+    assert d.returncode == 0, d.stdout + d.stderr
+
+
+def board_state(inv_path, tmp_path) -> dict:
+    """Each board's state, read over SSH with the test's own connection."""
+    from lab.boards.boardlab import snapshot
+    from lab.boards.inventory import load_inventory
+    from lab.boards.sshnode import BoardConnection, BoardNode
+    from lab.state import state_root
+
+    inv = load_inventory(inv_path)
+    out = {}
+    for name, b in inv.boards.items():
+        conn = BoardConnection.open(b, log_path=tmp_path / f"ssh-{name}.log")
+        try:
+            node = BoardNode(name, conn)
+            s = snapshot(node, b)
+            s["files"] = node.run(["find", str(state_root())]).stdout.split()
+            s["procs"] = sorted(
+                line.split(" ", 1)[1] if " " in line else line
+                for line in node.run(["python3", "-c", PROCS]).stdout.splitlines()
+            )
+        finally:
+            conn.close()
+        out[name] = s
+    return out
+
+
+def test_up_wireguard_ping_down_leaves_every_board_as_it_was(farm, tmp_path):
+    inv, rec = farm
+    before = board_state(inv, tmp_path)
+    import os
+
+    # the board's own (empty) state root, not this machine's
+    assert before["client"]["files"] == [os.environ["LAB_STATE_DIR"]]
+    r = run_lab(
+        "up", TOPOS / "pi_pair_middlebox.py", "--boards", inv, "--vpn", "wireguard",
+        "--id", "tb1", "--json",
+    )  # fmt: skip
+    try:
+        assert r.returncode == 0, r.stderr
+        status = json.loads(r.stdout)
+        assert status["substrate"]["kind"] == "boards"
+        peer = status["vpn"]["traffic"]["v4"]
+        # through the tunnel, from the client board to the server board, across the router board
+        p = run_lab("exec", "--id", "tb1", "client", "--", "ping", "-c", "3", "-W", "2", peer)
+        assert p.returncode == 0, p.stdout + p.stderr
+        during = board_state(inv, tmp_path)
+        assert any(ln[1] == "wg0" for ln in during["client"]["links"])
+        assert any("wireguard-go" in x for x in during["client"]["procs"])
+        assert during["router"]["sysctls"]["net.ipv4.ip_forward"] == "1"
+        assert ["eth1", "10.0.1.2/24"] in during["client"]["addrs"]
+        assert any("/tb1/config/" in f for f in during["client"]["files"])
+    finally:
+        d = run_lab("down", "--id", "tb1")
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert board_state(inv, tmp_path) == before
+
+
+def _swapped_router_ports(inv, out):
+    text = inv.read_text()
+    # the inventory claims client:eth1 is cabled to router:eth2 (it is cabled to router:eth1)
+    text = text.replace('a = "client:eth1"\nb = "router:eth1"', 'a = "client:eth1"\nb = "router:X"')
+    text = text.replace(
+        'a = "router:eth2"\nb = "server:eth1"', 'a = "router:eth1"\nb = "server:eth1"'
+    )
+    text = text.replace('b = "router:X"', 'b = "router:eth2"')
+    out.write_text(text)
+    return out
+
+
+def test_miscabled_link_is_named_and_nothing_changes(farm, tmp_path):
+    inv, rec = farm
+    bad = _swapped_router_ports(inv, tmp_path / "miscabled.toml")
+    before = board_state(inv, tmp_path)
+    r = run_lab("up", TOPOS / "pi_pair_middlebox.py", "--boards", bad, "--id", "tb2")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "cable client:eth1 <-> router:eth2" in r.stderr, r.stderr
+    assert "miscabled" in r.stderr
+    assert board_state(inv, tmp_path) == before
+    assert run_lab("status", "--id", "tb2").returncode != 0 or "tb2" not in run_lab("status").stdout
+
+
+def test_topology_on_the_management_subnet_is_refused(farm, tmp_path):
+    inv, rec = farm
+    mgmt = rec["subnet"].rsplit(".", 1)[0]  # "172.30.N"
+    topo = tmp_path / "overlap.py"
+    topo.write_text((TOPOS / "pi_pair_middlebox.py").read_text().replace("10.0.1.", f"{mgmt}."))
+    before = board_state(inv, tmp_path)
+    r = run_lab("up", topo, "--boards", inv, "--id", "tb3")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "overlap.py" in r.stderr and "management" in r.stderr, r.stderr
+    assert board_state(inv, tmp_path) == before
+
+
+def test_controller_sigkilled_during_up_then_clean_restores_every_board(farm, tmp_path):
+    from lab.state import Ledger, lab_dir
+
+    inv, rec = farm
+    before = board_state(inv, tmp_path)
+    args = ["up", TOPOS / "pi_pair_middlebox.py", "--boards", inv, "--vpn", "wireguard"]
+    r = run_lab(*args, "--id", "tb4")
+    assert r.returncode == 0, r.stderr
+    total = len(Ledger(lab_dir("tb4") / "ledger.jsonl").entries())
+    assert run_lab("down", "--id", "tb4").returncode == 0
+    assert total >= 20, total
+    points = sorted({1, 2, 4, 5, 8, total // 3, total // 2, (2 * total) // 3, total - 3,
+                     total - 1, total})  # fmt: skip
+    assert len(points) >= 10
+    for k in points:
+        r = run_lab(*args, "--id", "tb4", env={"LAB_KILL_AT_RECORD": str(k)})
+        assert r.returncode == -signal.SIGKILL, (k, r.returncode, r.stderr)
+        c = run_lab("clean")
+        assert c.returncode == 0, (k, c.stdout, c.stderr)
+        assert not lab_dir("tb4").exists(), k
+        # read over the management network: it never lost connectivity
+        assert board_state(inv, tmp_path) == before, f"after kill at record {k}/{total}"
+
+
+def test_lab_clean_keeps_the_farm(farm):
+    inv, rec = farm
+    c = run_lab("clean")
+    assert c.returncode == 0, c.stdout + c.stderr
+    assert f"board farm {rec['id']!r} kept" in c.stdout
+    ok = subprocess.run(
+        ["ping", "-c", "1", "-W", "2", rec["boards"]["client"]["host"]], capture_output=True
+    )
+    assert ok.returncode == 0
