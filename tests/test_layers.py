@@ -41,7 +41,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.calibrate",
         ],
     ),
-    ("lab.py / vmlab.py", ["lab.lab", "lab.vmlab"]),
+    (
+        "lab.py / vmlab.py / boards",
+        ["lab.lab", "lab.vmlab", "lab.boards", "lab.boards.boardlab", "lab.boards.farm"],
+    ),
     ("vpn/ impair/ measure/", ["lab.vpn.*", "lab.impair.*", "lab.measure.*"]),
     # lab.boards.sshnode is a Node like lab.localnode, but it takes a Board (lab.boards.types)
     (
