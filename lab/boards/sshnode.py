@@ -199,9 +199,13 @@ class BoardConnection:
             ours.sendall(f"{len(src):010d}\n".encode() + src)
             channel = Channel(None, sock=ours)
         except OSError as e:
+            # ssh exited (refused) before taking the source: report it as the case below does,
+            # once ssh has written all of its stderr
             ours.close()
-            cls._end(ssh)
-            raise StartupError(f"{where}: ssh failed: {e}\n{_tail(log_path)}") from e
+            rc = cls._end(ssh)
+            raise StartupError(
+                f"{where}: ssh exited {rc} ({e.strerror}): {shlex.join(argv)}\n{_tail(log_path)}"
+            ) from e
         deadline = time.monotonic() + connect_timeout
         while channel.wait_event("ready", 0.05) is None:
             if channel.closed or ssh.poll() is not None or time.monotonic() > deadline:
