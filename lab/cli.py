@@ -177,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the whole plan in a throwaway full-kernel VM (same as -o vm=true)",
     )
     p.add_argument("--vm-mem", type=int, default=2048, metavar="MB", help="VM memory (with --vm)")
+    p.add_argument(
+        "--boards",
+        metavar="INVENTORY",
+        help="run every case on real boards over SSH (boards.toml or an Ansible inventory)",
+    )
+    p.add_argument("--map", action="append", default=[], metavar="NODE=BOARD")
 
     p = sub.add_parser("boards", help="real boards over SSH: an emulated board farm for tests")
     bsub = p.add_subparsers(dest="boards_cmd", required=True, metavar="ACTION")

@@ -358,27 +358,32 @@ def cmd_run(args) -> int:
     from .results import RunDir
     from .runner import Runner, create_run_dir, preflight, resume_plan
     from .runprogress import RunProgress
-    from .substrates import plan_substrate
+    from .substrates import check_resume_target, plan_substrate, run_target
 
     overrides = list(args.override) + (["vm=true"] if args.vm else [])
+    target = run_target(boards=args.boards, mapping=args.map, vm=args.vm)
     if args.resume:
         run = RunDir(Path(args.resume)).check()
         plan = resume_plan(run, args.plan, overrides)
+        check_resume_target(run, target)
     elif args.plan:
         plan = load_plan(args.plan, overrides)
         # before the run directory exists; a plan for the VM: not this kernel's features
-        preflight(plan, kernel=plan_substrate(plan) == "local")
+        if target is not None:
+            target.preflight(plan)
+        else:
+            preflight(plan, kernel=plan_substrate(plan) == "local")
         run = create_run_dir(plan, Path(args.out) if args.out else None)
     else:
         raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")
-    if plan_substrate(plan) == "vm":
+    if target is None and plan_substrate(plan) == "vm":
         return _run_vm(args, plan, run)
     out.print(f"run directory: {run.path}")
     interrupted = False
     try:
         with RunProgress(out) as progress:
             argv = json.loads(os.environ.get("LAB_RUN_ARGV") or "null") or ["lab", *sys.argv[1:]]
-            Runner(plan, run, progress, argv=argv).execute()
+            Runner(plan, run, progress, argv=argv, target=target).execute()
     except KeyboardInterrupt:
         interrupted = True
     s = generate(run.path)

@@ -40,6 +40,16 @@ class Daemon:
             return st is not None and (self.start_time is None or st == self.start_time)
         return proc.is_same_process(self.pid, self.start_time)
 
+    def log_text(self) -> str:
+        """The whole log ("" when there is none yet), read where the process runs: drivers
+        wait for a daemon's log line with this, never by opening the file themselves."""
+        if self.log and self.where is not None:
+            cp = self.where.run(["cat", str(self.log)], check=False, timeout=30)
+            return cp.stdout if cp.returncode == 0 else ""
+        if not self.log or not self.log.exists():
+            return ""
+        return self.log.read_text(errors="replace")
+
     def log_tail(self, lines: int = 30) -> str:
         if self.log and self.where is not None:
             cp = self.where.run(["tail", "-n", str(lines), str(self.log)], check=False, timeout=30)

@@ -100,6 +100,45 @@ def apply_impairment(lab, point: ImpairmentPoint, *, built_impaired: bool) -> di
     return {"requested": point.spec, **shown}
 
 
+# ---------------------------------------------------------------------- where labs are built
+
+
+class LocalTarget:
+    """The plan's labs as namespaces on this machine (lab.lab). lab.boards.runtarget.BoardsTarget
+    is the same on boards; the runner only calls these methods."""
+
+    kind = "local"
+
+    def substrate(self) -> dict:
+        from .lab import current_substrate
+
+        return current_substrate()
+
+    def preflight(self, plan: Plan):
+        return preflight(plan)
+
+    def up(self, spec, lab_id: str, profile: str, point, placement):
+        return up_lab(spec, lab_id, profile, point, placement)
+
+    def down(self, lab_id: str) -> list[str]:
+        from .teardown import teardown
+
+        return teardown(lab_id)
+
+    def tunnel_alive(self, lab) -> bool:
+        """The lab still exists and every VPN daemon is the process that was started."""
+        if not (lab.dir / "lab.json").is_file():
+            return False
+        daemons = (lab.info.get("vpn") or {}).get("daemons") or []
+        return all(proc.is_same_process(d["pid"], d.get("start_time")) for d in daemons)
+
+    def monitor(self, lab) -> Monitor:
+        return Monitor.for_lab(lab)
+
+    def owns(self, lab_id: str) -> bool:
+        return True
+
+
 # ---------------------------------------------------------------------- the runner
 
 
@@ -110,7 +149,10 @@ class Runner:
         run: RunDir,
         events: RunEvents | None = None,
         argv: list[str] | None = None,
+        target=None,
     ):
+        #: where labs are built: LocalTarget, or lab.boards.runtarget.BoardsTarget
+        self.target = target or LocalTarget()
         self.plan = plan
         self.run_dir = run
         self.events = events or RunEvents()
@@ -130,7 +172,7 @@ class Runner:
     # ------------------------------------------------------------------ checks
     def preflight(self) -> None:
         """Everything that can be checked before anything is created."""
-        self.spec = preflight(self.plan)
+        self.spec = self.target.preflight(self.plan)
         if any(p.impaired for p in self.plan.points) and impairment_runtime() is None:
             self.events.note(
                 "this build has no lab.impair.runtime: impaired cases will be recorded as failed"
@@ -138,13 +180,11 @@ class Runner:
 
     def remove_leftovers(self) -> None:
         """Labs of earlier sessions of this run still present (a SIGKILLed `lab run`)."""
-        from .teardown import teardown
-
         ids = {e["lab_id"] for e in self.run_dir.load_timeline() if e.get("lab_id")}
         for lab_id in sorted(ids):
             if (lab_dir(lab_id) / "ledger.jsonl").exists():
                 t0 = time.monotonic()
-                left = teardown(lab_id)
+                left = self.target.down(lab_id)
                 self._event(
                     "down",
                     lab_id=lab_id,
@@ -162,8 +202,6 @@ class Runner:
         write_json_atomic(self.run_dir.file("manifest.json"), self.manifest)
 
     def init_manifest(self) -> None:
-        from .lab import current_substrate
-
         m = self.run_dir.manifest()
         session = {
             "session": self.session,
@@ -172,7 +210,7 @@ class Runner:
             "lab_version": __version__,
             "git_revision": git_revision(),
             "kernel": kernel_info(),
-            "substrate": current_substrate(),
+            "substrate": self.target.substrate(),
             "lab_id": self.lab_id,
         }
         if not m:
@@ -225,7 +263,9 @@ class Runner:
                 }
             except LabError as e:
                 entry["configs"] = {"error": str(e)}
-        self.manifest["cpu"] = {n: rt.get("cpu") for n, rt in lab.info["nodes"].items()}
+        self.manifest["cpu"] = {n: rt.get("cpu") for n, rt in lab.info.get("nodes", {}).items()}
+        if "boards" in lab.info:
+            self.manifest["boards"] = lab.info["boards"]
         self.manifest["lab_warnings"] = lab.info.get("warnings", [])
         self._write_manifest()
 
@@ -234,7 +274,7 @@ class Runner:
         t0 = time.monotonic()
         self.events.phase(f"bringing up {profile}")
         try:
-            lab = up_lab(self.spec, self.lab_id, profile, first, self.plan.placement)
+            lab = self.target.up(self.spec, self.lab_id, profile, first, self.plan.placement)
         except LabError as e:
             self._event(
                 "up",
@@ -253,25 +293,19 @@ class Runner:
         return lab
 
     def _down(self) -> None:
-        from .teardown import teardown
-
         if self.lab is None:
             return
         lab_id, self.lab = self.lab.id, None
         t0 = time.monotonic()
         with self.interrupts.shielded():
-            left = teardown(lab_id)
+            left = self.target.down(lab_id)
             self._event("down", lab_id=lab_id, seconds=time.monotonic() - t0, leftover=left)
         if left:
             self.events.note(f"lab {lab_id} not fully removed: {'; '.join(left)}")
             self.lab_id = new_lab_id("r")  # the old id stays taken until someone cleans it
 
     def _tunnel_alive(self) -> bool:
-        """The lab still exists and every VPN daemon is the process that was started."""
-        if not (self.lab.dir / "lab.json").is_file():
-            return False
-        daemons = (self.lab.info.get("vpn") or {}).get("daemons") or []
-        return all(proc.is_same_process(d["pid"], d.get("start_time")) for d in daemons)
+        return self.target.tunnel_alive(self.lab)
 
     # ------------------------------------------------------------------ cases
     def _entry(self, case: Case, **data) -> dict:
@@ -353,7 +387,7 @@ class Runner:
         )
         test = TESTS[case.test.test]
         started = _utc()
-        mon = Monitor.for_lab(lab).start()
+        mon = self.target.monitor(lab).start()
         t0 = time.monotonic()
         error, records = None, []
         try:

@@ -344,6 +344,34 @@ def run_plan_on(on: str, plan, run, plan_path, **kw) -> tuple[int, list[str], li
     raise ConfigError(f"a whole plan cannot be handed to substrate {on!r}", field="on")
 
 
+def run_target(*, boards: str | None = None, mapping: list[str] | None = None, vm: bool = False):
+    """Where `lab run` builds its labs when not on this machine's namespaces or in the VM:
+    a lab.boards.runtarget.BoardsTarget for --boards INVENTORY, else None."""
+    if not boards:
+        return None
+    choose(vm=vm, boards=boards)  # --vm with --boards: refused
+    from .boards.inventory import parse_map_option
+    from .boards.runtarget import BoardsTarget
+
+    return BoardsTarget(boards, parse_map_option(list(mapping or [])))
+
+
+def check_resume_target(run, target) -> None:
+    """A run started on boards resumes on boards (and one started here, here)."""
+    from .errors import ConfigError
+
+    m = run.manifest() or {}
+    kinds = {(s.get("substrate") or {}).get("kind") for s in m.get("sessions", [])}
+    if "boards" in kinds and target is None:
+        raise ConfigError(
+            f"{run.path} ran on boards: resume it with --boards INVENTORY", field="--boards"
+        )
+    if target is not None and kinds and "boards" not in kinds:
+        raise ConfigError(
+            f"{run.path} ran on this machine: resume it without --boards", field="--boards"
+        )
+
+
 def plan_substrate(plan) -> str:
     """Where a plan's cases run: "vm" when it asks for the full-kernel VM (`vm = true`, `--vm`)
     and this process is not already inside one, else "local"."""

@@ -43,7 +43,14 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "lab.py / vmlab.py / boards",
-        ["lab.lab", "lab.vmlab", "lab.boards", "lab.boards.boardlab", "lab.boards.farm"],
+        [
+            "lab.lab",
+            "lab.vmlab",
+            "lab.boards",
+            "lab.boards.boardlab",
+            "lab.boards.farm",
+            "lab.boards.runtarget",
+        ],
     ),
     ("vpn/ impair/ measure/", ["lab.vpn.*", "lab.impair.*", "lab.measure.*"]),
     # lab.boards.sshnode is a Node like lab.localnode, but it takes a Board (lab.boards.types)

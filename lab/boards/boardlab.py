@@ -98,7 +98,7 @@ class BoardLab:
                 self.connection(name),
                 ledger=self.ledger,
                 log_dir=self.dir / "logs",
-                sync_dirs=(self.dir / "config", self.dir / "secrets"),
+                sync_dirs=(self.dir / "config", self.dir / "secrets", self.dir / "measure"),
             )
             self._nodes[name] = n
         return n

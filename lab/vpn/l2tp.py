@@ -309,7 +309,7 @@ def _is_mounted(end: Endpoint) -> bool:
 
 def _wait_log(ctx, end: Endpoint, d: Daemon, needles: tuple[str, ...], deadline: float) -> None:
     while True:
-        text = d.log.read_text(errors="replace") if d.log and d.log.exists() else ""
+        text = d.log_text()
         if any(n in text for n in needles):
             return
         if not d.alive() or time.monotonic() > deadline:
@@ -329,7 +329,7 @@ def _path_of(log: str) -> str | None:
 def _check_path(end: Endpoint, d: Daemon, dataplane: str) -> None:
     """xl2tpd falls back to its userspace data plane without a word beyond its log: insist on
     the path the profile asked for."""
-    ran = _path_of(d.log.read_text(errors="replace") if d.log else "")
+    ran = _path_of(d.log_text())
     if ran is not None and ran != dataplane:
         raise StartupError(
             f"xl2tpd on {end.name} runs the {ran} data plane, the profile asks for {dataplane} "

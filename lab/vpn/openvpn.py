@@ -277,9 +277,7 @@ class OpenVPNDriver(Driver):
     def _wait_log(node: str, daemon, needles: tuple[str, ...], *, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            text = (
-                daemon.log.read_text(errors="replace") if daemon.log and daemon.log.exists() else ""
-            )
+            text = daemon.log_text()
             if any(n in text for n in needles):
                 return
             if not daemon.alive() or time.monotonic() > deadline:
@@ -295,16 +293,14 @@ class OpenVPNDriver(Driver):
         link = json.loads(node.run(["ip", "-j", "link", "show", "dev", IFNAME]).stdout)[0]
         negotiated = None
         for d in ctx.daemons:
-            if d.node == ctx.client.name and d.log and d.log.exists():
+            if d.node == ctx.client.name and d.log:
                 # the data channel line follows "Initialization Sequence Completed", which may
                 # come a moment after the first packet passed
                 try:
                     self._wait_log(d.node, d, ("Data Channel: cipher",), timeout=2.0)
                 except StartupError:
                     pass
-                m = re.findall(
-                    r"Data Channel: cipher '([^']+)'(?:, auth '([^']+)')?", d.log.read_text()
-                )
+                m = re.findall(r"Data Channel: cipher '([^']+)'(?:, auth '([^']+)')?", d.log_text())
                 if m:
                     negotiated = {"cipher": m[-1][0], "auth": m[-1][1] or None}
         cipher = params["cipher"] if params["cipher"] != "none" else "none"

@@ -244,7 +244,7 @@ def _legacy_provider(node: Node) -> bool:
 def _wait_log(node: str, daemon, needle: str, *, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        text = daemon.log.read_text(errors="replace") if daemon.log and daemon.log.exists() else ""
+        text = daemon.log_text()
         if KEY_ERROR in text:
             raise StartupError(
                 f"tincd on {node}: the packet key could not be set up (cipher/digest not "
@@ -271,7 +271,7 @@ def _check_configured(end, daemon) -> None:
 
 def _check_keys(ctx: TunnelContext) -> None:
     for d in ctx.daemons:
-        text = d.log.read_text(errors="replace") if d.log and d.log.exists() else ""
+        text = d.log_text()
         if KEY_ERROR in text:
             raise StartupError(
                 f"tincd on {d.node}: the packet key could not be set up; tinc would carry the "

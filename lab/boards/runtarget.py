@@ -1,0 +1,139 @@
+"""Where `lab run --boards` builds its labs: the plan's topology on the inventory's boards.
+
+The runner asks a target to check the plan, build and remove each profile's lab, say whether the
+tunnel still runs and give a monitor; lab.runner.LocalTarget is this machine's namespaces, this is
+the same on boards (lab.boards.boardlab). Tools the plan's tests need are checked on the boards
+the test ends run on, not on this machine.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ..errors import LabError, PreconditionError
+from .inventory import load_inventory, map_nodes
+
+
+#: the project directory, which plan files name their topology relative to (as lab.plan does)
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+class BoardsTarget:
+    kind = "boards"
+
+    def __init__(self, inventory: str, mapping: dict[str, str] | None = None):
+        self.inventory_path = str(inventory)
+        self.inventory = load_inventory(inventory)
+        self.mapping = dict(mapping or {})
+        self._labs: dict = {}  # lab id -> BoardLab this process built (its SSH sessions)
+        self.client_tools: set[str] = set()
+        self.server_tools: set[str] = set()
+
+    def substrate(self) -> dict:
+        return {
+            "kind": self.kind,
+            "inventory": self.inventory_path,
+            "boards": sorted(self.inventory.boards),
+        }
+
+    def preflight(self, plan):
+        """The plan's topology, once it maps onto the inventory and every profile is a valid
+        profile for it (whether a board can run it is asked on the board at bring-up)."""
+        from ..topology import load_topology
+        from ..vpn.tunnel import plan as tunnel_plan
+
+        from ..measure import TESTS
+
+        spec = load_topology(REPO / plan.topology_file, plan.topo, plan.topology_params)
+        map_nodes(spec, self.inventory, self.mapping)
+        for t in plan.tests:
+            self.client_tools |= set(TESTS[t.test].client_tools)
+            self.server_tools |= set(TESTS[t.test].server_tools)
+        problems = []
+        for p in plan.profiles:
+            try:
+                tunnel_plan(spec, p)
+            except LabError as e:
+                problems.append(str(e))
+        if problems:
+            raise PreconditionError("cannot run this plan on boards:\n  " + "\n  ".join(problems))
+        return spec
+
+    def up(self, spec, lab_id: str, profile: str, point, placement):
+        from .boardlab import up
+
+        impair = point.spec if point is not None and point.impaired else None
+        lab = up(
+            spec,
+            self.inventory,
+            mapping=self.mapping,
+            lab_id=lab_id,
+            vpn=profile,
+            impair=impair,
+            placement=placement if impair is not None else None,
+        )
+        missing = self._missing_tools(lab)
+        if missing:
+            lab.close()
+            from .boardlab import restore
+
+            restore(lab.id)
+            raise PreconditionError("; ".join(missing))
+        self._labs[lab.id] = lab
+        return lab
+
+    def _missing_tools(self, lab) -> list[str]:
+        """The plan's test tools missing on the boards the test ends run on."""
+        traffic = (lab.info.get("vpn") or {}).get("traffic") or {}
+        out = []
+        for role, tools in (("client", self.client_tools), ("server", self.server_tools)):
+            node = traffic.get(role)
+            gone = lab.node(node).missing_tools(sorted(tools)) if node and tools else []
+            if gone:
+                out.append(
+                    f"board {lab.board(node).name} (traffic {role} {node}) lacks "
+                    f"{', '.join(gone)}: `lab boards prepare` installs them"
+                )
+        return out
+
+    def down(self, lab_id: str) -> list[str]:
+        from .boardlab import restore
+
+        lab = self._labs.pop(lab_id, None)
+        if lab is not None:
+            lab.close()
+        return restore(lab_id)
+
+    def tunnel_alive(self, lab) -> bool:
+        """Every VPN daemon the lab started is still the process that was started (asked on
+        its board)."""
+        daemons = (lab.info.get("vpn") or {}).get("daemons") or []
+        try:
+            return all(lab.node(d["node"]).is_alive(d["pid"], d.get("start_time")) for d in daemons)
+        except LabError:
+            return False
+
+    def monitor(self, lab):
+        try:
+            from .monitor import BoardMonitor
+        except ImportError:  # pragma: no cover - until the board monitor lands
+            return _NoMonitor()
+        daemons = (lab.info.get("vpn") or {}).get("daemons") or []
+        return BoardMonitor(lab.nodes(), daemons)
+
+    def owns(self, lab_id: str) -> bool:
+        from .boardlab import is_board_lab
+
+        return is_board_lab(lab_id)
+
+
+class _NoMonitor:
+    samples: list = []
+
+    def start(self):
+        self._t0 = time.monotonic()
+        return self
+
+    def stop(self) -> dict:
+        return {"unavailable": {"boards": "no board monitor in this build"}}
