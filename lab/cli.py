@@ -21,6 +21,7 @@ from .clicommands import (  # noqa: F401
     cmd_down,
     cmd_exec,
     cmd_impair,
+    cmd_import,
     cmd_profiles,
     cmd_render,
     cmd_report,
@@ -206,6 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_a")
     p.add_argument("run_b")
     p.add_argument("--out", help="output directory (default RUN_B/compare-<A>)")
+
+    p = sub.add_parser(
+        "import",
+        help="published or hand-collected figures (CSV, docs/results.md 'Fidelity') -> a run "
+        "directory that lab compare and lab report read",
+    )
+    p.add_argument("table", help="CSV: profile,condition,test,metric,value,n,sd,source[,label]")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory to create")
     return ap
 
 
@@ -240,6 +249,7 @@ COMMANDS = {
     "shell": cmd_shell,
     "calibrate": cmd_calibrate,
     "boards": cmd_boards,
+    "import": cmd_import,
 }
 
 

@@ -495,3 +495,17 @@ def cmd_boards(args) -> int:
         )
         return 0
     raise ConfigError(f"unknown action {args.boards_cmd!r}", source="lab boards")
+
+
+def cmd_import(args) -> int:
+    from .importer import import_table
+    from .report import generate
+
+    s = import_table(args.table, args.out, command_line=["lab", *args.argv])
+    out.print(
+        f"{s['out']}: {s['figures']} figures in {s['cases']} cases from {s['sources']} "
+        "source(s), imported"
+    )
+    r = generate(s["out"])
+    out.print(f"{r['report']} (`lab compare EMULATED_RUN {s['out']}` for the fidelity section)")
+    return 0
