@@ -1,11 +1,13 @@
 """Two runs side by side: per case and metric, both means and the ratio B/A, as CSV, Markdown and
-a plot. Typical use: the same plan emulated here (A) and run on the real boards (B).
+a plot. Typical use: the same plan emulated here (A) and run on the real boards or imported from a
+published table (B); the fidelity section (lab.fidelity) says how well A predicts B.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from . import fidelity
 from .plots import _plt, _save
 from .reportdoc import Doc, _fmt, primary
 from .results import RunDir, rows, summarize, to_csv
@@ -71,10 +73,14 @@ def compare(a: Path, b: Path, out: Path | None = None) -> dict:
     plot = _plot(out, ra.name, rb.name, main)
     if plot:
         doc.img(plot, "A vs B")
+    fid = fidelity.analyse(table)
+    fidelity.write(out, fid)
+    fidelity.section(doc, fid, ra.name, rb.name)
     write_text_atomic(out / "compare.md", doc.markdown())
     write_text_atomic(out / "compare.html", doc.html())
     return {"out": str(out), "rows": len(table), "matched": sum(1 for r in table if r["n_a"]
-            and r["n_b"]), "only_a": len(only_a), "only_b": len([k for k in sb if k not in sa])}  # fmt: skip
+            and r["n_b"]), "only_a": len(only_a), "only_b": len([k for k in sb if k not in sa]),
+            "fidelity": fid["summary"]}  # fmt: skip
 
 
 def _plot(out: Path, name_a: str, name_b: str, main: list[dict]) -> str | None:

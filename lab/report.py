@@ -24,7 +24,7 @@ from .reportdoc import (  # noqa: F401
     _stats,
     primary,
 )
-from .results import RunDir, time_budget, write_tables
+from .results import RunDir, imported_figure, time_budget, write_tables
 from .state import write_text_atomic
 
 
@@ -294,7 +294,13 @@ def _results_tables(doc, table, profiles, points, labels, plan) -> None:
                 for pt in present_points:
                     all_rs = _group(rows_l, profile=prof, impairment=pt, point=pidx)
                     rs = [r for r in all_rs if r["ok"]]
-                    c = _cell(_stats([r[col] for r in rs]), scale)
+                    st, fig = _stats([r[col] for r in rs]), imported_figure(rs, col)
+                    if st is not None and fig is not None:  # lab import: the source's n and sd
+                        st = {**st, "n": fig["n"], "sd": fig["sd"]}
+                    if st is not None and st["sd"] is None:
+                        c = f"{_fmt(st['mean'] * scale)} (n={st['n']}, sd not given)"
+                    else:
+                        c = _cell(st, scale)
                     failed = len(all_rs) - len(rs)
                     row.append(c + (f" [{failed} failed]" if failed else ""))
                 out.append(row)

@@ -296,6 +296,9 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
                 row[k] = (v or "") if dtype == "string" else _num(v)
             files = rec.get("raw_files") or r.get("raw_files") or []
             row["raw_files"] = ";".join(files)
+            if r.get("imported"):
+                # lab import: a published figure's n and sd (not a CSV column; summarize reads it)
+                row["imported"] = r["imported"]
             out.append(row)
     return out
 
@@ -340,6 +343,9 @@ def summarize(table: list[dict]) -> list[dict]:
             n = len(vals)
             mean = sum(vals) / n
             sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+            fig = imported_figure(good, m)
+            if fig is not None:
+                n, sd = fig["n"], fig["sd"]
             out.append(
                 {
                     "profile": profile,
@@ -355,11 +361,19 @@ def summarize(table: list[dict]) -> list[dict]:
                     "failed": failed,
                     "mean": mean,
                     "sd": sd,
-                    "min": min(vals),
-                    "max": max(vals),
+                    "min": min(vals) if fig is None or n == 1 else None,
+                    "max": max(vals) if fig is None or n == 1 else None,
                 }
             )
     return out
+
+
+def imported_figure(rows_: list[dict], metric: str) -> dict | None:
+    """{n, sd, source} of a figure `lab import` wrote (one row standing for n repetitions whose
+    sd the source gives, None when it gives none), or None for measured rows."""
+    if len(rows_) != 1:
+        return None
+    return (rows_[0].get("imported") or {}).get(metric)
 
 
 SUMMARY_COLUMNS = [

@@ -38,6 +38,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.reportdoc",
             "lab.plots",
             "lab.compare",
+            "lab.fidelity",
+            "lab.importer",
             "lab.calibrate",
         ],
     ),
