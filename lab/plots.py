@@ -1,9 +1,15 @@
-"""The run's plots (PNG + SVG under plots/), computed from the results table and the plan."""
+"""The run's plots (PNG + SVG under plots/, the numbers drawn in plots/<name>.json), computed
+from the results table, results.jsonl, the manifest and the plan. The plots of series (RTT, time,
+CDF, swept values) are in lab.plotseries."""
 
 from __future__ import annotations
 
-from .reportdoc import _group, _mean, _order, _stats
+import json
+
+from .plotseries import series_plots, style_axis
+from .reportdoc import _group, _mean, _order, _stats, board_cores
 from .results import RunDir
+from .state import write_text_atomic
 
 THROUGHPUT_TESTS = ("tcp", "udp", "scp", "contention")
 FORMATS = ("png", "svg")
@@ -18,9 +24,12 @@ def _plt():
     return plt
 
 
-def _save(fig, run: RunDir, name: str) -> str:
+def _save(fig, run: RunDir, name: str, data: dict | None = None) -> str:
+    """Write the figure as PNG and SVG, and the numbers it draws as plots/<name>.json."""
     d = run.path / "plots"
     d.mkdir(exist_ok=True)
+    if data is not None:
+        write_text_atomic(d / f"{name}.json", json.dumps(data, indent=1, default=str) + "\n")
     for ext in FORMATS:
         tmp = d / f".{name}.tmp.{ext}"
         fig.savefig(tmp, format=ext, dpi=110, bbox_inches="tight")
@@ -53,6 +62,12 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
         fig, axes = plt.subplots(
             1, len(labels), figsize=(max(5, 3.2 * len(labels)), 4), squeeze=False
         )
+        data = {
+            "title": f"Throughput per implementation, no impairment (error bars: {mode})",
+            "xlabel": "profile",
+            "ylabel": "throughput (Mbit/s)",
+            "panels": {},
+        }
         for ax, lb in zip(axes[0], labels, strict=True):
             xs, ys, errs = [], [], [[], []]
             for p in profiles:
@@ -63,167 +78,98 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                     ys.append(s["mean"] * 1e-6)
                     errs[0].append(lo)
                     errs[1].append(hi)
+            data["panels"][lb] = {"none": {"x": xs, "y": ys, "err": errs}}
             ax.bar(range(len(xs)), ys, yerr=errs, capsize=4, color="tab:blue")
             ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right")
             ax.set_title(f"{lb} ({tests[lb]})")
-            ax.set_ylabel("throughput (Mbit/s)")
+            style_axis(ax, ys, "throughput (Mbit/s)")
             ax.grid(axis="y", alpha=0.3)
-        fig.suptitle(f"Throughput per implementation, no impairment (error bars: {mode})")
-        out.append((_save(fig, run, "throughput"), "throughput per implementation"))
+        fig.suptitle(data["title"])
+        out.append((_save(fig, run, "throughput", data), "throughput per implementation"))
 
-    # 2a. throughput vs each swept parameter, log y
-    sweeps = sorted({r["sweep_parameter"] for r in table if r["sweep_parameter"]})
-    units = {
-        "delay": "ms",
-        "jitter": "ms",
-        "loss": "%",
-        "duplicate": "%",
-        "corrupt": "%",
-        "reorder": "%",
-        "rate": "Mbit/s",
-    }
-    for par in sweeps:
-        rs = [r for r in table if r["sweep_parameter"] == par and r["ok"]]
-        labels = [lb for lb in thr_labels if _group(rs, test_label=lb)]
-        if not labels or len({r["sweep_value"] for r in rs}) < 2:
-            continue
-        fig, axes = plt.subplots(
-            1, len(labels), figsize=(max(5.5, 4.5 * len(labels)), 4), squeeze=False
-        )
-        for ax, lb in zip(axes[0], labels, strict=True):
-            for p in profiles:
-                pts = sorted({r["sweep_value"] for r in _group(rs, test_label=lb, profile=p)})
-                ys = [
-                    _mean(
-                        [
-                            r["throughput_bps"]
-                            for r in _group(rs, test_label=lb, profile=p)
-                            if r["sweep_value"] == v
-                        ]
-                    )
-                    for v in pts
-                ]
-                xs_ys = [(x, y * 1e-6) for x, y in zip(pts, ys, strict=True) if y]
-                if xs_ys:
-                    ax.plot(*zip(*xs_ys, strict=True), marker="o", label=p)
-            ax.set_yscale("log")
-            ax.set_xlabel(f"{par} ({units.get(par, '')})")
-            ax.set_ylabel("throughput (Mbit/s, log)")
-            ax.set_title(f"{lb} vs {par}")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        out.append((_save(fig, run, f"throughput_vs_{par}"), f"throughput vs {par}"))
-
-    # 2b. throughput per network condition (presets, explicit specs), log y
+    # 2. throughput per network condition (presets, explicit specs; sweeps: lab.plotseries)
     conds = _order([r["impairment"] for r in table if not r["sweep_parameter"]], points)
     labels = [lb for lb in thr_labels if _group(table, test_label=lb, ok=True)]
     if len(conds) >= 2 and labels:
         fig, axes = plt.subplots(
             1, len(labels), figsize=(max(6, 4.5 * len(labels)), 4), squeeze=False
         )
+        data = {
+            "title": f"Throughput per network condition (error bars: {mode})",
+            "xlabel": "profile",
+            "ylabel": "throughput (Mbit/s)",
+            "panels": {},
+        }
         width = 0.8 / max(1, len(conds))
         for ax, lb in zip(axes[0], labels, strict=True):
+            panel = data["panels"].setdefault(lb, {})
             for j, c in enumerate(conds):
-                ys, errs = [], [[], []]
-                for p in profiles:
+                xs, ys, errs = [], [], [[], []]
+                for i, p in enumerate(profiles):
                     s = _stats(
                         [
                             r["throughput_bps"]
                             for r in _group(table, test_label=lb, profile=p, impairment=c, ok=True)
                         ]
                     )
-                    ys.append(s["mean"] * 1e-6 if s else 0)
-                    lo, hi = _err(s, 1e-6, mode) if s else (0, 0)
-                    errs[0].append(min(lo, ys[-1] * 0.999))  # a log axis cannot reach 0
+                    if not s:
+                        continue
+                    lo, hi = _err(s, 1e-6, mode)
+                    xs.append(i + j * width)
+                    ys.append(s["mean"] * 1e-6)
+                    errs[0].append(lo)
                     errs[1].append(hi)
-                ax.bar(
-                    [i + j * width for i in range(len(profiles))],
-                    ys,
-                    width,
-                    yerr=errs,
-                    capsize=3,
-                    label=c,
-                )
+                    panel.setdefault(c, {"x": [], "y": [], "err": [[], []]})
+                    panel[c]["x"].append(p)
+                    panel[c]["y"].append(ys[-1])
+                    panel[c]["err"][0].append(lo)
+                    panel[c]["err"][1].append(hi)
+                ax.bar(xs, ys, width, yerr=errs, capsize=3, label=c)
             ax.set_xticks(
                 [i + width * (len(conds) - 1) / 2 for i in range(len(profiles))],
                 profiles,
                 rotation=30,
                 ha="right",
             )
-            ax.set_yscale("log")
-            ax.set_ylabel("throughput (Mbit/s, log)")
+            style_axis(ax, [y for s in panel.values() for y in s["y"]], "throughput (Mbit/s)")
             ax.set_title(f"{lb} per network condition")
-            ax.grid(axis="y", which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        out.append((_save(fig, run, "throughput_by_condition"), "throughput per condition"))
+            ax.grid(axis="y", alpha=0.3)
+            ax.legend(fontsize=7, title="condition", title_fontsize=7)
+        fig.suptitle(data["title"])
+        out.append((_save(fig, run, "throughput_by_condition", data), "throughput per condition"))
 
-    # 3. CPU per implementation per node
+    # 3. CPU per implementation: nodes in board cores, the host separately
     labels = [lb for lb in thr_labels if _group(unimp, test_label=lb)]
     if labels:
-        results = {r["case"]: r for r in run.load_results()}
+        data = cpu_data(run, unimp, profiles, labels)
         fig, axes = plt.subplots(
-            1, len(labels), figsize=(max(6, 4.8 * len(labels)), 4), squeeze=False
+            2,
+            len(labels),
+            figsize=(max(6, 4.8 * len(labels)), 7.5),
+            squeeze=False,
+            layout="constrained",
         )
-        for ax, lb in zip(axes[0], labels, strict=True):
-            entries = {
-                p: [results[r["case"]] for r in _group(unimp, test_label=lb, profile=p, point=0)]
-                for p in profiles
-            }
-            nodes = sorted(
-                {
-                    n
-                    for es in entries.values()
-                    for e in es
-                    for n in (e.get("monitor") or {}).get("nodes", {})
-                }
-            )
-            series: dict[str, list[float | None]] = {}
-            for n in nodes:
-                series[f"node {n}"] = [
-                    _mean(
-                        [
-                            (((e.get("monitor") or {}).get("nodes") or {}).get(n) or {})
-                            .get("total", {})
-                            .get("mean")
-                            for e in entries[p]
-                        ]
+        for k, lb in enumerate(labels):
+            for row, key in ((0, f"{lb}: nodes"), (1, f"{lb}: host")):
+                ax, panel = axes[row][k], data["panels"][key]
+                width = 0.8 / max(1, len(panel))
+                for j, (name, s) in enumerate(panel.items()):
+                    ax.bar(
+                        [profiles.index(x) + j * width for x in s["x"]], s["y"], width, label=name
                     )
-                    for p in profiles
-                ]
-            # host-wide softirq in the same unit: % of one core (share of all cores x cores)
-            series["host softirq (host-wide)"] = [
-                _mean(
-                    [
-                        ((e.get("monitor") or {}).get("host") or {})
-                        .get("softirq_pct", {})
-                        .get("mean", 0)
-                        * ((e["monitor"].get("host") or {}).get("ncores") or 1)
-                        for e in entries[p]
-                        if e.get("monitor")
-                    ]
+                ax.set_xticks(
+                    [i + width * (len(panel) - 1) / 2 for i in range(len(profiles))],
+                    profiles,
+                    rotation=30,
+                    ha="right",
                 )
-                for p in profiles
-            ]
-            width = 0.8 / max(1, len(series))
-            for j, (key, vals) in enumerate(series.items()):
-                ax.bar(
-                    [i + j * width for i in range(len(profiles))],
-                    [v or 0 for v in vals],
-                    width,
-                    label=key,
-                )
-            ax.set_xticks(
-                [i + width * (len(series) - 1) / 2 for i in range(len(profiles))],
-                profiles,
-                rotation=30,
-                ha="right",
-            )
-            ax.set_ylabel("CPU (% of one host core)")
-            ax.set_title(f"CPU during {lb}")
-            ax.grid(axis="y", alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.suptitle("CPU per implementation per node (cgroup), softirq host-wide")
-        out.append((_save(fig, run, "cpu"), "CPU per implementation per node"))
+                ax.set_ylabel(data["ylabels"][key])
+                ax.set_ylim(bottom=0)
+                ax.set_title(key)
+                ax.grid(axis="y", alpha=0.3)
+                ax.legend(fontsize=7)
+        fig.suptitle(data["title"])
+        out.append((_save(fig, run, "cpu", data), "CPU per implementation per node"))
 
     # 4. UDP: target vs achieved rate and packets/s
     sweep_labels = [lb for lb, t in tests.items() if t == "udp-sweep"]
@@ -291,4 +237,72 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                 a.grid(axis="y", alpha=0.3)
                 a.legend(fontsize=7)
         out.append((_save(fig, run, "udp"), "UDP target vs achieved rate and packets/s"))
+    out += series_plots(run, plan, lambda fig, name, data: _save(fig, run, name, data), plt)
     return out
+
+
+def cpu_data(run: RunDir, unimp: list[dict], profiles: list[str], labels: list[str]) -> dict:
+    """Mean CPU per profile during each throughput test without impairment (repetitions
+    averaged): each node's cgroup in board cores of its CPU profile (% of one host core for an
+    uncapped node), and the host's busy and softirq shares of all its cores, as the report's
+    table gives them."""
+    results = {r["case"]: r for r in run.load_results()}
+    cpu = run.manifest().get("cpu") or {}
+    capped = all(board_cores(100, cpu.get(n)) is not None for n in cpu) and bool(cpu)
+    node_unit = "board cores" if capped else "% of one host core"
+    data: dict = {
+        "title": "CPU during the throughput tests without impairment: nodes (cgroup) and host",
+        "ylabels": {},
+        "panels": {},
+    }
+    for lb in labels:
+        entries = {
+            p: [results[r["case"]] for r in _group(unimp, test_label=lb, profile=p, point=0)]
+            for p in profiles
+        }
+        nodes = sorted(
+            {
+                n
+                for es in entries.values()
+                for e in es
+                for n in (e.get("monitor") or {}).get("nodes", {})
+            }
+        )
+        nodes_panel, host_panel = {}, {}
+        for n in nodes:
+            xs, ys = [], []
+            for p in profiles:
+                pct = _mean(
+                    [
+                        (
+                            (((e.get("monitor") or {}).get("nodes") or {}).get(n) or {}).get(
+                                "total"
+                            )
+                            or {}
+                        ).get("mean")
+                        for e in entries[p]
+                    ]
+                )
+                if pct is None:
+                    continue
+                xs.append(p)
+                ys.append(board_cores(pct, cpu.get(n)) if capped else pct)
+            nodes_panel[f"node {n}"] = {"x": xs, "y": ys}
+        for key, name in (("busy_pct", "host busy"), ("softirq_pct", "host softirq")):
+            xs, ys = [], []
+            for p in profiles:
+                v = _mean(
+                    [
+                        (((e.get("monitor") or {}).get("host") or {}).get(key) or {}).get("mean")
+                        for e in entries[p]
+                    ]
+                )
+                if v is not None:
+                    xs.append(p)
+                    ys.append(v)
+            host_panel[name] = {"x": xs, "y": ys}
+        data["panels"][f"{lb}: nodes"] = nodes_panel
+        data["panels"][f"{lb}: host"] = host_panel
+        data["ylabels"][f"{lb}: nodes"] = f"node CPU ({node_unit})"
+        data["ylabels"][f"{lb}: host"] = "host CPU (% of all host cores)"
+    return data

@@ -24,6 +24,7 @@ from .reportdoc import (  # noqa: F401
     _stats,
     primary,
 )
+from .reportdoc import board_cpu_text, metric_name
 from .results import RunDir, imported_figure, time_budget, write_tables
 from .state import write_text_atomic
 
@@ -42,6 +43,12 @@ def generate(run_path: Path) -> dict:
     plots = make_plots(run, table, plan)
 
     doc = Doc(f"Run {run.name}: plan {plan.get('name')}")
+    doc.link("results.csv", "one row per repetition")
+    doc.link("summary.csv", "statistics per case and metric")
+    doc.link("results.jsonl", "everything measured, with series")
+    doc.link("raw/", "tool output per case")
+    doc.link("report.md", "this report as Markdown")
+    _warnings(doc, results, manifest)
     if plan.get("description"):
         doc.p(plan["description"])
     for n in plan.get("notes") or []:
@@ -50,7 +57,7 @@ def generate(run_path: Path) -> dict:
     _conditions(doc, results, points)
     _throttling(doc, results)
     _budget(doc, budget, len(results), sum(1 for r in results if r.get("ok")))
-    _results_tables(doc, table, profiles, points, labels, plan)
+    _results_tables(doc, table, profiles, points, labels, plan, results, manifest)
     _recommendation(doc, table, profiles, points, labels, manifest)
     if plots:
         doc.h("Plots")
@@ -58,7 +65,7 @@ def generate(run_path: Path) -> dict:
             doc.img(rel, alt)
     _failures(doc, results)
     write_text_atomic(run.file("report.md"), doc.markdown())
-    write_text_atomic(run.file("report.html"), doc.html())
+    write_text_atomic(run.file("report.html"), doc.html(base=run.path))
     return {
         "report": str(run.file("report.md")),
         "plots": [p for p, _ in plots],
@@ -104,7 +111,7 @@ def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
         if sub.get("evidence") == "functional":
             rows.append(["warning", str(sub.get("note"))])
     if False in calibrated:
-        rows.append(["warning", "CPU profile uncalibrated on this machine (`lab calibrate`)"])
+        rows.append(["warning", UNCALIBRATED])
     rows += _calibration_rows(m)
     doc.table(["", ""], rows)
     prof_rows = []
@@ -128,6 +135,46 @@ def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
     tools = {k2: v for k2, v in (m.get("tool_versions") or {}).items() if v}
     if tools:
         doc.table(["tool", "version"], [[k2, v] for k2, v in tools.items()])
+
+
+UNCALIBRATED = (
+    "CPU profile uncalibrated on this machine: node CPU caps are placeholders, so throughput and "
+    "CPU figures do not stand for the board (`lab calibrate PROFILE`)"
+)
+
+
+def _warnings(doc: Doc, results: list[dict], m: dict) -> None:
+    """What makes the figures below mean less than they seem, at the top of the report."""
+    cpus = [c for c in (m.get("cpu") or {}).values() if c]
+    if any(c.get("calibrated") is False for c in cpus):
+        doc.warn(UNCALIBRATED)
+    for c in cpus:
+        if c.get("not_applied"):
+            doc.warn(f"CPU cap of profile {c.get('profile')} not applied ({c['not_applied']}).")
+        fit = (c.get("calibration") or {}).get("fit") or {}
+        if fit.get("warning"):
+            doc.warn(fit["warning"])
+    sub = m.get("substrate") or {}
+    if sub.get("kind") == "vm" and sub.get("evidence") == "functional":
+        doc.warn(f"Functional evidence only: {sub.get('note')}")
+    for w in m.get("lab_warnings") or []:
+        doc.warn(str(w))
+    failed = [r for r in results if not r.get("ok")]
+    if failed:
+        names = ", ".join(f"`{r['case']}`" for r in failed[:5]) + (
+            " ..." if len(failed) > 5 else ""
+        )
+        doc.warn(
+            f"{len(failed)} of {len(results)} case repetitions failed ({names}); see Failed "
+            "cases. Their cells show '[N failed]'."
+        )
+    throttled = sum(
+        1
+        for r in results
+        if (((r.get("monitor") or {}).get("host") or {}).get("vcgencmd") or {}).get("throttled")
+    )
+    if throttled:
+        doc.warn(f"{throttled} test(s) ran throttled by the Pi firmware (see Set-up).")
 
 
 def _calibration_rows(m: dict) -> list[list[str]]:
@@ -199,6 +246,7 @@ def _conditions(doc: Doc, results: list[dict], points: list[str]) -> None:
     for name in _order(list(rows), points):
         for w in sorted(rows[name].get("warnings", ())):
             doc.p(f"**Warning ({name}):** {w}")
+            doc.warn(f"impairment point {name}: {w}")
 
 
 def _throttling(doc: Doc, results: list[dict]) -> None:
@@ -251,7 +299,7 @@ def _budget(doc: Doc, b: dict, cases: int, ok: int) -> None:
     )
 
 
-def _results_tables(doc, table, profiles, points, labels, plan) -> None:
+def _results_tables(doc, table, profiles, points, labels, plan, results, manifest) -> None:
     doc.h("Results")
     doc.p(
         "Mean ± sample standard deviation (n = successful repetitions) per profile and "
@@ -283,7 +331,7 @@ def _results_tables(doc, table, profiles, points, labels, plan) -> None:
                             for rate in rates
                         ]
                     )
-            doc.p(f"**{label}** ({test}): received {unit} per target rate")
+            doc.p(f"**{label}** ({test}): received rate ({unit.split()[0]}) per target rate")
             doc.table(header, out)
             continue
         header = ["profile"] + present_points
@@ -305,8 +353,19 @@ def _results_tables(doc, table, profiles, points, labels, plan) -> None:
                     row.append(c + (f" [{failed} failed]" if failed else ""))
                 out.append(row)
             what = f" (point {pidx})" if len(npoints) > 1 else ""
-            doc.p(f"**{label}** ({test}{what}): {col.replace('_', ' ')} in {unit}")
+            doc.p(f"**{label}** ({test}{what}): {metric_name(col)} ({unit.split()[0]})")
             doc.table(header, out)
+    _cpu_table(doc, table, profiles, labels, tests, results, manifest)
+
+
+NODE_ROLES = ("vpn_client", "vpn_server", "traffic_client", "traffic_server")
+
+
+def _cpu_table(doc, table, profiles, labels, tests, results, manifest) -> None:
+    """CPU during the unimpaired throughput tests: each node in board cores of its CPU profile
+    (and % of the board), the host's busy and softirq shares of all its cores separately."""
+    roles = next((r["roles"] for r in results if r.get("roles")), {})
+    cpu = manifest.get("cpu") or {}
     cpu_rows = []
     for label in labels:
         if tests[label] not in THROUGHPUT_TESTS:
@@ -316,41 +375,50 @@ def _results_tables(doc, table, profiles, points, labels, plan) -> None:
             rs = [r for r in rs if not r["impairment_spec"]]
             if not rs:
                 continue
+            nodes = [
+                board_cpu_text(_mean([r[f"cpu_{role}_pct"] for r in rs]), cpu.get(roles.get(role)))
+                for role in NODE_ROLES
+            ]
+            host = [
+                f"{v:.1f} %" if (v := _mean([r[c] for r in rs])) is not None else "-"
+                for c in ("host_busy_pct", "host_softirq_pct")
+            ]
+            daemons = _mean([r["daemon_cpu_pct"] for r in rs])
             cpu_rows.append(
                 [label, prof]
-                + [
-                    _fmt(_mean([r[c] for r in rs]))
-                    for c in (
-                        "cpu_vpn_client_pct",
-                        "cpu_vpn_server_pct",
-                        "cpu_traffic_client_pct",
-                        "cpu_traffic_server_pct",
-                        "daemon_cpu_pct",
-                        "host_busy_pct",
-                        "host_softirq_pct",
-                    )
-                ]
+                + nodes
+                + [f"{_fmt(daemons)} % host core" if daemons is not None else "-"]
+                + host
             )
-    if cpu_rows:
-        doc.p(
-            "**CPU during the throughput tests without impairment** (node cgroups in % of one "
-            "host core; host columns are host-wide shares of all cores, shared with anything "
-            "else running on this machine)."
-        )
-        doc.table(
-            [
-                "test",
-                "profile",
-                "VPN client node",
-                "VPN server node",
-                "traffic client",
-                "traffic server",
-                "VPN daemons",
-                "host busy",
-                "host softirq",
-            ],
-            cpu_rows,
-        )
+    if not cpu_rows:
+        return
+    ncores = next(
+        (n for r in results if (n := ((r.get("monitor") or {}).get("host") or {}).get("ncores"))),
+        None,
+    )
+    doc.p(
+        "**CPU during the throughput tests without impairment.** Nodes: the node's cgroup in "
+        "cores of its board's CPU profile (1.00 of 1 = the node's cap is saturated), and the share "
+        "of the whole board; an uncapped node in % of one host core. VPN daemons: % of one host "
+        "core. Host busy and host softirq: shares of all "
+        + (f"{ncores} " if ncores else "")
+        + "host cores, shared with anything else on this machine; kernel data planes "
+        "(WireGuard, XFRM) work mostly in softirq, which no node's cgroup is charged for."
+    )
+    doc.table(
+        [
+            "test",
+            "profile",
+            "VPN client node",
+            "VPN server node",
+            "traffic client node",
+            "traffic server node",
+            "VPN daemons",
+            "host busy",
+            "host softirq",
+        ],
+        cpu_rows,
+    )
 
 
 def _recommendation(doc, table, profiles, points, labels, manifest) -> None:
@@ -362,16 +430,20 @@ def _recommendation(doc, table, profiles, points, labels, manifest) -> None:
     if thr is None and lat is None:
         return
     drivers = {p: (manifest.get("profiles") or {}).get(p, {}).get("driver") for p in profiles}
-    vpns = [p for p in profiles if drivers.get(p) not in ("none", None)] or profiles
+    # the no-VPN baseline is never ranked, not even when it is the only profile
+    vpns = [p for p in profiles if drivers.get(p) not in ("none", None)]
     base = [p for p in profiles if drivers.get(p) == "none"]
+    if not vpns:
+        return
     doc.h("Recommendation")
+    ranked_by = " and ".join(
+        ([f"the highest mean throughput in `{thr}`"] if thr else [])
+        + ([f"the lowest mean RTT in `{lat}`"] if lat else [])
+    )
     doc.p(
-        "Best VPN profile per network condition"
-        + (f" by mean `{thr}` throughput" if thr else "")
-        + (f" and by mean `{lat}` RTT" if lat else "")
-        + "; runner-up and margin "
-        "given so a difference within the spread is visible. The no-VPN baseline is not "
-        "ranked."
+        f"For each network condition, the VPN profile with {ranked_by}. The runner-up and the "
+        "margin show whether the difference is within the spread (marked 'within 1 sd')."
+        + (f" The no-VPN {base[0]} is shown for reference and not ranked." if base else "")
     )
     header = ["condition"]
     if thr:

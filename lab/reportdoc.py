@@ -4,8 +4,11 @@ share."""
 
 from __future__ import annotations
 
+import base64
 import html
 import math
+import re
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,16 +29,27 @@ def primary(test: str) -> Primary:
 
 @dataclass
 class Doc:
-    """A report as blocks rendered both to Markdown and to HTML."""
+    """A report as blocks rendered both to Markdown and to HTML: warnings first, a table of
+    contents, links to the run's files, then the sections."""
 
     title: str
     blocks: list[tuple[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    links: list[tuple[str, str]] = field(default_factory=list)
 
     def h(self, text: str) -> None:
         self.blocks.append(("h", text))
 
     def p(self, text: str) -> None:
         self.blocks.append(("p", text))
+
+    def warn(self, text: str) -> None:
+        """A warning the reader must see before any figure (shown at the top)."""
+        if text not in self.warnings:
+            self.warnings.append(text)
+
+    def link(self, path: str, what: str) -> None:
+        self.links.append((path, what))
 
     def table(self, header: list[str], rows: list[list[Any]]) -> None:
         self.blocks.append(("table", (header, rows)))
@@ -46,8 +60,17 @@ class Doc:
     def pre(self, summary: str, text: str) -> None:
         self.blocks.append(("pre", (summary, text)))
 
+    def headings(self) -> list[str]:
+        return [v for k, v in self.blocks if k == "h"]
+
     def markdown(self) -> str:
         out = [f"# {self.title}", ""]
+        out += [f"> **Warning:** {w}" + "\n>" for w in self.warnings]
+        if self.warnings:
+            out.append("")
+        if self.links:
+            out += ["Files: " + ", ".join(f"[{p}]({p}) ({w})" for p, w in self.links), ""]
+        out += [f"- [{h}](#{_anchor(h)})" for h in self.headings()] + [""]
         for kind, v in self.blocks:
             if kind == "h":
                 out += [f"## {v}", ""]
@@ -65,34 +88,73 @@ class Doc:
                 out += [f"**{v[0]}**", "", "```", v[1].rstrip(), "```", ""]
         return "\n".join(out)
 
-    def html(self) -> str:
+    def html(self, base: Path | None = None) -> str:
+        """The HTML document; with `base` (the run directory) images are embedded as data URIs,
+        so the file is self-contained."""
         e = html.escape
         out = [
             "<!doctype html><html><head><meta charset='utf-8'>",
             f"<title>{e(self.title)}</title><style>",
-            "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}",
+            "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}",
             "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;",
-            "padding:2px 8px;text-align:right}th{background:#eee}td:first-child{text-align:left}",
-            "img{max-width:100%}pre{background:#f6f6f6;padding:0.5em;overflow:auto}",
+            "padding:2px 8px;text-align:left;vertical-align:top}th{background:#eee}",
+            "td.num{text-align:right;white-space:nowrap}",
+            "img{width:100%;height:auto}pre{background:#f6f6f6;padding:0.5em;overflow:auto}",
+            ".warn{background:#fff3cd;border:1px solid #e0b000;padding:0.5em 1em;margin:0.5em 0}",
+            "nav ul{columns:2}",
             f"</style></head><body><h1>{e(self.title)}</h1>",
         ]
+        for w in self.warnings:
+            out.append(f"<div class='warn'><b>Warning:</b> {_inline_html(w)}</div>")
+        if self.links:
+            out.append(
+                "<p>Files: "
+                + ", ".join(f"<a href='{e(p)}'>{e(p)}</a> ({e(w)})" for p, w in self.links)
+                + "</p>"
+            )
+        out.append(
+            "<nav><b>Contents</b><ul>"
+            + "".join(f"<li><a href='#{_anchor(h)}'>{e(h)}</a></li>" for h in self.headings())
+            + "</ul></nav>"
+        )
         for kind, v in self.blocks:
             if kind == "h":
-                out.append(f"<h2>{e(v)}</h2>")
+                out.append(f"<h2 id='{_anchor(v)}'>{e(v)}</h2>")
             elif kind == "p":
                 out.append(f"<p>{_inline_html(v)}</p>")
             elif kind == "table":
                 header, rows = v
-                out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
+                out.append("<table>")
+                if any(str(h).strip() for h in header):
+                    out.append("<tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
                 for r in rows:
-                    out.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>")
+                    out.append("<tr>" + "".join(_td(c) for c in r) + "</tr>")
                 out.append("</table>")
             elif kind == "img":
-                out.append(f"<p><img src='{e(v[0])}' alt='{e(v[1])}'></p>")
+                out.append(f"<p><img src='{e(_img_src(v[0], base))}' alt='{e(v[1])}'></p>")
             elif kind == "pre":
                 out.append(f"<details><summary>{e(v[0])}</summary><pre>{e(v[1])}</pre></details>")
         out.append("</body></html>")
         return "\n".join(out)
+
+
+_NUMERIC = re.compile(r"^[-+]?(\d|\.\d)[\d.,]*( ?(±|%|x)|\s|$)")
+
+
+def _td(c: Any) -> str:
+    text = str(c)
+    cls = " class='num'" if _NUMERIC.match(text) or text == "-" else ""
+    return f"<td{cls}>{html.escape(text)}</td>"
+
+
+def _anchor(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "section"
+
+
+def _img_src(path: str, base: Path | None) -> str:
+    if base is None or not (base / path).is_file():
+        return path
+    return "data:image/png;base64," + base64.b64encode((base / path).read_bytes()).decode()
 
 
 def _md(c: Any) -> str:
@@ -101,8 +163,6 @@ def _md(c: Any) -> str:
 
 def _inline_html(text: str) -> str:
     # the report's paragraphs use `code` and **bold** only
-    import re
-
     t = html.escape(text)
     t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
     return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
@@ -151,3 +211,57 @@ def _group(table: list[dict], **match) -> list[dict]:
 def _mean(vals) -> float | None:
     s = _stats(vals)
     return s["mean"] if s else None
+
+
+# ---------------------------------------------------------------------- CPU units
+
+#: readable names of results.csv's metric columns where the column name is not one
+METRIC_NAMES = {
+    "throughput_bps": "throughput",
+    "receiver_bps": "received rate",
+    "rtt_avg_ms": "mean RTT",
+    "path_mtu": "path MTU",
+    "transactions_per_s": "transactions",
+    "latency_p50_us": "median latency",
+    "seconds": "transfer time",
+    "loss_pct": "loss",
+    "echo_replies": "echo replies",
+}
+
+
+def metric_name(col: str) -> str:
+    return METRIC_NAMES.get(col, col.replace("_", " "))
+
+
+def host_cores_per_board_core(cpu: dict | None) -> float | None:
+    """Host cores one board core of the node's CPU profile is worth (its calibrated or assumed
+    core_share); None for an uncapped node or a cap that was not applied (docs/cpu.md)."""
+    cpu = cpu or {}
+    if not cpu.get("profile") or cpu.get("not_applied"):
+        return None
+    if cpu.get("core_share"):
+        return float(cpu["core_share"])
+    if cpu.get("cores") and cpu.get("emulated_cores"):
+        return float(cpu["cores"]) / float(cpu["emulated_cores"])
+    return None
+
+
+def board_cores(pct_of_host_core: float | None, cpu: dict | None) -> float | None:
+    """A node's CPU in % of one host core -> board cores of its profile (None if uncapped)."""
+    share = host_cores_per_board_core(cpu)
+    if pct_of_host_core is None or not share:
+        return None
+    return pct_of_host_core / 100 / share
+
+
+def board_cpu_text(pct_of_host_core: float | None, cpu: dict | None) -> str:
+    """'0.95 of 1 pi4 core (24 % of the board)' for a capped node, else '% of one host core'."""
+    cores = board_cores(pct_of_host_core, cpu)
+    if cores is None:
+        return "-" if pct_of_host_core is None else f"{_fmt(pct_of_host_core)} % host core"
+    cpu = cpu or {}
+    cap, total = cpu.get("emulated_cores"), cpu.get("board_cores")
+    text = f"{cores:.2f}" + (f" of {cap:g}" if cap else "") + f" {cpu.get('profile')} cores"
+    if total:
+        text += f" ({100 * cores / total:.0f} % of the board)"
+    return text

@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.report",
             "lab.reportdoc",
             "lab.plots",
+            "lab.plotseries",
             "lab.compare",
             "lab.fidelity",
             "lab.importer",

@@ -1,0 +1,186 @@
+"""The report's plots against results.jsonl (issue 21): every plot keeps the numbers it draws in
+plots/<name>.json, and these tests recompute them from results.jsonl on their own (no root)."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+
+import pytest
+
+from lab.report import generate
+
+from .test_results import make_run
+
+CORE_SHARE = 0.25  # host cores per pi4 core in the fixture's manifest
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """make_run's synthetic run, with iperf3 intervals, 25 RTT samples per ping and a calibrated
+    pi4 cap on both nodes; the report generated once."""
+    r = make_run(tmp_path_factory.mktemp("plots") / "run")
+    lines = [json.loads(x) for x in r.results.read_text().splitlines()]
+    for e in lines:
+        rec = e["records"][0]
+        if e["test"] in ("tcp", "udp") and e["ok"]:
+            rec["intervals"] = [
+                {"start": i, "end": i + 1.0, "bps": rec["receiver_bps"] * (0.9 + 0.1 * i)}
+                for i in range(3)
+            ]
+        if e["test"] == "ping":
+            base = rec["rtt_avg_ms"] + (e["impairment"]["value"] or 0)
+            rec["rtts"] = [{"seq": i, "rtt_ms": base + 0.01 * (i % 7)} for i in range(25)]
+    r.results.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    m = r.manifest()
+    pi4 = {"profile": "pi4", "calibrated": True, "core_share": CORE_SHARE, "cores": CORE_SHARE,
+           "emulated_cores": 1.0, "board_cores": 4}  # fmt: skip
+    m["cpu"] = {"client": pi4, "server": pi4}
+    r.file("manifest.json").write_text(json.dumps(m))
+    generate(r.path)
+    return r
+
+
+def _results(run):
+    return [json.loads(x) for x in run.results.read_text().splitlines()]
+
+
+def _plot(run, name):
+    assert (run.path / "plots" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    return json.loads((run.path / "plots" / f"{name}.json").read_text())
+
+
+def test_rtt_per_profile_and_condition(run):
+    data = _plot(run, "rtt")
+    want: dict = {}
+    for e in _results(run):
+        if e["test"] == "ping" and e["ok"] and not e["impairment"]["parameter"]:
+            key = (e["impairment"]["name"], e["profile"])
+            want.setdefault(key, []).append(e["records"][0]["rtt_avg_ms"])
+    got = {
+        (cond, p): (y, err)
+        for cond, s in data["panels"]["ping"].items()
+        for p, y, err in zip(s["x"], s["y"], s["err"], strict=True)
+    }
+    assert set(got) == set(want) and want
+    for k, vals in want.items():
+        assert got[k][0] == pytest.approx(statistics.mean(vals))
+        assert got[k][1] == pytest.approx(statistics.stdev(vals))
+    assert "RTT" in data["ylabel"] and "ms" in data["ylabel"]
+
+
+@pytest.mark.parametrize(
+    "name,tests,value",
+    [
+        ("throughput_vs_delay", ("tcp", "udp"), lambda rec: rec["receiver_bps"] / 1e6),
+        ("rtt_vs_delay", ("ping",), lambda rec: rec["rtt_avg_ms"]),
+    ],
+)
+def test_metric_against_the_swept_value_one_line_per_profile(run, name, tests, value):
+    data = _plot(run, name)
+    want: dict = {}
+    for e in _results(run):
+        if e["test"] in tests and e["ok"] and e["impairment"]["parameter"] == "delay":
+            key = (e["label"], e["profile"], e["impairment"]["value"])
+            want.setdefault(key, []).append(value(e["records"][0]))
+    got = {
+        (label, p, x): y
+        for label, panel in data["panels"].items()
+        for p, s in panel.items()
+        for x, y in zip(s["x"], s["y"], strict=True)
+    }
+    assert got == pytest.approx({k: statistics.mean(v) for k, v in want.items()})
+    assert {p for panel in data["panels"].values() for p in panel} == {"baseline", "wireguard"}
+    assert data["xlabel"] == "delay (ms)"
+
+
+def test_throughput_over_time_per_case(run):
+    data = _plot(run, "time_tcp")
+    want = {
+        (e["impairment"]["name"], f"{e['profile']} #{e['rep']}"): (
+            [iv["end"] for iv in e["records"][0]["intervals"]],
+            [iv["bps"] / 1e6 for iv in e["records"][0]["intervals"]],
+        )
+        for e in _results(run)
+        if e["label"] == "tcp" and e["ok"]
+    }
+    got = {
+        (cond, name): (s["x"], pytest.approx(s["y"]))
+        for cond, panel in data["panels"].items()
+        for name, s in panel.items()
+    }
+    assert got == want
+    assert data["ylabel"] == "throughput (Mbit/s)"
+
+
+def test_rtt_cdf_pools_every_sample(run):
+    data = _plot(run, "rtt_cdf_ping")
+    for cond, panel in data["panels"].items():
+        for prof, s in panel.items():
+            samples = sorted(
+                x["rtt_ms"]
+                for e in _results(run)
+                if e["label"] == "ping" and e["ok"] and e["profile"] == prof
+                and e["impairment"]["name"] == cond
+                for x in e["records"][0]["rtts"]
+            )  # fmt: skip
+            assert s["x"] == samples
+            assert s["y"][-1] == 1.0 and s["y"] == sorted(s["y"])
+    assert len(data["panels"]["none"]["baseline"]["x"]) == 3 * 25
+
+
+def test_cpu_in_board_cores_and_host_shares_as_in_the_table(run):
+    data = _plot(run, "cpu")
+    nodes, host = data["panels"]["tcp: nodes"], data["panels"]["tcp: host"]
+    # the fixture's monitor: client 20 %, server 25 % of one host core; host softirq 5 % of all
+    assert nodes["node client"]["y"] == pytest.approx([20 / 100 / CORE_SHARE] * 2)
+    assert nodes["node server"]["y"] == pytest.approx([25 / 100 / CORE_SHARE] * 2)
+    assert host["host softirq"]["y"] == pytest.approx([5.0, 5.0])
+    assert "board cores" in data["ylabels"]["tcp: nodes"]
+    assert "all host cores" in data["ylabels"]["tcp: host"]
+    md = run.file("report.md").read_text()
+    assert "0.80 of 1 pi4 cores (20 % of the board)" in md
+    assert "| 5.0 % |" in md  # the table's host softirq is the plot's
+
+
+def test_axes_are_linear_unless_the_range_demands_log():
+    from lab.plots import _plt
+    from lab.plotseries import style_axis
+
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2)
+    style_axis(a, [50.0, 900.0], "throughput (Mbit/s)")
+    style_axis(b, [0.05, 80.0], "mean RTT (ms)")
+    assert a.get_yscale() == "linear" and a.get_ylabel() == "throughput (Mbit/s)"
+    assert b.get_yscale() == "log" and b.get_ylabel() == "mean RTT (ms), log scale"
+    fig.canvas.draw()
+    ticks = [t.get_text() for t in b.get_yticklabels() if t.get_text()]
+    assert "10" in ticks and not any("^" in t or "times" in t for t in ticks)
+    plt.close(fig)
+
+
+def test_html_is_self_contained_with_warnings_contents_and_links(run):
+    html = run.file("report.html").read_text()
+    top = html[: html.index("<h2")]
+    # warnings before the first section: the failed case of the fixture
+    assert "class='warn'" in top and "failed" in top
+    for f in ("results.csv", "summary.csv", "raw/"):
+        assert f"href='{f}'" in top
+    assert "href='#results'" in top and "id='results'" in html  # table of contents
+    assert "src='plots/" not in html and html.count("src='data:image/png;base64,") >= 5
+    assert "<th></th>" not in html  # the set-up table has no empty header row
+    # text cells left-aligned (the default), figures right-aligned
+    assert "<td>wireguard</td>" in html and re.search(r"<td class='num'>[\d.]+ ± ", html)
+    md = run.file("report.md").read_text()
+    assert md.index("**Warning:**") < md.index("## Set-up")
+
+
+def test_recommendation_never_ranks_the_baseline(run, tmp_path):
+    md = run.file("report.md").read_text()
+    rec = md[md.index("## Recommendation") :].split("\n## ")[0]
+    assert rec.split("\n")[2].startswith("For each network condition, the VPN profile with")
+    assert "| none | wireguard |" in rec and "not ranked" in rec
+    alone = make_run(tmp_path / "alone", profiles=("baseline",))
+    generate(alone.path)
+    assert "## Recommendation" not in alone.file("report.md").read_text()
