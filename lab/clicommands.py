@@ -10,7 +10,7 @@ import time
 
 from rich.table import Table
 
-from .cliprint import _print_status, _print_substrate, err, out
+from .cliprint import _print_status, _print_substrate, err, out, print_run_summary
 from .errors import ConfigError, LabError, TeardownIncomplete
 
 
@@ -387,12 +387,7 @@ def cmd_run(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
     s = generate(run.path)
-    b = s["budget"]
-    out.print(
-        f"{s['cases']} case repetitions, {s['failed']} failed; outside measurement "
-        f"{100 * (b['outside_share'] or 0):.1f} % of {b['wall_s']:.0f} s"
-    )
-    out.print(f"report: {s['report']}")
+    print_run_summary(s)  # headline table, counts, report.md and report.html
     if interrupted:
         err.print(f"lab: interrupted; the lab is down. Continue: lab run --resume {run.path}")
         return 130

@@ -49,3 +49,25 @@ def _print_substrate(s: dict) -> None:
 
     if line := substrate_line(s):
         out.print(line, markup=False, highlight=False)
+
+
+def print_run_summary(s: dict) -> None:
+    """What `lab run` ends with: the headline figures, the counts, and both report paths."""
+    head = s.get("headline") or {}
+    if head.get("rows"):
+        t = Table(title="headline (mean ± sd, n repetitions)", title_justify="left")
+        for i, col in enumerate(head["header"]):
+            t.add_column(col, justify="left" if i < 2 else "right")
+        for row in head["rows"]:
+            t.add_row(*row)
+        out.print(t)
+    b = s["budget"]
+    out.print(
+        f"{s['cases']} case repetitions, {s['failed']} failed; outside measurement "
+        f"{100 * (b['outside_share'] or 0):.1f} % of {b['wall_s']:.0f} s",
+        markup=False,
+        highlight=False,
+    )
+    out.print(f"report: {s['report']}", markup=False, highlight=False)
+    if s.get("html"):
+        out.print(f"report: {s['html']}", markup=False, highlight=False)

@@ -68,11 +68,40 @@ def generate(run_path: Path) -> dict:
     write_text_atomic(run.file("report.html"), doc.html(base=run.path))
     return {
         "report": str(run.file("report.md")),
+        "html": str(run.file("report.html")),
+        "headline": headline(table, profiles, points, labels, plan),
         "plots": [p for p, _ in plots],
         "budget": budget,
         "cases": len(results),
         "failed": sum(1 for r in results if not r.get("ok")),
     }
+
+
+def headline(table, profiles, points, labels, plan) -> dict:
+    """The figures `lab run` ends with: per profile and network condition, each test's primary
+    metric as mean ± sd (n) over the successful repetitions of its first record."""
+    tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
+    cols = [lb for lb in labels if tests.get(lb) != "udp-sweep" and _group(table, test_label=lb)]
+    header = ["profile", "condition"]
+    for lb in cols:
+        col, unit, _, _ = primary(tests[lb])
+        header.append(f"{lb} {metric_name(col)} ({unit.split()[0]})")
+    rows = []
+    for prof in profiles:
+        for pt in _order([r["impairment"] for r in table], points):
+            cells = []
+            for lb in cols:
+                col, _, scale, _ = primary(tests[lb])
+                all_rs = _group(table, test_label=lb, profile=prof, impairment=pt, point=0)
+                rs = [r for r in all_rs if r["ok"]]
+                failed = len(all_rs) - len(rs)
+                cells.append(
+                    _cell(_stats([r[col] for r in rs]), scale)
+                    + (f" [{failed} failed]" if failed else "")
+                )
+            if any(c != "-" for c in cells):
+                rows.append([prof, pt] + cells)
+    return {"header": header, "rows": rows}
 
 
 def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
