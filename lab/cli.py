@@ -199,6 +199,24 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--down", action="store_true", help="remove the farm (--id, or the only one)")
     q.add_argument("--id", dest="lab_id", help="farm id")
     q.add_argument("--json", action="store_true")
+    q = bsub.add_parser(
+        "check",
+        help="what each board is and whether the lab and the profiles can run on it "
+        "(exit 3 when a board is unreachable or has no root)",
+    )
+    q.add_argument("inventory", help="boards.toml or an Ansible inventory")
+    q.add_argument("--profiles", metavar="P1,P2", help="profiles to check (default: all)")
+    q.add_argument("--json", action="store_true")
+    q = bsub.add_parser(
+        "prepare",
+        help="install the Debian packages the lab and the profiles need on each board "
+        "(lists them and asks; --yes for scripts)",
+    )
+    q.add_argument("inventory", help="boards.toml or an Ansible inventory")
+    q.add_argument("--profiles", metavar="P1,P2", help="profiles to prepare for (default: all)")
+    q.add_argument("--yes", action="store_true", help="install without asking")
+    q.add_argument("--dry-run", action="store_true", help="list only, install nothing")
+    q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("report", help="regenerate a run's tables, plots and report")
     p.add_argument("run_dir")

@@ -489,6 +489,14 @@ def cmd_boards(args) -> int:
             f"`lab boards emulate --down --id {rec['id']}` removes it"
         )
         return 0
+    elif args.boards_cmd == "check":
+        from .cliboards import cmd_boards_check
+
+        return cmd_boards_check(args)
+    elif args.boards_cmd == "prepare":
+        from .cliboards import cmd_boards_prepare
+
+        return cmd_boards_prepare(args)
     raise ConfigError(f"unknown action {args.boards_cmd!r}", source="lab boards")
 
 

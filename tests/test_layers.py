@@ -20,7 +20,7 @@ LAB = Path(__file__).resolve().parent.parent / "lab"
 #: docs/design.md "Layers", top first: (layer, module names). A name ending in ".*" covers a
 #: package and everything in it; the most specific entry wins.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("cli", ["lab.cli", "lab.clicommands", "lab.cliprint", "lab.runprogress"]),
+    ("cli", ["lab.cli", "lab.clicommands", "lab.cliboards", "lab.cliprint", "lab.runprogress"]),
     ("substrates", ["lab.substrates"]),
     (
         "runner / report / compare",
@@ -29,7 +29,6 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.runsetup",
             "lab.interrupts",
             "lab.monitor",
-            "lab.hostreadings",
             "lab.plan",
             "lab.plancases",
             "lab.planpoints",
@@ -53,6 +52,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.boards.boardlab",
             "lab.boards.farm",
             "lab.boards.runtarget",
+            "lab.boards.monitor",
+            "lab.boards.check",
         ],
     ),
     ("vpn/ impair/ measure/", ["lab.vpn.*", "lab.impair.*", "lab.measure.*"]),
@@ -86,6 +87,9 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.state",
             "lab.teardown",
             "lab.vm.*",
+            # readers and parsers of this machine's /proc, /sys and vcgencmd answers (no lab
+            # knowledge): the local monitor and the boards' monitor and check both use them
+            "lab.hostreadings",
         ],
     ),
     ("proc / errors", ["lab", "lab.proc", "lab.errors"]),
