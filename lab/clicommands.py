@@ -188,6 +188,11 @@ def cmd_status(args) -> int:
     from .substrates import open_lab
 
     ids = [args.lab_id] if args.lab_id else list_lab_ids()
+    if args.lab_id and args.lab_id not in list_lab_ids():
+        # a name that never was a lab here (no ledger): not 'broken', and not a case for
+        # `lab clean`, which would tear down every lab on the machine
+        known = ", ".join(list_lab_ids()) or "none"
+        raise ConfigError(f"no lab {args.lab_id} (labs here: {known})", source="lab status")
     statuses = [open_lab(lab_id).status() for lab_id in ids]
     if args.json:
         print(json.dumps(statuses, indent=2))

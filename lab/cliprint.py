@@ -12,6 +12,61 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
+def impairment_words(applied) -> str:
+    """An impairment point's applied setting (engine JSON, or the kernel's text) in tc-netem words."""
+    from .impair.model import Impairment
+
+    if isinstance(applied, dict):
+        try:
+            return str(Impairment.from_json(applied)) or "none"
+        except Exception:  # a shape this version does not know: show it as it is
+            return ", ".join(f"{k}={v}" for k, v in applied.items())
+    return str(applied) if applied else "none"
+
+
+def status_lines(s: dict) -> list[str]:
+    """The VPN and the impairment of a lab in words, printed under its table."""
+    lines = []
+    vpn = s.get("vpn") or {}
+    if vpn:
+        d = vpn.get("describe") or {}
+        tun = vpn.get("tunnel") or {}
+        ends = " <-> ".join(
+            f"{t.get('node')} {' '.join(a for a in (t.get('v4'), t.get('v6')) if a)}"
+            for t in (tun.get("client") or {}, tun.get("server") or {})
+            if t
+        )
+        lines.append(
+            f"VPN {vpn.get('profile')} ({vpn.get('driver')}, data plane "
+            f"{vpn.get('path') or d.get('path')}) {vpn.get('state', '')}: interface "
+            f"{d.get('interface', '-')}, MTU {d.get('mtu', '-')}, cipher {d.get('cipher', '-')}"
+            + (f"; tunnel {ends}" if ends else "")
+        )
+    else:
+        lines.append("VPN: none (no tunnel in this lab)")
+    imp = s.get("impair")
+    if not imp:
+        lines.append("impairment: none (lab built without impairment machinery)")
+    else:
+        lines.append(
+            f"impairment: backend {imp.get('backend')}, placement {imp.get('placement')}; "
+            "a symmetric spec applies to each direction (each point is one egress)"
+        )
+    return lines
+
+
+def _point_specs(s: dict) -> dict[tuple[str, str], str]:
+    """(node, interface) -> the impairment applied at its egress, in words."""
+    imp = s.get("impair") or {}
+    applied = imp.get("applied") or {}
+    out = {}
+    for p in imp.get("points") or []:
+        key = f"{p.get('node')}:{p.get('ifname')}"
+        way = "client->server" if p.get("way") == "fwd" else "server->client"
+        out[(p.get("node"), p.get("ifname"))] = f"{impairment_words(applied.get(key))} ({way})"
+    return out
+
+
 def _print_status(s: dict) -> None:
     if not s.get("nodes"):  # a broken lab, or the VM of a `lab run --vm` (no lab of its own)
         out.print(f"lab {s['id']}: {s.get('state')}", markup=False, highlight=False)
@@ -19,8 +74,15 @@ def _print_status(s: dict) -> None:
     t = Table(
         title=f"lab {s['id']} ({s.get('state')}) — {s.get('topology', '')}", title_justify="left"
     )
-    for col in ("node", "where", "cpu", "interface", "IPv4", "IPv6", "peer"):
+    for col in ("node", "where", "cpu", "interface", "IPv4", "IPv6", "peer", "impairment (egress)"):
         t.add_column(col)
+    tunnel = {
+        (e or {}).get("node"): e
+        for e in ((s.get("vpn") or {}).get("tunnel") or {}).values()
+        if isinstance(e, dict)
+    }
+    vpn_if = ((s.get("vpn") or {}).get("describe") or {}).get("interface") or "tunnel"
+    specs = _point_specs(s)
     for name, n in s.get("nodes", {}).items():
         cpu = n.get("cpu") or {}
         cpu_s = cpu.get("profile") or (f"{cpu['cores']:.2f} cores" if cpu.get("cores") else "-")
@@ -29,8 +91,17 @@ def _print_status(s: dict) -> None:
                 f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
             )
         kind = n["kind"] + (" router" if n.get("router") else "")
+        rows = [dict(i) for i in (n["interfaces"] or [{}])]
+        if name in tunnel:
+            rows.append(
+                {
+                    "name": f"{vpn_if} (VPN)",
+                    "ip": tunnel[name].get("v4"),
+                    "ip6": tunnel[name].get("v6"),
+                }
+            )
         first = True
-        for i in n["interfaces"] or [{}]:
+        for i in rows:
             t.add_row(
                 f"{name} ({kind})" if first else "",
                 (n.get("netns") or f"{n.get('board')} ({n.get('host')})") if first else "",
@@ -39,9 +110,12 @@ def _print_status(s: dict) -> None:
                 i.get("ip") or "",
                 i.get("ip6") or "",
                 i.get("peer", ""),
+                specs.get((name, i.get("name")), ""),
             )
             first = False
     out.print(t)
+    for line in status_lines(s):
+        out.print(line, markup=False, highlight=False)
 
 
 def _print_substrate(s: dict) -> None:
