@@ -138,7 +138,9 @@ class Doc:
         return "\n".join(out)
 
 
-_NUMERIC = re.compile(r"^[-+]?(\d|\.\d)[\d.,]*( ?(±|%|x)|\s|$)")
+_NUMERIC = re.compile(
+    r"^[-+]?\d+(\.\d+)?( ?%)?( ± [\d.]+)?( \(n=\d+\))?( \(within 1 sd\))?( \[\d+ failed\])?$"
+)
 
 
 def _td(c: Any) -> str:
