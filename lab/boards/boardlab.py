@@ -31,8 +31,9 @@ from .types import Board, BoardMap, Inventory
 
 #: sysctls a router node needs, set on the board and restored afterwards
 ROUTER_SYSCTLS = {"net.ipv4.ip_forward": "1", "net.ipv6.conf.all.forwarding": "1"}
-#: qdisc kinds a kernel puts on an interface by itself: restoring one means deleting ours
-DEFAULT_QDISCS = {"noqueue", "pfifo_fast", "mq", "fq_codel", "fq", "pfifo", "sfq", "cake"}
+#: root qdisc kinds a kernel puts on an interface by itself (with net.core.default_qdisc, which
+#: the ledger records): restoring one means deleting ours
+DEFAULT_QDISCS = {"noqueue", "pfifo_fast", "mq"}
 KIND = "boards"
 
 
@@ -211,9 +212,8 @@ def snapshot(node, board: Board) -> dict:
         for r in j[2] + j[3]
     )
     qdiscs = sorted(
-        (q["dev"], q["kind"], q.get("handle"), q.get("parent", "root"))
+        (q["dev"], q["kind"], q.get("handle"), "root" if q.get("root") else q.get("parent"))
         for q in j[4]
-        if q.get("root") or q.get("parent") in (None, "root")
     )
     sysctl_names = sorted(ROUTER_SYSCTLS) + [f"net.ipv6.conf.{i}.accept_dad" for i in board.data]
     vals = {}
@@ -476,7 +476,10 @@ def _impair(lab: BoardLab, spec: LabSpec, impair: str, placement) -> None:
         node = lab.node(p.node)
         cp = node.run(["tc", "-j", "qdisc", "show", "dev", p.ifname, "root"])
         prev = [q for q in json.loads(cp.stdout or "[]") if q.get("root")]
-        lab.ledger.record("board-qdisc", node=p.node, ifname=p.ifname, prev=prev)
+        default = node.run(["cat", "/proc/sys/net/core/default_qdisc"], check=False).stdout
+        lab.ledger.record(
+            "board-qdisc", node=p.node, ifname=p.ifname, prev=prev, default=default.strip()
+        )
     for lk in spec.links:
         if lk.impair:
             runtime.set_base(lab, lk.impair, f"{lk.node1}-{lk.node2}")
@@ -556,11 +559,16 @@ def _restore_node(node, entries: list[dict]) -> list[str]:
                 node.run(["sh", "-c", f"echo '{e['prev']}' > '{path}'"], check=False)
             elif k == "board-qdisc":
                 prev = e["prev"]
-                if not prev or prev[0].get("kind") in DEFAULT_QDISCS:
+                kind = prev[0].get("kind") if prev else None
+                if kind is None or kind in DEFAULT_QDISCS | {e.get("default")}:
                     node.run(["tc", "qdisc", "del", "dev", e["ifname"], "root"], check=False)
-                if prev and prev[0].get("kind") not in DEFAULT_QDISCS:
-                    problems.append(f"{e['ifname']}: root qdisc was {prev[0].get('kind')}, "
-                                    "left to the kernel default")  # fmt: skip
+                elif kind == "tbf":  # the board's shaping stays; the netem in its class goes
+                    parent = f"{prev[0]['handle'].rstrip(':')}:1"
+                    node.run(["tc", "qdisc", "del", "dev", e["ifname"], "parent", parent],
+                             check=False)  # fmt: skip
+                else:
+                    problems.append(f"{e['ifname']}: root qdisc {kind} was there before; the "
+                                    "lab's netem replaced it and it is not restored")  # fmt: skip
             elif k == "board-offloads":
                 on = [x for kv in e["features"].items() for x in kv]
                 if on:

@@ -2,8 +2,9 @@
 
 `lab boards emulate TOPOLOGY --out farm.toml` builds, as a lab of its own (same ledger, same
 teardown):
-- one node per host of the topology (same name, same CPU profile), cabled as the topology's
-  links say, its data interfaces named eth1, eth2, ... and left unaddressed, forwarding off: a
+- one node per host of the topology (same name, same CPU profile: its cgroup share and its
+  crypto masks, which sshd passes to every command), cabled as the topology's links say at
+  their bandwidth (the farm's tbf stands for the cable's line rate), its data interfaces named eth1, eth2, ... and left unaddressed, forwarding off: a
   freshly installed board;
 - a management network: every board's eth0 on a switch with an address in a free
   172.30.X.0/24, and this machine reaching that switch through one veth (the only object the
@@ -94,9 +95,13 @@ def farm_spec(spec: LabSpec, subnet: ipaddress.IPv4Network) -> LabSpec:
                     params1={"ip": f"{addrs[i]}/{subnet.prefixlen}"},
                 )  # fmt: skip
             for lk in spec.links:
+                # the cable: as fast as the topology's link (a tbf of the farm's own, below
+                # anything a board lab puts there), with its MTU
+                opts = {k: v for k, v in (("bw", lk.bw), ("mtu", lk.mtu)) if v}
                 self.addLink(
                     lk.node1, lk.node2,
                     intfName1=names[(lk.node1, lk.intf1)], intfName2=names[(lk.node2, lk.intf2)],
+                    **opts,
                 )  # fmt: skip
 
     fs = resolve(Farm(), source=f"board farm of {spec.source}", topo_name="farm")
@@ -196,7 +201,14 @@ def _finish(lab: Lab, spec: LabSpec, subnet, out: Path) -> dict:
         addr = next(i.ip for i in n.interfaces if i.name == MGMT_IF).split("/")[0]
         host_pub = _keygen(bdir / "host_key", f"{n.name}@{lab.id}")
         (bdir / "authorized_keys").write_text(client_pub + "\n")
-        (bdir / "sshd_config").write_text(SSHD_CONFIG.format(addr=addr))
+        config = SSHD_CONFIG.format(addr=addr)
+        # the board's CPU is its profile's: the crypto masks a local lab gives the node's
+        # processes reach every command on the board (lab/vm/agent.py LAB_AGENT_KEEP_ENV)
+        masks = {k: v for k, v in (lab.info["nodes"][n.name].get("env") or {}).items() if v}
+        if masks:
+            pairs = {**masks, "LAB_AGENT_KEEP_ENV": ",".join(sorted(masks))}
+            config += "SetEnv " + " ".join(f'"{k}={v}"' for k, v in sorted(pairs.items())) + "\n"
+        (bdir / "sshd_config").write_text(config)
         known.append(f"{addr} {host_pub}")
         node = lab.node(n.name)
         root = str(state_root())

@@ -511,6 +511,11 @@ def main(args: list[str] | None = None) -> None:
         # A board over SSH (lab.boards.sshnode): one ssh session's stdin and stdout; EOF on
         # stdin (the controller closed it, or the connection dropped) ends serve() and us.
         port = Port(0, reconnects=False, wfd=1)
+        # Commands start from BASE_ENV, not from ours; a board whose sshd sets
+        # LAB_AGENT_KEEP_ENV=NAME,... (SetEnv) passes those variables on to every command (an
+        # emulated board's CPU masks: OPENSSL_ia32cap, GODEBUG).
+        keep = [k for k in os.environ.get("LAB_AGENT_KEEP_ENV", "").split(",") if k]
+        BASE_ENV.update({k: os.environ[k] for k in keep if k in os.environ})
     else:
         # The init starts us early, to overlap our start-up with its mounts; wait until done.
         while not os.path.exists(INIT_DONE):

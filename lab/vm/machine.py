@@ -607,6 +607,7 @@ def _emulator_panic(vm: VM, accel: str, retried: int) -> bool:
         return False
     return "Oops: int3" in console and "Kernel panic" in console
 
+
 def _wait_ready(vm: VM, started: float, timeout: float) -> None:
     """Connect to QEMU's agent socket as soon as it exists (QEMU holds the guest until then),
     then wait for the agent's ready event, failing fast if QEMU exits."""
