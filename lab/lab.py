@@ -101,35 +101,42 @@ class Lab:
         return {n: self.node(n) for n, r in self.runtime.items() if r.kind == "host"}
 
     def status(self) -> dict:
-        out = {
-            "id": self.id,
-            "state": self.info.get("state"),
-            "topology": self.spec.source,
-            "topo": self.spec.topo_name,
-            "created": self.info.get("created"),
-            "nodes": {},
+        return lab_status(
+            self.id,
+            self.info,
+            self.spec,
+            {
+                name: {"kind": rt.kind, "netns": rt.netns, "cpu": rt.cpu}
+                for name, rt in self.runtime.items()
+            },
+        )
+
+
+def lab_status(lab_id: str, info: dict, spec: LabSpec, where: dict[str, dict]) -> dict:
+    """`lab status --json` of a lab: its nodes (with `where[node]`: kind, netns or board, ...),
+    interfaces and addresses, and the VPN, impairment, warnings and substrate records."""
+    out = {
+        "id": lab_id,
+        "state": info.get("state"),
+        "topology": spec.source,
+        "topo": spec.topo_name,
+        "created": info.get("created"),
+        "nodes": {},
+    }
+    for name, fields in where.items():
+        n = spec.nodes[name]
+        out["nodes"][name] = {
+            **fields,
+            "router": n.router,
+            "interfaces": [
+                {"name": i.name, "ip": i.ip, "ip6": i.ip6, "peer": f"{i.peer_node}:{i.peer_name}"}
+                for i in n.interfaces
+            ],
         }
-        for name, rt in self.runtime.items():
-            n = self.spec.nodes[name]
-            out["nodes"][name] = {
-                "kind": rt.kind,
-                "netns": rt.netns,
-                "router": n.router,
-                "cpu": rt.cpu,
-                "interfaces": [
-                    {
-                        "name": i.name,
-                        "ip": i.ip,
-                        "ip6": i.ip6,
-                        "peer": f"{i.peer_node}:{i.peer_name}",
-                    }
-                    for i in n.interfaces
-                ],
-            }
-        for k in ("vpn", "impair", "warnings", "substrate"):
-            if k in self.info:
-                out[k] = self.info[k]
-        return out
+    for k in ("vpn", "impair", "warnings", "substrate"):
+        if k in info:
+            out[k] = info[k]
+    return out
 
 
 def resolve_id(lab_id: str | None) -> str:

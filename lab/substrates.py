@@ -73,6 +73,18 @@ class LabHandle(ABC):
         what is left over."""
 
 
+def impair_on(lab, action: str, spec: str = "", target: str | None = None) -> dict:
+    """LabHandle.impair for a lab object this process drives itself (namespaces here, or
+    boards over SSH): the runtime impairment calls, on that lab."""
+    from .impair import runtime
+
+    if action == "set":
+        return runtime.set_impairment(lab, spec, target)
+    if action == "clear":
+        return runtime.clear_impairment(lab)
+    return runtime.show_impairment(lab)
+
+
 class LocalLab(LabHandle):
     """A lab of namespaces on this machine."""
 
@@ -107,13 +119,7 @@ class LocalLab(LabHandle):
         return n.interactive([sh, "--norc"] if sh.endswith("bash") else [sh])
 
     def impair(self, action: str, spec: str = "", target: str | None = None) -> dict:
-        from .impair import runtime
-
-        if action == "set":
-            return runtime.set_impairment(self.lab, spec, target)
-        if action == "clear":
-            return runtime.clear_impairment(self.lab)
-        return runtime.show_impairment(self.lab)
+        return impair_on(self.lab, action, spec, target)
 
     def down(self, notes: list[str]) -> list[str]:
         from .teardown import teardown
@@ -206,13 +212,7 @@ class BoardsLab(LabHandle):
         return self.exec(node, ["sh", "-l"])
 
     def impair(self, action: str, spec: str = "", target: str | None = None) -> dict:
-        from .impair import runtime
-
-        if action == "set":
-            return runtime.set_impairment(self.lab, spec, target)
-        if action == "clear":
-            return runtime.clear_impairment(self.lab)
-        return runtime.show_impairment(self.lab)
+        return impair_on(self.lab, action, spec, target)
 
     def down(self, notes: list[str]) -> list[str]:
         from .boards.boardlab import restore

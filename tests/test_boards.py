@@ -105,7 +105,10 @@ def board_state(inv_path, tmp_path) -> dict:
     return out
 
 
-def test_up_wireguard_ping_down_leaves_every_board_as_it_was(farm, tmp_path):
+@pytest.mark.parametrize("profile", ["wireguard", "ipsec-aes128gcm"])
+def test_up_vpn_ping_down_leaves_every_board_as_it_was(farm, tmp_path, profile):
+    """WireGuard creates an interface (wg0); strongSwan adds addresses to lo and routes: all of
+    it goes at lab down."""
     inv, rec = farm
     before = board_state(inv, tmp_path)
     import os
@@ -113,7 +116,7 @@ def test_up_wireguard_ping_down_leaves_every_board_as_it_was(farm, tmp_path):
     # the board's own (empty) state root, not this machine's
     assert before["client"]["files"] == [os.environ["LAB_STATE_DIR"]]
     r = run_lab(
-        "up", TOPOS / "pi_pair_middlebox.py", "--boards", inv, "--vpn", "wireguard",
+        "up", TOPOS / "pi_pair_middlebox.py", "--boards", inv, "--vpn", profile,
         "--id", "tb1", "--json",
     )  # fmt: skip
     try:
@@ -125,8 +128,12 @@ def test_up_wireguard_ping_down_leaves_every_board_as_it_was(farm, tmp_path):
         p = run_lab("exec", "--id", "tb1", "client", "--", "ping", "-c", "3", "-W", "2", peer)
         assert p.returncode == 0, p.stdout + p.stderr
         during = board_state(inv, tmp_path)
-        assert any(ln[1] == "wg0" for ln in during["client"]["links"])
-        assert any("wireguard-go" in x for x in during["client"]["procs"])
+        if profile == "wireguard":
+            assert any(ln[1] == "wg0" for ln in during["client"]["links"])
+            assert any("wireguard-go" in x for x in during["client"]["procs"])
+        else:
+            assert any("charon" in x for x in during["client"]["procs"])
+            assert during["client"]["addrs"] != before["client"]["addrs"]
         assert during["router"]["sysctls"]["net.ipv4.ip_forward"] == "1"
         assert ["eth1", "10.0.1.2/24"] in during["client"]["addrs"]
         assert any("/tb1/config/" in f for f in during["client"]["files"])

@@ -120,35 +120,13 @@ class BoardLab:
         self._nodes.clear()
 
     def status(self) -> dict:
-        out = {
-            "id": self.id,
-            "state": self.info.get("state"),
-            "topology": self.spec.source,
-            "topo": self.spec.topo_name,
-            "created": self.info.get("created"),
-            "nodes": {},
+        from ..lab import lab_status
+
+        where = {
+            name: {"kind": "board", "board": b["name"], "host": b["host"]}
+            for name, b in self.info["boards"].items()
         }
-        for name, n in self.spec.nodes.items():
-            b = self.info["boards"][name]
-            out["nodes"][name] = {
-                "kind": "board",
-                "board": b["name"],
-                "host": b["host"],
-                "router": n.router,
-                "interfaces": [
-                    {
-                        "name": i.name,
-                        "ip": i.ip,
-                        "ip6": i.ip6,
-                        "peer": f"{i.peer_node}:{i.peer_name}",
-                    }
-                    for i in n.interfaces
-                ],
-            }
-        for k in ("vpn", "impair", "warnings", "substrate"):
-            if k in self.info:
-                out[k] = self.info[k]
-        return out
+        return lab_status(self.id, self.info, self.spec, where)
 
 
 def interactive(board: Board, argv: list[str]) -> int:
@@ -596,9 +574,37 @@ def _restore_node(node, entries: list[dict]) -> list[str]:
         except LabError as ex:
             problems.append(f"{k}: {ex}")
     if snap is not None:
-        after = snapshot(node, _board_from(node))
+        board = _board_from(node)
+        _remove_new_addresses_and_routes(node, board, snap)
+        after = snapshot(node, board)
         problems += diff(snap, after)
     return problems
+
+
+def _remove_new_addresses_and_routes(node, board: Board, snap: dict) -> None:
+    """Addresses and routes that appeared on the board while the lab was up are the lab's (its
+    drivers add tunnel addresses on lo, routes through tunnels): remove them, except on the
+    management interface, which the lab never touches. Routes of the local table go with their
+    addresses."""
+    now = snapshot(node, board)
+    for ifname, cidr in sorted(
+        {tuple(x) for x in now["addrs"]} - {tuple(x) for x in snap["addrs"]}
+    ):
+        if ifname != board.mgmt:
+            node.run(["ip", "addr", "del", cidr, "dev", ifname], check=False)
+    now = snapshot(node, board)
+    for text in sorted(set(now["routes"]) - set(snap["routes"])):
+        r = json.loads(text)
+        if r.get("dev") == board.mgmt or r.get("table") == "local" or not r.get("dst"):
+            continue
+        argv = ["ip", "-6" if ":" in r["dst"] else "-4", "route", "del", r["dst"]]
+        if r.get("gateway"):
+            argv += ["via", r["gateway"]]
+        if r.get("dev"):
+            argv += ["dev", r["dev"]]
+        if r.get("table"):
+            argv += ["table", str(r["table"])]
+        node.run(argv, check=False)
 
 
 def _board_from(node):
