@@ -39,8 +39,13 @@ def test_kernel_wireguard_and_netem_on_vm_boards_over_ssh(tmp_path):
     assert r["vpn_path"] == "kernel"  # the guest kernel's WireGuard, configured over SSH
     assert "wireguard" in r["links_up"]
     assert r["impair_backend"] == "kernel-netem"
-    assert re.search(r"qdisc netem \S+ dev eth1 root .*delay 20ms loss 1%", r["qdiscs"])
-    assert re.search(r"qdisc netem \S+ dev eth2 root .*delay 20ms loss 1%", r["qdiscs"])
+    # the farm's cable is a 1 Gbit/s tbf (the topology's bw): the netem goes in its class,
+    # shaping and impairment stacked, as in a local lab
+    for port in ("eth1", "eth2"):
+        assert re.search(rf"qdisc tbf (\S+) dev {port} root .*rate 1Gbit", r["qdiscs"]), r["qdiscs"]
+        assert re.search(
+            rf"qdisc netem \S+ dev {port} parent \S+ .*delay 20ms loss 1%", r["qdiscs"]
+        ), r["qdiscs"]
     m = re.search(r"(\d+) packets transmitted, (\d+) received.*\n.*= ([\d.]+)/([\d.]+)/", r["ping"])
     assert m, r["ping"]
     sent, got, rtt_min = int(m[1]), int(m[2]), float(m[3])

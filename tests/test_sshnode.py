@@ -24,7 +24,7 @@ from lab.state import Ledger
 
 SSHD = Path("/usr/sbin/sshd")
 BASE = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
-        "-o", "ServerAliveCountMax=3"]  # fmt: skip
+        "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=10"]  # fmt: skip
 
 
 def board(**kw) -> Board:

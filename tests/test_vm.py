@@ -113,7 +113,8 @@ def test_find_kernel_names_what_is_missing(tmp_path, monkeypatch):
 
 
 # -- QEMU command line ------------------------------------------------------------------------------
-def test_qemu_argv(tmp_path):
+def test_qemu_argv(tmp_path, monkeypatch):
+    monkeypatch.delenv("LAB_VM_TCG_THREAD", raising=False)
     k = kernel.Kernel("6.12.0-t", tmp_path, tmp_path / "busybox")
     shares = plan_shares(tmp_path, None, {"/data": tmp_path})
     argv = qemu.qemu_argv(
@@ -133,7 +134,8 @@ def test_qemu_argv(tmp_path):
         return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
 
     assert opt("-machine") == ["q35"] and opt("-cpu") == ["max"]
-    assert opt("-accel") == ["tcg,thread=multi"]
+    # single-threaded TCG: multi-threaded TCG races the guest's live kernel text patching
+    assert opt("-accel") == ["tcg,thread=single"]
     assert {"-nographic", "-no-reboot", "-nodefaults"} <= set(argv)
     assert opt("-kernel") == [str(tmp_path / "boot" / "vmlinuz-6.12.0-t")]
     assert f"file,id=con,path={tmp_path}/con,,sole.log" in opt("-chardev")  # comma escaped

@@ -134,6 +134,8 @@ def ssh_argv(board: Board, command: Sequence[str]) -> list[str]:
     for opt in board.ssh_options:
         argv += ["-o", opt]
     argv += ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+    # a board that is off or unplugged: say so in seconds, not after TCP's two minutes
+    argv += ["-o", "ConnectTimeout=10"]
     if board.port is not None:
         argv += ["-p", str(board.port)]
     if board.user:

@@ -72,6 +72,19 @@ def require_qemu() -> str:
     return found
 
 
+def tcg_thread() -> str:
+    """QEMU's TCG threading: "single" (one host thread runs every vCPU in turn) unless
+    LAB_VM_TCG_THREAD=multi. Multi-threaded TCG races the guest kernel's live text patching
+    (static keys go through int3 breakpoints): a vCPU runs a stale translation, hits an int3
+    the kernel no longer has and the guest panics ("Oops: int3", or a RIP inside a 5-byte NOP),
+    at boot or later, when a module load or a first use flips a static key. CI saw it twice in
+    two runs; single-threaded TCG cannot race with itself."""
+    v = os.environ.get("LAB_VM_TCG_THREAD", "single")
+    if v not in ("single", "multi"):
+        raise PreconditionError(f"LAB_VM_TCG_THREAD={v!r}: accepted values are single, multi")
+    return v
+
+
 def qemu_argv(
     *,
     qemu: str,
@@ -90,7 +103,7 @@ def qemu_argv(
     for the agent, one per socket (QEMU listens; it waits for a host on the first before the
     guest runs), and one virtio-9p device per share (the host root is always the first,
     read-only)."""
-    accel_opt = "tcg,thread=multi" if accel == "tcg" else accel
+    accel_opt = f"tcg,thread={tcg_thread()}" if accel == "tcg" else accel
     e = qemu_escape
     argv = [
         qemu,
