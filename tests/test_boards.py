@@ -212,3 +212,54 @@ def test_lab_clean_keeps_the_farm(farm):
         ["ping", "-c", "1", "-W", "2", rec["boards"]["client"]["host"]], capture_output=True
     )
     assert ok.returncode == 0
+
+
+def test_controller_sigkilled_during_a_board_run_then_clean_restores(farm, tmp_path):
+    """`lab run --boards` killed at several moments (bring-up, tunnel, measuring); `lab clean`
+    restores every board from the ledgers alone."""
+    import time
+
+    from .conftest import LAB, REPO
+
+    inv, rec = farm
+    before = board_state(inv, tmp_path)
+    argv = [*LAB, "run", "quick", "--boards", str(inv), "-o", "profiles=wireguard",
+            "-o", "impairments=none", "-o", "reps=1", "-o", "duration=2"]  # fmt: skip
+    for i, delay in enumerate((1.5, 3.0, 5.0, 8.0)):
+        p = subprocess.Popen(
+            [*argv, "--out", str(tmp_path / f"run{i}")],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        c = run_lab("clean")
+        assert c.returncode == 0, (delay, c.stdout, c.stderr)
+        assert board_state(inv, tmp_path) == before, f"after SIGKILL at {delay} s"
+
+
+def test_unreachable_board_is_reported_and_finished_by_the_next_clean(farm, tmp_path):
+    """The router board's management port goes down while a lab is up on the boards: `lab down`
+    restores the two others, names the router as unreachable and keeps its ledger; once the
+    port is back, `lab clean` finishes it."""
+    from lab.state import lab_dir
+
+    inv, rec = farm
+    before = board_state(inv, tmp_path)
+    r = run_lab("up", TOPOS / "pi_pair_middlebox.py", "--boards", inv, "--id", "tb5")
+    assert r.returncode == 0, r.stderr
+    mgmt = ["ip", "netns", "exec", f"{rec['id']}-router", "ip", "link", "set", "eth0"]
+    subprocess.run([*mgmt, "down"], check=True)
+    try:
+        d = run_lab("down", "--id", "tb5", timeout=180)
+        assert d.returncode != 0
+        assert "board router: unreachable" in d.stdout + d.stderr, d.stdout + d.stderr
+        assert lab_dir("tb5").exists()  # kept for the next clean
+    finally:
+        subprocess.run([*mgmt, "up"], check=True)
+    c = run_lab("clean", timeout=180)
+    assert c.returncode == 0, c.stdout + c.stderr
+    assert not lab_dir("tb5").exists()
+    assert board_state(inv, tmp_path) == before
