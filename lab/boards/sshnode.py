@@ -176,7 +176,7 @@ class BoardConnection:
         board: Board,
         *,
         log_path: Path,
-        connect_timeout: float = 20.0,
+        connect_timeout: float = 60.0,
         command: Callable[[Board, list[str]], list[str]] = ssh_argv,
     ) -> BoardConnection:
         """Start ssh and the agent on `board`; StartupError (with ssh's stderr from `log_path`)
@@ -211,10 +211,14 @@ class BoardConnection:
         deadline = time.monotonic() + connect_timeout
         while channel.wait_event("ready", 0.05) is None:
             if channel.closed or ssh.poll() is not None or time.monotonic() > deadline:
+                # judged before closing: closing ends the agent, and ssh with it
+                timed_out = not channel.closed and ssh.poll() is None
                 channel.close()
                 rc = cls._end(ssh)
                 why = (
-                    f"ssh exited {rc}" if rc is not None else f"no agent within {connect_timeout}s"
+                    f"no agent within {connect_timeout:.0f} s"
+                    if timed_out or rc is None
+                    else f"ssh exited {rc}"
                 )
                 raise StartupError(f"{where}: {why}: {shlex.join(argv)}\n{_tail(log_path)}")
         return cls(board, ssh, channel, log_path)
