@@ -51,6 +51,19 @@ fi
 .venv/bin/python -m pip install -q -e '.[test]'
 ln -sf "$here/.venv/bin/lab" /usr/local/bin/lab
 
+log "TCP congestion control for nodes"
+# A Pi 4 (and most boards) run cubic; a node's network namespace may default to an algorithm
+# only if the machine-wide allowed list has it (the kernel's rule for namespaces). Add cubic to
+# that list, keeping what is there; this machine's own default stays as it is.
+allowed=/proc/sys/net/ipv4/tcp_allowed_congestion_control
+if [ -w "$allowed" ] && ! grep -qw cubic "$allowed"; then
+  if grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control || modprobe tcp_cubic 2>/dev/null; then
+    echo "$(cat "$allowed") cubic" > "$allowed" && echo "allowed: $(cat "$allowed")"
+  fi
+else
+  echo "allowed: $(cat "$allowed" 2>/dev/null)"
+fi
+
 log "compiled helpers"
 if [ -f engine/Cargo.toml ]; then
   if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then

@@ -45,7 +45,17 @@ PRIMITIVES: dict[str, dict[str, str]] = {
     "go-chacha20-poly1305": {"tool": "go"},
 }
 
+#: the board OS's network defaults a profile may state ([os] table): key -> sysctl. All are per
+#: network namespace, so each node gets its board's values whatever this machine uses (this
+#: host defaults to bbr and a 32 MB tcp_rmem; a Pi 4 runs cubic with 6 MB)
+OS_SYSCTLS = {
+    "tcp_congestion_control": "net.ipv4.tcp_congestion_control",
+    "tcp_rmem": "net.ipv4.tcp_rmem",
+    "tcp_wmem": "net.ipv4.tcp_wmem",
+}
+
 _TOP_FIELDS = {
+    "os",
     "name",
     "description",
     "cores",
@@ -110,6 +120,9 @@ class CpuProfile:
     path: str = ""
     calibration: dict | None = None  # summary of the merged calibration file
     uncalibrated_reason: str = ""
+    #: the board OS's network defaults, sysctl -> value ([os], OS_SYSCTLS), and their source
+    os: dict[str, str] = field(default_factory=dict)
+    os_source: str = ""
 
     @property
     def capped(self) -> bool:
@@ -280,11 +293,30 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
             source=src,
             field="reference",
         )
+    os_table = data.get("os", {})
+    if not isinstance(os_table, dict):
+        raise ConfigError('must be a table of NAME = "value"', source=src, field="os")
+    bad = sorted(set(os_table) - set(OS_SYSCTLS) - {"source"})
+    if bad:
+        raise ConfigError(
+            f"unknown field(s) {', '.join(bad)}; accepted: {', '.join([*OS_SYSCTLS, 'source'])}",
+            source=src,
+            field=f"os.{bad[0]}",
+        )
+    os_sysctls = {
+        OS_SYSCTLS[k]: " ".join(_str(v, src, f"os.{k}").split())
+        for k, v in os_table.items()
+        if k != "source"
+    }
+    if os_sysctls and not os_table.get("source"):
+        raise ConfigError("say where the values come from (source = ...)", source=src, field="os")
     return CpuProfile(
         name=name,
         cores=cores,
         core_share=core_share,
         calibrated=calibrated,
+        os=os_sysctls,
+        os_source=_str(os_table.get("source", ""), src, "os.source"),
         env={str(k): v for k, v in env.items()},
         description=_str(data.get("description", ""), src, "description"),
         emulated_cores=emulated,
@@ -496,6 +528,9 @@ def plan_entry(prof: CpuProfile) -> dict:
         "env": {**{v: None for v in MASK_VARS if v not in prof.env}, **prof.env},
         "coverage": coverage(prof),
     }
+    if prof.os:
+        entry["os"] = dict(prof.os)
+        entry["os_source"] = prof.os_source
     if prof.calibration:
         entry["calibration"] = prof.calibration
     return entry

@@ -170,6 +170,24 @@ def default_id() -> str:
 # ---------------------------------------------------------------------- building
 
 
+def _congestion_control_refused(cc: str) -> str | None:
+    """Why a node's network namespace cannot default to TCP congestion control `cc`, or None.
+    Outside the initial namespace the kernel accepts only algorithms of the machine-wide
+    net.ipv4.tcp_allowed_congestion_control list (./setup.sh adds the boards' cubic to it)."""
+    proc_dir = Path("/proc/sys/net/ipv4")
+    try:
+        allowed = (proc_dir / "tcp_allowed_congestion_control").read_text().split()
+    except OSError:
+        return None
+    if cc in allowed:
+        return None
+    return (
+        f"the kernel lets namespaces use only net.ipv4.tcp_allowed_congestion_control "
+        f"({' '.join(allowed)}); `sudo ./setup.sh` adds {cc} to it, or "
+        f"`sysctl -w net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, cc])}'`"
+    )
+
+
 def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dict], list[str]]:
     """Resolve each host's cpu= into cgroup settings; returns (per-node plan, warnings)."""
     plan, warnings = {}, []
@@ -190,6 +208,15 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
                 # the quota is fitted, but some primitives run well off the board's speed here
                 warnings.append(prof.calibration["fit"]["warning"])
             plan[n.name] = plan_entry(prof)
+            cc = (plan[n.name].get("os") or {}).get("net.ipv4.tcp_congestion_control")
+            why = _congestion_control_refused(cc) if cc else None
+            if why:
+                del plan[n.name]["os"]["net.ipv4.tcp_congestion_control"]
+                plan[n.name]["os_not_applied"] = {"net.ipv4.tcp_congestion_control": why}
+                warnings.append(
+                    f"CPU profile {prof.name!r}: TCP congestion control {cc!r} not set in the "
+                    f"nodes, which keep this machine's: {why}"
+                )
     sub = current_substrate()
     if sub.get("kind") == "vm" and sub.get("accelerator") == "tcg":
         # QEMU TCG emulates the CPU in software, many times slower than the host: a quota
@@ -419,6 +446,8 @@ def _build(
             sysctls = dict(NODE_SYSCTLS)
             if n.router:
                 sysctls.update(ROUTER_SYSCTLS)
+            # the board OS's TCP defaults (congestion control, buffers), per network namespace
+            sysctls.update(plan.get("os") or {})
             ledger.record("mntns", path=str(mnt), node=n.name)
             netops.create_node_mntns(netns_name, mnt, sysctls)
     write_json_atomic(d / "lab.json", info)

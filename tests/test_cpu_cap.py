@@ -15,7 +15,7 @@ from lab.lab import up
 from lab.teardown import teardown
 from lab.topology import load_topology
 
-from .conftest import kernel_quota_cores
+from .conftest import TOPOS, kernel_quota_cores
 
 pytestmark = pytest.mark.root
 
@@ -51,3 +51,33 @@ def test_quarter_core_cap(lab_id, tmp_path):
     # never above the quota (plus CFS slack); host load can only lower it, and it ran
     assert 0 < share <= 0.30, f"busy loop got {share:.3f} of a core"
     assert throttled > 0  # the cap, not the scheduler's whim, held it there
+
+
+def test_pi4_nodes_run_the_board_os_tcp_defaults(lab_id):
+    """Congestion control and TCP buffer limits are per network namespace: a pi4 node gets the
+    board OS's (cubic, 6 MB tcp_rmem), read back in the node; the uncapped router keeps this
+    machine's; lab.json records what each node got."""
+    from pathlib import Path
+
+    from lab.cpuprofile import load_profile
+    from lab.lab import _congestion_control_refused
+
+    want = dict(load_profile("pi4").os)
+    refused = _congestion_control_refused(want["net.ipv4.tcp_congestion_control"])
+    host = {k: " ".join(Path("/proc/sys/" + k.replace(".", "/")).read_text().split()) for k in want}
+    if refused:  # ./setup.sh allows cubic; without it, the node keeps this machine's (warned)
+        want["net.ipv4.tcp_congestion_control"] = host["net.ipv4.tcp_congestion_control"]
+    lab = up(load_topology(TOPOS / "pi_pair_middlebox.py"), lab_id)
+    try:
+        assert bool(refused) == any("congestion control" in w for w in lab.info["warnings"])
+        for node in ("client", "server", "router"):
+            got = {}
+            for k in want:
+                cp = lab.node(node).run(["cat", "/proc/sys/" + k.replace(".", "/")])
+                got[k] = " ".join(cp.stdout.split())
+            assert got == (host if node == "router" else want), node
+        recorded = lab.info["nodes"]["client"]["cpu"]
+        assert {**recorded["os"], **recorded.get("os_not_applied", {})}.keys() == want.keys()
+        assert "os" not in (lab.info["nodes"]["router"]["cpu"] or {})
+    finally:
+        teardown(lab_id)

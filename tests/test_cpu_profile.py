@@ -530,3 +530,37 @@ def test_a_profile_defines_the_mask_environment_entirely(monkeypatch):
     assert env["GODEBUG"] == pi4.env["GODEBUG"] and env["EXTRA"] == "x"
     # a node without a profile (cpu=None or a core fraction) keeps the caller's environment
     assert merged_env({})["OPENSSL_ia32cap"] == "~0x2"
+
+
+# ---------------------------------------------------------------- the board OS's defaults
+
+
+def test_pi_profiles_state_the_board_os_tcp_defaults_with_a_source(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAB_CALIBRATION_DIR", str(tmp_path))
+    for name in ("pi4", "pi4-64"):
+        p = load_profile(name)
+        assert p.os == {
+            "net.ipv4.tcp_congestion_control": "cubic",
+            "net.ipv4.tcp_rmem": "4096 131072 6291456",
+            "net.ipv4.tcp_wmem": "4096 16384 4194304",
+        }
+        assert "ip-sysctl" in p.os_source
+        assert plan_entry(p)["os"] == p.os
+    assert load_profile("host").os == {} and "os" not in plan_entry(load_profile("host"))
+
+
+@pytest.mark.parametrize(
+    "table, field",
+    [
+        ('[os]\ntcp_congestion_control = "cubic"\n', "os"),  # no source
+        ('[os]\ntcp_window_scaling = "1"\nsource = "x"\n', "os.tcp_window_scaling"),
+        ('[os]\ntcp_rmem = 4096\nsource = "x"\n', "os.tcp_rmem"),
+        ('os = "cubic"\n', "os"),
+    ],
+)
+def test_bad_os_tables_are_refused_naming_the_field(profdir, table, field):
+    text = GOOD.replace("[env]", table + "[env]") if table.startswith("[") else table + GOOD
+    (profdir / "bad.toml").write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_profile("bad")
+    assert e.value.field == field and "bad.toml" in str(e.value)
