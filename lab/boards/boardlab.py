@@ -323,6 +323,8 @@ def _build(lab: BoardLab, spec: LabSpec, bmap: BoardMap, impair, placement) -> N
         ]
     inventory = _inventory_of(lab)
     inv_mod.check_management(spec, bmap, inventory, mgmt_addrs)
+    for name, node in nodes.items():  # the board OS's own TCP defaults, for the results
+        lab.info["boards"][name]["os"] = _os_facts(node)
 
     # the reference everything is restored to, recorded before the first change
     for name, node in nodes.items():
@@ -369,6 +371,19 @@ def _build(lab: BoardLab, spec: LabSpec, bmap: BoardMap, impair, placement) -> N
     lab.save()
     if impair is not None:
         _impair(lab, spec, impair, placement)
+
+
+def _os_facts(node) -> dict:
+    """What shapes a board's TCP figures: its congestion control and buffer limits, read on
+    it (the lab does not change them on a board; a local node gets its profile's, lab.cpuprofile
+    OS_SYSCTLS)."""
+    from ..cpuprofile import OS_SYSCTLS
+
+    out = {}
+    for key in [*OS_SYSCTLS.values(), "net.core.rmem_max", "net.core.wmem_max"]:
+        cp = node.run(["cat", "/proc/sys/" + key.replace(".", "/")], check=False)
+        out[key] = " ".join(cp.stdout.split()) if cp.returncode == 0 else None
+    return out
 
 
 def _inventory_of(lab: BoardLab) -> Inventory:
