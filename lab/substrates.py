@@ -215,7 +215,7 @@ class BoardsLab(LabHandle):
         return impair_on(self.lab, action, spec, target)
 
     def down(self, notes: list[str]) -> list[str]:
-        from .boards.boardlab import restore
+        from .boards.restore import restore
 
         if self._lab is not None:
             self._lab.close()
@@ -247,7 +247,7 @@ def remove(lab_id: str, notes: list[str]) -> list[str]:
     from .boards.boardlab import is_board_lab
 
     if is_board_lab(lab_id):
-        from .boards.boardlab import restore
+        from .boards.restore import restore
 
         return restore(lab_id, notes)
     from .teardown import teardown
@@ -278,11 +278,11 @@ def bring_up(
     or Ansible inventory) and `mapping` (["client=pi-a", ...]) say which boards, for "boards".
     """
     if on == "boards":
-        from .boards import boardlab
+        from .boards import build
         from .boards.inventory import load_inventory, parse_map_option
 
         inv = load_inventory(inventory)
-        blab = boardlab.up(
+        blab = build.up(
             spec,
             inv,
             mapping=parse_map_option(list(mapping or [])),

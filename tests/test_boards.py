@@ -82,7 +82,7 @@ def _farm(tmp_path_factory):
 
 def board_state(inv_path, tmp_path) -> dict:
     """Each board's state, read over SSH with the test's own connection."""
-    from lab.boards.boardlab import snapshot
+    from lab.boards.boardstate import snapshot
     from lab.boards.inventory import load_inventory
     from lab.boards.sshnode import BoardConnection, BoardNode
     from lab.state import state_root

@@ -50,6 +50,9 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.vmlab",
             "lab.boards",
             "lab.boards.boardlab",
+            "lab.boards.boardstate",
+            "lab.boards.build",
+            "lab.boards.restore",
             "lab.boards.farm",
             "lab.boards.runtarget",
             "lab.boards.monitor",
@@ -60,7 +63,13 @@ LAYERS: list[tuple[str, list[str]]] = [
     # lab.boards.sshnode is a Node like lab.localnode, but it takes a Board (lab.boards.types)
     (
         "topology",
-        ["lab.topology", "lab.boards.inventory", "lab.boards.types", "lab.boards.sshnode"],
+        [
+            "lab.topology",
+            "lab.boards.inventory",
+            "lab.boards.mapping",
+            "lab.boards.types",
+            "lab.boards.sshnode",
+        ],
     ),
     (
         "graph / impairment language / cpu profiles (pure data)",

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from ..errors import LabError, PreconditionError
-from .inventory import load_inventory, map_nodes
+from .inventory import load_inventory
+from .mapping import map_nodes
 
 
 #: the project directory, which plan files name their topology relative to (as lab.plan does)
@@ -61,7 +62,7 @@ class BoardsTarget:
         return spec
 
     def up(self, spec, lab_id: str, profile: str, point, placement):
-        from .boardlab import up
+        from .build import up
 
         impair = point.spec if point is not None and point.impaired else None
         lab = up(
@@ -76,7 +77,7 @@ class BoardsTarget:
         missing = self._missing_tools(lab)
         if missing:
             lab.close()
-            from .boardlab import restore
+            from .restore import restore
 
             restore(lab.id)
             raise PreconditionError("; ".join(missing))
@@ -98,7 +99,7 @@ class BoardsTarget:
         return out
 
     def down(self, lab_id: str) -> list[str]:
-        from .boardlab import restore
+        from .restore import restore
 
         lab = self._labs.pop(lab_id, None)
         if lab is not None:

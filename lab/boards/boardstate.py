@@ -1,0 +1,85 @@
+"""What a board's network looks like, read over its node: the snapshot `lab up --boards` records
+before changing anything and restore compares against, and the OS facts kept with results."""
+
+from __future__ import annotations
+
+import json
+
+from .types import Board
+
+#: sysctls a router node needs, set on the board and restored afterwards
+ROUTER_SYSCTLS = {"net.ipv4.ip_forward": "1", "net.ipv6.conf.all.forwarding": "1"}
+
+
+def _sh(node, script: str, *, check: bool = True):
+    return node.run(["sh", "-c", script], check=check, timeout=30)
+
+
+def snapshot(node, board: Board) -> dict:
+    """The board's network state the lab may change, normalised for comparison: links
+    (ifindex, name, up, mtu), addresses and routes (all tables), root qdiscs, the sysctls the
+    lab sets, xfrm states and policies, and the files under the per-lab parent directory."""
+
+    def js(*argv):
+        out = node.run(list(argv), timeout=30).stdout.strip()
+        return json.loads(out) if out else []
+
+    def count(*argv):
+        cp = node.run(list(argv), check=False, timeout=30)
+        return sum(1 for ln in cp.stdout.splitlines() if ln.startswith("src "))
+
+    j = [
+        js("ip", "-j", "link", "show"),
+        js("ip", "-j", "addr", "show"),
+        js("ip", "-j", "-4", "route", "show", "table", "all"),
+        js("ip", "-j", "-6", "route", "show", "table", "all"),
+        js("tc", "-j", "qdisc", "show"),
+    ]
+    xs = [count("ip", "xfrm", "state", "list"), count("ip", "xfrm", "policy", "list")]
+    links = sorted(
+        (ln["ifindex"], ln["ifname"], "UP" in ln.get("flags", []), ln.get("mtu")) for ln in j[0]
+    )
+    addrs = sorted(
+        (a["ifname"], f"{x['local']}/{x['prefixlen']}")
+        for a in j[1]
+        for x in a.get("addr_info", [])
+    )
+    routes = sorted(
+        json.dumps(
+            {k: r.get(k) for k in ("dst", "gateway", "dev", "table", "type")}, sort_keys=True
+        )
+        for r in j[2] + j[3]
+    )
+    qdiscs = sorted(
+        (q["dev"], q["kind"], q.get("handle"), "root" if q.get("root") else q.get("parent"))
+        for q in j[4]
+    )
+    sysctl_names = sorted(ROUTER_SYSCTLS) + [f"net.ipv6.conf.{i}.accept_dad" for i in board.data]
+    vals = {}
+    for name in sysctl_names:
+        c = node.run(["cat", "/proc/sys/" + name.replace(".", "/")], check=False)
+        vals[name] = c.stdout.strip() if c.returncode == 0 else None
+    return {
+        "links": [list(x) for x in links],
+        "addrs": [list(x) for x in addrs],
+        "routes": routes,
+        "qdiscs": [list(x) for x in qdiscs],
+        "sysctls": vals,
+        "xfrm": {"states": xs[0] if xs else 0, "policies": xs[1] if len(xs) > 1 else 0},
+    }
+
+
+def diff(before: dict, after: dict) -> list[str]:
+    """What differs between two snapshots, in words (empty: identical)."""
+    out = []
+    for key in ("links", "addrs", "routes", "qdiscs"):
+        b = {json.dumps(x) for x in before[key]}
+        a = {json.dumps(x) for x in after[key]}
+        out += [f"{key}: gone {x}" for x in sorted(b - a)]
+        out += [f"{key}: new {x}" for x in sorted(a - b)]
+    for k, v in before["sysctls"].items():
+        if after["sysctls"].get(k) != v:
+            out.append(f"sysctl {k}: {v} -> {after['sysctls'].get(k)}")
+    if before["xfrm"] != after["xfrm"]:
+        out.append(f"xfrm: {before['xfrm']} -> {after['xfrm']}")
+    return out

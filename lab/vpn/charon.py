@@ -1,0 +1,545 @@
+"""One strongSwan charon per tunnel end, driven by swanctl over vici: what the `strongswan`
+driver (IKEv2 tunnel mode) and the `l2tp-ipsec` driver (IKEv1 transport mode under L2TP) share.
+
+Rendering (strongswan.conf + swanctl.conf from vpn_profiles/templates/strongswan/, pure), the
+kernel-ESP decision and probe, starting the charons (STRONGSWAN_CONF per node, vici socket and
+pid file in the node's private /run), loading and initiating, reading SAs and algorithms over
+vici, and stopping: terminate, SIGTERM by PID, then remove only what a killed charon would leave
+between the two ends. The drivers add what is theirs (tunnel addresses, L2TP). docs/ipsec.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+import secrets as pysecrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import CommandError, ConfigError, PreconditionError, StartupError
+from ..node import Daemon, Node
+from .base import Endpoint, Tool, TunnelContext, write_secret
+
+CHARON = "/usr/lib/ipsec/charon"
+PLUGIN_DIR = Path("/usr/lib/ipsec/plugins")
+RUN_DIR = "/run/lab-strongswan"  # inside the node's private /run
+VICI_URI = f"unix://{RUN_DIR}/charon.vici"
+PID_FILE = "/run/charon.pid"  # compiled into charon (IPSEC_PIDDIR)
+PSK_FILE = "strongswan-psk"
+CONN = "lab"  # IKE and CHILD config name
+LIBIPSEC_TUN = "ipsec0"
+ROUTE_TABLE = "220"  # charon.routing_table default
+TEMPLATES = Path(__file__).resolve().parent.parent.parent / "vpn_profiles" / "templates"
+
+# IKEv2 "dpd_timeout": charon declares the peer dead when the last of retransmit_tries
+# retransmissions of a DPD request times out. Keep strongSwan's default base and tries and
+# scale retransmit_timeout so the whole schedule lasts dpd_timeout seconds.
+RETRANSMIT_BASE = 1.8
+RETRANSMIT_TRIES = 5
+
+# plugins charon loads, in order (the first that provides an algorithm is used)
+PLUGINS_HEAD = ("random", "nonce")
+PLUGINS_TAIL = ("kernel-netlink", "socket-default", "vici")
+
+PROPOSAL_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*(,[a-z0-9]+(-[a-z0-9]+)*)*$")
+
+# kernel crypto a first ESP proposal token needs, by /proc/config.gz symbol
+_KERNEL_AEAD = (
+    (re.compile(r"^aes\d+gcm"), "CONFIG_CRYPTO_GCM"),
+    (re.compile(r"^chacha20poly1305"), "CONFIG_CRYPTO_CHACHA20POLY1305"),
+    (re.compile(r"^aes\d+ccm"), "CONFIG_CRYPTO_CCM"),
+)
+
+
+_KERNEL_AEAD_MODULES = (
+    (re.compile(r"^aes\d+gcm"), "gcm"),
+    (re.compile(r"^chacha20poly1305"), "chacha20poly1305"),
+    (re.compile(r"^aes\d+ccm"), "ccm"),
+)
+
+
+def retransmit_timeout_for(dpd_timeout: float) -> float:
+    return dpd_timeout / sum(RETRANSMIT_BASE**k for k in range(RETRANSMIT_TRIES + 1))
+
+
+def plugin_list(dataplane: str, crypto_plugins: str) -> list[str]:
+    kernel = ["kernel-libipsec"] if dataplane == "kernel-libipsec" else []
+    # kernel-libipsec must come before kernel-netlink: the first kernel-ipsec backend loaded wins
+    return [*PLUGINS_HEAD, *crypto_plugins.split(), *kernel, *PLUGINS_TAIL]
+
+
+# ------------------------------------------------------------------------ kernel probing
+
+
+def kernel_esp(
+    config: dict[str, str] | None,
+    esp_proposals: str,
+    *,
+    loaded: frozenset[str] | set[str] = frozenset(),
+    modules: frozenset[str] | set[str] | None = None,
+) -> tuple[bool | None, str]:
+    """(has ESP + the proposal's AEAD, what is missing); None when the config is unknown.
+    Pure: `config` is the node's kernel config (None: not exposed), `loaded` its /sys/module
+    names and `modules` the names its modules.dep/modules.builtin list (None: neither)."""
+    if config is None:
+        if "esp4" in loaded:
+            return True, ""
+        # no /proc/config.gz (Debian kernels, the lab VM): the module lists say what can load
+        mods = modules
+        if mods is None:
+            return None, "kernel config not readable (/proc/config.gz) and no modules.dep"
+        first = esp_proposals.split(",")[0]
+        need = ["esp4", "esp6"] + [m for rx, m in _KERNEL_AEAD_MODULES if rx.match(first)]
+        missing = [m for m in need if m not in mods]
+        return not missing, ", ".join(f"module {m}" for m in missing)
+    missing = [
+        s for s in ("CONFIG_INET_ESP", "CONFIG_INET6_ESP") if config.get(s) not in ("y", "m")
+    ]
+    first = esp_proposals.split(",")[0]
+    for rx, sym in _KERNEL_AEAD:
+        if rx.match(first) and config.get(sym) not in ("y", "m"):
+            missing.append(sym)
+    return not missing, ", ".join(missing)
+
+
+# ------------------------------------------------------------------------ vici output
+
+
+_TOKEN = re.compile(r"([^\s=]+)=\[([^\]]*)\]|([^\s=]+)=([^\s}]*)|(\S+) \{|(\})")
+
+
+def parse_vici_raw(text: str) -> list[tuple[str, dict]]:
+    """Parse `swanctl --raw` output into [(message name, {key: value | [..] | {...}}), ...].
+
+    The raw form is `NAME {key=value list=[a b] section {...}}`, one message per line. Values
+    containing spaces are not supported (none of the keys this driver reads has them).
+    """
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.endswith("}") or "{" not in line:
+            continue
+        name, _, body = line.partition(" {")
+        stack: list[dict] = [{}]
+        for m in _TOKEN.finditer(body):
+            lk, lv, k, v, sect, end = m.groups()
+            if lk is not None:
+                stack[-1][lk] = lv.split()
+            elif k is not None:
+                stack[-1][k] = v
+            elif sect is not None:
+                child: dict = {}
+                stack[-1][sect] = child
+                stack.append(child)
+            elif end is not None and len(stack) > 1:
+                stack.pop()
+        out.append((name, stack[0]))
+    return out
+
+
+def fmt_alg(d: dict) -> str | None:
+    alg = d.get("encr-alg")
+    if not alg:
+        return None
+    size = d.get("encr-keysize")
+    return f"{alg}_{size}" if size else alg
+
+
+TOOLS = (
+    Tool(CHARON, "strongswan-charon", (CHARON, "--version"), label="charon"),
+    Tool("swanctl", "strongswan-swanctl"),  # its --version asks the running charon
+)
+
+
+def missing_plugins(node: Node, crypto_plugins: str) -> tuple[set[str], list[str]]:
+    """(the plugin files the node has, the required plugins it lacks), asked on the node."""
+    cp = node.run(["ls", "-1", str(PLUGIN_DIR)], check=False)
+    have = set(cp.stdout.split()) if cp.returncode == 0 else set()
+    missing = [
+        f"{p} plugin ({PLUGIN_DIR}/libstrongswan-{p}.so)"
+        for p in ("vici", "kernel-netlink", "socket-default", *crypto_plugins.split())
+        if f"libstrongswan-{p}.so" not in have
+    ]
+    return have, missing
+
+
+def validate_proposals(params: dict, *, source: str = "") -> None:
+    for key in ("ike_proposals", "esp_proposals"):
+        value = params.get(key, "")
+        if not PROPOSAL_RE.match(value):
+            raise ConfigError(
+                f"{value!r} is not a swanctl proposal list (comma-separated "
+                "algorithm-algorithm-..., lowercase, e.g. aes128gcm8-prfsha256-modp1024)",
+                source=source,
+                field=f"params.{key}",
+            )
+    for plugin in params.get("crypto_plugins", "").split():
+        if not re.match(r"^[a-z0-9-]+$", plugin):
+            raise ConfigError(
+                f"{plugin!r} is not a plugin name", source=source, field="params.crypto_plugins"
+            )
+
+
+def new_psk(ctx: TunnelContext) -> str:
+    """32 random bytes, base64 (swanctl's 0s form), written 0600 to the lab's secrets."""
+    psk = "0s" + base64.b64encode(pysecrets.token_bytes(32)).decode()
+    write_secret(ctx.secrets_dir, PSK_FILE, psk + "\n")
+    return psk
+
+
+# ------------------------------------------------------------------------ rendering
+
+
+def render_configs(
+    ctx: TunnelContext,
+    params: dict,
+    psk: str,
+    dataplane: str,
+    *,
+    selectors: Callable[[Endpoint], list[str]],
+    version: int = 2,
+    mode: str = "tunnel",
+) -> dict[str, dict[str, str]]:
+    """{node: {"strongswan.conf": ..., "swanctl.conf": ...}}: pure, no node is touched.
+    `selectors(end)`: the end's traffic selectors in swanctl syntax (`10.0.1.2/32[udp/1701]`)."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    rt = retransmit_timeout_for(params["dpd_timeout"])
+    out = {}
+    for end in ctx.ends():
+        peer = ctx.peer(end)
+        initiator = end is ctx.client
+        common = {"node": end.name, "role": "initiator" if initiator else "responder"}
+        sconf = env.get_template("strongswan/strongswan.conf.j2").render(
+            **common,
+            version=version,
+            # transport mode: the policies cover the underlay addresses, no route is needed
+            install_routes=mode == "tunnel",
+            dataplane=dataplane,
+            plugins=plugin_list(dataplane, params["crypto_plugins"]),
+            vici_uri=VICI_URI,
+            mtu=params["mtu"],
+            dpd_timeout=params["dpd_timeout"],
+            retransmit_timeout=rt,
+            retransmit_base=RETRANSMIT_BASE,
+            retransmit_tries=RETRANSMIT_TRIES,
+            dead_after=sum(rt * RETRANSMIT_BASE**k for k in range(RETRANSMIT_TRIES + 1)),
+        )
+        swanctl = env.get_template("strongswan/swanctl.conf.j2").render(
+            **common,
+            version=version,
+            mode=mode,
+            conn=CONN,
+            local_addr=end.underlay_v4,
+            remote_addr=peer.underlay_v4,
+            local_name=id_key(end.name),
+            remote_name=id_key(peer.name),
+            ike_proposals=params["ike_proposals"],
+            esp_proposals=params["esp_proposals"],
+            encap=params["encap"] and dataplane == "kernel",
+            dpd_delay=params["dpd_delay"],
+            dpd_timeout=params["dpd_timeout"],
+            dpd_action=params["dpd_action"] if initiator else "clear",
+            ike_rekey_time=params["ike_rekey_time"],
+            child_rekey_time=params["child_rekey_time"],
+            local_ts=selectors(end),
+            remote_ts=selectors(peer),
+            psk=psk,
+        )
+        out[end.name] = {"strongswan.conf": sconf, "swanctl.conf": swanctl}
+    return out
+
+
+# ------------------------------------------------------------------------ running
+
+
+def conf_path(ctx: TunnelContext, end: Endpoint, rel: str) -> Path:
+    return ctx.config_dir / end.name / rel
+
+
+def env_of(ctx: TunnelContext, end: Endpoint) -> dict[str, str]:
+    return {"STRONGSWAN_CONF": str(conf_path(ctx, end, "strongswan.conf"))}
+
+
+def swanctl(ctx: TunnelContext, end: Endpoint, args: list[str], *, check=True, timeout=30):
+    return end.node.run(
+        ["swanctl", *args, "--uri", VICI_URI], env=env_of(ctx, end), check=check, timeout=timeout
+    )
+
+
+def daemon(ctx: TunnelContext, end: Endpoint) -> Daemon | None:
+    for d in reversed(ctx.daemons):
+        if d.node == end.name and d.name == "charon":
+            return d
+    return None
+
+
+def log_tails(ctx: TunnelContext) -> str:
+    out = ""
+    for d in ctx.daemons:
+        if d.name == "charon":
+            out += f"\n--- charon on {d.node} ({d.log}) ---\n{d.log_tail(15) or '(empty log)'}"
+    return out
+
+
+def start(ctx: TunnelContext, start_timeout: float) -> None:
+    """Both charons (configs already written), vici up, --load-all on both, the client
+    initiates and blocks until the CHILD_SA is installed. StartupError with the logs if not."""
+    ctx.log_dir.mkdir(parents=True, exist_ok=True)
+    for end in ctx.ends():
+        # stale socket from an earlier run: charon would unlink it anyway; a fresh dir is ours
+        end.node.run(["rm", "-f", f"{RUN_DIR}/charon.vici"], check=False)
+        end.node.run(["mkdir", "-p", "-m", "0700", RUN_DIR])
+    for end in ctx.ends():
+        log = ctx.log_dir / f"{end.name}-charon.log"
+        log.unlink(missing_ok=True)
+        ctx.daemons.append(end.node.spawn("charon", [CHARON], log=log, env=env_of(ctx, end)))
+    deadline = time.monotonic() + start_timeout
+    for end in ctx.ends():
+        _wait_vici(ctx, end, deadline)
+    for end in ctx.ends():
+        conf = str(conf_path(ctx, end, "swanctl.conf"))
+        swanctl(ctx, end, ["--load-all", "--noprompt", "--file", conf])
+    left = max(1, int(deadline - time.monotonic() + 0.999))
+    cp = swanctl(
+        ctx,
+        ctx.client,
+        ["--initiate", "--ike", CONN, "--child", CONN, "--timeout", str(left)],
+        check=False,
+        timeout=left + 5,
+    )
+    if cp.returncode != 0:
+        raise StartupError(
+            f"strongSwan: initiating CHILD_SA {CONN!r} from {ctx.client.name} failed "
+            f"(swanctl exit {cp.returncode})\n{tail_of(cp.stdout + cp.stderr, 12)}" + log_tails(ctx)
+        )
+
+
+def _wait_vici(ctx: TunnelContext, end: Endpoint, deadline: float) -> None:
+    d = daemon(ctx, end)
+    while True:
+        if d is not None and not d.alive():
+            raise StartupError(
+                f"strongSwan: charon on {end.name} exited during start-up\n"
+                + (d.log_tail(20) or "(empty log)")
+            )
+        # swanctl itself can take seconds to start on a slow (emulated) CPU: a probe that
+        # times out means "not yet", like one that cannot connect
+        left = max(5.0, deadline - time.monotonic())
+        try:
+            cp = swanctl(ctx, end, ["--stats"], check=False, timeout=left)
+            if cp.returncode == 0:
+                return
+        except CommandError as e:
+            if e.returncode != -1:
+                raise
+        if time.monotonic() > deadline:
+            raise StartupError(
+                f"strongSwan: charon on {end.name} did not open its vici socket {VICI_URI}"
+                + log_tails(ctx)
+            )
+        time.sleep(0.02)
+
+
+def sa(ctx: TunnelContext, end: Endpoint) -> tuple[dict, dict]:
+    """(IKE_SA, first installed CHILD_SA) of our connection as vici reports them ({} if none)."""
+    cp = swanctl(ctx, end, ["--list-sas", "--ike", CONN, "--raw"])
+    for name, msg in parse_vici_raw(cp.stdout):
+        if name == "list-sa event" and CONN in msg:
+            ike = msg[CONN]
+            for child in (ike.get("child-sas") or {}).values():
+                if isinstance(child, dict) and child.get("state") == "INSTALLED":
+                    return ike, child
+            return ike, {}
+    return {}, {}
+
+
+def algorithms(ctx: TunnelContext, end: Endpoint) -> dict:
+    cp = swanctl(ctx, end, ["--list-algs", "--raw"])
+    for name, msg in parse_vici_raw(cp.stdout):
+        if name == "get-algorithms reply":
+            return msg
+    return {}
+
+
+def version(ctx: TunnelContext, end: Endpoint) -> str | None:
+    for name, msg in parse_vici_raw(swanctl(ctx, end, ["--version", "--daemon", "--raw"]).stdout):
+        if name == "version reply":
+            return msg.get("version")
+    return None
+
+
+def negotiated(ike: dict, child: dict) -> list[str]:
+    keys = (("encr-alg", "integ-alg", "prf-alg", "dh-group"), ("encr-alg", "integ-alg", "dh-group"))
+    return [sa_[k] for sa_, ks in ((ike, keys[0]), (child, keys[1])) for k in ks if sa_.get(k)]
+
+
+def deployed(ctx: TunnelContext) -> dict[str, dict[str, str]]:
+    """The charon config files as written by start(), PSK redacted."""
+    psk = (ctx.secrets_dir / PSK_FILE).read_text().strip()
+    return {
+        end.name: {
+            rel: conf_path(ctx, end, rel).read_text().replace(psk, "<redacted:psk>")
+            for rel in ("strongswan.conf", "swanctl.conf")
+        }
+        for end in ctx.ends()
+    }
+
+
+def stop(ctx: TunnelContext) -> None:
+    """Terminate the IKE_SA over vici (the peer gets a DELETE), then each charon by PID
+    (SIGTERM: charon removes its TUN device, routes and XFRM objects itself)."""
+    d = daemon(ctx, ctx.client)
+    if d is not None and d.alive():
+        swanctl(
+            ctx,
+            ctx.client,
+            ["--terminate", "--ike", CONN, "--timeout", "3"],
+            check=False,
+            timeout=8,
+        )
+    for d in [d for d in reversed(ctx.daemons) if d.name == "charon"]:
+        node = ctx.client.node if d.node == ctx.client.name else ctx.server.node
+        node.stop(d)
+        ctx.daemons.remove(d)
+
+
+def cleanup(end: Endpoint, peer: Endpoint, local_ts: list[str], remote_ts: list[str]) -> list[str]:
+    """Remove this end's leftovers of a (possibly killed) charon; returns what still remains.
+
+    Only ours: XFRM states between the two underlay addresses, policies between the two ends'
+    selectors (`local_ts`, `remote_ts`: addresses or networks, no ports), table-220 routes to
+    the peer's selectors -- never a flush, so a board's other tunnels survive. After a clean
+    SIGTERM charon has removed all of them already, so this is one listing per kind.
+    """
+    n = end.node
+    left = []
+    if n.run(["ip", "link", "show", "dev", LIBIPSEC_TUN], check=False).returncode == 0:
+        # a TUN device goes with the process holding it; if it is still there, charon is too
+        left.append(f"{end.name}: interface {LIBIPSEC_TUN}")
+    for fam in ("-4", "-6"):
+        shown = n.run(["ip", fam, "route", "show", "table", ROUTE_TABLE], check=False).stdout
+        present = {net(line.split()[0]) for line in shown.splitlines() if line.strip()}
+        for dst in remote_ts:
+            if net(dst) in present:
+                n.run(["ip", fam, "route", "del", dst, "table", ROUTE_TABLE], check=False)
+    states = {(end.underlay_v4, peer.underlay_v4), (peer.underlay_v4, end.underlay_v4)}
+    pairs = {
+        (net(a), net(b))
+        for s in local_ts
+        for t in remote_ts
+        if (":" in s) == (":" in t)
+        for a, b in ((s, t), (t, s))
+    }
+    for kind, ours in (("state", states), ("policy", pairs)):
+        found = _xfrm_pairs(n, kind, normalize=kind == "policy") & ours
+        for src, dst in found:
+            n.run(["ip", "xfrm", kind, "deleteall", "src", str(src), "dst", str(dst)], check=False)
+        if found:
+            for src, dst in _xfrm_pairs(n, kind, normalize=kind == "policy") & ours:
+                left.append(f"{end.name}: xfrm {kind} src {src} dst {dst}")
+    # our run directory (vici socket: charon does not unlink it) and charon's pid file
+    if n.run(["rm", "-rf", RUN_DIR, PID_FILE], check=False).returncode != 0:
+        left.append(f"{end.name}: {RUN_DIR}")
+    return left
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def dataplane_of(strongswan_conf: str) -> str:
+    m = re.search(r"^# lab: data-plane (\S+)$", strongswan_conf, re.MULTILINE)
+    if not m:
+        raise ConfigError("rendered strongswan.conf lacks its '# lab: data-plane' line")
+    return m.group(1)
+
+
+def esp_overhead(child: dict, *, udp: bool) -> int:
+    """Worst-case bytes ESP tunnel mode adds to an IPv4 packet (outer IPv4 header included)."""
+    alg = child.get("encr-alg", "")
+    if alg.startswith(("AES_GCM", "AES_CCM")):
+        iv, icv, block = 8, int(alg.rsplit("_", 1)[1]), 4
+    elif alg.startswith("CHACHA20"):
+        iv, icv, block = 8, 16, 4
+    else:  # CBC + HMAC: 16-byte IV and block, truncated HMAC up to 32 bytes
+        iv, icv, block = 16, 32, 16
+    return 20 + (8 if udp else 0) + 8 + iv + (block - 1) + 2 + icv
+
+
+def probe_kernel_esp(end: Endpoint, esp_proposals: str, mode: str = "tunnel") -> None:
+    """Add and delete a throwaway ESP state with the proposal's AEAD in the node (TEST-NET-1).
+
+    The decision is on the exit status only; a kernel without ESP or without the AEAD refuses
+    the state. Raises PreconditionError naming the node.
+    """
+    first = esp_proposals.split(",")[0]
+    spi = f"0x{pysecrets.randbelow(0xFFFFFF) + 0x100:x}"
+    if first.startswith("chacha20poly1305"):
+        alg = ["aead", "rfc7539esp(chacha20,poly1305)", "0x" + "11" * 36, "128"]
+    elif re.match(r"^aes\d+gcm", first):
+        bits = int(re.match(r"^aes(\d+)", first).group(1))
+        icv = {"8": 64, "12": 96, "16": 128}.get(
+            re.match(r"^aes\d+gcm(\d*)", first).group(1) or "16", 128
+        )
+        alg = ["aead", "rfc4106(gcm(aes))", "0x" + "11" * (bits // 8 + 4), str(icv)]
+    else:
+        alg = [
+            "enc",
+            "cbc(aes)",
+            "0x" + "11" * 16,
+            "auth-trunc",
+            "hmac(sha256)",
+            "0x" + "22" * 32,
+            "128",
+        ]
+    sel = ["src", "192.0.2.1", "dst", "192.0.2.2", "proto", "esp", "spi", spi]
+    cp = end.node.run(["ip", "xfrm", "state", "add", *sel, "mode", mode, *alg], check=False)
+    if cp.returncode != 0:
+        raise PreconditionError(
+            f"node {end.name}: the kernel refuses an ESP state with {alg[1]} "
+            f"({cp.stderr.strip()}); use dataplane=libipsec (or --vm)"
+        )
+    end.node.run(["ip", "xfrm", "state", "delete", *sel[:-2], "spi", spi], check=False)
+
+
+def _xfrm_pairs(node, kind: str, *, normalize: bool) -> set[tuple]:
+    """{(src, dst)} of every XFRM state or policy in the node (`ip xfrm KIND list`)."""
+    out = node.run(["ip", "xfrm", kind, "list"], check=False).stdout
+    found = set()
+    for m in re.finditer(r"^src (\S+) dst (\S+)", out, re.MULTILINE):
+        a, b = m.groups()
+        found.add((net(a), net(b)) if normalize else (a, b))
+    return found
+
+
+def net(text: str):
+    return ipaddress.ip_network(text, strict=False)
+
+
+def provider(algs: dict, name: str) -> str | None:
+    for group in algs.values():
+        if isinstance(group, dict) and name in group:
+            return group[name]
+    return None
+
+
+def host(addr: str | None) -> str:
+    return (addr or "").split("/")[0]
+
+
+def id_key(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "", name) or "x"
+
+
+def tail_of(text: str, lines: int) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
