@@ -36,7 +36,7 @@ PROFILES = {
     "wireguard": False,
     "openvpn-aes256cbc-static": False,
     "openvpn-tls": False,
-    "openvpn-tls:proto=tcp": False,
+    "openvpn-tls-tcp": False,  # OpenVPN over TCP (proto tcp-server / tcp-client)
     "openvpn-none": True,
     "openvpn-bf-sha1-static": False,
     "openvpn-nocipher-static": True,

@@ -23,7 +23,14 @@ from lab.vpn.wireguard import genkey, setconf_text, x25519
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGIES = sorted((REPO / "topologies").glob("*.py"))
 GOLDEN = REPO / "tests" / "data" / "vpn"
-MINE = ("baseline", "wireguard", "openvpn-aes256cbc-static", "openvpn-tls", "openvpn-none")
+MINE = (
+    "baseline",
+    "wireguard",
+    "openvpn-aes256cbc-static",
+    "openvpn-tls",
+    "openvpn-tls-tcp",
+    "openvpn-none",
+)
 # every profile on this machine, whoever wrote its driver (strongSwan ones included)
 ALL = known_profiles()
 
