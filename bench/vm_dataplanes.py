@@ -44,6 +44,8 @@ DEFAULT = {
     "ipsec-transport-ah": ("pi_pair_middlebox", True),
     "ipsec-transport-esp": ("pi_pair_middlebox", False),
     "ipsec-transport-ah-esp": ("pi_pair_middlebox", False),
+    # study D: L2TP/IPsec (L2TP + PPP inside ESP transport mode)
+    "l2tp-ipsec": ("pi_pair_middlebox", False),
 }
 
 SEND = (
@@ -215,6 +217,10 @@ def guest(
             capture_on=f"{node}:{ifname}",
         )
         res["describe"] = d
+        # what went to the server's underlay address: the tunnel's own packets ("ipv4 esp"
+        # when only ESP is on the wire)
+        under = v["tunnel"]["server"]["underlay_v4"]
+        res["wire_protocols"] = ip_chains((lab.dir / "capture.pcap").read_bytes(), under)
         if capture_v6 or stop_vpn:
             res["capture_protocols"] = ip_chains((lab.dir / "capture.pcap").read_bytes(), t4)
         if capture_v6 and t6:
@@ -223,6 +229,7 @@ def guest(
                 marker_seen_v6=seen6,
                 capture_bytes_v6=size6,
                 capture_protocols_v6=ip_chains((lab.dir / "capture.pcap").read_bytes(), t6),
+                wire_protocols_v6=ip_chains((lab.dir / "capture.pcap").read_bytes(), under),
             )
         if stop_vpn:
             from lab.vpn.tunnel import tear_down

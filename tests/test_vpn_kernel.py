@@ -94,6 +94,46 @@ def test_kernel_dataplane_in_vm(vm, profile):
         assert d["cipher"] == "none"
 
 
+def test_l2tp_ipsec_in_vm(vm):
+    """Study D's L2TP/IPsec (issue 20): IKEv1 + ESP transport mode carrying L2TP + PPP. Ping
+    v4/v6 through ppp0, iperf3, and on the wire between the ends only ESP (no L2TP/UDP 1701,
+    no PPP, the marker absent for IPv4 and IPv6 alike); the tunnel stopped leaves no XFRM
+    state or policy, the lab down leaves nothing."""
+    r = guest_json(
+        vm,
+        [
+            str(REPO / "bench" / "vm_dataplanes.py"),
+            "--guest",
+            "--topology",
+            "pi_pair_middlebox",
+            "--id",
+            "kli",
+            "--seconds",
+            "1",
+            "--capture-v6",
+            "--stop-vpn",
+            "l2tp-ipsec",
+        ],
+        timeout=400,
+    )
+    timing = {k: r.get(k) for k in ("up_s", "ready_s", "iperf3_mbps", "vpn_down_s", "down_s")}
+    print(f"l2tp-ipsec in VM ({vm.accel}): {timing} wire {r.get('capture_head')}")
+    assert not r.get("error"), r.get("error")
+    assert r["left"] == [] and r["vpn_left"] == [], (r["left"], r["vpn_left"])
+    d = r["describe"]
+    assert d["path"] == "kernel" and d["interface"] == "ppp0" and d["mtu"] == 1400, d
+    assert d["ipsec"]["ike"]["version"] == "1" and d["ipsec"]["esp"]["mode"] == "TRANSPORT", d
+    assert d["cipher"].startswith("AES_CBC_256") and d["auth_confirmed"] is True, d
+    assert r["ping_v4_ms"] is not None and r["ping_v6_ms"] is not None
+    assert r["iperf3_bytes"] > 0
+    assert r["capture_bytes"] > 200 and r["capture_bytes_v6"] > 200
+    assert r["marker_seen"] is False and r["marker_seen_v6"] is False
+    # everything the client sent the server during the captures was ESP
+    assert r["wire_protocols"] == ["ipv4 esp"], r["capture_head"]
+    assert r["wire_protocols_v6"] == ["ipv4 esp"], r["capture_head"]
+    assert not any(".1701" in line for line in r["capture_head"]), r["capture_head"]
+
+
 def test_kernel_netem_in_vm_applies_every_case(vm):
     """Kernel netem as the lab's impairment backend (under the links' tbf), quick case set: each
     case is applied and read back from tc exactly as asked, and measured. Whether the measured
@@ -136,6 +176,7 @@ def test_kernel_netem_in_vm_applies_every_case(vm):
         "ip6tnl",
         "wireguard:implementation=kernel",
         "ipsec-aes128gcm:dataplane=kernel",
+        "l2tp-ipsec",
     ],
 )
 def test_host_without_the_module_says_use_vm(profile):
