@@ -19,7 +19,8 @@ from lab.errors import PreconditionError
 from lab.vm import agent, kernel, qemu
 from lab.vm.channel import Channel, ChannelClosed
 from lab.vm.initramfs import Entry, newc, render_config
-from lab.vm.machine import PANIC_LOGS, STATE_FILES, VM, _emulator_panic, plan_shares
+from lab.vm.booting import _emulator_panic, plan_shares
+from lab.vm.machine import PANIC_LOGS, STATE_FILES, VM
 
 
 # -- initramfs -------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ docs/vm.md. Public API:
 from __future__ import annotations
 
 from .kernel import Kernel, cache_dir, find_kernel
-from .machine import VM, boot
+from .booting import boot, plan_shares  # noqa: F401
+from .machine import VM
 from .qemu import probe_accel
 
 __all__ = ["VM", "Kernel", "boot", "cache_dir", "find_kernel", "probe_accel"]
