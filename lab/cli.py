@@ -31,7 +31,96 @@ from .clicommands import (  # noqa: F401
     cmd_up,
 )
 from .cliprint import _print_status, _print_substrate, err, out  # noqa: F401
-from .errors import LabError, TeardownIncomplete
+from .errors import ConfigError, LabError, TeardownIncomplete
+
+#: VM memory a `--vm-mem` may ask for, in MB (a guest below this does not boot its kernel)
+VM_MEM_MB = (256, 262144)
+
+#: an argument's name in messages, by its argparse dest (positionals: upper case)
+FLAGS = {
+    "lab_id": "--id",
+    "vpn": "--vpn",
+    "impair": "--impair",
+    "param": "-p",
+    "override": "-o",
+    "map": "--map",
+    "out": "--out",
+    "topo": "--topo",
+    "boards": "--boards",
+    "resume": "--resume",
+    "profiles": "--profiles",
+    "placement": "--placement",
+}
+#: arguments passed on as they are: a command's own words may be empty strings
+VERBATIM = {"command", "argv", "cmd", "impair_cmd", "boards_cmd"}
+
+
+def _mem_mb(text: str) -> int:
+    lo, hi = VM_MEM_MB
+    try:
+        mb = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MB") from None
+    if not lo <= mb <= hi:
+        raise argparse.ArgumentTypeError(f"{mb} MB; accepted: {lo}..{hi}")
+    return mb
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """What argparse cannot say: an empty or blank value is bad input, never "not given"
+    (`--id ""` must not build the default lab, `--impair ""` must not build impairment points
+    with nothing to do); a lab id is checked once, for every command that takes one."""
+    from .state import check_id
+
+    for dest, value in vars(args).items():
+        if dest in VERBATIM:
+            continue
+        flag = FLAGS.get(dest, dest.upper())
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and not v.strip():
+                raise ConfigError(
+                    f"empty value {v!r}; give a value or leave {flag} out", source=flag
+                )
+    if getattr(args, "lab_id", None) is not None:
+        check_id(args.lab_id)
+    if getattr(args, "node", None) is not None:
+        from .topology import NAME_MAX, NAME_RE
+
+        if not NAME_RE.match(args.node) or len(args.node) > NAME_MAX:
+            shown = args.node if len(args.node) <= 60 else args.node[:60] + "..."
+            raise ConfigError(
+                f"{shown!r} is not a node name (a letter, then letters, digits, '_'; at most "
+                f"{NAME_MAX}); `lab status` lists the nodes",
+                source="NODE",
+            )
+
+
+def _impair_set_words(args: argparse.Namespace) -> None:
+    """`lab impair set TARGET SPEC...` takes its SPEC words verbatim (argparse.REMAINDER), so
+    `delay -5ms` reaches the spec's own check instead of being read as an option; the options
+    of `impair set` written after the words are picked out again here."""
+    words, i = [], 0
+    spec = list(args.spec)
+    while i < len(spec):
+        w = spec[i]
+        if w == "--json":
+            args.json = True
+        elif w == "--id" and i + 1 < len(spec):
+            args.lab_id = spec[i + 1]
+            i += 1
+        elif w.startswith("--id="):
+            args.lab_id = w.split("=", 1)[1]
+        else:
+            words.append(w)
+        i += 1
+    if not words:
+        raise ConfigError(
+            "no SPEC given; usage: lab impair set TARGET SPEC... (tc-netem words, a preset or "
+            "'none')",
+            source="lab impair set",
+            field="SPEC",
+        )
+    args.spec = words
 
 
 def _add_id(p: argparse.ArgumentParser) -> None:
@@ -83,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the lab inside the full-kernel VM (netem, WireGuard, ESP, MACsec, GRE, "
         "L2TP when this kernel lacks them); exec/impair/status/down reach into it",
     )
-    p.add_argument("--vm-mem", type=int, default=2048, metavar="MB", help="VM memory (with --vm)")
+    p.add_argument(
+        "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
+    )
     p.add_argument(
         "--boards",
         metavar="INVENTORY",
@@ -133,11 +224,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("impair", help="show or change impairment at run time")
     isub = p.add_subparsers(dest="impair_cmd", required=True, metavar="ACTION")
     q = isub.add_parser(
-        "set", help="lab impair set TARGET SPEC...  (TARGET: LINK, NODE:IFACE or all)"
+        "set", help="lab impair set TARGET SPEC...  (TARGET: LINK, NODE, NODE:IFACE or all)"
     )
     _add_id(q)
     q.add_argument("target")
-    q.add_argument("spec", nargs="+", help="tc-netem words; parameters not given keep their values")
+    q.add_argument(
+        "spec",
+        nargs=argparse.REMAINDER,
+        help="tc-netem words (negative values included); parameters not given keep their values",
+    )
     q.add_argument("--json", action="store_true")
     q = isub.add_parser("show", help="what is really applied, plus the engine's counters")
     _add_id(q)
@@ -177,7 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the whole plan in a throwaway full-kernel VM (same as -o vm=true)",
     )
-    p.add_argument("--vm-mem", type=int, default=2048, metavar="MB", help="VM memory (with --vm)")
+    p.add_argument(
+        "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
+    )
     p.add_argument(
         "--boards",
         metavar="INVENTORY",
@@ -240,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])  # forwarded verbatim to a VM lab
     try:
+        if args.cmd == "impair" and args.impair_cmd == "set":
+            _impair_set_words(args)
+        check_args(args)
         return COMMANDS[args.cmd](args) or 0
     except TeardownIncomplete as e:
         err.print(f"[yellow]lab:[/] {e}", markup=True, highlight=False)

@@ -14,14 +14,21 @@ from rich.table import Table
 from .boards import check as bc
 from .boards.inventory import load_inventory
 from .cliprint import out
-from .errors import PreconditionError
+from .errors import ConfigError, PreconditionError
 from .vpn.profiles import known_profiles, load_profile
 
 
 def _profiles(option: str | None) -> list:
     """--profiles P1,P2 (default: every profile), each loaded and validated."""
-    names = [n.strip() for n in option.split(",") if n.strip()] if option else known_profiles()
-    return [load_profile(n) for n in names]
+    names = [n.strip() for n in option.split(",")] if option else known_profiles()
+    profiles = []
+    for n in names:
+        try:
+            profiles.append(load_profile(n))
+        except ConfigError as e:  # the profile came from --profiles, not --vpn
+            msg = str(e).removeprefix("--vpn: ")
+            raise ConfigError(f"{n!r}: {msg}", source="--profiles") from None
+    return profiles
 
 
 def _yes_no(value) -> str:

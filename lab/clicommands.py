@@ -16,9 +16,9 @@ from .errors import ConfigError, LabError, TeardownIncomplete
 
 def cmd_up(args) -> int:
     from .substrates import bring_up, choose
-    from .topology import load_topology, parse_param
+    from .topology import load_topology, parse_params
 
-    params = dict(parse_param(p) for p in args.param)
+    params = parse_params(args.param)
     spec = load_topology(args.topology, args.topo, params)
     guest = [a for p in args.param for a in ("-p", p)]
     for flag, value in (
@@ -71,10 +71,16 @@ def cmd_up(args) -> int:
 def cmd_render(args) -> int:
     from pathlib import Path
 
-    from .topology import load_topology, parse_param
+    from .topology import load_topology, parse_params
     from .vpn.tunnel import render, write_rendered
 
-    params = dict(parse_param(p) for p in args.param)
+    params = parse_params(args.param)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(
+            "exists and is not a directory; render writes DIR/<node>/<file>",
+            source=args.out,
+            field="--out",
+        )
     spec = load_topology(args.topology, args.topo, params)
     result = render(spec, args.vpn, show_secrets=args.show_secrets)
     for path in write_rendered(result, Path(args.out)):
@@ -192,7 +198,7 @@ def cmd_status(args) -> int:
         # a name that never was a lab here (no ledger): not 'broken', and not a case for
         # `lab clean`, which would tear down every lab on the machine
         known = ", ".join(list_lab_ids()) or "none"
-        raise ConfigError(f"no lab {args.lab_id} (labs here: {known})", source="lab status")
+        raise ConfigError(f"no lab {args.lab_id!r} (labs here: {known})", source="--id")
     statuses = [open_lab(lab_id).status() for lab_id in ids]
     if args.json:
         print(json.dumps(statuses, indent=2))
@@ -219,7 +225,8 @@ def _command(args) -> list[str]:
 def cmd_exec(args) -> int:
     from .substrates import open_lab
 
-    return open_lab(args.lab_id).exec(args.node, _command(args))
+    command = _command(args)  # checked before the lab is looked for
+    return open_lab(args.lab_id).exec(args.node, command)
 
 
 def cmd_shell(args) -> int:
@@ -231,6 +238,11 @@ def cmd_shell(args) -> int:
 def cmd_impair(args) -> int:
     from .substrates import open_lab
 
+    if args.impair_cmd == "set":
+        from .impair.directional import check_words
+
+        # the words first: bad words are bad input whether or not a lab is up
+        check_words(" ".join(args.spec), source="lab impair set")
     lab = open_lab(args.lab_id)
     if args.impair_cmd == "set":
         target = None if args.target in ("all", "default") else args.target
@@ -362,6 +374,7 @@ def cmd_run(args) -> int:
     from .report import generate
     from .results import RunDir
     from .runner import Runner, create_run_dir, preflight, resume_plan
+    from .runsetup import check_run_dir
     from .runprogress import RunProgress
     from .substrates import check_resume_target, plan_substrate, run_target
 
@@ -373,6 +386,8 @@ def cmd_run(args) -> int:
         check_resume_target(run, target)
     elif args.plan:
         plan = load_plan(args.plan, overrides)
+        if args.out:
+            check_run_dir(Path(args.out))
         # before the run directory exists; a plan for the VM: not this kernel's features
         if target is not None:
             target.preflight(plan)
@@ -478,9 +493,9 @@ def cmd_boards(args) -> int:
                 "lab boards emulate TOPOLOGY --out INVENTORY (or --down to remove a farm)",
                 source="lab boards emulate",
             )
-        from .topology import load_topology, parse_param
+        from .topology import load_topology, parse_params
 
-        spec = load_topology(args.topology, args.topo, dict(parse_param(p) for p in args.param))
+        spec = load_topology(args.topology, args.topo, parse_params(args.param))
         t0 = time.monotonic()
         rec = farm.emulate(spec, Path(args.out), args.lab_id)
         if args.json:

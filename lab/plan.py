@@ -117,6 +117,8 @@ OVERRIDE_KEYS = {
 def find_plan(name: str) -> Path:
     """A path, or the name of a file in plans/ (with or without .toml)."""
     p = Path(name)
+    if p.is_dir():
+        raise ConfigError("is a directory, not a plan file (.toml)", source=name, field="PLAN")
     if p.is_file():
         return p
     for cand in (PLAN_DIR / name, PLAN_DIR / f"{name}.toml"):
@@ -133,6 +135,8 @@ def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML: {e}", source=src) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (byte {e.start}): not a TOML file", source=src) from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", source=src) from None
     overrides = list(overrides or [])
@@ -180,8 +184,20 @@ def _split_list(key: str, value: Any) -> list:
 def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
     """Apply `-o key=value` to the raw plan. CLI values win over every level of the file."""
     raw = copy.deepcopy(raw)
+    seen: set[str] = set()
     for text in overrides:
         key, value = parse_override(text)
+        if key in seen:
+            raise ConfigError(
+                f"given twice ({', '.join(overrides)}); give each key once", source="-o", field=key
+            )
+        seen.add(key)
+        if isinstance(value, str) and not value.strip():
+            raise ConfigError(
+                f"empty value; accepted: {OVERRIDE_KEYS.get(key, 'see OVERRIDE_KEYS')}",
+                source="-o",
+                field=key or "KEY",
+            )
         if key == "reps":
             raw["reps"] = value
             raw["impaired_reps"] = value
@@ -244,7 +260,7 @@ def validate(raw: dict, *, source: str, base_dir: Path, default_name: str) -> Pl
     if unknown:
         raise _bad(f"unknown key; accepted: {', '.join(TOP_KEYS)}", source, unknown[0])
     schema = raw.get("schema", SCHEMA)
-    if schema != SCHEMA:
+    if schema != SCHEMA or type(schema) is not type(SCHEMA):  # 1.0 == 1 but is not a version
         raise _bad(f"got {schema!r}; accepted: {SCHEMA}", source, "schema")
     name = _str(raw, "name", source, default_name)
     if not NAME_RE.match(name):

@@ -13,7 +13,9 @@ from .errors import ConfigError
 
 SCHEMA = 1
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}\Z")  # names become file names
+#: repetitions a plan may ask for (a typo of 10**9 would otherwise run for years)
+MAX_REPS = 10_000
 
 
 @dataclass(frozen=True)
@@ -191,12 +193,15 @@ def _bad(msg: str, source: str, fld: str) -> ConfigError:
     return ConfigError(msg, source=source, field=fld)
 
 
-def _int(raw: dict, key: str, source: str, default: int | None, lo: int = 1) -> int | None:
+def _int(
+    raw: dict, key: str, source: str, default: int | None, lo: int = 1, hi: int = MAX_REPS
+) -> int | None:
     v = raw.get(key, default)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise _bad(f"got {v!r}; accepted: an integer >= {lo}", source, key)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "..."
+        raise _bad(f"got {shown}; accepted: an integer {lo}..{hi}", source, key)
     return v
 
 

@@ -85,6 +85,8 @@ def _impairments(raw: dict, source: str) -> list[ImpairmentPoint]:
                 f"{fld}.{unknown[0]}",
             )
         text = item.get("spec")
+        if isinstance(text, str) and not text.strip():
+            raise _bad("empty; accepted: 'none', a preset or tc-netem words", source, fld)
         if not isinstance(text, str):
             raise _bad(
                 "missing spec; accepted: 'none', a preset "

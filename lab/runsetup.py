@@ -49,16 +49,25 @@ TOOL_VERSIONS: dict[str, list[str]] = _tool_version_table()
 # ---------------------------------------------------------------------- run directory
 
 
+def check_run_dir(path: Path) -> None:
+    """`--out RUN_DIR`: a directory that does not exist yet or is empty, else a ConfigError."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            "exists and is not a directory; choose a new directory", source=str(path), field="--out"
+        )
+    if path.is_dir() and any(path.iterdir()):
+        raise ConfigError(
+            "exists and is not empty; choose a new directory or resume it with --resume",
+            source=str(path),
+            field="--out",
+        )
+
+
 def create_run_dir(plan: Plan, path: Path | None = None, *, root: Path | None = None) -> RunDir:
     """A new run directory: `path` (must not exist or be empty) or root/<UTC time>_<plan>."""
     if path is not None:
         path = Path(path)
-        if path.exists() and any(path.iterdir()):
-            raise ConfigError(
-                "exists and is not empty; choose a new directory or resume it with --resume",
-                source=str(path),
-                field="--out",
-            )
+        check_run_dir(path)
         path.mkdir(parents=True, exist_ok=True)
     else:
         root = root if root is not None else REPO / "runs"

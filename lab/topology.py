@@ -6,6 +6,7 @@ node or link, and the accepted values, raised before anything is created.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import ipaddress
 import re
@@ -49,7 +50,9 @@ LINK_OPTIONS = {
     "port2": "",
 }
 INTF_PARAMS = {"ip", "ip6"}
-NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\Z")
+NAME_MAX = 32  # node names become namespace, cgroup and file names (with the lab id)
+IFNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*\Z")  # what ip(8) takes without quoting
 # Auto-addressing pools for segments without explicit addresses.
 AUTO_V4 = ipaddress.ip_network("10.0.0.0/16")
 AUTO_V6_PREFIX = "fd00:0:0:{:x}::/64"
@@ -162,6 +165,20 @@ def _ends(spec: LabSpec) -> tuple[str, str]:
 # --------------------------------------------------------------------------- loading
 
 
+def parse_params(texts: list[str]) -> dict[str, Any]:
+    """Every `-p key=value` of the command line; a key given twice is refused (which would win
+    is not obvious)."""
+    params: dict[str, Any] = {}
+    for text in texts:
+        key, value = parse_param(text)
+        if key in params:
+            raise ConfigError(
+                f"{key} given twice; give each parameter once", source="-p", field=key
+            )
+        params[key] = value
+    return params
+
+
 def parse_param(text: str) -> tuple[str, Any]:
     """`-p key=value` from the CLI: value parsed as int, float, bool or left a string."""
     if "=" not in text:
@@ -169,6 +186,8 @@ def parse_param(text: str) -> tuple[str, Any]:
     key, value = text.split("=", 1)
     if not key.isidentifier():
         raise ConfigError(f"{key!r} is not a valid parameter name", source="-p")
+    if not value.strip():
+        raise ConfigError(f"empty value in {text!r}; give key=value", source="-p", field=key)
     low = value.lower()
     if low in ("true", "false"):
         return key, low == "true"
@@ -185,6 +204,8 @@ def load_topology(path: str | Path, topo: str | None = None, params: dict | None
     path = Path(path)
     src = str(path)
     params = dict(params or {})
+    if path.is_dir():
+        raise ConfigError("is a directory, not a topology file (a .py file)", source=src)
     if not path.is_file():
         raise ConfigError("topology file not found", source=src)
     module = _import_file(path)
@@ -206,8 +227,21 @@ def load_topology(path: str | Path, topo: str | None = None, params: dict | None
             source=src,
             field="--topo",
         )
+    if not callable(topos[topo]):
+        raise ConfigError(
+            f"topos[{topo!r}] is {topos[topo]!r}, not a Topo class", source=src, field="topos"
+        )
     try:
-        obj = topos[topo](**params)
+        with _refuse_duplicate_nodes(src):
+            obj = topos[topo](**params)
+    except ConfigError:
+        raise
+    except SystemExit as e:  # sys.exit() in build(): not a topology, and not a success
+        raise ConfigError(
+            f"building topology {topo!r} called sys.exit({e.code!r}); a topology file "
+            "describes nodes and links and must not exit",
+            source=src,
+        )
     except TypeError as e:
         raise ConfigError(
             f"cannot build topology {topo!r} with parameters {params}: {e}", source=src
@@ -215,6 +249,34 @@ def load_topology(path: str | Path, topo: str | None = None, params: dict | None
     except Exception as e:  # the user's build() raised: report it as bad input
         raise ConfigError(f"building topology {topo!r} raised {_short_exc(e)}", source=src)
     return resolve(obj, source=src, topo_name=topo, params=params)
+
+
+@contextlib.contextmanager
+def _refuse_duplicate_nodes(source: str):
+    """While a Topo builds: a node name added twice is an error (Mininet's Topo silently keeps
+    the last definition)."""
+    try:
+        from mininet.topo import Topo
+    except ImportError:  # pragma: no cover - mininet is a dependency
+        yield
+        return
+    original = Topo.addNode
+
+    def add_node(self, name, **opts):
+        if name in getattr(self.g, "node", {}):
+            kind = "switch" if opts.get("isSwitch") else "host"
+            raise ConfigError(
+                f"node {name!r} is defined twice; every node needs its own name",
+                source=source,
+                field=f"{kind} {name!r}",
+            )
+        return original(self, name, **opts)
+
+    Topo.addNode = add_node
+    try:
+        yield
+    finally:
+        Topo.addNode = original
 
 
 def _short_exc(e: BaseException) -> str:
@@ -234,6 +296,12 @@ def _import_file(path: Path):
         spec.loader.exec_module(module)
     except SyntaxError as e:
         raise ConfigError(f"syntax error at line {e.lineno}: {e.msg}", source=str(path))
+    except SystemExit as e:  # a data file that exits is not a success (issue 22)
+        raise ConfigError(
+            f"called sys.exit({e.code!r}) while loading; a topology file describes nodes and "
+            "links and must not exit",
+            source=str(path),
+        )
     except Exception as e:
         raise ConfigError(f"importing raised {_short_exc(e)}", source=str(path))
     finally:
@@ -257,11 +325,12 @@ def resolve(topo, *, source: str, topo_name: str = "topo", params: dict | None =
         info = dict(topo.nodeInfo(name))
         is_switch = bool(info.pop("isSwitch", False))
         where = f"{'switch' if is_switch else 'host'} {name!r}"
-        if not isinstance(name, str) or not NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > NAME_MAX:
             raise ConfigError(
-                "node names must start with a letter and contain only letters, digits and '_'",
+                "node names must start with a letter and contain only letters, digits and '_' "
+                f"(1..{NAME_MAX} characters)",
                 source=source,
-                field=where,
+                field=where if len(str(name)) <= 60 else where[:60] + "...'",
             )
         allowed = SWITCH_OPTIONS if is_switch else HOST_OPTIONS
         _reject_unknown(info, allowed, source, where)
@@ -276,11 +345,26 @@ def resolve(topo, *, source: str, topo_name: str = "topo", params: dict | None =
         where = f"link {a}-{b}"
         _reject_unknown(info, LINK_OPTIONS, source, where)
         node1, node2 = info["node1"], info["node2"]
+        for end in (node1, node2):
+            if end not in nodes:
+                raise ConfigError(
+                    f"link to undefined node {end!r}; nodes: {', '.join(nodes)}",
+                    source=source,
+                    field=where,
+                )
         if node1 == node2:
             raise ConfigError("a link must join two different nodes", source=source, field=where)
         names_ = []
         for end, node, port in ((1, node1, info["port1"]), (2, node2, info["port2"])):
-            ifname = info.get(f"intfName{end}") or f"{node}-eth{port}"
+            ifname = info.get(f"intfName{end}")
+            if ifname is None:
+                ifname = f"{node}-eth{port}"
+            if isinstance(ifname, str) and ifname and not IFNAME_RE.match(ifname):
+                raise ConfigError(
+                    f"interface name {ifname!r}: accepted ASCII letters, digits, '_', '.', '-'",
+                    source=source,
+                    field=f"{where} intfName{end}",
+                )
             if not isinstance(ifname, str) or len(ifname.encode()) > IFNAMSIZ or not ifname:
                 raise ConfigError(
                     f"interface name {ifname!r} is {len(str(ifname).encode())} bytes; Linux allows"
@@ -396,7 +480,7 @@ def _node_spec(name, is_switch, info, source, where) -> NodeSpec:
             )
         setattr(n, role, v)
     dr = info.get("defaultRoute")
-    if dr is not None and not isinstance(dr, str):
+    if dr is not None and (not isinstance(dr, str) or not dr.strip()):
         raise ConfigError(
             f"defaultRoute must be 'via ADDR' or 'dev IF', got {dr!r}", source=source, field=where
         )
@@ -409,9 +493,11 @@ def _node_spec(name, is_switch, info, source, where) -> NodeSpec:
 def _link_impairment(info, source, where) -> str | None:
     parts = []
     if info.get("impair") is not None:
-        if not isinstance(info["impair"], str):
+        if not isinstance(info["impair"], str) or not info["impair"].strip():
             raise ConfigError(
-                "impair must be a string of tc-netem words", source=source, field=where
+                f"impair must be a string of tc-netem words, got {info['impair']!r}",
+                source=source,
+                field=where,
             )
         parts.append(info["impair"])
     tc = {k: info[k] for k in ("delay", "jitter", "loss") if info.get(k) is not None}
@@ -453,6 +539,8 @@ def _check_connected_names(nodes, links, source):
 
 def _iface(value, version, source, where, fld):
     try:
+        if not isinstance(value, str):
+            raise ValueError(value)
         iface = ipaddress.ip_interface(value)
     except ValueError:
         raise ConfigError(
@@ -464,7 +552,7 @@ def _iface(value, version, source, where, fld):
     if iface.version != version:
         raise ConfigError(f"{fld} must be IPv{version}, got {value!r}", source=source, field=where)
     if "/" not in str(value):
-        iface = ipaddress.ip_interface(f"{value}/{24 if version == 4 else 64}")
+        iface = ipaddress.ip_interface(f"{iface.ip}/{24 if version == 4 else 64}")
     if iface.ip == iface.network.network_address and iface.network.prefixlen < (
         31 if version == 4 else 127
     ):

@@ -99,4 +99,4 @@ def test_status_of_an_unknown_lab_exits_non_zero_and_names_it(capsys):
     rc = main(["status", "--id", "nolab21x"])
     err = capsys.readouterr().err
     assert rc != 0
-    assert "no lab nolab21x" in err and "lab clean" not in err
+    assert "no lab 'nolab21x'" in err and "lab clean" not in err

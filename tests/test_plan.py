@@ -107,8 +107,8 @@ BAD = [
     ('profiles = ["nosuchvpn"]', "profiles[0]", "wireguard"),
     ('profiles = ["wireguard:nokey=1"]', "profiles[0]", ""),
     ('profiles = ["wireguard", "wireguard"]', "profiles", "twice"),
-    ("reps = 0", "reps", "integer >= 1"),
-    ('reps = "five"', "reps", "integer >= 1"),
+    ("reps = 0", "reps", "integer 1..10000"),
+    ('reps = "five"', "reps", "integer 1..10000"),
     ('impairments = ["loss 120%"]', "impairments[0]", "0..100"),
     ('impairments = ["nosuchpreset"]', "impairments[0]", "network1"),
     (

@@ -82,6 +82,14 @@ def parse_directional(
     and `b2a:` segments are merged on top of it. With node names `a`/`b`, `A->B:` and `B->A:`
     are accepted too. Without any label the spec is symmetric.
     """
+    if not text.isascii():
+        bad = next(c for c in text if not c.isascii())
+        raise ConfigError(
+            f"character {bad!r} (U+{ord(bad):04X}) in {text[:80]!r}; accepted: ASCII tc-netem "
+            "words (a look-alike character is not the unit or digit it resembles)",
+            source=source,
+            field="spec",
+        )
     labels = {"both": "both", "a2b": "a2b", "b2a": "b2a", "a->b": "a2b", "b->a": "b2a"}
     if a and b:
         labels[f"{a}->{b}"] = "a2b"
@@ -105,7 +113,19 @@ def parse_directional(
                 source=source,
                 field="direction",
             )
+        if m and not words.strip():
+            raise ConfigError(
+                f"direction {label} has no words; accepted: 'none', a preset or tc-netem words",
+                source=source,
+                field="direction",
+            )
         segs[d] = words
+    if text.strip() and not segs:  # "" is no impairment (internal callers); ";" is a slip
+        raise ConfigError(
+            f"no words in {text!r}; accepted: 'none', a preset or tc-netem words",
+            source=source,
+            field="spec",
+        )
     base = base or DirectionalImpairment()
     out = {}
     for d in DIRECTIONS:
@@ -116,3 +136,22 @@ def parse_directional(
             cur = parse_spec(segs[d], source=f"{source} ({d})", base=cur)
         out[d] = cur
     return DirectionalImpairment(**out)
+
+
+def check_words(text: str, *, source: str = "impairment") -> None:
+    """Validate a spec before the lab it is for is found (`lab impair set` checks its words
+    first, so bad words are a bad-input error even with no lab up). Node names in labels
+    (`client->server:`) are taken as given here; the lab checks them against its nodes."""
+    if not text.strip():
+        raise ConfigError(
+            "empty; accepted: 'none', a preset or tc-netem words (docs/impairment.md)",
+            source=source,
+            field="spec",
+        )
+    a = b = None
+    for raw in text.split(";"):
+        m = _LABEL.match(raw)
+        if m and "->" in m[1] and m[1] not in ("a->b", "b->a"):
+            a, b = m[1].split("->", 1)
+            break
+    parse_directional(text, source=source, a=a, b=b)

@@ -15,6 +15,7 @@ is created.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from .base import TEMPLATE_DIR, Driver, Param, render_template  # noqa: F401  (r
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent.parent / "vpn_profiles"
 TOP_KEYS = {"driver": str, "description": str, "study": str, "params": dict}
+#: a profile name: a file name in vpn_profiles/ without .toml
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._\-]{0,63}\Z")
 
 
 def profile_dirs() -> list[Path]:
@@ -74,9 +77,18 @@ def known_profiles() -> list[str]:
 def find_profile(name: str) -> Path:
     if name.endswith(".toml") or "/" in name:
         p = Path(name)
+        if p.is_dir():
+            raise ConfigError("is a directory, not a profile file (.toml)", source=name)
         if not p.is_file():
-            raise ConfigError("profile file not found", source=name)
+            raise ConfigError("profile file not found", source=name, field="--vpn")
         return p
+    if not NAME_RE.match(name):
+        shown = name if len(name) <= 60 else name[:60] + "..."
+        raise ConfigError(
+            f"{shown!r} is not a profile name (lowercase letters, digits, '.', '_', '-', "
+            f"at most 64) nor a .toml path; valid: {', '.join(known_profiles())}",
+            source="--vpn",
+        )
     for d in profile_dirs():
         p = d / f"{name}.toml"
         if p.is_file():
@@ -88,17 +100,34 @@ def find_profile(name: str) -> Path:
 
 def split_spec(spec: str) -> tuple[str, dict[str, str]]:
     """'wireguard:mtu=1280,listen_port=51821' -> ('wireguard', {'mtu': '1280', ...})."""
-    name, _, rest = spec.partition(":")
-    if not name:
+    name, colon, rest = spec.partition(":")
+    if not name.strip():
         raise ConfigError(f"expected PROFILE[:key=value,...], got {spec!r}", source="--vpn")
+    if colon and not rest.strip():
+        raise ConfigError(
+            f"nothing after ':' in {spec!r}; give PROFILE or PROFILE:key=value,...", source="--vpn"
+        )
     overrides: dict[str, str] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
+    for item in rest.split(",") if colon else []:
+        key, eq, value = (s.strip() for s in item.partition("="))
+        if not eq or not key or not value:
             raise ConfigError(
                 f"override {item!r} must be key=value (PROFILE:key=value,key=value)", source="--vpn"
             )
-        overrides[key.strip()] = value.strip()
+        if not (key + value).isascii():
+            raise ConfigError(
+                f"override {item!r}: accepted ASCII only (a look-alike character is not the value "
+                "it resembles)",
+                source="--vpn",
+                field=f"params.{key}",
+            )
+        if key in overrides:
+            raise ConfigError(
+                f"given twice in {spec!r}; give each parameter once",
+                source="--vpn",
+                field=f"params.{key}",
+            )
+        overrides[key] = value
     return name, overrides
 
 
@@ -111,6 +140,10 @@ def load_profile(spec: str) -> Profile:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML: {e}", source=src)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (byte {e.start}): not a TOML file", source=src)
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", source=src)
     for key, value in data.items():
         if key not in TOP_KEYS:
             raise ConfigError(
