@@ -28,6 +28,8 @@ APT_PACKAGES=(
   python3 python3-venv python3-dev build-essential pkg-config curl ca-certificates
   # full-kernel VM substrate
   qemu-system-x86 busybox-static cpio
+  # `vagrant validate` of the Vagrantfile in the tests (no provider needed)
+  vagrant
 )
 
 log "apt packages"
