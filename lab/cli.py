@@ -132,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lab", description="Network-namespace lab for benchmarking VPNs."
     )
     ap.add_argument("--version", action="version", version=f"lab {__version__}")
+    ap.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the Python traceback of an error (else one line naming the input)",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     p = sub.add_parser("up", help="build a topology (and optionally a VPN) as namespaces")
@@ -342,14 +347,38 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)
         return COMMANDS[args.cmd](args) or 0
     except TeardownIncomplete as e:
+        _debug(args)
         err.print(f"[yellow]lab:[/] {e}", markup=True, highlight=False)
         return e.exit_code
     except LabError as e:
+        _debug(args)
         err.print(f"lab: error: {e}", markup=False, highlight=False, soft_wrap=True)
         return e.exit_code
     except KeyboardInterrupt:
         err.print("lab: interrupted")
         return 130
+    except Exception as e:  # a bug of the lab, not of the input: one line, --debug for more
+        if args.debug:
+            raise
+        err.print(
+            f"lab: internal error (a bug in lab, not in your input): {type(e).__name__}: {e}; "
+            "`lab --debug ...` shows the traceback",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        return INTERNAL_ERROR
+
+
+#: exit code of an error that is the lab's own bug (sysexits.h EX_SOFTWARE)
+INTERNAL_ERROR = 70
+
+
+def _debug(args: argparse.Namespace) -> None:
+    if getattr(args, "debug", False):
+        import traceback
+
+        err.print(traceback.format_exc().rstrip(), markup=False, highlight=False)
 
 
 COMMANDS = {

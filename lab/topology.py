@@ -247,7 +247,7 @@ def load_topology(path: str | Path, topo: str | None = None, params: dict | None
             f"cannot build topology {topo!r} with parameters {params}: {e}", source=src
         )
     except Exception as e:  # the user's build() raised: report it as bad input
-        raise ConfigError(f"building topology {topo!r} raised {_short_exc(e)}", source=src)
+        raise ConfigError(f"building topology {topo!r} raised {_short_exc(e, src)}", source=src)
     return resolve(obj, source=src, topo_name=topo, params=params)
 
 
@@ -260,7 +260,18 @@ def _refuse_duplicate_nodes(source: str):
     except ImportError:  # pragma: no cover - mininet is a dependency
         yield
         return
-    original = Topo.addNode
+    original, original_link = Topo.addNode, Topo.addLink
+
+    def add_link(self, node1, node2, *args, **opts):
+        for end in (node1, node2):
+            if end not in getattr(self.g, "node", {}):
+                raise ConfigError(
+                    f"link to undefined node {end!r}; add it first (addHost/addSwitch); nodes: "
+                    + (", ".join(map(str, self.g.node)) or "none"),
+                    source=source,
+                    field=f"link {node1}-{node2}",
+                )
+        return original_link(self, node1, node2, *args, **opts)
 
     def add_node(self, name, **opts):
         if name in getattr(self.g, "node", {}):
@@ -272,15 +283,20 @@ def _refuse_duplicate_nodes(source: str):
             )
         return original(self, name, **opts)
 
-    Topo.addNode = add_node
+    Topo.addNode, Topo.addLink = add_node, add_link
     try:
         yield
     finally:
-        Topo.addNode = original
+        Topo.addNode, Topo.addLink = original, original_link
 
 
-def _short_exc(e: BaseException) -> str:
+def _short_exc(e: BaseException, path: str | None = None) -> str:
+    """`KeyError: 'x' at line 12`: the line of the user's file (`path`) the error came
+    through, not a line of the lab's or Mininet's code."""
     tb = traceback.extract_tb(e.__traceback__)
+    if path is not None:
+        mine = [f for f in tb if Path(f.filename).resolve() == Path(path).resolve()]
+        tb = mine or []
     where = f" at line {tb[-1].lineno}" if tb else ""
     return f"{type(e).__name__}: {e}{where}"
 
@@ -303,7 +319,7 @@ def _import_file(path: Path):
             source=str(path),
         )
     except Exception as e:
-        raise ConfigError(f"importing raised {_short_exc(e)}", source=str(path))
+        raise ConfigError(f"importing raised {_short_exc(e, str(path))}", source=str(path))
     finally:
         sys.modules.pop(name, None)
     return module
@@ -457,7 +473,8 @@ def _node_spec(name, is_switch, info, source, where) -> NodeSpec:
 
             if cpu not in known_profiles():
                 raise ConfigError(
-                    f"unknown CPU profile {cpu!r}; valid: {', '.join(known_profiles())} or a core fraction",
+                    f"cpu: unknown CPU profile {cpu!r}; valid: {', '.join(known_profiles())} "
+                    "or a core fraction",
                     source=source,
                     field=where,
                 )

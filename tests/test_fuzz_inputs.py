@@ -83,6 +83,39 @@ class Case:
         return f"[{self.kind}/{self.klass}] lab {words}{' ...' if len(self.argv) > 12 else ''}"
 
 
+#: (text in a topology body, what the message must then name): the node, option or rule
+AT_FAULT = (
+    ("ghost", "ghost"),
+    ("spook", "spook"),
+    ("colour", "colour"),
+    ("speed", "speed"),
+    ('"mac"', "mac"),
+    ('addHost("a", router=True)', "defined twice"),
+    ('addSwitch("a")', "defined twice"),
+    ('intfName1="x")\n', "used twice"),
+    ('"10.0.1.1/24"', "assigned twice"),
+    ("addLink(a, a)", "two different nodes"),
+    ("cpu=", "cpu"),
+    ('"ip"', "ip"),
+    ("ip=", "ip"),
+    ("params1=5", "params1"),
+    ("intfName1", "intfName1"),
+    ("max_queue_size", "max_queue_size"),
+    ("bw=", "bw"),
+    ("mtu=", "mtu"),
+    ("loss=", "loss"),
+    ("delay=", "delay"),
+    ("router=", "router"),
+    ("vpn=", "vpn"),
+    ("defaultRoute", "defaultRoute"),
+    ("impair=", "impair"),
+)
+
+
+def _at_fault(body: str) -> tuple[str, ...]:
+    return next(((word,) for text, word in AT_FAULT if text in body), ())
+
+
 class WouldCreate(BaseException):
     """An input got as far as creating something: the tripwire."""
 
@@ -192,7 +225,7 @@ class Gen:
         for klass, items in bodies.items():
             for body in items:
                 f = self.file(".py", topo(body))
-                self.add(klass, "topology", ["up", f, "--id", "fz"], (f,))
+                self.add(klass, "topology", ["up", f, "--id", "fz"], (f, *_at_fault(body)))
         # files that are broken as files
         whole = {
             "empty": ["", "   \n\n", "topos = {}\n"],
@@ -662,6 +695,10 @@ class Gen:
         d2.mkdir(exist_ok=True)
         for path in (d, d2, self.root / "in" / "missing.toml"):
             self.add("path", "inventory", ["boards", "check", path], (str(path),))
+            self.add("path", "inventory", ["boards", "prepare", path, "--dry-run"], (str(path),))
+        for text in texts["unknown"] + texts["syntax"]:
+            f = self.file(".toml", text)
+            self.add("unknown", "inventory", ["boards", "prepare", f, "--dry-run"], (f,))
         self.add("empty", "inventory", ["boards", "check", ""], ("INVENTORY",))
 
     # --- argument vectors
@@ -828,6 +865,8 @@ def verdict(case: Case, rc, stderr: str, created: set[str]) -> str | None:
     """None when the case gave a clear error; else what was wrong."""
     if isinstance(rc, str):
         return rc
+    if "lab: internal error" in stderr:
+        return stderr.strip().splitlines()[-1][:300]
     if "Traceback (most recent call last)" in stderr:
         return "traceback: " + stderr.strip().splitlines()[-1][:200]
     if created:
@@ -870,6 +909,94 @@ def test_generator_covers_every_input_kind(tmp_path):
     # seeded: the same inputs every time
     again = generate(tmp_path / "again")
     assert [(c.klass, len(c.argv)) for c in again] == [(c.klass, len(c.argv)) for c in cases]
+
+
+#: commands without an input of their own to get wrong (`lab profiles`, `lab clean`)
+NO_INPUT = {"profiles", "clean"}
+
+
+def test_every_subcommand_is_fuzzed(tmp_path):
+    from lab.cli import COMMANDS
+
+    cases = generate(tmp_path)
+    seen = {c.argv[0] for c in cases if c.argv}
+    assert set(COMMANDS) - NO_INPUT <= seen
+    assert {c.argv[1] for c in cases if c.argv[:1] == ["boards"] and len(c.argv) > 1} >= {
+        "emulate",
+        "check",
+        "prepare",
+    }
+    assert {c.argv[1] for c in cases if c.argv[:1] == ["impair"] and len(c.argv) > 1} >= {
+        "set",
+        "show",
+        "clear",
+    }
+
+
+def _write(tmp: Path, name: str, text: str | bytes) -> str:
+    p = tmp / name
+    p.write_bytes(text) if isinstance(text, bytes) else p.write_text(text)
+    return str(p)
+
+
+def _topo(body: str) -> str:
+    lines = "".join(f"        {line}\n" for line in body.splitlines())
+    return (
+        "from mininet.topo import Topo\n\n\nclass T(Topo):\n    def build(self):\n"
+        + lines
+        + '\n\ntopos = {"t": T}\n'
+    )
+
+
+def issue_examples(tmp: Path) -> list[tuple[list[str], tuple[str, ...]]]:
+    """The examples of issue 22, each: argv, what the message must name."""
+    twice = _write(
+        tmp, "twice.py", _topo('a = self.addHost("a")\nself.addHost("a")\nself.addLink(a, "a")')
+    )
+    ghost = _write(
+        tmp,
+        "ghost.py",
+        _topo('a = self.addHost("a")\nb = self.addHost("b")\nself.addLink(a, "ghost")'),
+    )
+    exits = _write(tmp, "exits.py", "import sys\nsys.exit(0)\n")
+    latin = _write(tmp, "latin.toml", QUICK.encode() + b"\n# caf\xe9\n")
+    afile = _write(tmp, "afile", "x")
+    tdir = tmp / "tdir.py"
+    tdir.mkdir()
+    pdir = tmp / "pdir"
+    pdir.mkdir()
+    return [
+        (["up", str(PI_PAIR), "--impair", ""], ("--impair", "empty")),
+        (["up", str(PI_PAIR), "--vpn", ""], ("--vpn", "empty")),
+        (["up", str(PI_PAIR), "--id", ""], ("--id", "empty")),
+        (["up", twice, "--id", "fz"], (twice, "host 'a'", "defined twice")),
+        (["up", exits], (exits, "sys.exit(0)")),
+        (["run", exits.replace(".py", ".toml")], ("not found",)),
+        (["status", "--id", "nolab"], ("--id", "nolab")),
+        (["status", "--id", "Bad-Id"], ("--id", "Bad-Id")),
+        (["run", latin, "--out", str(tmp / "o")], (latin, "UTF-8")),
+        (["run", "quick", "--out", afile], (afile, "--out", "not a directory")),
+        (["up", ghost], (ghost, "ghost", "undefined node")),
+        (["up", str(tdir)], (str(tdir), "directory")),
+        (["run", str(pdir)], (str(pdir), "directory")),
+        (["impair", "set", "all", "delay", "-5ms"], ("delay", "-5ms")),
+    ]
+
+
+def test_issue_examples(fuzz_env):
+    """Every example of issue 22: exit 2, a message naming the input, nothing built."""
+    with tripwires():
+        for argv, names in issue_examples(fuzz_env):
+            rc, stderr = run_inprocess(argv)
+            assert rc == 2, (argv, rc, stderr)
+            for n in names:
+                assert n in stderr, (argv, n, stderr)
+            assert "line 1" not in stderr or "topology.py" not in stderr
+
+
+def test_debug_shows_the_traceback(fuzz_env):
+    rc, stderr = run_inprocess(["--debug", "up", str(PI_PAIR), "--vpn", ""])
+    assert rc == 2 and "Traceback (most recent call last)" in stderr and "--vpn" in stderr
 
 
 def test_every_malformed_input_is_a_clear_error(fuzz_env):
