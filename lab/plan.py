@@ -75,6 +75,8 @@ TOP_KEYS: dict[str, str] = {
     "defaults": "table of test parameters given to every test that accepts them",
     "tests": "array of tables: test, name, reps, ip (4 or 6) and the test's parameters",
     "vm": "true: run the whole plan inside the full-kernel VM (`lab run --vm`); default false",
+    # judged by `lab check` (lab.expect validates them there); `lab run` carries them unread
+    "expect": "array of tables: what must hold, judged by `lab check` (docs/ci.md)",
 }
 
 
