@@ -16,6 +16,8 @@ from .clicommands import (  # noqa: F401
     _run_vm,
     cmd_boards,
     cmd_calibrate,
+    cmd_check,
+    cmd_ci,
     cmd_clean,
     cmd_compare,
     cmd_down,
@@ -48,6 +50,9 @@ FLAGS = {
     "topo": "--topo",
     "boards": "--boards",
     "resume": "--resume",
+    "run": "--run",
+    "baseline": "--baseline",
+    "junit": "--junit",
     "profiles": "--profiles",
     "placement": "--placement",
 }
@@ -335,6 +340,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("table", help="CSV: profile,condition,test,metric,value,n,sd,source[,label]")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory to create")
+
+    p = sub.add_parser(
+        "check",
+        help="run a plan (or judge --run RUN_DIR) against its [[expect]] tables and a baseline "
+        "run; exit 0 all hold, 1 one fails, 2 bad input (docs/ci.md)",
+    )
+    p.add_argument("plan", nargs="?", help="plan file or name in plans/ (optional with --run)")
+    p.add_argument("--run", metavar="RUN_DIR", help="judge this finished run instead of running")
+    p.add_argument("--baseline", metavar="RUN_DIR", help="run the regressions are judged against")
+    p.add_argument("--junit", metavar="FILE", help="write the verdicts as JUnit XML")
+    p.add_argument(
+        "-o",
+        dest="override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a plan value, as lab run -o",
+    )
+    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<UTC>_<plan>)")
+    p.add_argument("--vm", action="store_true", help="run the plan in the full-kernel VM")
+    p.add_argument(
+        "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
+    )
+
+    p = sub.add_parser("ci", help="continuous integration: lab ci init writes a workflow")
+    csub = p.add_subparsers(dest="ci_cmd", required=True, metavar="ACTION")
+    q = csub.add_parser(
+        "init",
+        help="write .github/workflows/lab-check.yml and lab-check.toml (lab check on every "
+        "change) into a repository",
+    )
+    q.add_argument("dir", nargs="?", default=".", help="the repository (default: here)")
+    q.add_argument("--force", action="store_true", help="overwrite files already there")
     return ap
 
 
@@ -397,6 +435,8 @@ COMMANDS = {
     "calibrate": cmd_calibrate,
     "boards": cmd_boards,
     "import": cmd_import,
+    "check": cmd_check,
+    "ci": cmd_ci,
 }
 
 

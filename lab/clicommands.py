@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+from rich.markup import escape as rich_escape
 from rich.table import Table
 
 from .cliprint import _print_status, _print_substrate, err, out, print_run_summary
@@ -531,4 +532,67 @@ def cmd_import(args) -> int:
     )
     r = generate(s["out"])
     out.print(f"{r['report']} (`lab compare EMULATED_RUN {s['out']}` for the fidelity section)")
+    return 0
+
+
+def cmd_check(args) -> int:
+    """`lab check`: run the plan (or take --run RUN_DIR), judge it, print one line per verdict."""
+    from pathlib import Path
+
+    from .cicheck import (
+        baseline_run,
+        judge_run,
+        load_check,
+        new_run_path,
+        run_expectations,
+        store_expectations,
+        write_junit,
+    )
+    from .results import RunDir
+
+    baseline = baseline_run(args.baseline)  # bad input before anything runs
+    if args.run:
+        if args.out or args.vm:
+            raise ConfigError("--out and --vm run a plan; --run judges one", source="lab check")
+        run = RunDir(Path(args.run)).check()
+        expectations = run_expectations(run, args.plan, args.override)
+    elif args.plan:
+        plan, expectations = load_check(args.plan, args.override)
+        args.out = args.out or str(new_run_path(plan))
+        args.resume, args.boards, args.map = None, None, []
+        rc = cmd_run(args)
+        if rc == 130:
+            return rc
+        run = RunDir(Path(args.out))
+        store_expectations(run, plan)
+    else:
+        raise ConfigError("give a PLAN (or --run RUN_DIR)", source="lab check", field="PLAN")
+    res = judge_run(run.path, expectations, baseline)
+    style = {"pass": "green", "fail": "red", "skip": "yellow"}
+    for v in res.verdicts:
+        out.print(
+            f"[{style[v.status]}]{v.status.upper():4}[/] {v.profile} {v.case} {v.check}: "
+            f"{rich_escape(v.message)}",
+            highlight=False,
+        )
+    c = res.counts
+    out.print(
+        f"lab check: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped "
+        f"({res.run.path}/check.md)",
+        markup=False,
+        highlight=False,
+    )
+    if args.junit:
+        out.print(f"junit: {write_junit(res, args.junit)}", markup=False, highlight=False)
+    return 1 if res.failed else 0
+
+
+def cmd_ci(args) -> int:
+    from .cicheck import ci_init
+
+    if args.ci_cmd != "init":
+        raise ConfigError(f"unknown action {args.ci_cmd!r}; accepted: init", source="lab ci")
+    for p in ci_init(args.dir, force=args.force):
+        out.print(f"wrote {p}", markup=False, highlight=False)
+    out.print("commit them; the workflow runs `lab check lab-check.toml` on every change")
     return 0
