@@ -23,7 +23,7 @@ from ..errors import ConfigError, PreconditionError
 from ..topology import IFNAMSIZ
 from .types import BECOME, Board, Cable, Inventory
 
-BOARD_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+BOARD_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # a DNS label's length
 SSH_OPTION_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*=\S.*$")
 
 #: [boards.NAME] keys of boards.toml, with what they take
@@ -97,7 +97,7 @@ def _load_toml(path: Path) -> Inventory:
                 field="ansible",
             )
         ans_path = _relative_to(path, ans)
-        if not ans_path.exists():
+        if len(ans_path.name.encode()) > 255 or not ans_path.exists():  # ENAMETOOLONG
             raise ConfigError(
                 f"Ansible inventory {ans_path} not found", source=src, field="ansible"
             )
@@ -340,7 +340,9 @@ def _board(
     if not isinstance(name, str) or not BOARD_NAME_RE.match(name):
         src, fld = where("host")
         raise ConfigError(
-            f"board name {name!r} must match [A-Za-z0-9][A-Za-z0-9_.-]*", source=src, field=fld
+            f"board name {name!r} must match [A-Za-z0-9][A-Za-z0-9_.-]* (1..63 characters)",
+            source=src,
+            field=fld,
         )
     for key in ("host", "mgmt", "data"):
         if key not in fields:
