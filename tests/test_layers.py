@@ -41,6 +41,9 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.fidelity",
             "lab.importer",
             "lab.calibrate",
+            "lab.expect",
+            "lab.junit",
+            "lab.cicheck",
         ],
     ),
     (
