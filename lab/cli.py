@@ -56,6 +56,11 @@ FLAGS = {
     "profiles": "--profiles",
     "placement": "--placement",
 }
+#: arguments that name a file or directory (checked against the file system's name limits)
+PATH_ARGS = {"topology", "plan", "inventory", "run_dir", "run_a", "run_b", "table", "out"}
+PATH_ARGS |= {"resume", "boards", "run", "baseline", "junit", "dir"}
+NAME_MAX, PATH_MAX = 255, 4096  # bytes (linux/limits.h)
+
 #: arguments passed on as they are: a command's own words may be empty strings
 VERBATIM = {"command", "argv", "cmd", "impair_cmd", "boards_cmd"}
 
@@ -86,6 +91,10 @@ def check_args(args: argparse.Namespace) -> None:
                 raise ConfigError(
                     f"empty value {v!r}; give a value or leave {flag} out", source=flag
                 )
+    for dest in PATH_ARGS:
+        value = getattr(args, dest, None)
+        if isinstance(value, str):
+            check_path(value, FLAGS.get(dest, dest.upper()))
     if getattr(args, "lab_id", None) is not None:
         check_id(args.lab_id)
     if getattr(args, "node", None) is not None:
@@ -98,6 +107,17 @@ def check_args(args: argparse.Namespace) -> None:
                 f"{NAME_MAX}); `lab status` lists the nodes",
                 source="NODE",
             )
+
+
+def check_path(text: str, flag: str) -> None:
+    """A path no file system takes (ENAMETOOLONG) is bad input, said before any lookup."""
+    part = max(text.split("/"), key=lambda p: len(p.encode()))
+    if len(part.encode()) > NAME_MAX or len(text.encode()) > PATH_MAX:
+        raise ConfigError(
+            f"path too long: the name {part[:60]!r}... has {len(part.encode())} bytes, a file "
+            f"system takes {NAME_MAX} (and {PATH_MAX} for a whole path)",
+            source=flag,
+        )
 
 
 def _impair_set_words(args: argparse.Namespace) -> None:

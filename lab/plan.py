@@ -333,7 +333,10 @@ def _topology(raw: dict, source: str, base_dir: Path):
             source,
             "topology.file",
         )
-    path = next((p for p in (base_dir / f, REPO / f, Path(f)) if p.is_file()), None)
+    try:
+        path = next((p for p in (base_dir / f, REPO / f, Path(f)) if p.is_file()), None)
+    except OSError as e:  # ENAMETOOLONG and kin: no file of that name can exist
+        raise _bad(f"file {f[:60]!r}: {e.strerror}", source, "topology.file") from None
     if path is None:
         known = sorted(str(p.relative_to(REPO)) for p in (REPO / "topologies").glob("*.py"))
         raise _bad(f"file {f!r} not found; topologies: {', '.join(known)}", source, "topology.file")

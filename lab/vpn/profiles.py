@@ -77,6 +77,10 @@ def known_profiles() -> list[str]:
 def find_profile(name: str) -> Path:
     if name.endswith(".toml") or "/" in name:
         p = Path(name)
+        if max(len(part.encode()) for part in name.split("/")) > 255:
+            raise ConfigError(
+                "path too long (a name may have 255 bytes)", source=name[:60] + "...", field="--vpn"
+            )
         if p.is_dir():
             raise ConfigError("is a directory, not a profile file (.toml)", source=name)
         if not p.is_file():
