@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import random
 import subprocess
@@ -1275,3 +1276,62 @@ def main() -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     main()
+
+
+def _impair_state(lab_id: str) -> dict:
+    from .conftest import run_lab
+
+    r = run_lab("impair", "show", "--id", lab_id, "--json")
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    s = run_lab("status", "--id", lab_id, "--json")
+    assert s.returncode == 0, s.stderr
+    status = json.loads(s.stdout)[0]
+    return {
+        "requested": shown.get("requested"),
+        "applied": shown.get("applied"),
+        "vpn": (status.get("vpn") or {}).get("tunnel"),
+        "nodes": sorted(status.get("nodes") or {}),
+    }
+
+
+@pytest.mark.root
+def test_bad_impair_set_leaves_a_running_lab_unchanged(lab_id):
+    """Through the real entry point on a lab that is up (impairment and, where WireGuard runs
+    here, a tunnel): every bad `lab impair set` is exit 2 and changes nothing."""
+    from lab.vpn.profiles import load_profile
+    from lab.vpn.tunnel import availability
+
+    from .conftest import TOPOS, lab_traces, run_lab
+
+    vpn = ["--vpn", "wireguard"] if availability(load_profile("wireguard"))["ok"] else []
+    topo = TOPOS / "pi_pair_middlebox.py"
+    r = run_lab("up", topo, "--id", lab_id, "--impair", "delay 10ms", *vpn, timeout=180)
+    assert r.returncode == 0, r.stderr
+    before = _impair_state(lab_id)
+    bad = [
+        ["all", "delay", "-5ms"],
+        ["all", "loss", "200%"],
+        ["all", "delay", "5ｍs"],
+        ["all", "nonsense"],
+        ["all", "delay", "1ms", "delay", "2ms"],
+        ["all", "a2b:"],
+        ["all", ";"],
+        ["all", ""],
+        ["all", "ghost->server:", "delay", "1ms"],
+        ["ghost", "delay", "1ms"],
+        ["router:nosuch0", "delay", "1ms"],
+        ["all", "delay", "9" * 500 + "ms"],
+        ["all", "rate", "0bit"],
+        ["all", "distribution", "nosuch"],
+    ]
+    failures = []
+    for words in bad:
+        cp = run_lab("impair", "set", "--id", lab_id, *words)
+        if cp.returncode != 2 or "Traceback" in cp.stderr or "internal error" in cp.stderr:
+            failures.append(f"{words[:4]}: exit {cp.returncode}: {cp.stderr.strip()[-300:]}")
+    after = _impair_state(lab_id)
+    assert run_lab("down", "--id", lab_id).returncode == 0
+    assert lab_traces(lab_id) == []
+    assert not failures, "\n".join(failures)
+    assert after == before
