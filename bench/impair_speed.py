@@ -11,8 +11,15 @@ One run, three measurements (root; throw-away namespaces named eng<hex>-*):
      per Gbit/s, and how the engine saw the stream: GSO super-frames split into wire packets
      (`gso_frames` -> `gso_segments`), so `loss 1%` is 1 % of wire packets. Run it with
      LAB_ENGINE_DIR=<another engine/ checkout> to compare two builds of the engine.
+  5. (--parts splice) The two designs for `lab impair set` on a lab built without impairment
+     (issue 20). "Always a pass-through bump" costs every lab, impaired or not, what 1. and 3.
+     measure with no impairment (throughput ratio, added latency, engine CPU) plus the bump's
+     share of `lab up`; "splice the engine in when first needed" costs only a lab that is
+     impaired, once: the wall time of the splice and the packets lost meanwhile, counted by a
+     ping every millisecond across the spliced link of a real lab (pi_pair_middlebox,
+     uncapped, no tunnel).
 
-Usage: sudo python3 bench/impair_speed.py [--seconds 5]
+Usage: sudo python3 bench/impair_speed.py [--seconds 5] [--parts engine,splice] [--reps 5]
 """
 
 from __future__ import annotations
@@ -20,11 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import statistics
 import sys
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO))
 
 from impair_netns import B_IP, DB_IP, EngineLab, cpu_seconds, percentile
 
@@ -73,11 +84,89 @@ def latency(lab: EngineLab, src: str, dst: str, ip: str, port: int) -> list[floa
     return [(rx - tx) / 1000 for _, tx, rx in recs]
 
 
+#: ping across the spliced link: one echo per millisecond, so one lost echo ~ 1 ms of outage
+SPLICE_PING_INTERVAL_S, SPLICE_PING_COUNT = 0.001, 3000
+
+
+def splice_cost(reps: int) -> list[tuple[str, str, str, str]]:
+    """5.: `lab up` with and without a bump, and the cost of splicing one into the live link."""
+    from lab.lab import up
+    from lab.labimpair import ensure_points
+    from lab.state import new_lab_id
+    from lab.teardown import teardown
+    from lab.topology import load_topology
+
+    spec = load_topology(REPO / "topologies" / "pi_pair_middlebox.py", params={"cpu": None})
+    up_plain, up_bump, splice_s, lost, left = [], [], [], [], []
+    for _ in range(reps):
+        for impair, times in ((None, up_plain), ("none", up_bump)):
+            lab_id = new_lab_id("bsp")
+            t0 = time.monotonic()
+            try:
+                up(spec, lab_id, impair=impair)
+                times.append(time.monotonic() - t0)
+            finally:
+                left += teardown(lab_id)
+        lab_id = new_lab_id("bsp")
+        try:
+            lab = up(spec, lab_id)
+            client = lab.node("client")
+            argv = ["ping", "-n", "-i", str(SPLICE_PING_INTERVAL_S), "-c", str(SPLICE_PING_COUNT)]
+            bg = client.spawn("bg-ping", [*argv, "-W", "1", "10.0.2.2"])
+            time.sleep(1.0)
+            t0 = time.monotonic()
+            ensure_points(lab)
+            splice_s.append(time.monotonic() - t0)
+            bg.popen.wait(timeout=SPLICE_PING_COUNT * SPLICE_PING_INTERVAL_S + 30)
+            m = re.search(r"(\d+) packets transmitted, (\d+) received", bg.log.read_text())
+            lost.append(int(m.group(1)) - int(m.group(2)))
+        finally:
+            left += teardown(lab_id)
+    up_add = statistics.median(up_bump) - statistics.median(up_plain)
+    ms = SPLICE_PING_INTERVAL_S * 1000
+    return [
+        ("lab up, no bump (median)", f"{statistics.median(up_plain):.2f} s", "", ""),
+        ("lab up, pass-through bump (median)", f"{statistics.median(up_bump):.2f} s", "", ""),
+        ("always-bump: added to every lab up", f"{up_add * 1000:.0f} ms", "", ""),
+        (
+            "splice: wall time (median, max)",
+            f"{statistics.median(splice_s) * 1000:.0f} ms, {max(splice_s) * 1000:.0f} ms",
+            "",
+            "",
+        ),
+        (
+            "splice: echoes lost (1 per ms; each run)",
+            f"{lost} = {max(lost) * ms:.0f} ms max outage",
+            "< 1 s",
+            _pf(max(lost) * ms < 1000),
+        ),
+        ("splice: left over after teardown", f"{left or 'nothing'}", "nothing", _pf(not left)),
+    ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--parts", default="engine,splice", help="engine (1.-4.), splice (5.)")
+    ap.add_argument("--reps", type=int, default=5, help="splice: labs built per design")
     args = ap.parse_args()
     secs = args.seconds
+    rows: list[tuple[str, str, str, str]] = []
+    parts = set(args.parts.split(","))
+    if "engine" in parts:
+        rows += engine_rows(secs)
+    if "splice" in parts:
+        rows += splice_cost(args.reps)
+    print(
+        f"lab-impaird speed ({os.uname().release}, {os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()[0]:.1f})"
+    )
+    _table(rows)
+    return 0 if all(r[3] != "FAIL" for r in rows) else 1
+
+
+def engine_rows(secs: int) -> list[tuple[str, str, str, str]]:
+    """1.-4.: the engine between throw-away namespaces (bench/impair_netns.py)."""
     rows: list[tuple[str, str, str, str]] = []
     with EngineLab(direct=True) as lab:
         lab.warm()
@@ -228,14 +317,11 @@ def main() -> int:
             )
         rt = lab.client.show()["a2b"].get("realtime")
         leftovers = lab.close()
-    print(
-        f"lab-impaird speed ({os.uname().release}, {os.cpu_count()} CPUs, SCHED_FIFO={rt}, "
-        f"load {os.getloadavg()[0]:.1f})"
+    rows.append(("engine SCHED_FIFO", f"{rt}", "", ""))
+    rows.append(
+        ("engine lab left over", f"{leftovers or 'nothing'}", "nothing", _pf(not leftovers))
     )
-    _table(rows)
-    if leftovers:
-        print("LEFT OVER:", leftovers)
-    return 0 if all(r[3] != "FAIL" for r in rows) else 1
+    return rows
 
 
 def _pf(ok: bool) -> str:

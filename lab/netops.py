@@ -163,6 +163,121 @@ def remove_link(ns: str, ifname: str) -> None:
                     raise
 
 
+RTPROT_KERNEL, RT_TABLE_LOCAL, RT_SCOPE_LINK = 2, 255, 253
+
+
+def read_interface(ns: str, ifname: str) -> dict:
+    """What configuration of interface `ifname` lives on the interface itself and dies with it:
+    MAC, MTU, addresses (not IPv6 link-local: the kernel makes it again from the MAC) and the
+    routes through it that someone added (not the kernel's connected and local routes).
+    JSON-able, so the lab can record what it is about to restore (restore_interface)."""
+    import socket
+
+    from pyroute2 import NetNS
+
+    with NetNS(ns) as ipr:
+        idx = ipr.link_lookup(ifname=ifname)[0]
+        link = ipr.get_links(idx)[0]
+        addrs = []
+        for a in ipr.get_addr(index=idx):
+            if a["family"] == socket.AF_INET6 and a["scope"] == RT_SCOPE_LINK:
+                continue
+            local = a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")
+            addrs.append({"address": local, "prefixlen": a["prefixlen"], "family": a["family"]})
+        routes = []
+        for fam in (socket.AF_INET, socket.AF_INET6):
+            for r in ipr.route("dump", family=fam):  # every table (table=0 would match none)
+                table = r.get_attr("RTA_TABLE") or r["table"]
+                if (
+                    r.get_attr("RTA_OIF") != idx
+                    or r["proto"] == RTPROT_KERNEL
+                    or table == RT_TABLE_LOCAL
+                ):
+                    continue
+                rt = {
+                    "family": fam,
+                    "dst_len": r["dst_len"],
+                    "table": table,
+                    "proto": r["proto"],
+                    "scope": r["scope"],
+                    "type": r["type"],
+                }
+                for key, attr in (
+                    ("dst", "RTA_DST"),
+                    ("gateway", "RTA_GATEWAY"),
+                    ("priority", "RTA_PRIORITY"),
+                    ("prefsrc", "RTA_PREFSRC"),
+                ):
+                    if r.get_attr(attr) is not None:
+                        rt[key] = r.get_attr(attr)
+                routes.append(rt)
+    return {
+        "ifname": ifname,
+        "mac": link.get_attr("IFLA_ADDRESS"),
+        "mtu": link.get_attr("IFLA_MTU"),
+        "addrs": addrs,
+        "routes": routes,
+    }
+
+
+def splice_veth_end(ns: str, state: dict, bump_ns: str, moved_name: str, new_name: str) -> None:
+    """Put namespace `bump_ns` into the live veth whose end in `ns` is `state["ifname"]`
+    (read_interface): ns:IF <-> peer becomes ns:IF <-> bump:new_name, bump:moved_name <-> peer.
+
+    The peer's namespace is never touched. The old end moves into the bump as `moved_name`; a new
+    veth with the old end's name, MAC and MTU takes its place in `ns`, with its addresses and
+    routes restored. Everything new is prepared before the old end goes down, so the link is cut
+    only for the few netlink calls of the swap (bench/impair_speed.py --splice measures it).
+    """
+    from pyroute2 import NetNS
+
+    ifname = state["ifname"]
+    tmp = f"lspl{os.getpid() % 100000}"
+    create_veth(ns, tmp, bump_ns, new_name, state["mtu"])
+    with NetNS(ns) as ipr, NetNS(bump_ns) as bpr:
+        bpr.link("set", index=bpr.link_lookup(ifname=new_name)[0], state="up")
+        t = ipr.link_lookup(ifname=tmp)[0]
+        ipr.link("set", index=t, address=state["mac"])
+        # the swap: a renamed interface must be down (EBUSY otherwise); moving it also downs it
+        old = ipr.link_lookup(ifname=ifname)[0]
+        ipr.link("set", index=old, state="down")
+        ipr.link("set", index=old, ifname=moved_name)
+        ipr.link("set", index=old, net_ns_fd=bump_ns)
+        ipr.link("set", index=t, ifname=ifname)
+        ipr.link("set", index=t, state="up")
+        # the moved end still has the MAC its successor took over: give it its own (a bridge or
+        # a switch behind the bump would take frames from that MAC for its own and drop them)
+        moved = bpr.link_lookup(ifname=moved_name)[0]
+        bpr.link("set", index=moved, address=random_mac())
+        bpr.link("set", index=moved, state="up")
+        restore_interface(ipr, t, state)
+
+
+def random_mac() -> str:
+    """A random unicast, locally administered MAC (as the kernel gives a new veth)."""
+    b = bytearray(os.urandom(6))
+    b[0] = (b[0] & 0xFE) | 0x02
+    return ":".join(f"{x:02x}" for x in b)
+
+
+def restore_interface(ipr, idx: int, state: dict) -> None:
+    """Addresses, then routes (a gateway needs its connected route first) of read_interface."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    for a in state["addrs"]:
+        try:
+            ipr.addr("add", index=idx, address=a["address"], prefixlen=a["prefixlen"])
+        except NetlinkError as e:
+            if e.code != errno.EEXIST:
+                raise
+    for r in state["routes"]:
+        try:
+            ipr.route("add", oif=idx, **r)
+        except NetlinkError as e:
+            if e.code != errno.EEXIST:
+                raise
+
+
 def root_link_exists(ifname: str) -> bool:
     from pyroute2 import IPRoute
 

@@ -119,6 +119,13 @@ class LocalLab(LabHandle):
         return n.interactive([sh, "--norc"] if sh.endswith("bash") else [sh])
 
     def impair(self, action: str, spec: str = "", target: str | None = None) -> dict:
+        if action == "set":
+            from .impair.runtime import check_request
+            from .labimpair import ensure_points
+
+            check_request(self.lab, spec, target)  # bad input changes nothing
+            # a lab built without --impair gets its points now (the engine spliced in live)
+            ensure_points(self.lab)
         return impair_on(self.lab, action, spec, target)
 
     def down(self, notes: list[str]) -> list[str]:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import asdict
+from types import SimpleNamespace
 
 import pytest
 
-from lab.errors import ConfigError, PreconditionError
+from lab.errors import ConfigError
 from lab.impair import runtime
-from lab.lab import up
+from lab.lab import Lab, up
+from lab.labimpair import splice_side
 from lab.teardown import teardown
 from lab.topology import load_topology
 
@@ -78,9 +82,37 @@ def test_runtime_set_merge_clear_and_teardown(lab_id):
     assert lab_traces(lab_id) == []
 
 
+def test_node_target_and_splice_side():
+    mb = load_topology(TOPOS / "pi_pair_middlebox.py")
+    lab = SimpleNamespace(spec=mb)
+    st = {"points": [asdict(p) for p in runtime.points(mb, "middlebox")]}
+    assert {p.ifname for p in runtime._select(lab, st, "router")} == {"router-eth0", "router-eth1"}
+    with pytest.raises(ConfigError, match="valid: .*router"):
+        runtime._select(lab, st, "client")
+    # the router's end is re-created, never the VPN server's; between two endpoints: node1's
+    assert splice_side(mb, 1) == ("router", "router-eth1")
+    assert splice_side(load_topology(TOPOS / "pi_pair.py"), 0) == ("client", "client-eth0")
+
+
 @pytest.mark.root
-def test_cli_impair_on_lab_without_points(lab_id):
+def test_cli_impair_adds_points_to_a_lab_built_without(lab_id):
     assert run_lab("up", TOPOS / "pi_pair.py", "--id", lab_id).returncode == 0
-    r = run_lab("impair", "set", "--id", lab_id, "all", "delay", "5ms")
-    assert r.returncode == PreconditionError.exit_code and "--impair none" in r.stderr
+    c = Lab.open(lab_id).node("client")
+    assert _rtt_ms(c, "10.0.1.2") < 5
+    assert run_lab("impair", "clear", "--id", lab_id).returncode == 0  # nothing to clear yet
+    # bad input is refused before the splice: the lab stays without points
+    r = run_lab("impair", "set", "--id", lab_id, "all", "loss", "120%")
+    assert r.returncode == ConfigError.exit_code and "loss must be 0..100" in r.stderr
+    r = run_lab("impair", "set", "--id", lab_id, "nowhere", "delay", "5ms")
+    assert r.returncode == ConfigError.exit_code and "unknown impairment target" in r.stderr
+    assert "impair" not in Lab.open(lab_id).info
+    r = run_lab("impair", "set", "--id", lab_id, "all", "delay", "5ms", "--json")
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    if shown["backend"] == "userspace":
+        assert shown["placement"] == "egress" and list(shown["engines"]) == ["imp0"]
+    assert 9.5 < _rtt_ms(c, "10.0.1.2") < 15
+    assert run_lab("impair", "clear", "--id", lab_id).returncode == 0
+    assert _rtt_ms(c, "10.0.1.2") < 5
     assert run_lab("down", "--id", lab_id).returncode == 0
+    assert lab_traces(lab_id) == []

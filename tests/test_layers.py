@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "lab.py / vmlab.py / boards",
         [
             "lab.lab",
+            "lab.labimpair",
             "lab.vmlab",
             "lab.boards",
             "lab.boards.boardlab",

@@ -4,7 +4,9 @@ Placement resolves to *impairment points*: "the egress of interface IF on node N
 of one link). Backends:
   kernel-netem — `tc qdisc replace ... netem` on that interface (ingress placement: via ifb);
   userspace    — the lab's engine (engine/, lab-impaird) in a hidden bump-in-the-wire namespace
-                 spliced into the link at build time; one engine per link, one spec per direction.
+                 spliced into the link at build time (`lab up --impair`) or, on a running lab,
+                 by the first `lab impair set` (lab.labimpair); one engine per link, one spec per
+                 direction.
 With the engine every placement acts as wire impairment: the endpoints' stacks never see drops
 (kernel egress netem reports them to the local stack). A middlebox placement with the engine
 puts both directions on the router's link towards the VPN server: one engine hop on the path,
@@ -139,9 +141,12 @@ def _parse(spec_text: str, lab, base: DirectionalImpairment | None = None) -> Di
 def _state(lab) -> dict:
     st = lab.info.get("impair")
     if not st:
+        # a local or VM lab never gets here from the CLI: `lab impair set` adds the points
+        # first (lab.labimpair.ensure_points); board labs make theirs at `lab up --boards`
         raise PreconditionError(
-            f"lab {lab.id!r} was built without impairment points; rebuild it with "
-            "`lab up TOPOLOGY --impair none` (or a spec) to impair it at run time"
+            f"lab {lab.id!r} has no impairment points: a local or VM lab gets them at the first "
+            "`lab impair set` (lab.labimpair.ensure_points), a board lab at `lab up --boards "
+            "... --impair`"
         )
     return st
 
@@ -252,8 +257,9 @@ def _in_force(backend: str, applied: dict, sent: dict[str, Impairment]) -> bool:
 def set_impairment(lab, spec: str, target: str | None = None) -> dict:
     """Apply `spec` (tc-netem words, preset, or directional `client->server: ...; ...`).
 
-    target None: every point of the lab's placement. target LINK ('router-server') or
-    NODE:IFACE limits it to that link / that interface's egress. Each point keeps the
+    target None: every point of the lab's placement. target LINK ('router-server'), NODE
+    ('router': every point on that node) or NODE:IFACE limits it to that link / node /
+    interface's egress. Each point keeps the
     parameters the new spec does not mention ("setting one parameter keeps the others"): the
     rule for `lab impair set` at a shell. Plan points use set_point (exactly their own spec).
     """
@@ -272,6 +278,16 @@ def set_impairment(lab, spec: str, target: str | None = None) -> dict:
     return show_impairment(lab)
 
 
+def check_request(lab, spec: str, target: str | None) -> None:
+    """Refuse a bad `lab impair set` before anything changes: the spec's words and the target,
+    against the lab's points or, on a lab without any yet, those its default placement makes."""
+    st = lab.info.get("impair") or {
+        "points": [asdict(p) for p in points(lab.spec, default_placement(lab.spec))]
+    }
+    _select(lab, st, target)
+    _parse(spec, lab)
+
+
 def set_base(lab, spec: str, target: str) -> None:
     """A topology link's own impairment (`impair=`): applied now and kept under every plan point
     (set_point)."""
@@ -284,6 +300,8 @@ def set_base(lab, spec: str, target: str) -> None:
 
 
 def clear_impairment(lab) -> dict:
+    if not lab.info.get("impair"):  # nothing was ever set: nothing to clear
+        return show_impairment(lab)
     st = _state(lab)
     changes = [(Point(**p), Impairment()) for p in st["points"]]
     _apply(lab, st, changes)
@@ -299,11 +317,14 @@ def _select(lab, st, target: str | None) -> list[Point]:
     if ":" in target:
         node, ifname = target.split(":", 1)
         sel = [p for p in pts if p.node == node and p.ifname == ifname]
-    else:
+    else:  # a link, or a node: every point on it (`lab impair set router ...`: both ways)
         sel = [p for p in pts if _link_name(lab.spec, p.link) == target]
+        sel = sel or [p for p in pts if p.node == target]
     if not sel:
         valid = sorted(
-            {f"{p.node}:{p.ifname}" for p in pts} | {_link_name(lab.spec, p.link) for p in pts}
+            {f"{p.node}:{p.ifname}" for p in pts}
+            | {_link_name(lab.spec, p.link) for p in pts}
+            | {p.node for p in pts}
         )
         raise ConfigError(
             f"unknown impairment target {target!r}; valid: {', '.join(valid)}", source="TARGET"
