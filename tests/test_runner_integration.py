@@ -180,7 +180,7 @@ def test_bad_plan_creates_nothing(tmp_path):
     path.write_text(TINY.format(reps=0, tests='[[tests]]\ntest = "tcp"\n'))
     cp = run_lab("run", path, "--out", tmp_path / "run")
     assert cp.returncode == 2
-    assert "reps" in cp.stderr and "integer >= 1" in cp.stderr
+    assert "reps" in cp.stderr and "integer 1..10000" in cp.stderr
     assert not (tmp_path / "run").exists()
 
 
