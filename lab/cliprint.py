@@ -46,7 +46,7 @@ def status_lines(s: dict) -> list[str]:
         lines.append("VPN: none (no tunnel in this lab)")
     imp = s.get("impair")
     if not imp:
-        lines.append("impairment: none (lab built without impairment machinery)")
+        lines.append("impairment: none yet (the first `lab impair set` adds it)")
     else:
         lines.append(
             f"impairment: backend {imp.get('backend')}, placement {imp.get('placement')}; "
