@@ -1,4 +1,4 @@
-"""`lab check`: a finished run judged against the plan's expectations (and a baseline run), the
+"""`lab check`: a finished run judged against the plan's expectations (and baseline runs), the
 verdicts written as check.json, check.md (the job summary) and JUnit XML; `lab ci init`'s files.
 
 Running the plan is `lab run`'s business (lab.clicommands.cmd_check calls it); this module loads
@@ -34,7 +34,7 @@ class CheckResult:
     run: RunDir
     verdicts: list[Verdict]
     manifest: dict
-    baseline: str | None
+    baselines: list[str]
     counts: dict[str, int] = field(default_factory=dict)
     seconds: dict[tuple, float] = field(default_factory=dict)
     headline: dict = field(default_factory=dict)
@@ -63,17 +63,19 @@ def new_run_path(plan: Plan, root: Path | None = None) -> Path:
     raise ConfigError("no free run directory name", source=str(root))
 
 
-def baseline_run(path: str | Path | None) -> RunDir | None:
-    if path is None:
-        return None
-    run = RunDir(Path(path))
-    if not run.path.is_dir() or not (run.path / "plan.json").is_file():
-        raise ConfigError(
-            "not a run directory (no plan.json)", source=str(path), field="--baseline"
-        )
-    if not run.results.is_file():
-        raise ConfigError("the run has no results.jsonl", source=str(path), field="--baseline")
-    return run
+def baseline_runs(paths: list[str] | None) -> list[RunDir]:
+    """The --baseline run directories (checked before anything runs)."""
+    out = []
+    for path in paths or []:
+        run = RunDir(Path(path))
+        if not run.path.is_dir() or not (run.path / "plan.json").is_file():
+            raise ConfigError(
+                "not a run directory (no plan.json)", source=str(path), field="--baseline"
+            )
+        if not run.results.is_file():
+            raise ConfigError("the run has no results.jsonl", source=str(path), field="--baseline")
+        out.append(run)
+    return out
 
 
 def run_expectations(run: RunDir, plan_name: str | None, overrides: list[str]) -> list[Expectation]:
@@ -112,7 +114,7 @@ def store_expectations(run: RunDir, plan: Plan) -> None:
 
 
 def judge_run(
-    run_dir: str | Path, expectations: list[Expectation], baseline: RunDir | None
+    run_dir: str | Path, expectations: list[Expectation], baselines: list[RunDir] | None = None
 ) -> CheckResult:
     run = RunDir(Path(run_dir)).check()
     results = run.load_results()
@@ -121,8 +123,8 @@ def judge_run(
             "the run has no results (results.jsonl empty or missing)", source=str(run.path)
         )
     table = rows(run.name, results)
-    base_table = rows(baseline.name, baseline.load_results()) if baseline else None
-    verdicts = judge(expectations, table, base_table)
+    base_tables = [rows(b.name, b.load_results()) for b in baselines or []]
+    verdicts = judge(expectations, table, base_tables)
     seconds: dict[tuple, float] = {}
     for r in results:
         k = (r["profile"], (r.get("impairment") or {}).get("name"), r["label"])
@@ -139,7 +141,7 @@ def judge_run(
         run,
         verdicts,
         run.manifest(),
-        str(baseline.path) if baseline else None,
+        [str(b.path) for b in baselines or []],
         summary(verdicts),
         seconds,
         head,
@@ -153,7 +155,7 @@ def check_json(res: CheckResult) -> dict:
     return {
         "schema": 1,
         "run": res.run.name,
-        "baseline": res.baseline,
+        "baselines": res.baselines,
         "counts": res.counts,
         "verdicts": [v.__dict__ for v in res.verdicts],
     }
@@ -172,7 +174,11 @@ def check_markdown(res: CheckResult) -> str:
         "",
         f"**{'FAILED' if res.failed else 'PASSED'}**: {c['pass']} passed, {c['fail']} failed, "
         f"{c['skip']} skipped"
-        + (f"; baseline `{Path(res.baseline).name}`" if res.baseline else ""),
+        + (
+            f"; baseline {', '.join(f'`{Path(b).name}`' for b in res.baselines)}"
+            if res.baselines
+            else ""
+        ),
         "",
         "| | profile | case | check | measured | bound | statistic |",
         "|---|---|---|---|---|---|---|",

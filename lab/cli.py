@@ -93,8 +93,9 @@ def check_args(args: argparse.Namespace) -> None:
                 )
     for dest in PATH_ARGS:
         value = getattr(args, dest, None)
-        if isinstance(value, str):
-            check_path(value, FLAGS.get(dest, dest.upper()))
+        for v in value if isinstance(value, list) else [value]:  # --baseline repeats
+            if isinstance(v, str):
+                check_path(v, FLAGS.get(dest, dest.upper()))
     if getattr(args, "lab_id", None) is not None:
         check_id(args.lab_id)
     if getattr(args, "node", None) is not None:
@@ -368,7 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("plan", nargs="?", help="plan file or name in plans/ (optional with --run)")
     p.add_argument("--run", metavar="RUN_DIR", help="judge this finished run instead of running")
-    p.add_argument("--baseline", metavar="RUN_DIR", help="run the regressions are judged against")
+    p.add_argument(
+        "--baseline",
+        action="append",
+        metavar="RUN_DIR",
+        help="run the regressions are judged against; repeat it to judge at the run level",
+    )
     p.add_argument("--junit", metavar="FILE", help="write the verdicts as JUnit XML")
     p.add_argument(
         "-o",

@@ -540,7 +540,7 @@ def cmd_check(args) -> int:
     from pathlib import Path
 
     from .cicheck import (
-        baseline_run,
+        baseline_runs,
         judge_run,
         load_check,
         new_run_path,
@@ -550,7 +550,7 @@ def cmd_check(args) -> int:
     )
     from .results import RunDir
 
-    baseline = baseline_run(args.baseline)  # bad input before anything runs
+    baselines = baseline_runs(args.baseline)  # bad input before anything runs
     if args.run:
         if args.out or args.vm:
             raise ConfigError("--out and --vm run a plan; --run judges one", source="lab check")
@@ -567,7 +567,7 @@ def cmd_check(args) -> int:
         store_expectations(run, plan)
     else:
         raise ConfigError("give a PLAN (or --run RUN_DIR)", source="lab check", field="PLAN")
-    res = judge_run(run.path, expectations, baseline)
+    res = judge_run(run.path, expectations, baselines)
     style = {"pass": "green", "fail": "red", "skip": "yellow"}
     for v in res.verdicts:
         out.print(

@@ -18,8 +18,8 @@ The regression rule: a case regresses when its mean is worse than the baseline's
 the tolerance AND a one-sided Welch t-test says it is worse at all (p < alpha, default 0.05).
 The tolerance is the midpoint between "unchanged" and "a real drop worth failing a build for"
 (10 % for 20 %), so noise alone must carry the mean across half the gap, and a real drop must
-be both large and significant. The statistics are here (no scipy): Student's t via the
-regularized incomplete beta function (Numerical Recipes 6.4).
+be both large and significant. With several baseline runs (`--baseline` repeated) the test is
+at the run level instead: the spread of the baseline runs' means is the noise (lab.stats).
 
 Pure: parses raw tables and judges result rows (lab.results.rows); runs nothing, prints nothing.
 """
@@ -34,6 +34,7 @@ from typing import Any
 from .errors import ConfigError
 from .reportdoc import primary
 from .results import SUMMARY_METRICS
+from .stats import TestResult, mean_sd, regressed, regressed_runs, t_sf  # noqa: F401 (API)
 
 #: keys of one [[expect]] table -> meaning (for error messages and docs/ci.md)
 EXPECT_KEYS = {
@@ -311,97 +312,6 @@ def plan_expectations(plan) -> list[Expectation]:
     )
 
 
-# ---------------------------------------------------------------------- statistics
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (Numerical Recipes 6.4, modified
-    Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        de = d * c
-        h *= de
-        if abs(de - 1.0) < 3e-14:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b)."""
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x)
-    lbt += b * math.log1p(-x)
-    if x < (a + 1) / (a + b + 2):
-        return math.exp(lbt) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(lbt) * _betacf(b, a, 1 - x) / b
-
-
-def t_sf(t: float, df: float) -> float:
-    """P(T > t) for Student's t with `df` degrees of freedom."""
-    p = 0.5 * betainc(df / 2, 0.5, df / (df + t * t))
-    return p if t > 0 else 1.0 - p
-
-
-def mean_sd(xs: list[float]) -> tuple[float, float]:
-    n = len(xs)
-    m = sum(xs) / n
-    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0)
-
-
-@dataclass(frozen=True)
-class WelchResult:
-    t: float | None  # None: fewer than 2 samples on a side, or no spread at all
-    df: float | None
-    p: float  # one-sided: P(the new sample is not worse), small = worse
-
-
-def welch_worse(base: list[float], new: list[float], higher_is_better: bool) -> WelchResult:
-    """One-sided Welch t-test of H0 "new is not worse than base"."""
-    mb, sb = mean_sd(base)
-    mn, sn = mean_sd(new)
-    diff = (mb - mn) if higher_is_better else (mn - mb)  # > 0: worse
-    if len(base) < 2 or len(new) < 2:
-        return WelchResult(None, None, 0.0 if diff > 0 else 1.0)
-    vb, vn = sb * sb / len(base), sn * sn / len(new)
-    se = math.sqrt(vb + vn)
-    if se == 0:
-        return WelchResult(None, None, 0.0 if diff > 0 else 1.0)
-    t = diff / se
-    df = (vb + vn) ** 2 / (vb * vb / (len(base) - 1) + vn * vn / (len(new) - 1))
-    return WelchResult(t, df, t_sf(t, df))
-
-
-def regressed(
-    base: list[float], new: list[float], tolerance: float, higher_is_better: bool, alpha: float
-) -> tuple[bool, float, WelchResult]:
-    """The regression rule: worse by more than `tolerance` (ratio of the means) and the Welch
-    test significant at `alpha`. Returns (regressed, ratio new/base, test)."""
-    mb, mn = sum(base) / len(base), sum(new) / len(new)
-    ratio = mn / mb if mb else math.inf
-    beyond = ratio < 1 - tolerance if higher_is_better else ratio > 1 + tolerance
-    w = welch_worse(base, new, higher_is_better)
-    return beyond and w.p < alpha, ratio, w
-
-
 # ---------------------------------------------------------------------- judging
 
 
@@ -427,13 +337,16 @@ def _values(rows_: list[dict], metric: str) -> list[float]:
 
 
 def judge(
-    expectations: list[Expectation], table: list[dict], baseline: list[dict] | None = None
+    expectations: list[Expectation],
+    table: list[dict],
+    baselines: list[list[dict]] | None = None,
 ) -> list[Verdict]:
     """Verdicts for every case of `table` (results.csv rows) and every expectation that matches
-    it. `baseline`: the baseline run's rows (None: regressions are skipped, saying why)."""
+    it. `baselines`: the rows of each baseline run (None or []: regressions are skipped, saying
+    why); one run is judged over its repetitions (Welch), several at the run level."""
     out: list[Verdict] = []
     groups = _groups(table)
-    base_groups = _groups(baseline) if baseline is not None else {}
+    base_groups = [_groups(b) for b in baselines or []]
     for (profile, imp, label, point), rs in groups.items():
         if point == 0:
             bad = sorted({r["rep"] for r in rs if not r["ok"]})
@@ -490,7 +403,7 @@ def judge(
             if e.kind == "bound":
                 out.append(_bound(e, key, rs))
             else:
-                out.append(_regression(e, key, rs, base_groups, baseline is not None))
+                out.append(_regression(e, key, rs, base_groups))
     return out
 
 
@@ -520,19 +433,18 @@ def _bound(e: Expectation, key: tuple, rs: list[dict]) -> Verdict:
     return v
 
 
-def _regression(
-    e: Expectation, key: tuple, rs: list[dict], base_groups: dict, have_base: bool
-) -> Verdict:
+def _regression(e: Expectation, key: tuple, rs: list[dict], base_groups: list[dict]) -> Verdict:
     metric = _metric(e, rs)
     hib = primary(rs[0]["test"]).higher_is_better if e.metric is None else _higher(metric)
     limit = 1 - e.tolerance if hib else 1 + e.tolerance
     bound = f"{metric} {'>=' if hib else '<='} {limit:.0%} of the baseline's mean"
     v = Verdict(*key, e.name, "skip", "", bound=bound, kind="regression")
-    if not have_base:
+    if not base_groups:
         v.message = "no --baseline given"
         return v
     new = _values(rs, metric)
-    base = _values(base_groups.get(key, []), metric)
+    runs = [x for x in (_values(g.get(key, []), metric) for g in base_groups) if x]
+    base = [x for r in runs for x in r]
     v.n = len(new)
     if not base:
         v.message = f"the baseline has no successful {metric} for this case"
@@ -541,18 +453,29 @@ def _regression(
         v.status = "fail"
         v.message = f"no successful repetition measured {metric}"
         return v
-    bad, ratio, w = regressed(base, new, e.tolerance, hib, e.alpha)
+    if len(runs) > 1:
+        bad, ratio, w = regressed_runs(runs, new, e.tolerance, hib, e.alpha)
+        base_mean = sum(sum(r) / len(r) for r in runs) / len(runs)
+        of = f"mean of {len(runs)} runs' means"
+    else:
+        bad, ratio, w = regressed(base, new, e.tolerance, hib, e.alpha)
+        base_mean = sum(base) / len(base)
+        of = f"mean of {len(base)}"
     v.status = "fail" if bad else "pass"
     v.measured = sum(new) / len(new)
+    name = "Welch t" if w.kind == "welch" else f"t against {len(runs)} baseline runs"
     stat = (
-        f"Welch t = {w.t:.2f}, df = {w.df:.1f}, one-sided p = {w.p:.3g}"
+        f"{name} = {w.t:.2f}, df = {w.df:.1f}, one-sided p = {w.p:.3g}"
         if w.t is not None
-        else f"no t-test (n = {len(base)}/{len(new)} or no spread): decided on the means"
+        else f"no t-test (n = {len(runs) if len(runs) > 1 else len(base)}/{len(new)} or no "
+        "spread): decided on the means"
     )
     v.statistic = f"ratio {ratio:.3f}; {stat}; alpha {e.alpha:g}"
     v.details = {
-        "baseline_mean": sum(base) / len(base),
+        "baseline_mean": base_mean,
         "baseline_n": len(base),
+        "baseline_runs": len(runs),
+        "test": w.kind,
         "ratio": ratio,
         "t": w.t,
         "df": w.df,
@@ -560,7 +483,7 @@ def _regression(
     }
     v.message = (
         f"{metric} = {_fmt(v.measured)} (mean of {len(new)}) vs baseline "
-        f"{_fmt(v.details['baseline_mean'])} (mean of {len(base)}): {v.statistic}; "
+        f"{_fmt(base_mean)} ({of}): {v.statistic}; "
         f"fails when beyond {limit:.0%} of the baseline and p < {e.alpha:g}"
     )
     return v

@@ -18,7 +18,7 @@ from lab import expect
 from lab.cicheck import CI_FILES
 from lab.cli import main
 from lab.errors import ConfigError
-from lab.expect import parse_expectations, regressed, t_sf
+from lab.expect import parse_expectations, regressed, regressed_runs, t_sf
 
 REPO = Path(__file__).resolve().parent.parent
 PLAN = REPO / "docs/examples/ci/check.toml"
@@ -67,6 +67,36 @@ def test_a_20_percent_drop_always_fails(n, cv):
         for _ in range(2000)
     )
     assert caught == 2000
+
+
+def _runs(rng, mean, drift, cv, k, n):
+    """k runs of n repetitions: each run's level drifts by `drift`, repetitions spread by `cv`."""
+    return [_sample(rng, rng.gauss(mean, mean * drift), cv, n) for _ in range(k)]
+
+
+def test_drift_between_runs_needs_several_baseline_runs():
+    """Runs that drift by 8 % (as this machine's CPU-bound throughput does) and repetitions that
+    agree to 3 %: against one baseline run the Welch test over repetitions raises false alarms
+    far above alpha (~19 %); five runs judged at the run level keep them below alpha (5 %)."""
+    rng = random.Random(8)
+    single = several = 0
+    for _ in range(1000):
+        base = _runs(rng, 400e6, 0.08, 0.03, 5, 3)
+        new = _runs(rng, 400e6, 0.08, 0.03, 1, 3)[0]
+        single += regressed(base[0], new, 0.10, True, 0.05)[0]
+        several += regressed_runs(base, new, 0.10, True, 0.05)[0]
+    assert single > 150 and several < 50
+
+
+def test_run_level_catches_a_drop_beyond_the_drift():
+    rng = random.Random(9)
+    caught = sum(
+        regressed_runs(
+            _runs(rng, 400e6, 0.02, 0.03, 5, 3), _sample(rng, 320e6, 0.03, 3), 0.10, True, 0.05
+        )[0]
+        for _ in range(1000)
+    )
+    assert caught == 1000
 
 
 def test_lower_is_better_and_small_drops():
@@ -221,6 +251,15 @@ def test_check_passes_and_fails_with_junit(tmp_path, capsys):
         "regression 10%",
     }
     assert "| ❌ |" in (slow / "check.md").read_text()
+
+
+def test_several_baselines_judge_at_the_run_level(tmp_path, capsys):
+    bases = [make_run(tmp_path / f"b{i}", [m, m + 4, m - 4]) for i, m in enumerate((380, 420, 400))]
+    run = make_run(tmp_path / "r", [352, 356, 354])  # 0.885 of 400, but inside the runs' drift
+    argv = ["check", str(PLAN), "--run", str(run)]
+    assert main(argv + ["--baseline", str(bases[1])]) == 1  # one run: Welch over repetitions
+    assert main(argv + [a for b in bases for a in ("--baseline", str(b))]) == 0
+    assert "t against 3 baseline runs" in capsys.readouterr().out
 
 
 def test_a_failed_repetition_fails_the_case(tmp_path):
