@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.importer",
             "lab.calibrate",
             "lab.expect",
+            "lab.stats",
             "lab.junit",
             "lab.cicheck",
         ],
