@@ -357,3 +357,27 @@ def test_module_is_pure():
     """lab.expect judges; it runs and prints nothing."""
     src = Path(expect.__file__).read_text()
     assert "print(" not in src and "subprocess" not in src
+
+
+def test_junit_has_a_suite_per_profile(tmp_path):
+    from lab.expect import Verdict
+    from lab.junit import junit_xml
+
+    vs = [
+        Verdict("wireguard", "none", "tcp", 0, "ok", "pass", "3 repetitions ran", n=3),
+        Verdict("openvpn-tls", "none", "tcp", 0, "ok", "fail", "1 of 3 failed", kind="case"),
+        Verdict("openvpn-tls", "none", "tcp", 0, "regression 10%", "skip", "no --baseline given"),
+    ]
+    f = tmp_path / "j.xml"
+    f.write_bytes(junit_xml(vs, {"profiles": {"openvpn-tls": {"path": "userspace"}}}))
+    _junit_valid(f)
+    import xml.etree.ElementTree as ET
+
+    suites = ET.parse(f).getroot().findall("testsuite")
+    assert [
+        (s.get("name"), s.get("tests"), s.get("failures"), s.get("skipped")) for s in suites
+    ] == [
+        ("lab.check.wireguard", "1", "0", "0"),
+        ("lab.check.openvpn-tls", "2", "1", "1"),
+    ]
+    assert suites[1].find("properties/property[@name='datapath']").get("value") == "userspace"
