@@ -7,13 +7,19 @@ daemons keep their PIDs and it does not handshake again; `lab impair clear` remo
 from __future__ import annotations
 
 import re
+import sys
+import threading
 import time
 
 import pytest
 
 from lab import proc
-from lab.lab import Lab
+from lab.lab import Lab, up
+from lab.labimpair import splice_side
 from lab.proc import is_same_process
+from lab.substrates import LocalLab
+from lab.teardown import teardown
+from lab.topology import load_topology
 
 from .conftest import TOPOS, lab_traces, run_lab
 
@@ -89,4 +95,72 @@ def test_runtime_impairment_under_a_running_wireguard_tunnel(lab_id):
     finally:
         r = run_lab("down", "--id", lab_id)
     assert r.returncode == 0, r.stderr
+    assert lab_traces(lab_id) == []
+
+
+REVERSED = '''
+from mininet.topo import Topo
+
+
+class Reversed(Topo):
+    """pi_pair_middlebox with the router-server link written server first: the bump's
+    re-created end is then the link's second node (imp-b faces it)."""
+
+    def build(self):
+        client = self.addHost("client", vpn="client", defaultRoute="via 10.0.1.1")
+        server = self.addHost("server", vpn="server", defaultRoute="via 10.0.2.1")
+        router = self.addHost("router", router=True)
+        self.addLink(client, router, params1={"ip": "10.0.1.2/24"}, params2={"ip": "10.0.1.1/24"})
+        self.addLink(server, router, params1={"ip": "10.0.2.2/24"}, params2={"ip": "10.0.2.1/24"})
+
+
+topos = {"reversed": Reversed}
+'''
+
+LISTEN = (
+    "import socket,sys,time\n"
+    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 9999))\n"
+    "s.settimeout(3); best = None\n"
+    "try:\n"
+    "    while True:\n"
+    "        d, _ = s.recvfrom(100); ms = (time.clock_gettime(time.CLOCK_REALTIME) - float(d)) * 1e3\n"
+    "        best = ms if best is None else min(best, ms)\n"
+    "except socket.timeout:\n"
+    "    print(best)\n"
+)
+SEND = (
+    "import socket,sys,time\n"
+    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "for _ in range(20):\n"
+    "    s.sendto(repr(time.clock_gettime(time.CLOCK_REALTIME)).encode(), (sys.argv[1], 9999))\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def _one_way_ms(frm, to, addr: str) -> float:
+    """Smallest one-way delay of 20 UDP datagrams from node `frm` to `addr` on node `to` (the
+    nodes share this machine's clock)."""
+    res = []
+    t = threading.Thread(target=lambda: res.append(to.run([sys.executable, "-c", LISTEN, addr])))
+    t.start()
+    time.sleep(0.5)
+    frm.run([sys.executable, "-c", SEND, addr])
+    t.join()
+    return float(res[0].stdout)
+
+
+def test_splice_on_a_link_written_server_first_keeps_the_directions(lab_id, tmp_path):
+    topo = tmp_path / "reversed.py"
+    topo.write_text(REVERSED)
+    spec = load_topology(topo)
+    assert splice_side(spec, 1) == ("router", "router-eth1")  # node2 of server -- router
+    lab = up(spec, lab_id)
+    c, s = lab.node("client"), lab.node("server")
+    LocalLab(lab_id, lab).impair("set", "client->server: delay 50ms")
+    assert 49 < _one_way_ms(c, s, "10.0.2.2") < 60  # the client -> server direction only
+    assert _one_way_ms(s, c, "10.0.1.2") < 5
+    LocalLab(lab_id, lab).impair("set", "client->server: delay 0ms; server->client: delay 50ms")
+    assert _one_way_ms(c, s, "10.0.2.2") < 5
+    assert 49 < _one_way_ms(s, c, "10.0.1.2") < 60
+    assert teardown(lab_id) == []
     assert lab_traces(lab_id) == []
