@@ -263,3 +263,21 @@ def test_unreachable_board_is_reported_and_finished_by_the_next_clean(farm, tmp_
     assert c.returncode == 0, c.stdout + c.stderr
     assert not lab_dir("tb5").exists()
     assert board_state(inv, tmp_path) == before
+
+
+def test_removing_a_farm_restores_the_labs_still_up_on_it(farm, tmp_path):
+    """`lab boards emulate --down` with a lab still up on the farm's boards: the lab is restored
+    first (afterwards nothing could reach it, and `lab clean` would report it for ever)."""
+    from lab.state import lab_dir
+
+    inv2 = tmp_path / "farm2.toml"
+    r = run_lab("boards", "emulate", TOPOS / "pi_pair.py", "--out", inv2, "--json")
+    assert r.returncode == 0, r.stderr
+    fid = json.loads(r.stdout)["id"]
+    u = run_lab("up", TOPOS / "pi_pair.py", "--boards", inv2, "--vpn", "wireguard", "--id", "tb6")
+    assert u.returncode == 0, u.stderr
+    d = run_lab("boards", "emulate", "--down", "--id", fid)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert not lab_dir("tb6").exists() and not lab_dir(fid).exists() and not inv2.exists()
+    c = run_lab("clean")
+    assert c.returncode == 0, c.stdout + c.stderr

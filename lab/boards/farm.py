@@ -314,10 +314,24 @@ def farm_id(lab_id: str | None) -> str:
 
 
 def remove(lab_id: str) -> list[str]:
-    """Tear the farm down (its lab's ledger) and delete the inventory it wrote."""
+    """Tear the farm down (its lab's ledger) and delete the inventory it wrote. Labs still up
+    on its boards are restored first: once the farm is gone nothing could reach them, and
+    `lab clean` would report them forever."""
+    from ..state import Ledger
     from ..teardown import teardown
+    from .boardlab import is_board_lab
+    from .restore import restore
 
     info = next(f for f in list_farms() if f["id"] == lab_id)
+    left = []
+    for other in list_lab_ids():
+        if other == lab_id or not is_board_lab(other):
+            continue
+        head = next(iter(Ledger(lab_dir(other) / "ledger.jsonl").entries()), {})
+        if head.get("inventory") == info["inventory"]:
+            left += [f"board lab {other}: {x}" for x in restore(other)]
+    if left:  # keep the farm: the board labs on it are not restored yet
+        return left
     left = teardown(lab_id)
     if not left:
         Path(info["inventory"]).unlink(missing_ok=True)
