@@ -80,6 +80,10 @@ LAYERS: list[tuple[str, list[str]]] = [
         "graph / impairment language / cpu profiles (pure data)",
         [
             "lab.graph",
+            # the resolved topology's dataclasses, addressing, the Mininet file import
+            "lab.labspec",
+            "lab.addressing",
+            "lab.topofile",
             "lab.cpuprofile",
             "lab.impair.spec",
             "lab.impair.vocab",
