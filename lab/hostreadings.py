@@ -1,6 +1,8 @@
 """One reading of each source lab.monitor samples (its docstring lists them and what each
 measures): /proc/stat, cpufreq, thermal zones and psutil sensors, host and cgroup memory, and the
-Raspberry Pi firmware's `vcgencmd` answers. Readers of given paths, parsers of given text.
+Raspberry Pi firmware's `vcgencmd` answers. Readers of given paths, parsers of given text; the
+summary statistics and the watched-daemon record both monitors (lab.monitor on this machine,
+lab.boards.monitor on boards) share.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +219,39 @@ def throttled_during(start: dict | None, end: dict | None) -> bool | None:
     if before is not None and after is not None:
         return bool(after & _OCCURRED_MASK & ~before)
     return False
+
+
+def mean_max(values: list) -> dict:
+    """{"mean", "max"} of the readings that are not None (both None without any)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"mean": None, "max": None}
+    return {"mean": sum(values) / len(values), "max": max(values)}
+
+
+def min_mean_max(values: list) -> dict:
+    """{"min", "mean", "max"} of the readings that are not None (all None without any)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"min": None, "mean": None, "max": None}
+    return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
+
+
+@dataclass
+class Daemon:
+    """A daemon a monitor watches, as in lab.info["vpn"]["daemons"]."""
+
+    node: str
+    name: str
+    pid: int
+    start_time: int | None
+    handle: Any = None  # psutil.Process (lab.monitor, this machine)
+    last_cpu: float | None = None
+
+    @property
+    def key(self) -> str:  # lab.boards.monitor's READER argument and answer key
+        return f"{self.pid}:{self.start_time or ''}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.node}/{self.name}"

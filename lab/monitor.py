@@ -55,10 +55,13 @@ from .hostreadings import (  # noqa: F401
     SYS_CPU,
     SYS_THERMAL,
     THROTTLED_BITS,
+    Daemon,
     _cpu_index,
     _psutil_sensors,
     core_rates,
     flatten_sensors,
+    mean_max,
+    min_mean_max,
     node_memory_bytes,
     parse_measure_clock,
     parse_throttled,
@@ -71,22 +74,6 @@ from .hostreadings import (  # noqa: F401
 )
 
 INTERVAL_S = 0.5
-
-
-def _minmeanmax(values: list[float]) -> dict:
-    if not values:
-        return {"min": None, "mean": None, "max": None}
-    return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
-
-
-@dataclass
-class _Daemon:
-    node: str
-    name: str
-    pid: int
-    start_time: int | None
-    handle: Any = None  # psutil.Process
-    last_cpu: float | None = None
 
 
 @dataclass
@@ -119,7 +106,7 @@ class Monitor:
         self._prev_t = 0.0
         self._t0 = 0.0
         self._daemons = [
-            _Daemon(d["node"], d["name"], d["pid"], d.get("start_time")) for d in self.daemons
+            Daemon(d["node"], d["name"], d["pid"], d.get("start_time")) for d in self.daemons
         ]
         self._probed = False
         self._have: set[str] = set()  # sources found by _probe
@@ -218,7 +205,7 @@ class Monitor:
 
         out = {}
         for d in self._daemons:
-            label = f"{d.node}/{d.name}"
+            label = d.label
             if not proc.is_same_process(d.pid, d.start_time):
                 out[label] = {"alive": False}
                 continue
@@ -369,27 +356,21 @@ class Monitor:
         if not s:
             return out
 
-        def stats(values: list[float]) -> dict:
-            values = [v for v in values if v is not None]
-            if not values:
-                return {"mean": None, "max": None}
-            return {"mean": sum(values) / len(values), "max": max(values)}
-
         node_keys = ("total", "user", "system")
         for n in self.node_groups:
             out["nodes"][n] = {
-                k: stats([x["nodes"].get(n, {}).get(k) for x in s]) for k in node_keys
+                k: mean_max([x["nodes"].get(n, {}).get(k) for x in s]) for k in node_keys
             }
-            out["nodes"][n]["memory_bytes"] = stats(
+            out["nodes"][n]["memory_bytes"] = mean_max(
                 [x["nodes"].get(n, {}).get("memory_bytes") for x in s]
             )
         out["host"].update(
             {
-                "busy_pct": stats([x["host"]["busy_pct"] for x in s]),
-                "softirq_pct": stats([x["host"]["softirq_pct"] for x in s]),
+                "busy_pct": mean_max([x["host"]["busy_pct"] for x in s]),
+                "softirq_pct": mean_max([x["host"]["softirq_pct"] for x in s]),
                 "cores": {
                     c: {
-                        k: stats([x["host"]["cores"].get(c, {}).get(k) for x in s])["mean"]
+                        k: mean_max([x["host"]["cores"].get(c, {}).get(k) for x in s])["mean"]
                         for k in ("busy_pct", "softirq_pct")
                     }
                     for c in sorted(s[-1]["host"]["cores"], key=lambda c: int(c[3:]))
@@ -401,10 +382,9 @@ class Monitor:
             }
         )
         for d in self._daemons:
-            label = f"{d.node}/{d.name}"
-            xs = [x["daemons"].get(label, {}) for x in s]
-            out["daemons"][label] = {
-                "cpu_pct": stats([x.get("cpu_pct") for x in xs]),
+            xs = [x["daemons"].get(d.label, {}) for x in s]
+            out["daemons"][d.label] = {
+                "cpu_pct": mean_max([x.get("cpu_pct") for x in xs]),
                 "rss_bytes_max": max((x.get("rss_bytes") or 0 for x in xs), default=0) or None,
                 "alive_throughout": all(x.get("alive", False) for x in xs),
             }
@@ -419,8 +399,8 @@ def _clock_summary(samples: list[dict]) -> dict | None:
             per.setdefault(c, []).append(mhz)
     if not per:
         return None
-    cores = {c: _minmeanmax(per[c]) for c in sorted(per, key=lambda c: _cpu_index(c) or 0)}
-    return {"cores": cores, **_minmeanmax([v for vs in per.values() for v in vs])}
+    cores = {c: min_mean_max(per[c]) for c in sorted(per, key=lambda c: _cpu_index(c) or 0)}
+    return {"cores": cores, **min_mean_max([v for vs in per.values() for v in vs])}
 
 
 def _temperature_summary(samples: list[dict]) -> dict | None:

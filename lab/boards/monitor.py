@@ -31,11 +31,18 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Self
 
 from ..errors import LabError
-from ..hostreadings import core_rates, parse_measure_clock, parse_throttled, throttled_during
+from ..hostreadings import (
+    Daemon,
+    core_rates,
+    mean_max,
+    min_mean_max,
+    parse_measure_clock,
+    parse_throttled,
+    throttled_during,
+)
 from .sshnode import BoardNode
 
 INTERVAL_S = 1.0
@@ -165,36 +172,6 @@ def parse_vcgencmd(raw: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
     return out, problems
 
 
-def _stats(values: list) -> dict:
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"mean": None, "max": None}
-    return {"mean": sum(values) / len(values), "max": max(values)}
-
-
-def _minmeanmax(values: list) -> dict:
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"min": None, "mean": None, "max": None}
-    return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
-
-
-@dataclass
-class _Daemon:
-    node: str
-    name: str
-    pid: int
-    start_time: int | None
-
-    @property
-    def key(self) -> str:  # the READER's argument and answer key
-        return f"{self.pid}:{self.start_time or ''}"
-
-    @property
-    def label(self) -> str:
-        return f"{self.node}/{self.name}"
-
-
 class BoardMonitor:
     """Sample every board of `nodes` ({node name: BoardNode}) every `interval` s between start()
     and stop(); `daemons` as in lab.info["vpn"]["daemons"] ({"node", "name", "pid",
@@ -215,7 +192,7 @@ class BoardMonitor:
         self.errors: list[str] = []
         self.unavailable: dict[str, str] = {}
         self._daemons = [
-            _Daemon(d["node"], d["name"], int(d["pid"]), d.get("start_time")) for d in daemons or ()
+            Daemon(d["node"], d["name"], int(d["pid"]), d.get("start_time")) for d in daemons or ()
         ]
         for d in self._daemons:
             if d.node not in self.nodes:
@@ -308,7 +285,7 @@ class BoardMonitor:
         }
         return node_rec, board
 
-    def _daemon_record(self, d: _Daemon, prev: dict, raw: dict) -> dict:
+    def _daemon_record(self, d: Daemon, prev: dict, raw: dict) -> dict:
         now = (raw.get("pids") or {}).get(d.key)
         if now is None:
             return {"alive": False}
@@ -420,7 +397,7 @@ class BoardMonitor:
             out["errors"] = list(self.errors)
         for n in self.nodes:
             out["nodes"][n] = {
-                k: _stats([x["nodes"].get(n, {}).get(k) for x in s])
+                k: mean_max([x["nodes"].get(n, {}).get(k) for x in s])
                 for k in ("total", "user", "system", "memory_bytes")
             }
             out["boards"][n] = self._board_summary(n)
@@ -428,7 +405,7 @@ class BoardMonitor:
         for d in self._daemons:
             xs = [x["daemons"].get(d.label, {}) for x in s]
             out["daemons"][d.label] = {
-                "cpu_pct": _stats([x.get("cpu_pct") for x in xs]),
+                "cpu_pct": mean_max([x.get("cpu_pct") for x in xs]),
                 "rss_bytes_max": max((x.get("rss_bytes") or 0 for x in xs), default=0) or None,
                 "alive_throughout": bool(xs) and all(x.get("alive", False) for x in xs),
             }
@@ -441,8 +418,8 @@ class BoardMonitor:
             "board": self.nodes[node].conn.board.name,
             "ncores": static.get("ncores"),
             "governor": static.get("gov") or None,
-            "busy_pct": _stats([x["busy_pct"] for x in xs]),
-            "softirq_pct": _stats([x["softirq_pct"] for x in xs]),
+            "busy_pct": mean_max([x["busy_pct"] for x in xs]),
+            "softirq_pct": mean_max([x["softirq_pct"] for x in xs]),
             "cores": {},
             "clock_mhz": None,
             "temperature_c": None,
@@ -452,7 +429,7 @@ class BoardMonitor:
             names = sorted(xs[-1]["cores"], key=lambda c: int(c[3:]))
             out["cores"] = {
                 c: {
-                    k: _stats([x["cores"].get(c, {}).get(k) for x in xs])["mean"]
+                    k: mean_max([x["cores"].get(c, {}).get(k) for x in xs])["mean"]
                     for k in ("busy_pct", "softirq_pct")
                 }
                 for c in names
@@ -471,10 +448,10 @@ class BoardMonitor:
                 clocks.setdefault("arm (vcgencmd)", []).append(vc["arm_clock_mhz"])
         if clocks:
             cpufreq = [v for c, vs in clocks.items() if c.startswith("cpu") for v in vs]
-            out["clock_mhz"] = {"cores": {c: _minmeanmax(v) for c, v in clocks.items()},
-                                **_minmeanmax(cpufreq or [v for vs in clocks.values() for v in vs])}  # fmt: skip
+            out["clock_mhz"] = {"cores": {c: min_mean_max(v) for c, v in clocks.items()},
+                                **min_mean_max(cpufreq or [v for vs in clocks.values() for v in vs])}  # fmt: skip
         if temps:
-            sensors = {k: _stats(v) for k, v in temps.items()}
+            sensors = {k: mean_max(v) for k, v in temps.items()}
             out["temperature_c"] = {"sensors": sensors,
                                     "max": max(v["max"] for v in sensors.values())}  # fmt: skip
         mems = [x["memory"] for x in xs if x.get("memory")]
@@ -549,7 +526,7 @@ def _merge_boards(boards: dict[str, dict]) -> dict:
         "ncores": total,
         "clock_mhz": {
             "cores": clock_cores,
-            **_minmeanmax([v["mean"] for c, v in clock_cores.items() if "/cpu" in c]),
+            **min_mean_max([v["mean"] for c, v in clock_cores.items() if "/cpu" in c]),
         }
         if clock_cores
         else None,  # fmt: skip
