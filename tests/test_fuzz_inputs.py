@@ -156,73 +156,71 @@ class Gen:
             )
 
         ab = 'a = self.addHost("a")\nb = self.addHost("b")\n'
+
+        def host(opts: str) -> str:  # host "a" with `opts`, and a plain "b"
+            return f'self.addHost("a", {opts})\nself.addHost("b")'
+
+        def link(opts: str) -> str:  # hosts "a" and "b", linked with `opts`
+            return ab + f"self.addLink(a, b, {opts})"
+
+        def named(name: str) -> str:  # a host named `name`, and "b"
+            return f'self.addHost("{name}")\nself.addHost("b")'
+
         bodies = {
             "empty": [
                 'self.addHost("")',
                 'self.addHost("   ")',
-                ab + 'self.addLink(a, b, params1={"ip": ""})',
-                'self.addHost("a", vpn="")\nself.addHost("b")',
-                'self.addHost("a", cpu="")\nself.addHost("b")',
-                ab + 'self.addLink(a, b, impair="")',
-                ab + 'self.addLink(a, b, intfName1="")',
-                'self.addHost("a", defaultRoute="")\nself.addHost("b")',
+                link('params1={"ip": ""}'),
+                host('vpn=""'),
+                host('cpu=""'),
+                link('impair=""'),
+                link('intfName1=""'),
+                host('defaultRoute=""'),
             ],
             "type": [
-                ab + 'self.addLink(a, b, bw="fast")',
-                ab + 'self.addLink(a, b, mtu="big")',
-                'self.addHost("a", router="yes")\nself.addHost("b")',
-                'self.addHost("a", cpu=[1])\nself.addHost("b")',
-                ab + "self.addLink(a, b, params1=5)",
+                link('bw="fast"'),
+                link('mtu="big"'),
+                host('router="yes"'),
+                host("cpu=[1]"),
+                link("params1=5"),
                 'self.addHost("a", ip=5)\nb = self.addHost("b")\nself.addLink("a", b)',
-                'self.addHost("a", defaultRoute=5)\nself.addHost("b")',
-                ab + "self.addLink(a, b, impair=5)",
-                ab + "self.addLink(a, b, loss=True)",
-                ab + 'self.addLink(a, b, params1={"ip": 5})',
+                host("defaultRoute=5"),
+                link("impair=5"),
+                link("loss=True"),
+                link('params1={"ip": 5}'),
             ],
             "duplicate": [
                 'self.addHost("a")\nself.addHost("a", router=True)\nb = self.addHost("b")\n'
                 'self.addLink("a", b)',
-                ab + 'self.addLink(a, b, intfName1="x")\nself.addLink(a, b, intfName1="x")',
-                ab + 'self.addLink(a, b, params1={"ip": "10.0.1.1/24"}, '
-                'params2={"ip": "10.0.1.1/24"})',
+                link('intfName1="x"') + '\nself.addLink(a, b, intfName1="x")',
+                link('params1={"ip": "10.0.1.1/24"}, params2={"ip": "10.0.1.1/24"}'),
                 ab + 'self.addSwitch("a")',
             ],
             "range": [
-                ab + "self.addLink(a, b, bw=-1)",
-                ab + "self.addLink(a, b, bw=1e12)",
-                ab + "self.addLink(a, b, mtu=10)",
-                ab + "self.addLink(a, b, loss=200)",
-                'self.addHost("a", cpu=0)\nself.addHost("b")',
-                ab + "self.addLink(a, b, max_queue_size=0)",
-                ab + 'self.addLink(a, b, delay="-5ms")',
-                ab + 'self.addLink(a, b, bw=float("nan"))',
-                ab + 'self.addLink(a, b, bw=float("inf"))',
+                *(link(o) for o in ("bw=-1", "bw=1e12", "mtu=10", "loss=200")),
+                host("cpu=0"),
+                *(link(o) for o in ("max_queue_size=0", 'delay="-5ms"')),
+                *(link(f'bw=float("{x}")') for x in ("nan", "inf")),
             ],
             "unknown": [
-                'self.addHost("a", colour="red")\nself.addHost("b")',
-                ab + "self.addLink(a, b, speed=1)",
-                ab + 'self.addLink(a, b, params1={"mac": "x"})',
-                'self.addHost("a", cpu="z80")\nself.addHost("b")',
+                host('colour="red"'),
+                link("speed=1"),
+                link('params1={"mac": "x"}'),
+                host('cpu="z80"'),
             ],
             "name": [
-                'self.addHost("1a")\nself.addHost("b")',
-                'self.addHost("a-b")\nself.addHost("b")',
-                'self.addHost("a b")\nself.addHost("b")',
+                *(named(n) for n in ("1a", "a-b", "a b")),
                 'self.addHost("lo")\nself.addHost("../b")',
                 ab + 'self.addLink(a, "ghost")',
                 ab + 'self.addLink("ghost", "spook")',
                 ab + "self.addLink(a, a)",
             ],
             "huge": [
-                f'self.addHost("{"a" * 5000}")\nself.addHost("b")',
-                ab + "self.addLink(a, b, bw=10**400)",
-                ab + f'self.addLink(a, b, delay="{"9" * 500}ms")',
+                named("a" * 5000),
+                link("bw=10**400"),
+                link(f'delay="{"9" * 500}ms"'),
             ],
-            "unicode": [
-                'self.addHost("ñode")\nself.addHost("b")',
-                'self.addHost("a\u200b")\nself.addHost("b")',
-                ab + 'self.addLink(a, b, intfName1="éth0")',
-            ],
+            "unicode": [named("ñode"), named("a\u200b"), link('intfName1="éth0"')],
         }
         for klass, items in bodies.items():
             for body in items:
@@ -381,23 +379,14 @@ class Gen:
                 self.add(
                     klass, "impair", ["up", PI_PAIR, "--impair", s, "--id", "fz"], ("--impair",)
                 )
+                words = [w for w in s.split(" ") if w] if s.strip() else [s]
                 if not s.strip():
-                    self.add(klass, "impair", ["impair", "set", "all", s], ("SPEC",))
+                    names, codes = ("SPEC",), (2,)
                 elif "->" in s:  # node names in labels: only the lab knows its nodes
-                    self.add(
-                        klass,
-                        "impair",
-                        ["impair", "set", "all", *[w for w in s.split(" ") if w]],
-                        ("no lab",),
-                        codes=(3,),
-                    )
+                    names, codes = ("no lab",), (3,)
                 else:
-                    self.add(
-                        klass,
-                        "impair",
-                        ["impair", "set", "all", *[w for w in s.split(" ") if w]],
-                        ("impair",),
-                    )
+                    names, codes = ("impair",), (2,)
+                self.add(klass, "impair", ["impair", "set", "all", *words], names, codes)
         # negative numbers must reach the spec parser, not the argument parser
         self.add("range", "impair", ["impair", "set", "all", "delay", "-5ms"], ("delay", "-5ms"))
         self.add(
@@ -420,42 +409,57 @@ class Gen:
             assert old in QUICK, old
             return QUICK.replace(old, new, 1)
 
-        topo_line = 'file = "topologies/pi_pair.py"'
+        #: quick.toml's value of each key a mutation below sets (the first line with the key)
+        quick = {
+            "name": '"quick"',
+            "reps": "3",
+            "duration": "5",
+            "count": "20",
+            "schema": "1",
+            "rate_mbit": "100",
+            "error_bars": '"sd"',
+            "impairments": '["none", "network1"]',
+            "file": '"topologies/pi_pair.py"',
+            "cpu": '"pi4"',
+            "test": '"tcp"',
+        }
+        #: the field a message names when the key's value is wrong
+        field_of = {"file": "topology.file", "cpu": "topology.cpu", "test": "tests[0].test"}
+
+        def setv(key: str, value: str, fld: str | None = None) -> tuple[str, str]:
+            """quick.toml with `key = value` instead, and the field the message must name."""
+            text = mutate(f"{key} = {quick[key]}", f"{key} = {value}")
+            return text, fld or field_of.get(key, key)
+
         mutations = {
             "empty": [
                 ("", "topology"),
                 ("   \n", "topology"),
-                (mutate('name = "quick"', 'name = ""'), "name"),
-                (mutate('name = "quick"', 'name = "  "'), "name"),
+                setv("name", '""'),
+                setv("name", '"  "'),
                 (mutate("profiles = [", 'profiles = ["", '), "profiles"),
-                (mutate('impairments = ["none", "network1"]', 'impairments = [""]'), "impairments"),
-                (mutate('impairments = ["none", "network1"]', "impairments = []"), "impairments"),
-                (mutate(topo_line, 'file = ""'), "topology.file"),
-                (mutate('cpu = "pi4"', 'cpu = ""'), "topology.cpu"),
-                (mutate('test = "tcp"', 'test = ""'), "tests[0].test"),
+                setv("impairments", '[""]'),
+                setv("impairments", "[]"),
+                setv("file", '""'),
+                setv("cpu", '""'),
+                setv("test", '""'),
             ],
             "type": [
-                (mutate("reps = 3", 'reps = "3"'), "reps"),
-                (mutate("reps = 3", "reps = true"), "reps"),
-                (mutate("duration = 5", 'duration = "long"'), "duration"),
+                setv("reps", '"3"'),
+                setv("reps", "true"),
+                setv("duration", '"long"'),
                 (mutate("profiles = [", "profiles = [5, "), "profiles[0]"),
-                (mutate('error_bars = "sd"', "error_bars = 1"), "error_bars"),
+                setv("error_bars", "1"),
                 (mutate("[topology]", "topology = 5\n[nottopology]"), "topology"),
-                (mutate("count = 20", 'count = "many"'), "count"),
-                (mutate("schema = 1", "schema = 1.0"), "schema"),
+                setv("count", '"many"'),
+                setv("schema", "1.0"),
             ],
             "range": [
-                (mutate("reps = 3", "reps = 0"), "reps"),
-                (mutate("reps = 3", "reps = -1"), "reps"),
-                (mutate("reps = 3", "reps = 1000000000"), "reps"),
-                (mutate("duration = 5", "duration = 0"), "duration"),
-                (mutate("duration = 5", "duration = 1e9"), "duration"),
-                (mutate("rate_mbit = 100", "rate_mbit = -100"), "rate_mbit"),
-                (mutate("schema = 1", "schema = 99"), "schema"),
-                (
-                    mutate('impairments = ["none", "network1"]', 'impairments = ["delay -5ms"]'),
-                    "impairments",
-                ),
+                *(setv("reps", v) for v in ("0", "-1", "1000000000")),
+                *(setv("duration", v) for v in ("0", "1e9")),
+                setv("rate_mbit", "-100"),
+                setv("schema", "99"),
+                setv("impairments", '["delay -5ms"]'),
             ],
             "duplicate": [
                 (
@@ -463,32 +467,26 @@ class Gen:
                     "profiles",
                 ),
                 (mutate('name = "udp-100m"', 'name = "tcp"'), "tests"),
-                (
-                    mutate('impairments = ["none", "network1"]', 'impairments = ["none", "none"]'),
-                    "impairments",
-                ),
-                (mutate("reps = 3", "reps = 3\nreps = 4"), "line"),
+                setv("impairments", '["none", "none"]'),
+                setv("reps", "3\nreps = 4", "line"),
             ],
             "unknown": [
-                (mutate("reps = 3", "reps = 3\ncolour = 1"), "colour"),
+                setv("reps", "3\ncolour = 1", "colour"),
                 (mutate("profiles = [", 'profiles = ["nosuch", '), "profiles[0]"),
-                (mutate('test = "tcp"', 'test = "nosuch"'), "tests[0].test"),
-                (mutate("count = 20", "count = 20\nfrob = 1"), "frob"),
-                (mutate('cpu = "pi4"', 'cpu = "z80"'), "topology.cpu"),
-                (
-                    mutate('impairments = ["none", "network1"]', 'impairments = ["nosuchpreset"]'),
-                    "impairments",
-                ),
+                setv("test", '"nosuch"'),
+                setv("count", "20\nfrob = 1", "frob"),
+                setv("cpu", '"z80"'),
+                setv("impairments", '["nosuchpreset"]'),
             ],
             "name": [
-                (mutate('name = "quick"', 'name = "../../etc"'), "name"),
-                (mutate('name = "quick"', 'name = "a b"'), "name"),
+                setv("name", '"../../etc"'),
+                setv("name", '"a b"'),
                 (mutate('name = "udp-100m"', 'name = "u/d"'), "tests[1].name"),
             ],
             "path": [
-                (mutate(topo_line, 'file = "topologies/nosuch.py"'), "topology.file"),
-                (mutate(topo_line, 'file = "topologies"'), "topology.file"),
-                (mutate(topo_line, 'file = "/etc/passwd"'), "topology"),
+                setv("file", '"topologies/nosuch.py"'),
+                setv("file", '"topologies"'),
+                setv("file", '"/etc/passwd"', "topology"),
             ],
             "syntax": [
                 (QUICK.replace("[topology]", "[topology"), "TOML"),
@@ -497,16 +495,13 @@ class Gen:
             ],
             "truncated": [(QUICK[: len(QUICK) // 2], ""), (QUICK[: len(QUICK) - 7], "")],
             "huge": [
-                (mutate('name = "quick"', f'name = "{"q" * 5000}"'), "name"),
-                (mutate("reps = 3", f"reps = {10**18}"), "reps"),
-                (mutate("duration = 5", "duration = inf"), "duration"),
-                (mutate("duration = 5", "duration = nan"), "duration"),
-                (mutate(topo_line, f'file = "{"x" * 300}.py"'), "topology.file"),
+                setv("name", f'"{"q" * 5000}"'),
+                setv("reps", f"{10**18}"),
+                setv("duration", "inf"),
+                setv("duration", "nan"),
+                setv("file", f'"{"x" * 300}.py"'),
             ],
-            "unicode": [
-                (mutate('name = "quick"', 'name = "qüick"'), "name"),
-                (mutate('test = "tcp"', 'test = "tсp"'), "tests[0].test"),
-            ],
+            "unicode": [setv("name", '"qüick"'), setv("test", '"tсp"')],
         }
         for klass, items in mutations.items():
             for text, fld in items:
@@ -654,34 +649,37 @@ class Gen:
 
     # --- board inventories: `lab boards check` and `lab up --boards`
     def inventories(self):
+        def pi_a(line: str) -> str:  # the good inventory with `line` added to board pi-a
+            return GOOD_INVENTORY.replace("[boards.pi-a]", f"[boards.pi-a]\n{line}")
+
+        def data(value: str) -> str:  # the good inventory with pi-a's data ports `value`
+            return GOOD_INVENTORY.replace('data = ["eth1"]', f"data = {value}", 1)
+
         texts = {
             "empty": [
                 "",
                 "[boards]\n",
                 GOOD_INVENTORY.replace('host = "192.0.2.21"', 'host = ""'),
-                GOOD_INVENTORY.replace('data = ["eth1"]', "data = []", 1),
+                data("[]"),
             ],
             "type": [
                 GOOD_INVENTORY.replace('mgmt = "eth0"', "mgmt = 5", 1),
-                GOOD_INVENTORY.replace("[boards.pi-a]", '[boards.pi-a]\nport = "22"'),
+                pi_a('port = "22"'),
                 "boards = 5\n",
                 'boards.pi-a = "x"\n',
             ],
-            "range": [
-                GOOD_INVENTORY.replace("[boards.pi-a]", "[boards.pi-a]\nport = 0"),
-                GOOD_INVENTORY.replace("[boards.pi-a]", "[boards.pi-a]\nport = 70000"),
-            ],
+            "range": [pi_a("port = 0"), pi_a("port = 70000")],
             "duplicate": [GOOD_INVENTORY + '\n[[cables]]\na = "pi-a:eth1"\nb = "pi-b:eth1"\n'],
             "unknown": [
                 GOOD_INVENTORY + "colour = 1\n",
-                GOOD_INVENTORY.replace("[boards.pi-a]", "[boards.pi-a]\nspeed = 1"),
+                pi_a("speed = 1"),
                 GOOD_INVENTORY.replace('b = "pi-b:eth1"', 'b = "ghost:eth1"'),
             ],
             "syntax": ["[boards.pi-a\n", "boards = {\n"],
             "truncated": [GOOD_INVENTORY[:40]],
             "name": [
-                GOOD_INVENTORY.replace('data = ["eth1"]', 'data = ["eth1/../x"]', 1),
-                GOOD_INVENTORY.replace('data = ["eth1"]', f'data = ["{"e" * 40}"]', 1),
+                data('["eth1/../x"]'),
+                data(f'["{"e" * 40}"]'),
             ],
             "unicode": [GOOD_INVENTORY.replace("pi-a", "pï-a")],
             "huge": [f'ansible = "{"x" * 300}"\n', GOOD_INVENTORY.replace("pi-a", "p" * 300)],
