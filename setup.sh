@@ -2,7 +2,15 @@
 # Install everything the lab needs on a fresh Debian 12 / Ubuntu 22.04+ machine. Idempotent.
 #   sudo ./setup.sh            # apt packages, .venv with Python deps, compiled helpers, VM kernel
 #   LAB_SETUP_SKIP_VM=1 ...    # skip fetching the full-kernel VM image
+#   sudo ./setup.sh --arch arm64   # also a board's own binaries (lab arch fetch arm64; repeatable)
 set -euo pipefail
+arches=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --arch) arches+=("${2:?--arch needs arm64 or armhf}"); shift 2 ;;
+    *) echo "setup.sh: unknown argument $1 (accepted: --arch arm64|armhf)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")"
 here=$(pwd)
 
@@ -28,6 +36,9 @@ APT_PACKAGES=(
   python3 python3-venv python3-dev build-essential pkg-config curl ca-certificates
   # full-kernel VM substrate
   qemu-system-x86 busybox-static cpio
+  # nodes of another architecture (arch="arm64"): the board's binaries under qemu-user, called
+  # explicitly (no binfmt_misc needed)
+  qemu-user-static
   # `vagrant validate` of the Vagrantfile in the tests (no provider needed)
   vagrant
 )
@@ -85,5 +96,10 @@ if [ -z "${LAB_SETUP_SKIP_VM:-}" ] && [ -x scripts/fetch-kernel.sh ]; then
   log "full-kernel VM image"
   scripts/fetch-kernel.sh
 fi
+
+for a in "${arches[@]}"; do
+  log "$a root (a board's own binaries)"
+  .venv/bin/lab arch fetch "$a"
+done
 
 log "done: try  sudo lab up topologies/pi_pair_middlebox.py"

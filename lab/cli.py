@@ -32,6 +32,7 @@ from .clicommands import (  # noqa: F401
     cmd_status,
     cmd_up,
 )
+from .cliarch import cmd_arch
 from .cliprint import _print_status, _print_substrate, err, out  # noqa: F401
 from .errors import ConfigError, LabError, TeardownIncomplete
 
@@ -390,6 +391,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
     )
 
+    p = sub.add_parser("arch", help="another architecture's binaries (a board's own) in nodes")
+    asub = p.add_subparsers(dest="arch_cmd", required=True, metavar="ACTION")
+    q = asub.add_parser(
+        "fetch",
+        help="download that architecture's Debian 12 packages of the lab's tools into "
+        "/var/cache/lab/arch/ARCH (nothing installed, host package config untouched)",
+    )
+    q.add_argument("arch", metavar="ARCH", help="arm64 or armhf")
+    q.add_argument("--force", action="store_true", help="fetch again even if present")
+
     p = sub.add_parser("ci", help="continuous integration: lab ci init writes a workflow")
     csub = p.add_subparsers(dest="ci_cmd", required=True, metavar="ACTION")
     q = csub.add_parser(
@@ -463,6 +474,7 @@ COMMANDS = {
     "import": cmd_import,
     "check": cmd_check,
     "ci": cmd_ci,
+    "arch": cmd_arch,
 }
 
 

@@ -20,7 +20,17 @@ LAB = Path(__file__).resolve().parent.parent / "lab"
 #: docs/design.md "Layers", top first: (layer, module names). A name ending in ".*" covers a
 #: package and everything in it; the most specific entry wins.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("cli", ["lab.cli", "lab.clicommands", "lab.cliboards", "lab.cliprint", "lab.runprogress"]),
+    (
+        "cli",
+        [
+            "lab.cli",
+            "lab.clicommands",
+            "lab.cliboards",
+            "lab.cliarch",
+            "lab.cliprint",
+            "lab.runprogress",
+        ],
+    ),
     ("substrates", ["lab.substrates"]),
     (
         "runner / report / compare",
@@ -105,6 +115,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.state",
             "lab.teardown",
             "lab.vm.*",
+            # foreign-architecture roots (fetch) and which binary runs a node's command
+            "lab.arch.*",
             # readers and parsers of this machine's /proc, /sys and vcgencmd answers (no lab
             # knowledge): the local monitor and the boards' monitor and check both use them
             "lab.hostreadings",

@@ -1,0 +1,139 @@
+"""Which binary runs a node's command: the board's own (emulated) or this machine's.
+
+A node with `arch="arm64"` runs every tool its root has through qemu-aarch64-static called
+explicitly: `qemu-aarch64-static -L ROOT -0 /usr/bin/TOOL ROOT/usr/bin/TOOL ARGS`. nsenter
+execs that (lab.localnode), so the emulated process keeps the PID the lab recorded and stays
+in the node's namespaces and cgroup; no binfmt_misc entry is needed, none is registered.
+
+What stays on this machine's binaries, and why:
+- tools that speak netlink families qemu-user does not translate: QEMU 7.2 passes only
+  NETLINK_ROUTE, NETLINK_KOBJECT_UEVENT and NETLINK_AUDIT (linux-user/syscall.c,
+  do_socket); `wg` (generic netlink to kernel WireGuard), `ip xfrm`, charon's kernel-netlink
+  IPsec (XFRM) and MACsec (generic netlink) therefore cannot run emulated (HOST_ONLY);
+- `ip` and `tc`: rtnetlink passes, but qemu translates only the attributes it knows, and these
+  configure the node, they are not the board software under test;
+- anything the root lacks (sh, cat, tail: the lab's probes), since the root holds only the
+  packages of lab.arch.fetch and their libraries. A shell there could not exec an ARM
+  binary either without binfmt_misc.
+Each started process is recorded with the architecture that ran it (ran_by).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import proc
+from ..errors import PreconditionError
+from . import MANIFEST, Arch, get, root_dir
+
+#: tools that run from this machine even in a node of another architecture (see above)
+HOST_ONLY: dict[str, str] = {
+    "wg": "generic netlink (kernel WireGuard) is not passed by qemu-user; wireguard-go's UAPI "
+    "socket is reached from the host's wg",
+    "ip": "configures the node; `ip xfrm` needs NETLINK_XFRM, not passed by qemu-user",
+    "tc": "configures the node (qdiscs); not the board software under test",
+    "charon": "kernel-netlink IPsec needs NETLINK_XFRM, not passed by qemu-user",
+    "swanctl": "drives the host's charon (VICI socket)",
+    "ipsec": "drives the host's charon",
+}
+#: the board software under test: in a node of another architecture these come from its root
+#: or not at all (lab.arch.fetch.PACKAGES ships them)
+BOARD_TOOLS = frozenset(
+    {"wireguard-go", "iperf3", "openvpn", "openssl", "ping", "tincd", "xl2tpd", "pppd", "ssh"}
+    | {"sshd"}
+)
+SEARCH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+class ArchRoot:
+    """An unpacked root of `arch` and the qemu-user binary that runs it."""
+
+    def __init__(self, arch: Arch, root: Path, qemu: str):
+        self.arch = arch
+        self.root = root
+        self.qemu = qemu
+
+    def __repr__(self) -> str:
+        return f"ArchRoot({self.arch.name}, {self.root})"
+
+    @classmethod
+    def open(cls, name: str) -> ArchRoot:
+        """The fetched root of `name`, or a PreconditionError naming what is missing and the
+        command that fixes it."""
+        arch = get(name)
+        root = root_dir(arch)
+        if not (root / MANIFEST).is_file():
+            raise PreconditionError(
+                f"no {arch.name} root at {root} (nothing fetched); run `lab arch fetch "
+                f"{arch.name}` (or ./setup.sh --arch {arch.name})"
+            )
+        qemu = proc.which(arch.qemu)
+        if not qemu:
+            raise PreconditionError(
+                f"{arch.qemu} not found: install qemu-user-static (./setup.sh) to run "
+                f"{arch.name} nodes"
+            )
+        return cls(arch, root, qemu)
+
+    def find(self, tool: str) -> str | None:
+        """The path inside the root (as the board sees it, e.g. /usr/bin/iperf3) of `tool`,
+        symlinks followed within the root; None when the root lacks it."""
+        candidates = [tool] if "/" in tool else [f"{d}/{tool}" for d in SEARCH]
+        for c in candidates:
+            real = self._resolve(c)
+            if real is not None:
+                return real
+        return None
+
+    def _resolve(self, path: str, hops: int = 16) -> str | None:
+        # the root's symlinks are absolute for the board (/usr/sbin/x -> /usr/lib/...): resolve
+        # them inside the root, never on this machine
+        for _ in range(hops):
+            host = self.root / path.lstrip("/")
+            if host.is_symlink():
+                target = os.readlink(host)
+                path = (
+                    target
+                    if target.startswith("/")
+                    else os.path.join(os.path.dirname(path), target)
+                )
+                path = os.path.normpath(path)
+                continue
+            return path if host.is_file() and os.access(host, os.X_OK) else None
+        return None
+
+    def emulates(self, tool: str) -> bool:
+        return os.path.basename(tool) not in HOST_ONLY and self.find(tool) is not None
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """argv as run in the node: under qemu from the root when the root has the tool and it
+        may run emulated, else unchanged (this machine's binary)."""
+        argv = [str(a) for a in argv]
+        if not argv or os.path.basename(argv[0]) in HOST_ONLY:
+            return argv
+        inside = self.find(argv[0])
+        if inside is None:
+            if os.path.basename(argv[0]) in BOARD_TOOLS:
+                raise PreconditionError(
+                    f"the {self.arch.name} root {self.root} has no {argv[0]}; run `lab arch "
+                    f"fetch {self.arch.name}` again"
+                )
+            return argv
+        host_path = str(self.root / inside.lstrip("/"))
+        return [self.qemu, "-L", str(self.root), "-0", inside, host_path, *argv[1:]]
+
+    def ran_by(self, argv: Sequence[str]) -> str:
+        """Which architecture runs argv in this node: 'arm64 (qemu-aarch64-static)' or this
+        machine's, e.g. 'x86_64 (host)'."""
+        if argv and self.emulates(str(argv[0])):
+            return f"{self.arch.name} ({self.arch.qemu})"
+        return f"{platform.machine()} (host)"
+
+    def missing(self, tools: Sequence[str]) -> list[str]:
+        """Of `tools`, the board tools (BOARD_TOOLS) the root lacks: a node of this
+        architecture must not quietly run this machine's build of them. The other tools are
+        this machine's to answer for."""
+        return [t for t in tools if os.path.basename(t) in BOARD_TOOLS and self.find(t) is None]
