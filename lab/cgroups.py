@@ -105,6 +105,55 @@ def set_cpu(layout: CgroupLayout, rel: str, cores: float | None, cpus: str | Non
             _write(layout.root / "cpuset" / rel / "cpuset.cpus", cpus)
 
 
+def slot_rel(rel: str, i: int) -> str:
+    """The i-th per-core group of node group `rel` (lab/coreslots.py: one board core each)."""
+    return f"{rel}/core{i}"
+
+
+def slots_supported(layout: CgroupLayout) -> str | None:
+    """None when per-thread caps (a thread moved alone into a capped child group) work here,
+    else why not. cgroup v1 moves single threads through a group's `tasks` file; cgroup v2 needs
+    threaded sub-groups, which the lab does not set up (yet)."""
+    if layout.version == 1:
+        return None
+    return "cgroup v2: per-thread caps need threaded sub-groups, which the lab does not create yet"
+
+
+def ensure_slot(layout: CgroupLayout, rel: str, i: int, cores: float) -> str:
+    """Create per-core group i of node group `rel` in the cpu hierarchy (v1), capped at `cores`
+    host cores; returns its directory. Only the cpu controller has the groups: accounting
+    (cpuacct) and placement (cpuset) stay per node."""
+    d = layout.root / "cpu" / slot_rel(rel, i)
+    try:
+        d.mkdir()
+    except FileExistsError:
+        pass
+    _write(d / "cpu.cfs_period_us", str(PERIOD_US))
+    _write(d / "cpu.cfs_quota_us", str(max(1000, int(round(cores * PERIOD_US)))))
+    return str(d)
+
+
+def thread_ids(group_dir: str) -> list[int]:
+    """The threads (TIDs) in one v1 group (its `tasks` file); [] if it is gone."""
+    try:
+        return [int(x) for x in Path(group_dir, "tasks").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def move_thread(group_dir: str, tid: int) -> bool:
+    """Move one thread into a v1 group; False if the thread is gone."""
+    try:
+        _write(Path(group_dir) / "tasks", str(tid))
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError as e:
+        if e.errno == errno.ESRCH:
+            return False
+        raise
+
+
 def procs_files(layout: CgroupLayout, rel: str) -> list[str]:
     return [str(d / "cgroup.procs") for d in layout.dirs(rel)]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -111,7 +112,9 @@ class CpuProfile:
     calibrated: bool
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
-    emulated_cores: float = 1.0  # board cores' worth of CPU time one node gets (before scaling)
+    #: board cores' worth of CPU time one node gets (before scaling; default: all its cores).
+    #: Above 1 the node gets one capped group per core (lab/coreslots.py) where the host can
+    emulated_cores: float = 1.0
     clock_mhz: int | None = None
     word_bits: int | None = None
     arch: str = ""
@@ -208,9 +211,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
             source=src,
             field="core_share",
         )
-    emulated = float(
-        _num(data.get("emulated_cores", 1 if cores else 0), src, "emulated_cores", minimum=0)
-    )
+    emulated = float(_num(data.get("emulated_cores", cores), src, "emulated_cores", minimum=0))
     if cores and not 0 < emulated <= cores:
         raise ConfigError(
             f"must be in (0, cores={cores}], got {emulated}", source=src, field="emulated_cores"
@@ -494,10 +495,19 @@ def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
                 f"fewer capped nodes, a profile with fewer emulated_cores, or a machine with at "
                 f"least {need:.1f} cores"
             )
-        warnings.append(
-            f"CPU profiles scaled to fit {host_cores} host cores: every profile node gets "
-            f"{scale:.0%} of its board's CPU time (see the nodes' cpu.scale in `lab status`)"
-        )
+        if all(p.get("slots") and p["cores"] * scale >= p["core_share"] for p in prof.values()):
+            warnings.append(
+                f"CPU profiles scaled to fit {host_cores} host cores: every profile node keeps "
+                f"one board core's speed per thread but gets {scale:.0%} of its board's cores "
+                "in total, so multi-threaded data planes (wireguard-go, several daemons at once) "
+                "are under-provisioned by that much (the nodes' cpu.board_cores_emulated in "
+                "`lab status`)"
+            )
+        else:
+            warnings.append(
+                f"CPU profiles scaled to fit {host_cores} host cores: every profile node gets "
+                f"{scale:.0%} of its board's CPU time (see the nodes' cpu.scale in `lab status`)"
+            )
     for p in prof.values():
         share = p["core_share"]
         quota = p["cores"] * scale
@@ -505,8 +515,14 @@ def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
         p["cores"] = quota
         p["board_cores_emulated"] = round(quota / share, 3)
         p["share_of_board"] = round(quota / share / p["board_cores"], 4)
-        # a single thread can use at most one host core, however large the quota
-        p["single_thread_vs_board"] = round(min(1.0, quota) / share, 3)
+        if p.get("slots"):
+            # one group per board core: a thread never beyond one board core, whatever the
+            # node's total; scaling takes cores away from the node before it slows a core
+            p["slot_cores"] = round(min(share, quota), 6)
+            p["single_thread_vs_board"] = round(p["slot_cores"] / share, 3)
+        else:
+            # a single thread can use at most one host core, however large the quota
+            p["single_thread_vs_board"] = round(min(1.0, quota) / share, 3)
     if fixed_sum > budget:
         warnings.append(
             f"fixed CPU caps add up to {fixed_sum:.2f} of {host_cores} host cores: nodes will "
@@ -522,6 +538,9 @@ def plan_entry(prof: CpuProfile) -> dict:
         "cores": prof.quota_cores,
         "board_cores": prof.cores,
         "emulated_cores": prof.emulated_cores if prof.capped else None,
+        # one capped group per board core when the node has more than one (lab/coreslots.py);
+        # lab.lab.cpu_plan sets 0 with the reason where this machine cannot
+        "slots": math.ceil(prof.emulated_cores) if prof.capped and prof.emulated_cores > 1 else 0,
         "core_share": prof.core_share,
         "calibrated": prof.calibrated,
         # None = removed from the inherited environment (lab.node.merged_env)

@@ -7,11 +7,12 @@ Every object is recorded in the ledger before it is created (see lab.state). A f
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cgroups, netops
+from . import cgroups, netops, proc
 from .cpuprofile import load_profile, plan_entry, scale_to_host
 from .errors import ConfigError, LabError, PreconditionError
 from .localnode import LocalNode
@@ -46,6 +47,8 @@ class NodeRuntime:
     cgroup: str
     cpu: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
+    #: the node's per-core groups (cpu hierarchy directories; lab/coreslots.py), [] if none
+    cpu_slots: list = field(default_factory=list)
 
 
 class Lab:
@@ -92,6 +95,7 @@ class Lab:
             netns=rt.netns,
             mntns=Path(rt.mntns) if rt.mntns else None,
             procs_files=cgroups.procs_files(self.cg, rt.cgroup),
+            cpu_slots=rt.cpu_slots,
             env=rt.env,
             ledger=self.ledger,
             log_dir=self.dir / "logs",
@@ -208,6 +212,16 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
                 # the quota is fitted, but some primitives run well off the board's speed here
                 warnings.append(prof.calibration["fit"]["warning"])
             plan[n.name] = plan_entry(prof)
+            why_not = cgroups.slots_supported(layout) if plan[n.name]["slots"] and layout else None
+            if why_not:
+                # without per-core groups a quota of several board cores would let one thread
+                # run on a whole host core: keep one board core, exact for a single thread
+                plan[n.name].update(cores=prof.core_share, emulated_cores=1.0, slots=0)
+                plan[n.name]["per_core_not_applied"] = why_not
+                warnings.append(
+                    f"CPU profile {prof.name!r}: nodes get one of the board's {prof.cores} cores, "
+                    f"not all of them ({why_not})"
+                )
             cc = (plan[n.name].get("os") or {}).get("net.ipv4.tcp_congestion_control")
             why = _congestion_control_refused(cc) if cc else None
             if why:
@@ -225,6 +239,7 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
         capped = [n for n, p in plan.items() if p.get("cores") is not None]
         for n in capped:
             plan[n]["cores"] = None
+            plan[n]["slots"] = 0
             plan[n]["not_applied"] = "TCG"
         if capped:
             # no host-calibrated quota applies: neither its absence nor its fit matters
@@ -344,6 +359,31 @@ def _impair_plan(spec, lab_id, info, impair, placement, backend):
     return runtime.plan_for(spec, placement, impair, backend, why)
 
 
+def _start_core_balancer(lab_id, layout, info, ledger) -> None:
+    """One balancer per lab spreads the busy threads of nodes with per-core groups over them
+    (lab/coreslots.py); recorded like any daemon, so teardown ends it by PID."""
+    nodes = {
+        name: {
+            "group": str(layout.root / "cpu" / r["cgroup"]),
+            "slots": r["cpu_slots"],
+            "slot_cores": r["cpu"]["slot_cores"],
+        }
+        for name, r in info["nodes"].items()
+        if r.get("cpu_slots")
+    }
+    if not nodes:
+        return
+    cfg = lab_dir(lab_id) / "coreslots.json"
+    write_json_atomic(cfg, {"nodes": nodes})
+    log = lab_dir(lab_id) / "logs" / "coreslots.log"
+    ledger.record("process-intent", node=None, name="coreslots")
+    with open(log, "ab") as out:
+        p = proc.spawn([sys.executable, "-m", "lab.coreslots", str(cfg)], stdout=out, stderr=out)
+    st = proc.proc_start_time(p.pid)
+    ledger.record("process", node=None, name="coreslots", pid=p.pid, start_time=st)
+    info["core_balancer"] = {"pid": p.pid, "start_time": st, "config": str(cfg)}
+
+
 def _build_bump(lab_id, lk, layout, ledger, info, all_cpus) -> None:
     """Splice a bump-in-the-wire namespace into link `lk`: node1 <-> [imp-a engine imp-b] <-> node2."""
     from .impair import runtime
@@ -440,6 +480,11 @@ def _build(
         ledger.record("cgroup", rel=rel, node=n.name)
         cgroups.ensure_dir(layout, rel)
         cgroups.set_cpu(layout, rel, plan.get("cores"), all_cpus)
+        for i in range(plan.get("slots") or 0):
+            # one group per board core under the node's quota (lab/coreslots.py)
+            ledger.record("cgroup", rel=cgroups.slot_rel(rel, i), node=n.name, slot=i)
+            slot = cgroups.ensure_slot(layout, rel, i, plan["slot_cores"])
+            info["nodes"][n.name]["cpu_slots"].append(slot)
         ledger.record("netns", name=netns_name, node=n.name)
         netops.create_netns(netns_name)
         if mnt is not None:
@@ -451,6 +496,7 @@ def _build(
             ledger.record("mntns", path=str(mnt), node=n.name)
             netops.create_node_mntns(netns_name, mnt, sysctls)
     write_json_atomic(d / "lab.json", info)
+    _start_core_balancer(lab_id, layout, info, ledger)
 
     iplan = None
     if impair is not None:

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import cgroups, proc
+from . import cgroups, coreslots, proc
 from .errors import PreconditionError
 from .node import Daemon, Node, merged_env
 from .state import Ledger
@@ -28,6 +28,7 @@ class LocalNode(Node):
         netns: str,
         mntns: Path | None,
         procs_files: list[str],
+        cpu_slots: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         ledger: Ledger | None = None,
         log_dir: Path | None = None,
@@ -37,6 +38,9 @@ class LocalNode(Node):
         self.netns = netns
         self.mntns = mntns
         self.procs_files = list(procs_files)
+        #: the node's per-core groups (lab/coreslots.py): a new process starts on the one with
+        #: the fewest threads, and the lab's balancer spreads busy threads from there
+        self.cpu_slots = list(cpu_slots)
         self.env = dict(env or {})
         self.ledger = ledger
         self.log_dir = log_dir
@@ -56,6 +60,10 @@ class LocalNode(Node):
 
     def _preexec(self):
         files = self.procs_files
+        if self.cpu_slots:
+            # chosen before the fork; written last, so it wins over the node group in the
+            # same (cpu) hierarchy
+            files = [*files, str(Path(coreslots.least_populated(self.cpu_slots), "cgroup.procs"))]
 
         def join():
             cgroups.join(files)

@@ -56,7 +56,7 @@ def test_shipped_profiles_load(name, monkeypatch, tmp_path):
     if name == "host":
         assert p.quota_cores is None and p.calibrated and p.env == {}
         return
-    assert p.cores == 4 and p.emulated_cores == 1
+    assert p.cores == 4 and p.emulated_cores == 4
     assert not p.calibrated and "lab calibrate" in p.uncalibrated_reason
     assert set(p.references) >= {"aes-128-gcm", "aes-256-gcm", "aes-256-cbc", "chacha20-poly1305"}
     assert all(r.source for r in p.references.values())
@@ -158,7 +158,9 @@ def test_adding_a_profile_is_adding_a_file(profdir):
     (profdir / "board.toml").write_text(GOOD)
     assert "board" in known_profiles()
     p = load_profile("board")
-    assert p.quota_cores == pytest.approx(0.3) and not p.calibrated
+    # emulated_cores defaults to all the board's cores (4 x 0.3), one capped group each
+    assert p.emulated_cores == 4 and p.quota_cores == pytest.approx(1.2) and not p.calibrated
+    assert plan_entry(p)["slots"] == 4
 
 
 # ---------------------------------------------------------------- calibration merge
@@ -407,8 +409,35 @@ def test_whole_boards_are_scaled_down_equally_and_said_so():
         assert p["scale"] == pytest.approx(1.8 / 2.08, abs=1e-3)
         assert p["cores"] == pytest.approx(0.9)
         assert p["board_cores_emulated"] == pytest.approx(0.9 / 0.26, abs=1e-3)
+        # one capped group per board core: a thread still runs at one Pi core's speed
+        assert p["slots"] == 4 and p["slot_cores"] == pytest.approx(0.26)
+        assert p["single_thread_vs_board"] == pytest.approx(1.0)
+    assert "one board core's speed per thread" in warnings[0]
+
+
+def test_without_per_core_groups_one_thread_would_outrun_a_board_core():
+    plan = _plan(2, emulated=4)
+    for p in plan.values():
+        p["slots"] = 0  # what cpu_plan leaves where this machine cannot (cgroup v2)
+    scale_to_host(plan, 2)
+    for p in plan.values():
         # a single thread may use a whole host core: faster than one Pi core, and stated
         assert p["single_thread_vs_board"] == pytest.approx(0.9 / 0.26, abs=1e-3)
+
+
+def test_scaling_below_one_board_core_slows_the_core_too():
+    plan = _plan(4, emulated=1.5)  # 4 x 1.5 x 0.26 = 1.56 host cores + 1.2 fixed > 1.8
+    for i in range(2):
+        plan[f"f{i}"] = {"profile": None, "cores": 0.6, "env": {}}
+    warnings = scale_to_host(plan, 2)
+    room = 1.8 - 1.2
+    for n in ("n0", "n1", "n2", "n3"):
+        p = plan[n]
+        assert p["slots"] == 2
+        assert p["cores"] == pytest.approx(room / 4)  # 0.15 < one core's 0.26
+        assert p["slot_cores"] == pytest.approx(room / 4)
+        assert p["single_thread_vs_board"] == pytest.approx(room / 4 / 0.26, abs=1e-3)
+    assert "of its board's CPU time" in warnings[0]
 
 
 def test_impossible_request_is_refused():

@@ -112,6 +112,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.node",
             "lab.netops",
             "lab.cgroups",
+            "lab.coreslots",
             "lab.state",
             "lab.teardown",
             "lab.vm.*",
