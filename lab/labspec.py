@@ -29,6 +29,8 @@ class NodeSpec:
     name: str
     kind: str  # "host" | "switch"
     cpu: str | float | None = None
+    #: "arm64"/"armhf": the node runs the board's own binaries under qemu-user (lab.arch)
+    arch: str | None = None
     router: bool = False
     vpn: str | None = None
     traffic: str | None = None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .addressing import assign, check_default_route, compute_routes
+from .arch import ARCHES
 from .errors import ConfigError
 from .labspec import Interface, LabSpec, LinkSpec, NodeSpec, Segment
 from .topofile import build_topo
@@ -24,6 +25,7 @@ IFNAMSIZ = 15  # bytes, without the trailing NUL (linux/if.h IFNAMSIZ - 1)
 
 HOST_OPTIONS = {
     "cpu": "CPU profile name (see cpu_profiles/) or a fraction of one core, e.g. 0.25",
+    "arch": "'arm64' or 'armhf': run the board's own binaries (lab arch fetch ARCH; docs/arch.md)",
     "ip": "IPv4 address with prefix for the host's first interface, e.g. '10.0.1.2/24'",
     "ip6": "IPv6 address with prefix for the host's first interface, e.g. 'fd00:1::2/64'",
     "defaultRoute": "'via ADDRESS' or 'dev IFNAME' (Mininet syntax)",
@@ -258,6 +260,15 @@ def _node_spec(name, is_switch, info, source, where) -> NodeSpec:
             raise ConfigError(
                 f"cpu must be a profile name or a number, got {cpu!r}", source=source, field=where
             )
+    arch = info.get("arch")
+    if arch is not None:
+        if not isinstance(arch, str) or arch not in ARCHES:
+            raise ConfigError(
+                f"arch: unknown architecture {arch!r}; accepted: {', '.join(ARCHES)}",
+                source=source,
+                field=where,
+            )
+        n.arch = arch
     router = info.get("router", False)
     if not isinstance(router, bool):
         raise ConfigError(
