@@ -9,13 +9,16 @@ lab.addressing gives segments, addresses and routes, lab.labspec holds the resul
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .addressing import assign, check_default_route, compute_routes
 from .arch import ARCHES
+from .cpuprofile import known_profiles
 from .errors import ConfigError
 from .labspec import Interface, LabSpec, LinkSpec, NodeSpec, Segment
+from .params import Param, validate
 from .topofile import build_topo
 
 # the dataclasses live in lab.labspec; their old home still names them
@@ -23,36 +26,97 @@ __all__ = ["Interface", "LabSpec", "LinkSpec", "NodeSpec", "Segment", "load_topo
 
 IFNAMSIZ = 15  # bytes, without the trailing NUL (linux/if.h IFNAMSIZ - 1)
 
+
+
+def _nonblank(what: str) -> Callable[[str], str | None]:
+    return lambda v: None if v.strip() else f"empty; give {what}"
+
+
+def _cpu_check(cpu: str | float) -> str | None:
+    if isinstance(cpu, float):
+        return None if 0.01 <= cpu <= 1024 else f"got {cpu!r} cores"
+    if cpu not in known_profiles():
+        return f"unknown CPU profile {cpu!r}; profiles: {', '.join(known_profiles())}"
+    return None
+
+
+#: the options of addHost (lab.params schema; Mininet's own options are not accepted)
 HOST_OPTIONS = {
-    "cpu": "CPU profile name (see cpu_profiles/) or a fraction of one core, e.g. 0.25",
-    "arch": "'arm64' or 'armhf': run the board's own binaries (lab arch fetch ARCH; docs/arch.md)",
-    "ip": "IPv4 address with prefix for the host's first interface, e.g. '10.0.1.2/24'",
-    "ip6": "IPv6 address with prefix for the host's first interface, e.g. 'fd00:1::2/64'",
-    "defaultRoute": "'via ADDRESS' or 'dev IFNAME' (Mininet syntax)",
-    "router": "True: the node forwards IPv4/IPv6 between its interfaces",
-    "vpn": "tunnel endpoint role: 'client' or 'server'",
-    "traffic": "measurement endpoint role: 'client' or 'server'",
+    "cpu": Param(
+        (str, float),
+        None,
+        "CPU profile name (see cpu_profiles/) or a fraction of one core, e.g. 0.25",
+        optional=True,
+        check=_cpu_check,
+        accepts="a CPU profile name (cpu_profiles/) or a core fraction 0.01..1024",
+    ),
+    "ip": Param(
+        str, None, "IPv4 address with prefix for the host's first interface, e.g. '10.0.1.2/24'",
+        optional=True,
+    ),
+    "ip6": Param(
+        str, None, "IPv6 address with prefix for the host's first interface, e.g. 'fd00:1::2/64'",
+        optional=True,
+    ),
+    "defaultRoute": Param(
+        str, None, "'via ADDRESS' or 'dev IFNAME' (Mininet syntax)", optional=True,
+        check=_nonblank("'via ADDRESS' or 'dev IFNAME'"),
+    ),
+    "router": Param(
+        bool, False, "True: the node forwards IPv4/IPv6 between its interfaces",
+        choices=(True, False),
+    ),
+    "vpn": Param(
+        str, None, "tunnel endpoint role", choices=("client", "server"), optional=True
+    ),
+    "traffic": Param(
+        str, None, "measurement endpoint role", choices=("client", "server"), optional=True
+    ),
 }
-SWITCH_OPTIONS: dict[str, str] = {}
+SWITCH_OPTIONS: dict[str, Param] = {}
+#: the options of addLink; Mininet's Topo.addLink adds node1, node2, port1 and port2 itself
 LINK_OPTIONS = {
-    "bw": "bandwidth in Mbit/s (number > 0), shaped with tbf on both ends",
-    "delay": "one-way delay per direction, e.g. '40ms' (Mininet TCLink)",
-    "jitter": "delay variation, e.g. '5ms' (Mininet TCLink)",
-    "loss": "loss percentage 0..100 per direction (Mininet TCLink)",
-    "max_queue_size": "queue length in packets (Mininet TCLink)",
-    "impair": "impairment spec in tc-netem words, e.g. 'delay 40ms 5ms loss 0.5%'",
-    "mtu": "interface MTU on both ends (68..65535)",
-    "params1": "dict of per-interface options for node1: ip, ip6",
-    "params2": "dict of per-interface options for node2: ip, ip6",
-    "intfName1": "interface name on node1 (<= 15 bytes)",
-    "intfName2": "interface name on node2 (<= 15 bytes)",
-    # added by Mininet's Topo.addLink itself:
-    "node1": "",
-    "node2": "",
-    "port1": "",
-    "port2": "",
+    "bw": Param(
+        float, None, "bandwidth, shaped with tbf on both ends", min=0.001, max=100000,
+        optional=True, unit="Mbit/s",
+    ),
+    "delay": Param(
+        (str, int, float), None, "one-way delay per direction, e.g. '40ms' (Mininet TCLink)",
+        optional=True,
+    ),
+    "jitter": Param(
+        (str, int, float), None, "delay variation, e.g. '5ms' (Mininet TCLink)", optional=True
+    ),
+    "loss": Param(
+        float, None, "loss percentage per direction (Mininet TCLink)", min=0, max=100,
+        optional=True, unit="%",
+    ),
+    "max_queue_size": Param(
+        int, None, "queue length in packets (Mininet TCLink)", min=1, max=10**6, optional=True
+    ),
+    "impair": Param(
+        str, None, "impairment spec in tc-netem words, e.g. 'delay 40ms 5ms loss 0.5%'",
+        optional=True, check=_nonblank("tc-netem words"),
+    ),
+    "mtu": Param(
+        int, None, "interface MTU on both ends", min=68, max=65535, optional=True, unit="bytes"
+    ),
+    "params1": Param(
+        dict, None, "per-interface options for node1: ip, ip6", optional=True,
+        accepts="a dict with keys ip, ip6",
+    ),
+    "params2": Param(
+        dict, None, "per-interface options for node2: ip, ip6", optional=True,
+        accepts="a dict with keys ip, ip6",
+    ),
+    "intfName1": Param(str, None, "interface name on node1 (<= 15 bytes)", optional=True),
+    "intfName2": Param(str, None, "interface name on node2 (<= 15 bytes)", optional=True),
 }
-INTF_PARAMS = {"ip", "ip6"}
+MININET_LINK_KEYS = ("node1", "node2", "port1", "port2")
+INTF_OPTIONS = {
+    "ip": Param(str, None, "IPv4 address with prefix", optional=True),
+    "ip6": Param(str, None, "IPv6 address with prefix", optional=True),
+}
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\Z")
 NAME_MAX = 32  # node names become namespace, cgroup and file names (with the lab id)
 IFNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*\Z")  # what ip(8) takes without quoting
@@ -125,9 +189,9 @@ def resolve(topo, *, source: str, topo_name: str = "topo", params: dict | None =
                 source=source,
                 field=where if len(str(name)) <= 60 else where[:60] + "...'",
             )
-        allowed = SWITCH_OPTIONS if is_switch else HOST_OPTIONS
-        _reject_unknown(info, allowed, source, where)
-        nodes[name] = _node_spec(name, is_switch, info, source, where)
+        schema = SWITCH_OPTIONS if is_switch else HOST_OPTIONS
+        opts = validate(schema, info, source=source, field_prefix=f"{where}: ", noun="option")
+        nodes[name] = _node_spec(name, is_switch, opts)
 
     links: list[LinkSpec] = []
     used_ifnames: dict[str, set[str]] = {n: set() for n in nodes}
@@ -136,8 +200,8 @@ def resolve(topo, *, source: str, topo_name: str = "topo", params: dict | None =
     for idx, (a, b, _key, info) in enumerate(raw_links):
         info = dict(info)
         where = f"link {a}-{b}"
-        _reject_unknown(info, LINK_OPTIONS, source, where)
-        node1, node2 = info["node1"], info["node2"]
+        node1, node2, port1, port2 = (info.pop(k) for k in MININET_LINK_KEYS)
+        info = validate(LINK_OPTIONS, info, source=source, field_prefix=f"{where}: ", noun="option")
         for end in (node1, node2):
             if end not in nodes:
                 raise ConfigError(
@@ -148,7 +212,7 @@ def resolve(topo, *, source: str, topo_name: str = "topo", params: dict | None =
         if node1 == node2:
             raise ConfigError("a link must join two different nodes", source=source, field=where)
         names_ = []
-        for end, node, port in ((1, node1, info["port1"]), (2, node2, info["port2"])):
+        for end, node, port in ((1, node1, port1), (2, node2, port2)):
             ifname = info.get(f"intfName{end}")
             if ifname is None:
                 ifname = f"{node}-eth{port}"
@@ -174,25 +238,17 @@ def resolve(topo, *, source: str, topo_name: str = "topo", params: dict | None =
             used_ifnames[node].add(ifname)
             names_.append(ifname)
         lk = LinkSpec(index=idx, node1=node1, node2=node2, intf1=names_[0], intf2=names_[1])
-        lk.bw = _number(info.get("bw"), source, where, "bw", lo=0.001, hi=100000, unit="Mbit/s")
-        mtu = info.get("mtu")
-        if mtu is not None:
-            lk.mtu = int(_number(mtu, source, where, "mtu", lo=68, hi=65535, unit="bytes"))
-        mq = info.get("max_queue_size")
-        if mq is not None:
-            lk.max_queue_size = int(_number(mq, source, where, "max_queue_size", lo=1, hi=10**6))
+        lk.bw, lk.mtu, lk.max_queue_size = info["bw"], info["mtu"], info["max_queue_size"]
         lk.impair = _link_impairment(info, source, where)
         addrs = {}
         for end in (1, 2):
-            p = info.get(f"params{end}") or {}
-            if not isinstance(p, dict):
-                raise ConfigError(
-                    f"params{end} must be a dict with keys {sorted(INTF_PARAMS)}",
-                    source=source,
-                    field=where,
-                )
-            _reject_unknown(p, {k: "" for k in INTF_PARAMS}, source, f"{where} params{end}")
-            addrs[end] = p
+            addrs[end] = validate(
+                INTF_OPTIONS,
+                info[f"params{end}"],
+                source=source,
+                field_prefix=f"{where} params{end}: ",
+                noun="option",
+            )
         link_addrs.append(addrs)
         links.append(lk)
     _check_connected_names(nodes, links, source)
@@ -204,104 +260,28 @@ def resolve(topo, *, source: str, topo_name: str = "topo", params: dict | None =
     return LabSpec(source, topo_name, dict(params or {}), nodes, links, segments)
 
 
-def _reject_unknown(info: dict, allowed: dict, source: str, where: str) -> None:
-    unknown = sorted(set(info) - set(allowed))
-    if unknown:
-        valid = ", ".join(k for k in allowed if allowed[k]) or "(none)"
-        raise ConfigError(
-            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; valid: {valid}",
-            source=source,
-            field=where,
-        )
-
-
-def _number(v, source, where, fld, *, lo, hi, unit=""):
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ConfigError(
-            f"{fld} must be a number {lo}..{hi} {unit}, got {v!r}", source=source, field=where
-        )
-    if not lo <= v <= hi:
-        raise ConfigError(f"{fld} must be {lo}..{hi} {unit}, got {v!r}", source=source, field=where)
-    return float(v)
-
-
-def _node_spec(name, is_switch, info, source, where) -> NodeSpec:
+def _node_spec(name: str, is_switch: bool, opts: dict) -> NodeSpec:
+    """A node from its validated options."""
     if is_switch:
         return NodeSpec(name=name, kind="switch")
-    n = NodeSpec(name=name, kind="host")
-    cpu = info.get("cpu")
-    if cpu is not None:
-        if isinstance(cpu, bool):
-            raise ConfigError(
-                f"cpu must be a profile name or a core fraction, got {cpu!r}",
-                source=source,
-                field=where,
-            )
-        if isinstance(cpu, (int, float)):
-            if not 0.01 <= cpu <= 1024:
-                raise ConfigError(
-                    f"cpu fraction must be 0.01..1024 cores, got {cpu}", source=source, field=where
-                )
-            n.cpu = float(cpu)
-        elif isinstance(cpu, str):
-            from .cpuprofile import known_profiles  # data lookup only
-
-            if cpu not in known_profiles():
-                raise ConfigError(
-                    f"cpu: unknown CPU profile {cpu!r}; valid: {', '.join(known_profiles())} "
-                    "or a core fraction",
-                    source=source,
-                    field=where,
-                )
-            n.cpu = cpu
-        else:
-            raise ConfigError(
-                f"cpu must be a profile name or a number, got {cpu!r}", source=source, field=where
-            )
-    arch = info.get("arch")
-    if arch is not None:
-        if not isinstance(arch, str) or arch not in ARCHES:
-            raise ConfigError(
-                f"arch: unknown architecture {arch!r}; accepted: {', '.join(ARCHES)}",
-                source=source,
-                field=where,
-            )
-        n.arch = arch
-    router = info.get("router", False)
-    if not isinstance(router, bool):
-        raise ConfigError(
-            f"router must be True or False, got {router!r}", source=source, field=where
-        )
-    n.router = router
-    for role in ("vpn", "traffic"):
-        v = info.get(role)
-        if v is not None and v not in ("client", "server"):
-            raise ConfigError(
-                f"{role} must be 'client' or 'server', got {v!r}", source=source, field=where
-            )
-        setattr(n, role, v)
-    dr = info.get("defaultRoute")
-    if dr is not None and (not isinstance(dr, str) or not dr.strip()):
-        raise ConfigError(
-            f"defaultRoute must be 'via ADDR' or 'dev IF', got {dr!r}", source=source, field=where
-        )
-    n.default_route = dr
-    n._ip = info.get("ip")  # type: ignore[attr-defined]  # consumed by _assign
-    n._ip6 = info.get("ip6")  # type: ignore[attr-defined]
+    n = NodeSpec(
+        name=name,
+        kind="host",
+        cpu=opts["cpu"],
+        router=opts["router"],
+        vpn=opts["vpn"],
+        traffic=opts["traffic"],
+        default_route=opts["defaultRoute"],
+    )
+    n._ip = opts["ip"]  # type: ignore[attr-defined]  # consumed by lab.addressing.assign
+    n._ip6 = opts["ip6"]  # type: ignore[attr-defined]
     return n
 
 
 def _link_impairment(info, source, where) -> str | None:
+    """The link's impairment in tc-netem words: `impair` and Mininet's delay/jitter/loss."""
     parts = []
-    if info.get("impair") is not None:
-        if not isinstance(info["impair"], str) or not info["impair"].strip():
-            raise ConfigError(
-                f"impair must be a string of tc-netem words, got {info['impair']!r}",
-                source=source,
-                field=where,
-            )
+    if info["impair"] is not None:
         parts.append(info["impair"])
     tc = {k: info[k] for k in ("delay", "jitter", "loss") if info.get(k) is not None}
     if tc:
@@ -313,12 +293,7 @@ def _link_impairment(info, source, where) -> str | None:
             if "jitter" in tc:
                 words.append(str(tc["jitter"]))
         if "loss" in tc:
-            loss = tc["loss"]
-            if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss <= 100:
-                raise ConfigError(
-                    f"loss must be a percentage 0..100, got {loss!r}", source=source, field=where
-                )
-            words += ["loss", f"{loss}%"]
+            words += ["loss", f"{tc['loss']:g}%"]
         parts.append(" ".join(words))
     if not parts:
         return None
