@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import cgroups, proc
+from . import calibssh, cgroups, proc
 from .cpuprofile import (
     CALIBRATION_SCHEMA,
     CORE_SHARE_MAX,
@@ -54,6 +54,10 @@ RESIDUAL_GOAL = RESIDUAL_THRESHOLD
 SECONDS_GOAL = 60.0
 #: (rounds, seconds per openssl run, seconds per verification run)
 MODES = {"full": (3, 1, 2), "quick": (2, 1, 1)}
+#: MiB each ssh session sends (lab/calibssh.py), per mode: ~0.1 s of the client's CPU masked
+SSH_MIB = {"full": 32, "quick": 16}
+#: the OpenSSH primitive the scp test uses (OpenSSH's default cipher): measured even with --quick
+SCP_PRIMITIVE = "ssh-chacha20-poly1305"
 
 
 @dataclass
@@ -136,6 +140,85 @@ def measure_go(env: dict[str, str], seconds: int, preexec=None) -> tuple[Measure
     return Measurement("go-chacha20-poly1305", d["bytes"], d["elapsed_s"], d["cpu_s"]), d[
         "features"
     ]
+
+
+def measure_ssh(
+    prims: list[str], env: dict[str, str], rounds: int, mib: int, say
+) -> dict[str, list[Measurement]]:
+    """OpenSSH's ciphers through a real sshd (lab/calibssh.py): per round, the client's CPU for
+    the payload minus its CPU for a session without one (the handshake)."""
+    raw = calibssh.measure(
+        {p: PRIMITIVES[p]["cipher"] for p in prims}, env, rounds=rounds, mib=mib, say=say
+    )
+    return {
+        p: [
+            Measurement(p, m["bytes"], m["elapsed_s"], m["cpu_s"] - m["handshake_cpu_s"])
+            for m in ms
+        ]
+        for p, ms in raw.items()
+    }
+
+
+def ssh_primitives(prof: CpuProfile, quick: bool) -> list[str]:
+    """OpenSSH primitives to measure: all (quick: scp's and the referenced ones)."""
+    return [
+        p
+        for p, d in PRIMITIVES.items()
+        if d["tool"] == "ssh" and (not quick or p == SCP_PRIMITIVE or p in prof.references)
+    ]
+
+
+KERNEL_NOT_MEASURED = (
+    "kernel crypto is not measured: the kernel uses this host's AES-NI/AVX whatever the node's "
+    "masks, and its softirq/kworker work is not charged to the node's quota (docs/cpu.md)"
+)
+
+#: every crypto implementation a data plane or test of the lab uses, with its primitives
+IMPLEMENTATIONS = (
+    (
+        "OpenSSL",
+        "OpenVPN's data channel; strongSwan's openssl plugin (charon, and ESP itself under "
+        "kernel-libipsec: crypto_plugins = 'openssl kdf'); tinc 1.0",
+    ),
+    ("Go x/crypto", "wireguard-go (ChaCha20-Poly1305)"),
+    ("OpenSSH", "the scp test (chacha20-poly1305@openssh.com unless its cipher is set)"),
+    (
+        "kernel",
+        "kernel WireGuard, XFRM ESP and AH, MACsec (here with --vm or on boards only)",
+    ),
+)
+_TOOL_OF = {"OpenSSL": "openssl", "Go x/crypto": "go", "OpenSSH": "ssh", "kernel": "kernel"}
+
+
+def implementation_coverage(
+    prof: CpuProfile, measured: dict[str, float], skipped: dict[str, str]
+) -> list[dict]:
+    """One row per primitive of every implementation in IMPLEMENTATIONS: measured or not, the
+    profile's reference figure or none, and so fitted, unreferenced or not measured (why)."""
+    rows = []
+    for impl, used_by in IMPLEMENTATIONS:
+        for p, d in PRIMITIVES.items():
+            if d["tool"] != _TOOL_OF[impl]:
+                continue
+            ref = prof.references.get(p)
+            if p in measured:
+                status = "fitted" if ref else "unreferenced: measured and predicted, not fitted"
+            elif d["tool"] == "kernel":
+                status = "reference only: " + KERNEL_NOT_MEASURED if ref else "unreferenced"
+            else:
+                status = "not measured: " + skipped.get(p, "not asked for (--quick)")
+            rows.append(
+                {
+                    "implementation": impl,
+                    "primitive": p,
+                    "used_by": used_by,
+                    "measured": p in measured,
+                    "reference_mbps": ref.mbps if ref else None,
+                    "confidence": ref.confidence if ref else None,
+                    "status": status,
+                }
+            )
+    return rows
 
 
 def fit_core_share(
@@ -233,6 +316,16 @@ def calibrate(
                 m, go_features = measure_go(env, secs)
             runs[p].append(m)
             say(f"round {i + 1}/{rounds} {p}: {m.cpu_mbps:.1f} MB/s per CPU second")
+    ssh_prims = ssh_primitives(prof, quick)
+    missing = calibssh.missing_tools()
+    if missing:
+        why = f"{', '.join(missing)} not installed (./setup.sh installs OpenSSH)"
+        needed = [p for p in ssh_prims if p in prof.references]
+        if needed:
+            raise PreconditionError(f"{name} has references for {', '.join(needed)}: {why}")
+        skipped.update({p: why for p in ssh_prims})
+    elif ssh_prims:
+        runs.update(measure_ssh(ssh_prims, env, rounds, SSH_MIB[mode], say))
     best = {p: max(ms, key=lambda m: m.cpu_mbps) for p, ms in runs.items() if ms}
     measured = {p: m.cpu_mbps for p, m in best.items()}
 
@@ -248,7 +341,9 @@ def calibrate(
     share, residuals = fit_core_share(measured, fitted_refs)
     for p in prof.references:
         if p not in measured:
-            skipped.setdefault(p, "not measured")
+            skipped.setdefault(
+                p, KERNEL_NOT_MEASURED if PRIMITIVES[p]["tool"] == "kernel" else "not measured"
+            )
     if not core_share_ok(share):
         raise PreconditionError(
             f"fitted core_share {share:.4g} is outside (0, {CORE_SHARE_MAX:g}] host cores per "
@@ -275,7 +370,9 @@ def calibrate(
         "method": (
             f"openssl speed -elapsed -mr -evp P -bytes {MSG_BYTES} -seconds {secs}, {rounds} "
             "interleaved round(s), best rate per CPU second of the child; core_share = weighted "
-            "least squares of ln(core_share * measured / reference)"
+            "least squares of ln(core_share * measured / reference); OpenSSH ciphers: "
+            f"ssh -c CIPHER sending {SSH_MIB[mode]} MiB to a real sshd in a throwaway network "
+            "namespace, the client's CPU time minus that of a session without payload"
         ),
         "core_share": share,
         "measured": {
@@ -302,6 +399,7 @@ def calibrate(
         "skipped": skipped,
         "verification": verification,
         "coverage": coverage(prof),
+        "implementations": implementation_coverage(prof, measured, skipped),
         "goals": {"max_abs_residual": RESIDUAL_GOAL, "seconds": SECONDS_GOAL},
     }
     result["duration_s"] = round(time.monotonic() - t0, 1)

@@ -44,6 +44,15 @@ PRIMITIVES: dict[str, dict[str, str]] = {
     "chacha20-poly1305": {"tool": "openssl", "evp": "chacha20-poly1305"},
     # x/crypto's AEAD, as used by wireguard-go; measured by tools/gobench
     "go-chacha20-poly1305": {"tool": "go"},
+    # OpenSSH's ciphers (scp): the ssh client's bytes per CPU second through a real sshd
+    # (lab/calibssh.py); chacha20-poly1305@openssh.com is OpenSSH's default and the scp test's
+    "ssh-chacha20-poly1305": {"tool": "ssh", "cipher": "chacha20-poly1305@openssh.com"},
+    "ssh-aes128-gcm": {"tool": "ssh", "cipher": "aes128-gcm@openssh.com"},
+    "ssh-aes128-ctr": {"tool": "ssh", "cipher": "aes128-ctr"},
+    # the kernel's crypto API (kernel WireGuard, XFRM ESP, MACsec, dm-crypt): a reference is a
+    # record of the board's figure only; `lab calibrate` cannot measure it here as the board
+    # would run it (not maskable per namespace, not fully quota-scaled: coverage())
+    "kernel-aes-128-cbc": {"tool": "kernel"},
 }
 
 #: the board OS's network defaults a profile may state ([os] table): key -> sysctl. All are per

@@ -284,8 +284,12 @@ def fake_measurements(monkeypatch, tmp_path):
         m = Measurement("go-chacha20-poly1305", int(rates["go-chacha20-poly1305"] * 1e6), 1, 1)
         return m, {"aes": False, "avx2": False}
 
+    def ssh(prims, env, rounds, mib, say):
+        return {p: [Measurement(p, int(rates.get(p, 500.0) * 1e6), 1.0, 1.0)] for p in prims}
+
     monkeypatch.setattr(calibrate_mod, "measure_openssl", openssl)
     monkeypatch.setattr(calibrate_mod, "measure_go", go)
+    monkeypatch.setattr(calibrate_mod, "measure_ssh", ssh)
     return rates
 
 
@@ -375,7 +379,9 @@ def test_parse_openssl_machine_readable_output():
 
 
 def test_primitives_catalogue():
-    assert {p["tool"] for p in PRIMITIVES.values()} == {"openssl", "go"}
+    assert {p["tool"] for p in PRIMITIVES.values()} == {"openssl", "go", "ssh", "kernel"}
+    # every OpenSSH primitive names the cipher `ssh -c` gets
+    assert all(p["cipher"] for p in PRIMITIVES.values() if p["tool"] == "ssh")
 
 
 # ---------------------------------------------------------------- scaling onto the host

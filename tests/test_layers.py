@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.fidelity",
             "lab.importer",
             "lab.calibrate",
+            "lab.calibssh",
             "lab.expect",
             "lab.stats",
             "lab.junit",
