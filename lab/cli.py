@@ -154,6 +154,18 @@ def _add_id(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", dest="lab_id", help="lab id (default: the only lab that is up)")
 
 
+def _add_boards(p: argparse.ArgumentParser, boards_help: str) -> None:
+    """--boards INVENTORY and --map NODE=BOARD (lab up, lab run)."""
+    p.add_argument("--boards", metavar="INVENTORY", help=boards_help)
+    p.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="NODE=BOARD",
+        help="run topology node NODE on board BOARD (default: the board of the same name)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="lab", description="Network-namespace lab for benchmarking VPNs."
@@ -207,18 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
     )
-    p.add_argument(
-        "--boards",
-        metavar="INVENTORY",
-        help="build it on real boards over SSH (boards.toml or an Ansible inventory; "
+    _add_boards(
+        p,
+        "build it on real boards over SSH (boards.toml or an Ansible inventory; "
         "docs/boards.md); everything changed on a board is restored at `lab down`",
-    )
-    p.add_argument(
-        "--map",
-        action="append",
-        default=[],
-        metavar="NODE=BOARD",
-        help="run topology node NODE on board BOARD (default: the board of the same name)",
     )
 
     p = sub.add_parser("render", help="write a VPN profile's config files for a topology")
@@ -307,12 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
     )
-    p.add_argument(
-        "--boards",
-        metavar="INVENTORY",
-        help="run every case on real boards over SSH (boards.toml or an Ansible inventory)",
-    )
-    p.add_argument("--map", action="append", default=[], metavar="NODE=BOARD")
+    _add_boards(p, "run every case on real boards over SSH (boards.toml or an Ansible inventory)")
 
     p = sub.add_parser("boards", help="real boards over SSH: an emulated board farm for tests")
     bsub = p.add_subparsers(dest="boards_cmd", required=True, metavar="ACTION")
