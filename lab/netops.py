@@ -147,13 +147,28 @@ def create_veth(ns1: str, if1: str, ns2: str, if2: str, mtu: int | None = None) 
         ) from e
 
 
-def remove_link(ns: str, ifname: str) -> None:
-    if not netns_exists(ns):
+def _netlink(ns: str | None):
+    """A pyroute2 socket in namespace `ns` (None: the root namespace)."""
+    from pyroute2 import IPRoute, NetNS
+
+    return IPRoute() if ns is None else NetNS(ns)
+
+
+def link_exists(ns: str | None, ifname: str) -> bool:
+    """Is interface `ifname` in namespace `ns` (None: the root namespace)?"""
+    if ns is not None and not netns_exists(ns):
+        return False
+    with _netlink(ns) as ipr:
+        return bool(ipr.link_lookup(ifname=ifname))
+
+
+def remove_link(ns: str | None, ifname: str) -> None:
+    """Delete interface `ifname` of namespace `ns` (None: the root namespace), if still there."""
+    if ns is not None and not netns_exists(ns):
         return
-    from pyroute2 import NetNS
     from pyroute2.netlink.exceptions import NetlinkError
 
-    with NetNS(ns) as ipr:
+    with _netlink(ns) as ipr:
         idx = ipr.link_lookup(ifname=ifname)
         if idx:
             try:
@@ -276,28 +291,6 @@ def restore_interface(ipr, idx: int, state: dict) -> None:
         except NetlinkError as e:
             if e.code != errno.EEXIST:
                 raise
-
-
-def root_link_exists(ifname: str) -> bool:
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        return bool(ipr.link_lookup(ifname=ifname))
-
-
-def remove_root_link(ifname: str) -> None:
-    """Delete the root-namespace interface `ifname` the ledger names, if it is still there."""
-    from pyroute2 import IPRoute
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    with IPRoute() as ipr:
-        idx = ipr.link_lookup(ifname=ifname)
-        if idx:
-            try:
-                ipr.link("del", index=idx[0])
-            except NetlinkError as e:
-                if e.code != errno.ENODEV:
-                    raise
 
 
 def configure_node(

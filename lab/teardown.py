@@ -155,7 +155,7 @@ def _remove(e: dict, layout, errors: list[str]) -> None:
     elif kind == "hostveth":
         # the root-namespace end of a veth into one of the lab's namespaces (an emulated board
         # farm's management link): normally gone with that namespace already
-        netops.remove_root_link(e["ifname"])
+        netops.remove_link(None, e["ifname"])
     # bridge, qdisc: live inside a namespace and go with it
 
 
@@ -172,7 +172,7 @@ def leftovers(lab_id: str, entries: list[dict], layout) -> list[str]:
             for dpath in layout.dirs(e["rel"]):
                 if dpath.exists():
                     left.append(f"cgroup {dpath}")
-        elif k == "hostveth" and netops.root_link_exists(e["ifname"]):
+        elif k == "hostveth" and netops.link_exists(None, e["ifname"]):
             left.append(f"interface {e['ifname']} in the root namespace")
         elif k == "process" and proc.is_same_process(e["pid"], e.get("start_time")):
             left.append(f"process {e['pid']} ({e.get('name')})")
