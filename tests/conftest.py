@@ -50,6 +50,39 @@ def run_lab(*args, env=None, check=False, timeout=120):
     )
 
 
+@contextmanager
+def board_farm(tmp_path_factory, tools: tuple[str, ...] = ()):
+    """An emulated board farm of pi_pair_middlebox, yielded as (inventory path, `lab boards
+    emulate --json` record), with a state root of the calling module's own (`lab clean` there
+    sees only its labs; the boards get their private /var/lib/lab over it); the farm is removed
+    and the environment restored after. Skipped when sshd, ssh, ssh-keygen or `tools` lack."""
+    import json
+    import shutil
+
+    for tool in ("sshd", "ssh", "ssh-keygen", *tools):
+        if not shutil.which(tool) and not shutil.which(tool, path="/usr/sbin"):
+            pytest.skip(f"{tool} missing (./setup.sh installs it)")
+    saved = {k: os.environ.get(k) for k in ("LAB_STATE_DIR", "LAB_RUN_DIR")}
+    os.environ["LAB_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
+    os.environ["LAB_RUN_DIR"] = str(tmp_path_factory.mktemp("run"))
+    try:
+        inv = tmp_path_factory.mktemp("farm") / "farm.toml"
+        r = run_lab("boards", "emulate", TOPOS / "pi_pair_middlebox.py", "--out", inv, "--json")
+        assert r.returncode == 0, r.stderr
+        rec = json.loads(r.stdout)
+        try:
+            yield inv, rec
+        finally:
+            d = run_lab("boards", "emulate", "--down", "--id", rec["id"])
+            assert d.returncode == 0, d.stdout + d.stderr
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def lab_traces(lab_id: str) -> list[str]:
     """Everything of lab `lab_id` still on the machine (empty when fully removed)."""
     from lab import cgroups

@@ -11,13 +11,12 @@ the processes in the board's network namespace.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 
 import pytest
 
-from .conftest import TOPOS, run_lab
+from .conftest import TOPOS, board_farm, run_lab
 
 pytestmark = pytest.mark.root
 
@@ -44,40 +43,10 @@ for p in sorted(os.listdir("/proc")):
 """
 
 
-def _need_tools():
-    for tool in ("sshd", "ssh", "ssh-keygen", "wireguard-go"):
-        if not shutil.which(tool) and not shutil.which(tool, path="/usr/sbin"):
-            pytest.skip(f"{tool} missing (./setup.sh installs it)")
-
-
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
-    """The farm, and a state root of these tests' own: `lab clean` here sees only their labs
-    (the farm's boards get their private /var/lib/lab over this root instead)."""
-    import os
-
-    _need_tools()
-    saved = {k: os.environ.get(k) for k in ("LAB_STATE_DIR", "LAB_RUN_DIR")}
-    os.environ["LAB_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
-    os.environ["LAB_RUN_DIR"] = str(tmp_path_factory.mktemp("run"))
-    try:
-        yield from _farm(tmp_path_factory)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _farm(tmp_path_factory):
-    inv = tmp_path_factory.mktemp("farm") / "farm.toml"
-    r = run_lab("boards", "emulate", TOPOS / "pi_pair_middlebox.py", "--out", inv, "--json")
-    assert r.returncode == 0, r.stderr
-    rec = json.loads(r.stdout)
-    yield inv, rec
-    d = run_lab("boards", "emulate", "--down", "--id", rec["id"])
-    assert d.returncode == 0, d.stdout + d.stderr
+    with board_farm(tmp_path_factory, tools=("wireguard-go",)) as (inv, rec):
+        yield inv, rec
 
 
 def board_state(inv_path, tmp_path) -> dict:

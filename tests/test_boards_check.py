@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import platform
-import shutil
 import subprocess
 
 import pytest
@@ -23,7 +21,7 @@ import pytest
 from lab.boards import check as bc
 from lab.vpn.base import Tool
 
-from .conftest import TOPOS, run_lab
+from .conftest import board_farm, run_lab
 
 PI_FACTS = """
 ==> uid <==
@@ -158,28 +156,8 @@ def test_board_tools_are_the_labs_then_the_profiles():
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
     """An emulated farm of pi_pair_middlebox with a state root of this module's own."""
-    for tool in ("sshd", "ssh", "ssh-keygen"):
-        if not shutil.which(tool) and not shutil.which(tool, path="/usr/sbin"):
-            pytest.skip(f"{tool} missing (./setup.sh installs it)")
-    saved = {k: os.environ.get(k) for k in ("LAB_STATE_DIR", "LAB_RUN_DIR")}
-    os.environ["LAB_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
-    os.environ["LAB_RUN_DIR"] = str(tmp_path_factory.mktemp("run"))
-    try:
-        inv = tmp_path_factory.mktemp("farm") / "farm.toml"
-        r = run_lab("boards", "emulate", TOPOS / "pi_pair_middlebox.py", "--out", inv, "--json")
-        assert r.returncode == 0, r.stderr
-        rec = json.loads(r.stdout)
-        try:
-            yield inv
-        finally:
-            d = run_lab("boards", "emulate", "--down", "--id", rec["id"])
-            assert d.returncode == 0, d.stdout + d.stderr
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with board_farm(tmp_path_factory) as (inv, _):
+        yield inv
 
 
 def _here(profiles: list[str]) -> dict[str, dict]:

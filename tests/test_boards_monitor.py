@@ -10,9 +10,7 @@ whatever else this machine is doing.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import statistics
 import time
 
@@ -26,7 +24,7 @@ from lab.boards.monitor import (
     parse_vcgencmd,
 )
 
-from .conftest import TOPOS, run_lab
+from .conftest import board_farm
 
 # ----------------------------------------------------------------------------- parsers
 
@@ -115,28 +113,8 @@ def test_vcgencmd_answers_decoded_into_words():
 def farm(tmp_path_factory):
     """An emulated farm of pi_pair_middlebox and open nodes on its boards, with a state root of
     this module's own; the farm is removed after."""
-    for tool in ("sshd", "ssh", "ssh-keygen"):
-        if not shutil.which(tool) and not shutil.which(tool, path="/usr/sbin"):
-            pytest.skip(f"{tool} missing (./setup.sh installs it)")
-    saved = {k: os.environ.get(k) for k in ("LAB_STATE_DIR", "LAB_RUN_DIR")}
-    os.environ["LAB_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
-    os.environ["LAB_RUN_DIR"] = str(tmp_path_factory.mktemp("run"))
-    try:
-        inv = tmp_path_factory.mktemp("farm") / "farm.toml"
-        r = run_lab("boards", "emulate", TOPOS / "pi_pair_middlebox.py", "--out", inv, "--json")
-        assert r.returncode == 0, r.stderr
-        rec = json.loads(r.stdout)
-        try:
-            yield from _nodes(inv, tmp_path_factory.mktemp("ssh"))
-        finally:
-            d = run_lab("boards", "emulate", "--down", "--id", rec["id"])
-            assert d.returncode == 0, d.stdout + d.stderr
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with board_farm(tmp_path_factory) as (inv, _):
+        yield from _nodes(inv, tmp_path_factory.mktemp("ssh"))
 
 
 def _nodes(inv, logs):
