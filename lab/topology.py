@@ -27,7 +27,6 @@ __all__ = ["Interface", "LabSpec", "LinkSpec", "NodeSpec", "Segment", "load_topo
 IFNAMSIZ = 15  # bytes, without the trailing NUL (linux/if.h IFNAMSIZ - 1)
 
 
-
 def _nonblank(what: str) -> Callable[[str], str | None]:
     return lambda v: None if v.strip() else f"empty; give {what}"
 
@@ -51,62 +50,102 @@ HOST_OPTIONS = {
         accepts="a CPU profile name (cpu_profiles/) or a core fraction 0.01..1024",
     ),
     "ip": Param(
-        str, None, "IPv4 address with prefix for the host's first interface, e.g. '10.0.1.2/24'",
+        str,
+        None,
+        "IPv4 address with prefix for the host's first interface, e.g. '10.0.1.2/24'",
         optional=True,
     ),
     "ip6": Param(
-        str, None, "IPv6 address with prefix for the host's first interface, e.g. 'fd00:1::2/64'",
+        str,
+        None,
+        "IPv6 address with prefix for the host's first interface, e.g. 'fd00:1::2/64'",
         optional=True,
     ),
     "defaultRoute": Param(
-        str, None, "'via ADDRESS' or 'dev IFNAME' (Mininet syntax)", optional=True,
+        str,
+        None,
+        "'via ADDRESS' or 'dev IFNAME' (Mininet syntax)",
+        optional=True,
         check=_nonblank("'via ADDRESS' or 'dev IFNAME'"),
     ),
     "router": Param(
-        bool, False, "True: the node forwards IPv4/IPv6 between its interfaces",
+        bool,
+        False,
+        "True: the node forwards IPv4/IPv6 between its interfaces",
         choices=(True, False),
     ),
-    "vpn": Param(
-        str, None, "tunnel endpoint role", choices=("client", "server"), optional=True
-    ),
+    "vpn": Param(str, None, "tunnel endpoint role", choices=("client", "server"), optional=True),
     "traffic": Param(
         str, None, "measurement endpoint role", choices=("client", "server"), optional=True
+    ),
+    "arch": Param(
+        str,
+        None,
+        "'arm64' or 'armhf': run the board's own binaries (lab arch fetch ARCH; docs/arch.md)",
+        choices=tuple(ARCHES),
+        optional=True,
     ),
 }
 SWITCH_OPTIONS: dict[str, Param] = {}
 #: the options of addLink; Mininet's Topo.addLink adds node1, node2, port1 and port2 itself
 LINK_OPTIONS = {
     "bw": Param(
-        float, None, "bandwidth, shaped with tbf on both ends", min=0.001, max=100000,
-        optional=True, unit="Mbit/s",
+        float,
+        None,
+        "bandwidth, shaped with tbf on both ends",
+        min=0.001,
+        max=100000,
+        optional=True,
+        unit="Mbit/s",
     ),
     "delay": Param(
-        (str, int, float), None, "one-way delay per direction, e.g. '40ms' (Mininet TCLink)",
+        str,
+        None,
+        "one-way delay per direction, e.g. '40ms' (Mininet TCLink)",
         optional=True,
+        accepts="a time with its unit, e.g. '40ms'",
     ),
     "jitter": Param(
-        (str, int, float), None, "delay variation, e.g. '5ms' (Mininet TCLink)", optional=True
+        str,
+        None,
+        "delay variation, e.g. '5ms' (Mininet TCLink)",
+        optional=True,
+        accepts="a time with its unit, e.g. '5ms'",
     ),
     "loss": Param(
-        float, None, "loss percentage per direction (Mininet TCLink)", min=0, max=100,
-        optional=True, unit="%",
+        float,
+        None,
+        "loss percentage per direction (Mininet TCLink)",
+        min=0,
+        max=100,
+        optional=True,
+        unit="%",
     ),
     "max_queue_size": Param(
         int, None, "queue length in packets (Mininet TCLink)", min=1, max=10**6, optional=True
     ),
     "impair": Param(
-        str, None, "impairment spec in tc-netem words, e.g. 'delay 40ms 5ms loss 0.5%'",
-        optional=True, check=_nonblank("tc-netem words"),
+        str,
+        None,
+        "impairment spec in tc-netem words, e.g. 'delay 40ms 5ms loss 0.5%'",
+        optional=True,
+        check=_nonblank("tc-netem words"),
     ),
     "mtu": Param(
         int, None, "interface MTU on both ends", min=68, max=65535, optional=True, unit="bytes"
     ),
     "params1": Param(
-        dict, None, "per-interface options for node1: ip, ip6", optional=True,
+        dict,
+        None,
+        "per-interface options for node1: ip, ip6",
+        optional=True,
         accepts="a dict with keys ip, ip6",
     ),
     "params2": Param(
-        dict, None, "per-interface options for node2: ip, ip6", optional=True,
+        dict,
+        None,
+        "per-interface options for node2: ip, ip6",
+        optional=True,
         accepts="a dict with keys ip, ip6",
     ),
     "intfName1": Param(str, None, "interface name on node1 (<= 15 bytes)", optional=True),
@@ -268,6 +307,7 @@ def _node_spec(name: str, is_switch: bool, opts: dict) -> NodeSpec:
         name=name,
         kind="host",
         cpu=opts["cpu"],
+        arch=opts["arch"],
         router=opts["router"],
         vpn=opts["vpn"],
         traffic=opts["traffic"],

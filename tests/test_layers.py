@@ -95,6 +95,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.labspec",
             "lab.addressing",
             "lab.topofile",
+            # the one parameter schema (VPN profiles, tests, topology options)
+            "lab.params",
             "lab.cpuprofile",
             "lab.impair.spec",
             "lab.impair.vocab",

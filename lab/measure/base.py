@@ -1,5 +1,6 @@
-"""What every measurement test shares: the context it runs in, its parameter schema, its records,
-running a tool with its raw output streamed to a file, and waiting for a server to listen.
+"""What every measurement test shares: the context it runs in, its records, running a tool with
+its raw output streamed to a file, and waiting for a server to listen (its parameter schema is
+lab.params, re-exported here as Param).
 
 A test never prints, never exits and never raises on a *measurement* failure (the tool ran but
 reported an error, nothing came back): it returns a record with ``ok=False`` and ``error`` set, so
@@ -13,13 +14,14 @@ import ipaddress
 import subprocess
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 from ..errors import ConfigError, StartupError
 from ..node import Daemon, Node
+from ..params import Param, validate
 
 
 class MeasurementFailed(Exception):
@@ -70,91 +72,6 @@ def family_of(addr: str) -> int | None:
         return ipaddress.ip_address(addr.strip("[]")).version
     except ValueError:
         return None
-
-
-# --- parameters -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Param:
-    """One accepted parameter: its type, default and allowed values."""
-
-    type: type | tuple[type, ...]
-    default: Any = None
-    choices: Sequence[Any] | None = None
-    min: float | None = None
-    max: float | None = None
-    #: None is accepted (the default is None) and means "not set"
-    optional: bool = False
-    #: extra check returning an error message or None
-    check: Callable[[Any], str | None] | None = None
-    doc: str = ""
-
-    def accepted(self) -> str:
-        if self.choices is not None:
-            return "one of " + ", ".join(repr(c) for c in self.choices)
-        names = self.type if isinstance(self.type, tuple) else (self.type,)
-        what = " or ".join(t.__name__ for t in names)
-        lo = f" >= {self.min}" if self.min is not None else ""
-        hi = f" <= {self.max}" if self.max is not None else ""
-        sep = " and" if lo and hi else ""
-        return f"{what}{lo}{sep}{hi}" + (" or null" if self.optional else "")
-
-
-def validate_params(
-    test: str, schema: Mapping[str, Param], params: Mapping[str, Any] | None, source: str
-) -> dict[str, Any]:
-    """Check `params` against `schema` and return them with defaults filled in."""
-    if params is not None and not isinstance(params, Mapping):
-        raise ConfigError(
-            f"parameters of test '{test}' must be a table/mapping, got {type(params).__name__}; "
-            f"accepted keys: {', '.join(sorted(schema))}",
-            source=source,
-        )
-    params = dict(params or {})
-    unknown = sorted(set(params) - set(schema))
-    if unknown:
-        raise ConfigError(
-            f"unknown parameter for test '{test}'; accepted: {', '.join(sorted(schema))}",
-            source=source,
-            field=unknown[0],
-        )
-    out: dict[str, Any] = {}
-    for name, p in schema.items():
-        value = params.get(name, p.default)
-        out[name] = _check_value(test, name, p, value, source)
-    return out
-
-
-def _check_value(test: str, name: str, p: Param, value: Any, source: str) -> Any:
-    def bad(why: str) -> ConfigError:
-        return ConfigError(
-            f"{why} (test '{test}'); accepted: {p.accepted()}", source=source, field=name
-        )
-
-    if value is None:
-        if p.optional:
-            return None
-        raise bad("missing value")
-    types = p.type if isinstance(p.type, tuple) else (p.type,)
-    # bool is an int in Python; a YAML/TOML `true` for a number is a typo, not a 1.
-    if isinstance(value, bool) and bool not in types:
-        raise bad(f"got {value!r}")
-    if float in types and isinstance(value, int):
-        value = float(value)
-    if not isinstance(value, types):
-        raise bad(f"got {type(value).__name__} {value!r}")
-    if p.choices is not None and value not in p.choices:
-        raise bad(f"got {value!r}")
-    if p.min is not None and value < p.min:
-        raise bad(f"got {value!r}")
-    if p.max is not None and value > p.max:
-        raise bad(f"got {value!r}")
-    if p.check is not None:
-        msg = p.check(value)
-        if msg:
-            raise bad(msg)
-    return value
 
 
 # --- the interface ---------------------------------------------------------------------------
@@ -270,7 +187,7 @@ class Test(ABC):
 
     def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
         """Reject unknown keys and impossible values (ConfigError naming source and field)."""
-        return validate_params(self.name, self.schema, params, source)
+        return validate(self.schema, params, source=source, owner=f"test '{self.name}'")
 
     def estimate_s(self, params: Mapping[str, Any]) -> float:
         """Expected wall time of one run with validated `params` (the progress bar's ETA)."""
