@@ -15,6 +15,7 @@ from pathlib import Path
 from . import cgroups, netops, proc
 from .cpuprofile import load_profile, plan_entry, scale_to_host
 from .errors import ConfigError, LabError, PreconditionError
+from .arch.emulate import ArchRoot
 from .localnode import LocalNode
 from .state import (
     Ledger,
@@ -49,6 +50,8 @@ class NodeRuntime:
     env: dict = field(default_factory=dict)
     #: the node's per-core groups (cpu hierarchy directories; lab/coreslots.py), [] if none
     cpu_slots: list = field(default_factory=list)
+    #: "arm64"/"armhf": the node runs that root's binaries under qemu-user (lab.arch)
+    arch: str | None = None
 
 
 class Lab:
@@ -99,6 +102,7 @@ class Lab:
             env=rt.env,
             ledger=self.ledger,
             log_dir=self.dir / "logs",
+            arch=ArchRoot.open(rt.arch) if rt.arch else None,
         )
 
     def nodes(self) -> dict[str, LocalNode]:
@@ -110,7 +114,12 @@ class Lab:
             self.info,
             self.spec,
             {
-                name: {"kind": rt.kind, "netns": rt.netns, "cpu": rt.cpu}
+                name: {
+                    "kind": rt.kind,
+                    "netns": rt.netns,
+                    "cpu": rt.cpu,
+                    **({"arch": rt.arch} if rt.arch else {}),
+                }
                 for name, rt in self.runtime.items()
             },
         )
@@ -257,6 +266,25 @@ def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dic
     return plan, list(dict.fromkeys(warnings))
 
 
+def _arch_plan(spec: LabSpec, cpu: dict[str, dict]) -> list[str]:
+    """Nodes of another architecture: their root and qemu-user must be here (refused before
+    anything is created), and no CPU quota applies to them: qemu-user translates every
+    instruction, so a quota fitted to native code would make them far slower than a board.
+    The profile's masks still apply (and the architecture's own, lab.arch). Returns warnings."""
+    emulated = [n for n in spec.hosts() if n.arch]
+    for n in emulated:
+        ArchRoot.open(n.arch)
+        plan = cpu.setdefault(n.name, {"profile": None, "cores": None, "env": {}})
+        if plan.get("cores") is not None:
+            plan.update(cores=None, slots=0, not_applied="qemu-user")
+    if not emulated:
+        return []
+    return [
+        f"{', '.join(f'{n.name} ({n.arch})' for n in emulated)}: the board's own binaries under "
+        "qemu-user, no CPU cap: functional evidence, not performance (docs/arch.md)"
+    ]
+
+
 def up(
     spec: LabSpec,
     lab_id: str | None = None,
@@ -293,6 +321,7 @@ def up(
     lab_id = check_id(lab_id or default_id())
     layout = cgroups.probe()
     cpu, warnings = cpu_plan(spec, layout)
+    warnings += _arch_plan(spec, cpu)
     for n in spec.nodes.values():
         if netops.netns_exists(f"{lab_id}-{n.name}"):
             raise PreconditionError(
@@ -477,6 +506,7 @@ def _build(
         info["nodes"][n.name] = NodeRuntime(
             n.name, n.kind, netns_name, str(mnt) if mnt else None, rel, plan, plan.get("env", {})
         ).__dict__
+        info["nodes"][n.name]["arch"] = n.arch
         ledger.record("cgroup", rel=rel, node=n.name)
         cgroups.ensure_dir(layout, rel)
         cgroups.set_cpu(layout, rel, plan.get("cores"), all_cpus)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import cgroups, coreslots, proc
+from .arch.emulate import ArchRoot
 from .errors import PreconditionError
 from .node import Daemon, Node, merged_env
 from .state import Ledger
@@ -32,6 +33,7 @@ class LocalNode(Node):
         env: Mapping[str, str] | None = None,
         ledger: Ledger | None = None,
         log_dir: Path | None = None,
+        arch: ArchRoot | None = None,
     ):
         self.lab_id = lab_id
         self.name = name
@@ -44,6 +46,11 @@ class LocalNode(Node):
         self.env = dict(env or {})
         self.ledger = ledger
         self.log_dir = log_dir
+        #: a node of another architecture: its tools run from that root under qemu-user
+        #: (lab.arch.emulate says which), with the board's CPU-feature masks over the profile's
+        self.arch = arch
+        if arch is not None:
+            self.env.update(arch.arch.env)
 
     def __repr__(self) -> str:
         return f"LocalNode({self.lab_id}:{self.name})"
@@ -56,7 +63,7 @@ class LocalNode(Node):
             # the node's /run is private: a caller's cwd under /run does not exist there
             wd = cwd if cwd and not cwd.startswith(("/run", "/var/run")) else "/"
             pre.append(f"--wd={wd}")
-        return [*pre, "--", *argv]
+        return [*pre, "--", *(self.arch.wrap(argv) if self.arch else argv)]
 
     def _preexec(self):
         files = self.procs_files
@@ -120,9 +127,30 @@ class LocalNode(Node):
         st = proc.proc_start_time(p.pid)
         if self.ledger is not None:
             self.ledger.record(
-                "process", node=self.name, name=name, pid=p.pid, start_time=st, argv=list(argv)
+                "process",
+                node=self.name,
+                name=name,
+                pid=p.pid,
+                start_time=st,
+                argv=list(argv),
+                **self.ran_by(argv),
             )
         return Daemon(self.name, name, p.pid, st, log, p)
+
+    def ran_by(self, argv: Sequence[str]) -> dict[str, str]:
+        """{"arch": ...}: which architecture runs argv, for a node of another architecture
+        (the ledger's process lines carry it); {} on a node of this machine's."""
+        return {"arch": self.arch.ran_by(argv)} if self.arch else {}
+
+    def missing_tools(self, tools: Sequence[str]) -> list[str]:
+        """Node.missing_tools; in a node of another architecture the board's tools must be in
+        its root (else they would quietly run as this machine's build)."""
+        if self.arch is None:
+            return super().missing_tools(tools)
+        lacking = set(self.arch.missing(tools))
+        on_host = [t for t in tools if not self.arch.emulates(t) and t not in lacking]
+        lacking |= set(super().missing_tools(on_host))
+        return [t for t in tools if t in lacking]
 
     def private_mounts(self) -> bool:
         """A node with a mount namespace of its own (every host node of a lab)."""

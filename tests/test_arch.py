@@ -1,0 +1,245 @@
+"""Nodes of another architecture (issue 19): the board's own arm64 binaries under qemu-user.
+
+Unit tests: the fetch plan (apt with a private configuration, never the host's), which binary
+runs a command (lab.arch.emulate.ArchRoot.wrap), bad input. Integration tests (root, the arm64
+root of `lab arch fetch arm64` and qemu-aarch64-static): WireGuard between an arm64 wireguard-go
+and an x86 one, arm64 ping and iperf3 through it, and OpenSSL's Pi 4 mask.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from lab.arch import ARCHES, MANIFEST, get
+from lab.arch import fetch as archfetch
+from lab.arch.emulate import ArchRoot
+from lab.errors import ConfigError, PreconditionError
+from tests.conftest import TOPOS, lab_traces, run_lab
+
+ARM64 = ARCHES["arm64"]
+
+
+# ---------------------------------------------------------------------------------- fetch plan
+def test_fetch_plan_keeps_apt_private(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_ARCH_CACHE", str(tmp_path))
+    p = archfetch.plan(ARM64)
+    assert p.root == tmp_path / "arm64"
+    update, install = p.commands()
+    assert update[0] == "apt-get" and update[-1] == "update"
+    assert install[-len(p.packages) - 4 : -len(p.packages)] == [
+        "install",
+        "-y",
+        "--download-only",
+        "--no-install-recommends",
+    ]
+    for pkg in ("wireguard-go", "wireguard-tools", "iperf3", "openvpn", "strongswan-charon"):
+        assert pkg in p.packages
+    assert "libcharon-extra-plugins" in p.packages  # kernel-libipsec
+    opts = dict(
+        update[i + 1].split("=", 1) for i, a in enumerate(update[:-1]) if a == "-o"
+    )  # every -o KEY=VALUE
+    assert opts["APT::Architecture"] == opts["APT::Architectures"] == "arm64"
+    # every place apt reads its package state or writes anything is the lab's own
+    for key in ("Dir::State", "Dir::State::status", "Dir::Cache", "Dir::Etc::SourceList"):
+        assert opts[key].startswith(str(tmp_path / ".apt-arm64")), key
+    assert all("dpkg" not in a for cmd in p.commands() for a in cmd)  # no --add-architecture
+    src = p.sources_text()
+    assert src.count("[arch=arm64 ") == 3 and " bookworm main" in src
+
+
+def test_fetch_is_quick_when_the_root_has_it_all(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_ARCH_CACHE", str(tmp_path))
+    p = archfetch.plan(ARM64)
+    p.root.mkdir()
+    (p.root / MANIFEST).write_text(json.dumps({"arch": "arm64", "requested": list(p.packages)}))
+
+    def no_commands(*a, **k):
+        raise AssertionError(f"ran {a}")
+
+    monkeypatch.setattr(archfetch.proc, "run", no_commands)
+    assert archfetch.fetch(p)["already_present"] is True
+    # one package more than the root holds: fetched again (here: the command it would run)
+    more = archfetch.plan(ARM64, (*p.packages, "tinc-extra"))
+    assert archfetch.present(more) is None
+
+
+def test_unknown_architecture_names_the_accepted_ones(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"--arch: unknown architecture 'sparc'; accepted: arm64, armhf"
+    ):
+        get("sparc")
+    r = run_lab("arch", "fetch", "mips")
+    assert r.returncode == 2 and "accepted: arm64, armhf" in r.stderr
+    topo = tmp_path / "t.py"
+    topo.write_text(
+        "from mininet.topo import Topo\n"
+        "class T(Topo):\n"
+        "    def build(self):\n"
+        "        a = self.addHost('a', arch='amd64')\n"
+        "        self.addLink(a, self.addHost('b'))\n"
+        "topos = {'t': T}\n"
+    )
+    from lab.topology import load_topology
+
+    with pytest.raises(ConfigError) as ei:
+        load_topology(topo)
+    msg = str(ei.value)
+    assert str(topo) in msg and "'a'" in msg and "arch" in msg and "amd64" in msg
+    assert "arm64" in msg and "armhf" in msg  # the accepted values
+
+
+# ---------------------------------------------------------------------------------- wrap
+def _exe(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_wrap_runs_the_roots_binary_under_qemu_and_keeps_netlink_tools_on_the_host(tmp_path):
+    root = tmp_path / "arm64"
+    _exe(root / "usr/bin/iperf3")
+    _exe(root / "usr/bin/wg")
+    _exe(root / "usr/lib/ipsec/charon")
+    (root / "usr/sbin").mkdir(parents=True)
+    # an absolute link is the board's path: resolved inside the root, never on this machine
+    os.symlink("/usr/lib/ipsec/charon", root / "usr/sbin/charon-alias")
+    r = ArchRoot(ARM64, root, "/usr/bin/qemu-aarch64-static")
+    assert r.wrap(["iperf3", "-s"]) == [
+        "/usr/bin/qemu-aarch64-static",
+        "-L",
+        str(root),
+        "-0",
+        "/usr/bin/iperf3",
+        str(root / "usr/bin/iperf3"),
+        "-s",
+    ]
+    assert r.wrap(["charon-alias"])[4:6] == [
+        "/usr/lib/ipsec/charon",
+        str(root / "usr/lib/ipsec/charon"),
+    ]
+    assert r.wrap(["wg", "show"]) == ["wg", "show"]  # generic netlink: the host's wg
+    assert r.wrap(["sh", "-c", "true"]) == ["sh", "-c", "true"]  # not in the root
+    assert r.ran_by(["iperf3"]) == "arm64 (qemu-aarch64-static)"
+    assert r.ran_by(["wg"]).endswith("(host)")
+    # a board tool the root lacks is refused, not quietly run as this machine's build
+    assert r.missing(["iperf3", "openvpn", "sh", "wg"]) == ["openvpn"]
+    with pytest.raises(PreconditionError, match="has no openvpn; run `lab arch fetch arm64`"):
+        r.wrap(["openvpn", "--version"])
+
+
+def test_missing_root_refuses_naming_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_ARCH_CACHE", str(tmp_path))
+    with pytest.raises(PreconditionError, match=r"no arm64 root at .*`lab arch fetch arm64`"):
+        ArchRoot.open("arm64")
+
+
+@pytest.mark.root
+def test_lab_up_refuses_an_arm64_node_without_its_root(tmp_path, lab_id):
+    r = run_lab(
+        "up", TOPOS / "pi_pair.py", "--id", lab_id, "-p", "client_arch=arm64",
+        env={"LAB_ARCH_CACHE": str(tmp_path)},
+    )  # fmt: skip
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "lab arch fetch arm64" in r.stderr
+    assert lab_traces(lab_id) == []  # refused before anything was created
+
+
+# ---------------------------------------------------------------------------------- emulated
+@pytest.fixture(scope="module")
+def arm64():
+    """The arm64 root and qemu-aarch64-static, or skip naming which is missing."""
+    try:
+        return ArchRoot.open("arm64")
+    except PreconditionError as e:
+        pytest.skip(str(e))
+
+
+def test_openssl_mask_leaves_out_the_armv8_crypto_instructions(arm64, tmp_path):
+    """OPENSSL_armcap=0x1 (a Pi 4: NEON, no ARMv8 crypto extensions) keeps the board's
+    OpenSSL off AESE/SHA256H; QEMU's default CPU has them, so unmasked it uses them. Read from
+    QEMU's log of the instructions it translated (-d in_asm)."""
+    data = tmp_path / "data"
+    data.write_bytes(os.urandom(4096))
+    key = "00" * 16
+
+    def count(env: dict, *args: str) -> dict[str, int]:
+        log = tmp_path / "asm.log"
+        log.unlink(missing_ok=True)
+        argv = arm64.wrap(["openssl", *args])
+        argv[1:1] = ["-d", "in_asm", "-D", str(log)]
+        import subprocess
+
+        e = {k: v for k, v in os.environ.items() if not k.startswith("OPENSSL_")}
+        subprocess.run(argv, env={**e, **env}, check=True, capture_output=True, timeout=60)
+        text = log.read_text()
+        return {i: len(re.findall(rf"\b{i}\b", text)) for i in ("aese", "sha256h")}
+
+    enc = ["enc", "-aes-128-ctr", "-K", key, "-iv", key, "-in", str(data), "-out", os.devnull]
+    dgst = ["dgst", "-sha256", str(data)]
+    plain = {"aese": count({}, *enc)["aese"], "sha256h": count({}, *dgst)["sha256h"]}
+    masked = {"aese": count(ARM64.env, *enc)["aese"], "sha256h": count(ARM64.env, *dgst)["sha256h"]}
+    assert plain["aese"] > 0 and plain["sha256h"] > 0, plain  # the check can tell
+    assert masked == {"aese": 0, "sha256h": 0}, masked
+
+
+@pytest.mark.root
+def test_wireguard_between_an_arm64_node_and_an_x86_node(arm64, lab_id):
+    from lab.lab import Lab
+    from lab.proc import is_same_process
+    from lab.teardown import teardown
+
+    r = run_lab(
+        "up", TOPOS / "pi_pair.py", "--id", lab_id, "-p", "client_arch=arm64", "-p", "cpu=0.5",
+        "--vpn", "wireguard:implementation=wireguard-go",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    lab = Lab.open(lab_id)
+    daemons = {d["node"]: d for d in lab.info["vpn"]["daemons"]}
+    try:
+        ledger = [json.loads(x) for x in (lab.dir / "ledger.jsonl").read_text().splitlines()]
+        procs = {x["node"]: x for x in ledger if x["kind"] == "process" and x.get("argv")}
+        assert procs["client"]["arch"] == "arm64 (qemu-aarch64-static)"
+        assert "arch" not in procs["server"]  # a node of this machine's architecture
+        # the kernel's view: the client's daemon is QEMU running the root's wireguard-go, in
+        # the node's network namespace; the server's is this machine's wireguard-go
+        cpid, spid = daemons["client"]["pid"], daemons["server"]["pid"]
+        assert os.readlink(f"/proc/{cpid}/exe") == arm64.qemu
+        cmdline = Path(f"/proc/{cpid}/cmdline").read_bytes().split(b"\0")
+        assert str(arm64.root / "usr/bin/wireguard-go").encode() in cmdline
+        assert os.readlink(f"/proc/{spid}/exe") != arm64.qemu
+        node_ns = os.stat(f"/var/run/netns/{lab_id}-client").st_ino
+        assert os.stat(f"/proc/{cpid}/ns/net").st_ino == node_ns
+        environ = Path(f"/proc/{cpid}/environ").read_bytes().split(b"\0")
+        assert b"OPENSSL_armcap=0x1" in environ and any(
+            e.startswith(b"GODEBUG=cpu.aes=off") for e in environ
+        )
+
+        client, server = lab.node("client"), lab.node("server")
+        out = client.run(["ping", "-c", "2", "-i", "0.2", "-W", "5", "10.99.0.2"]).stdout
+        assert " 0% packet loss" in out, out
+        srv = server.spawn("iperf3", ["iperf3", "-s", "-1", "-B", "10.99.0.2"])
+        try:
+            for _ in range(100):  # until it listens
+                ss = server.run(["ss", "-Hltn", "sport", "= :5201"]).stdout
+                if ss.strip():
+                    break
+            cp = client.run(["iperf3", "-c", "10.99.0.2", "-t", "1", "-J"], timeout=30)
+            res = json.loads(cp.stdout)
+            # iperf3 reports the machine it runs on: the arm64 binary sees an aarch64 CPU
+            assert res["start"]["system_info"].split()[-1] == "aarch64", res["start"]
+            assert res["end"]["sum_received"]["bytes"] > 0
+        finally:
+            server.stop(srv)
+    finally:
+        d = run_lab("down", "--id", lab_id)
+        assert d.returncode == 0, d.stdout + d.stderr
+        assert teardown(lab_id) == []
+    assert lab_traces(lab_id) == []
+    for d in daemons.values():
+        assert not is_same_process(d["pid"], d["start_time"]), d
