@@ -80,7 +80,7 @@ def test_bad_cipher_names_file_field_and_choices(tmp_path):
 @pytest.mark.parametrize(
     "spec, field, words",
     [
-        ("wireguard:mtu=99", "params.mtu", "1280..9000"),
+        ("wireguard:mtu=99", "params.mtu", "accepted: int >= 1280 and <= 9000"),
         ("wireguard:mtu=big", "params.mtu", "int"),
         ("wireguard:mtuu=1280", "params.mtuu", "listen_port"),
         ("wireguard:mtu", "", "key=value"),

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..node import Daemon, Node
+from ..params import Param
 from ..state import write_text_atomic
 
 
@@ -121,18 +122,6 @@ NODE_TOOLS: tuple[Tool, ...] = (
 )
 IP = Tool("ip", "iproute2", ("ip", "-V"))
 PING = Tool("ping", "iputils-ping", ("ping", "-V"))
-
-
-@dataclass
-class Param:
-    """A profile parameter: type, default, allowed values (or None), one-line doc."""
-
-    type: type
-    default: Any
-    doc: str
-    choices: tuple | None = None
-    min: float | None = None
-    max: float | None = None
 
 
 class Driver(ABC):

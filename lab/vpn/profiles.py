@@ -23,7 +23,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import get_driver
-from .base import TEMPLATE_DIR, Driver, Param, render_template  # noqa: F401  (re-exported)
+from ..params import validate, value_error
+from .base import TEMPLATE_DIR, Driver, render_template  # noqa: F401  (re-exported)
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent.parent / "vpn_profiles"
 TOP_KEYS = {"driver": str, "description": str, "study": str, "params": dict}
@@ -176,63 +177,35 @@ def load_profile(spec: str) -> Profile:
     )
 
 
-def _accepted(p: Param) -> str:
-    if p.choices is not None:
-        return "one of " + ", ".join(map(str, p.choices))
-    if p.min is not None or p.max is not None:
-        return f"a {p.type.__name__} in {p.min}..{p.max}"
-    return f"a {p.type.__name__}"
-
-
-def _unknown(driver: Driver, key: str, source: str) -> ConfigError:
-    valid = ", ".join(sorted(driver.params)) or "(none)"
-    return ConfigError(
-        f"unknown parameter for driver {driver.name!r}; valid: {valid}",
-        source=source,
-        field=f"params.{key}",
-    )
+def _owner(driver: Driver) -> str:
+    return f"driver {driver.name!r}"
 
 
 def coerce(driver: Driver, key: str, raw: str) -> Any:
     """A command-line override string converted to the parameter's type."""
     p = driver.params.get(key)
     if p is None:
-        raise _unknown(driver, key, "--vpn")
+        validate(
+            driver.params, {key: raw}, source="--vpn", owner=_owner(driver), field_prefix="params."
+        )
     try:
-        if p.type is bool:
-            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError
-            return raw.lower() in ("true", "1", "yes")
-        return p.type(raw)
+        return p.from_text(raw)
     except ValueError:
-        raise ConfigError(
-            f"{raw!r} is not {_accepted(p)}", source="--vpn", field=f"params.{key}"
+        raise value_error(
+            p,
+            f"got {raw!r}",
+            name=key,
+            source="--vpn",
+            owner=_owner(driver),
+            field_prefix="params.",
         ) from None
 
 
 def validate_params(driver: Driver, given: dict[str, Any], *, source: str) -> dict[str, Any]:
-    """Check type, choices and range of every parameter; returns them with defaults filled in."""
-    out = {k: p.default for k, p in driver.params.items()}
-    for key, value in given.items():
-        p = driver.params.get(key)
-        if p is None:
-            raise _unknown(driver, key, source)
-        where = f"params.{key}"
-        ok_type = isinstance(value, p.type) and not (p.type is not bool and isinstance(value, bool))
-        if p.type is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok_type = float(value), True
-        if not ok_type:
-            raise ConfigError(f"{value!r} is not {_accepted(p)}", source=source, field=where)
-        if p.choices is not None and value not in p.choices:
-            raise ConfigError(
-                f"{value!r} is not accepted; valid: {', '.join(map(str, p.choices))}",
-                source=source,
-                field=where,
-            )
-        if (p.min is not None and value < p.min) or (p.max is not None and value > p.max):
-            raise ConfigError(
-                f"{value!r} is out of range; accepted: {p.min}..{p.max}", source=source, field=where
-            )
-        out[key] = value
+    """Check type, choices and range of every parameter (lab.params), then the driver's checks
+    across them; returns them with defaults filled in."""
+    out = validate(
+        driver.params, given, source=source, owner=_owner(driver), field_prefix="params."
+    )
     driver.validate(out, source=source)
     return out
