@@ -15,7 +15,15 @@ from ..errors import ConfigError
 from .base import NODE_TOOLS, Driver, Tool
 
 #: modules of this package that are infrastructure, not drivers
-_NOT_DRIVERS = {"base", "charon", "kernelfeatures", "profiles", "tunnel"}
+_NOT_DRIVERS = {
+    "base",
+    "byocimport",
+    "charon",
+    "kernelfeatures",
+    "profiles",
+    "tunnel",
+    "userconfig",
+}
 _registry: dict[str, type[Driver]] | None = None
 
 

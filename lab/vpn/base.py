@@ -63,6 +63,9 @@ class TunnelContext:
     #: the data-plane path check() found on the nodes ("" when nobody asked: then a driver
     #: that renders per path goes by its parameters)
     dataplane: str = ""
+    #: role -> the user's own config file (lab.vpn.userconfig.UserConfig) when the profile
+    #: carries them ([configs]); empty: the driver renders its own templates
+    configs: dict = field(default_factory=dict)
 
     def ends(self) -> tuple[Endpoint, Endpoint]:
         return self.client, self.server

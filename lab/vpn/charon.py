@@ -292,9 +292,17 @@ def log_tails(ctx: TunnelContext) -> str:
     return out
 
 
-def start(ctx: TunnelContext, start_timeout: float) -> None:
+def start(
+    ctx: TunnelContext,
+    start_timeout: float,
+    *,
+    load_error: Callable[[Endpoint, str], Exception] | None = None,
+) -> tuple[str, str]:
     """Both charons (configs already written), vici up, --load-all on both, the client
-    initiates and blocks until the CHILD_SA is installed. StartupError with the logs if not."""
+    initiates and blocks until the CHILD_SA is installed. StartupError with the logs if not.
+    `load_error(end, swanctl output)`: the error to raise when --load-all refuses a file (a
+    user's own swanctl.conf; default: CommandError). Returns the (IKE, CHILD) names started:
+    the lab's CONN, or a user's file's first connection and child (conn_names)."""
     ctx.log_dir.mkdir(parents=True, exist_ok=True)
     for end in ctx.ends():
         # stale socket from an earlier run: charon would unlink it anyway; a fresh dir is ours
@@ -309,20 +317,37 @@ def start(ctx: TunnelContext, start_timeout: float) -> None:
         _wait_vici(ctx, end, deadline)
     for end in ctx.ends():
         conf = str(conf_path(ctx, end, "swanctl.conf"))
-        swanctl(ctx, end, ["--load-all", "--noprompt", "--file", conf])
+        cp = swanctl(ctx, end, ["--load-all", "--noprompt", "--file", conf], check=not load_error)
+        if cp.returncode != 0 and load_error:
+            raise load_error(end, cp.stdout + cp.stderr)
+    ike, child = conn_names(ctx, ctx.client) if ctx.configs else (CONN, CONN)
     left = max(1, int(deadline - time.monotonic() + 0.999))
     cp = swanctl(
         ctx,
         ctx.client,
-        ["--initiate", "--ike", CONN, "--child", CONN, "--timeout", str(left)],
+        ["--initiate", "--ike", ike, "--child", child, "--timeout", str(left)],
         check=False,
         timeout=left + 5,
     )
     if cp.returncode != 0:
         raise StartupError(
-            f"strongSwan: initiating CHILD_SA {CONN!r} from {ctx.client.name} failed "
+            f"strongSwan: initiating CHILD_SA {child!r} from {ctx.client.name} failed "
             f"(swanctl exit {cp.returncode})\n{tail_of(cp.stdout + cp.stderr, 12)}" + log_tails(ctx)
         )
+    return ike, child
+
+
+def conn_names(ctx: TunnelContext, end: Endpoint) -> tuple[str, str]:
+    """(first connection, its first child) of what charon loaded on `end`, as swanctl lists
+    them: a user's swanctl.conf names its own (docs/byoc.md)."""
+    cp = swanctl(ctx, end, ["--list-conns", "--raw"])
+    for name, msg in parse_vici_raw(cp.stdout):
+        if name == "list-conn event":
+            for ike, conf in msg.items():
+                children = [c for c in (conf.get("children") or {})]
+                if children:
+                    return ike, children[0]
+    raise StartupError(f"strongSwan: no connection with a child loaded on {end.name}")
 
 
 def _wait_vici(ctx: TunnelContext, end: Endpoint, deadline: float) -> None:
@@ -351,12 +376,12 @@ def _wait_vici(ctx: TunnelContext, end: Endpoint, deadline: float) -> None:
         time.sleep(0.02)
 
 
-def sa(ctx: TunnelContext, end: Endpoint) -> tuple[dict, dict]:
+def sa(ctx: TunnelContext, end: Endpoint, conn: str = CONN) -> tuple[dict, dict]:
     """(IKE_SA, first installed CHILD_SA) of our connection as vici reports them ({} if none)."""
-    cp = swanctl(ctx, end, ["--list-sas", "--ike", CONN, "--raw"])
+    cp = swanctl(ctx, end, ["--list-sas", "--ike", conn, "--raw"])
     for name, msg in parse_vici_raw(cp.stdout):
-        if name == "list-sa event" and CONN in msg:
-            ike = msg[CONN]
+        if name == "list-sa event" and conn in msg:
+            ike = msg[conn]
             for child in (ike.get("child-sas") or {}).values():
                 if isinstance(child, dict) and child.get("state") == "INSTALLED":
                     return ike, child

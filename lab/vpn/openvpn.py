@@ -33,6 +33,7 @@ from .base import (
     write_secret,
     render_template,
 )
+from . import userconfig
 from .kernelfeatures import has_char_device
 
 IFNAME = "tun0"
@@ -144,6 +145,16 @@ class OpenVPNDriver(Driver):
 
     # ---------------------------------------------------------------- secrets and configs
     def secrets(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
+        if ctx.configs:  # the user's files (docs/byoc.md): a per-lab PKI, a tls-crypt/-auth key
+            # and DH parameters (RFC 7919's ffdhe2048 group: public, nothing to generate)
+            key = static_key()
+            write_secret(ctx.secrets_dir, "openvpn-tls.key", key + "\n")
+            dh = proc.run(
+                ["openssl", "genpkey", "-genparam", "-algorithm", "DH"]
+                + ["-pkeyopt", "group:ffdhe2048"],
+                where="controller",
+            ).stdout.strip()
+            return {**self._pki(ctx, params), "static_key": key, "dh": dh}
         if params["mode"] == "static":
             key = static_key()
             write_secret(ctx.secrets_dir, "openvpn-static.key", key + "\n")
@@ -200,6 +211,8 @@ class OpenVPNDriver(Driver):
         return out
 
     def render(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict:
+        if ctx.configs:
+            return userconfig.render(ctx, self.name, self._user_values(ctx, params, secrets))
         rendered = {}
         for role, end in (("client", ctx.client), ("server", ctx.server)):
             peer = ctx.peer(end)
@@ -224,7 +237,7 @@ class OpenVPNDriver(Driver):
                 "mtu": params["mtu"],
                 "keepalive_interval": params["keepalive_interval"],
                 "keepalive_timeout": params["keepalive_timeout"],
-                "mode": params["mode"],
+                "mode": "tls" if ctx.configs else params["mode"],
                 "cipher": params["cipher"],
                 "auth": params["auth"],
             }
@@ -244,19 +257,77 @@ class OpenVPNDriver(Driver):
             }
         return rendered
 
+    @staticmethod
+    def _user_values(ctx: TunnelContext, params: dict, secrets: dict[str, str]):
+        """values_of(end, role) for the user's files: inline PEM values, and for the *_file
+        placeholders the file names written beside the config (openvpn runs with --cd there)."""
+
+        def values_of(end, role):
+            inline = {
+                "ifname": IFNAME,
+                "port": params["port"],
+                "remote": ctx.peer(end).underlay_v4,
+                "ca_cert": secrets["ca_cert"],
+                "cert": secrets[f"{role}_cert"],
+                "key": secrets[f"{role}_key"],
+                "tls_crypt_key": secrets["static_key"],
+                "tls_auth_key": secrets["static_key"],
+                "dh": secrets["dh"],
+            }
+            files, names = {}, {}
+            for ph, (fname, secret) in userconfig.OPENVPN_FILES.items():
+                names[ph] = fname
+                if ph in userconfig.config_of(ctx, end).names:
+                    files[fname] = secrets[secret.format(role=role)] + "\n"
+            return {**inline, **names}, files
+
+        return values_of
+
     # ---------------------------------------------------------------- running
     def start(self, ctx: TunnelContext, params: dict, rendered: dict) -> None:
         # server first, and only once its socket is bound: the client's first packets (the TLS
         # handshake) are then not lost to an ICMP port-unreachable and a retransmit timer
         for end in (ctx.server, ctx.client):
             conf = ctx.write_config(end, rendered[end.name])["openvpn.conf"]
-            d = end.node.spawn("openvpn", ["openvpn", "--config", str(conf)])
+            argv = ["openvpn", "--config", str(conf)]
+            ready = READY_LOG
+            if ctx.configs:  # the user's file names its key files relative to its directory
+                argv = ["openvpn", "--cd", str(conf.parent), "--config", conf.name]
+                self._check_user(ctx, end, argv, rendered[end.name]["openvpn.conf"])
+                ready = (*READY_LOG, "link remote:")  # a `nobind` client binds nothing
+            d = end.node.spawn("openvpn", argv)
             ctx.daemons.append(d)
-            self._wait_log(end.name, d, READY_LOG, timeout=5.0)
+            self._wait_log(end.name, d, ready, timeout=5.0)
+        if ctx.configs:
+            self._wait_client_address(ctx)
         for end in ctx.ends():
             if ctx.peer(end).behind:
                 self._wait_configured(ctx, end)
                 route_through(end, ctx.peer(end), IFNAME)
+
+    @staticmethod
+    def _check_user(ctx: TunnelContext, end, argv: list[str], rendered: str) -> None:
+        """OpenVPN's own option checker on the user's rendered file (userconfig.OPENVPN_PARSED)."""
+        cp = end.node.run([*argv, "--test-crypto", "--verb", "1"], check=False, timeout=30)
+        out = cp.stdout + cp.stderr
+        if userconfig.OPENVPN_PARSED not in out:
+            raise userconfig.openvpn_error(userconfig.config_of(ctx, end), rendered, out)
+
+    @staticmethod
+    def _wait_client_address(ctx: TunnelContext, timeout: float = 15.0) -> None:
+        """The address the server pushed to the client (topology net30 or subnet): recorded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            cp = ctx.client.node.run(["ip", "-j", "-4", "addr", "show", "dev", IFNAME], check=False)
+            infos = [a for i in json.loads(cp.stdout or "[]") for a in i.get("addr_info", [])]
+            if cp.returncode == 0 and infos:
+                ctx.client.tunnel_v4 = f"{infos[0]['local']}/{infos[0]['prefixlen']}"
+                return
+            dead = [d for d in ctx.daemons if not d.alive()]
+            if dead or time.monotonic() > deadline:
+                tail = dead[0].log_tail(20) if dead else ""
+                raise StartupError(f"openvpn: {IFNAME} on {ctx.client.name} got no address\n{tail}")
+            time.sleep(0.02)
 
     @staticmethod
     def _wait_configured(ctx: TunnelContext, end, timeout: float = 15.0) -> None:
@@ -304,12 +375,14 @@ class OpenVPNDriver(Driver):
                 if m:
                     negotiated = {"cipher": m[-1][0], "auth": m[-1][1] or None}
         cipher = params["cipher"] if params["cipher"] != "none" else "none"
+        if ctx.configs:  # the user's files chose it: what the data channel negotiated
+            cipher = (negotiated or {}).get("cipher")
         return {
             "implementation": "OpenVPN",
             "version": lines[0].split()[1] if lines else None,
             "library": lines[1].strip() if len(lines) > 1 else None,
             "path": "userspace",
-            "mode": params["mode"],
+            "mode": "tls" if ctx.configs else params["mode"],
             "cipher": cipher,
             "auth": params["auth"] if params["cipher"] not in AEAD_CIPHERS else "AEAD",
             "negotiated": negotiated,

@@ -24,10 +24,11 @@ from typing import Any
 from ..errors import ConfigError
 from . import get_driver
 from ..params import validate, value_error
+from .userconfig import UserConfig, hashes, load_configs
 from .base import TEMPLATE_DIR, Driver, render_template  # noqa: F401  (re-exported)
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent.parent / "vpn_profiles"
-TOP_KEYS = {"driver": str, "description": str, "study": str, "params": dict}
+TOP_KEYS = {"driver": str, "description": str, "study": str, "params": dict, "configs": dict}
 #: a profile name: a file name in vpn_profiles/ without .toml
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._\-]{0,63}\Z")
 
@@ -50,6 +51,8 @@ class Profile:
     study: str
     params: dict[str, Any]  # complete: defaults filled in, overrides applied, validated
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: role -> the user's own config file ([configs], lab.vpn.userconfig; docs/byoc.md)
+    configs: dict[str, UserConfig] = field(default_factory=dict)
 
     @property
     def driver(self) -> Driver:
@@ -64,6 +67,7 @@ class Profile:
             "study": self.study,
             "params": dict(self.params),
             "overrides": dict(self.overrides),
+            **({"configs": hashes(self.configs)} if self.configs else {}),
         }
 
 
@@ -174,6 +178,7 @@ def load_profile(spec: str) -> Profile:
         study=data.get("study", ""),
         params=params,
         overrides=typed,
+        configs=load_configs(driver.name, data["configs"], path) if "configs" in data else {},
     )
 
 

@@ -27,11 +27,12 @@ l2tp-ipsec driver; this module adds tunnel mode: addresses, selectors, data-plan
 from __future__ import annotations
 
 import json
+import re
 from typing import ClassVar
 
-from ..errors import TeardownIncomplete
+from ..errors import StartupError, TeardownIncomplete
 from ..node import Node
-from . import charon
+from . import charon, userconfig
 from .base import IP, PING, Availability, Driver, Endpoint, Param, TunnelContext, config_hash
 from .charon import (  # noqa: F401 -- re-exported: tests and callers know them from here
     CHARON,
@@ -161,9 +162,27 @@ class StrongSwanDriver(Driver):
     ) -> dict[str, dict[str, str]]:
         # the path check() found on the nodes; unasked, the one the parameters name
         path = ctx.dataplane or ("kernel-libipsec" if params["dataplane"] == "libipsec" else "")
-        return charon.render_configs(
+        out = charon.render_configs(
             ctx, params, secrets["psk"], path or "kernel", selectors=traffic_selectors
         )
+        if ctx.configs:  # the user's swanctl.conf; strongswan.conf (plugins, vici) stays the lab's
+            user = userconfig.render(
+                ctx,
+                self.name,
+                lambda end, role: (
+                    {
+                        "local_addr": end.underlay_v4,
+                        "remote_addr": ctx.peer(end).underlay_v4,
+                        "psk": secrets["psk"],
+                        "local_ts": ", ".join(traffic_selectors(end)),
+                        "remote_ts": ", ".join(traffic_selectors(ctx.peer(end))),
+                    },
+                    {},
+                ),
+            )
+            for node, files in user.items():
+                out[node].update(files)
+        return out
 
     # ------------------------------------------------------------------ start
 
@@ -176,7 +195,33 @@ class StrongSwanDriver(Driver):
             ctx.write_config(end, rendered[end.name])
         for end in ctx.ends():
             _ensure_tunnel_addrs(end)
-        charon.start(ctx, params["start_timeout"])
+        if not ctx.configs:
+            charon.start(ctx, params["start_timeout"])
+            return
+        files = {end.name: conf for end in ctx.ends() for conf in [userconfig.config_of(ctx, end)]}
+
+        def load_error(end: Endpoint, output: str) -> Exception:
+            # swanctl's parser or charon refused the user's file: its own words, its line
+            cfg, text = files[end.name], rendered[end.name]["swanctl.conf"]
+            m = re.search(r"line (\d+)|:(\d+)", output)
+            line = int(m.group(1) or m.group(2)) if m else None
+            return userconfig.file_error(cfg, text, line, "swanctl --load-all: " + output.strip())
+
+        try:
+            charon.start(ctx, params["start_timeout"], load_error=load_error)
+        except StartupError as e:  # only the negotiation tells: the daemons' own log lines
+            said = [
+                f"{d.node}: {ln}"
+                for d in ctx.daemons
+                for ln in userconfig.daemon_lines(d.log_text())
+            ]
+            raise StartupError(
+                "strongSwan with the user's files "
+                + ", ".join(f"{c.path} ({c.role})" for c in ctx.configs.values())
+                + ": the daemons' log says:\n  "
+                + "\n  ".join(said or ["(nothing)"])
+                + f"\n{e}"
+            ) from None
 
     # ------------------------------------------------------------------ describe
 
@@ -184,7 +229,8 @@ class StrongSwanDriver(Driver):
         files = charon.deployed(ctx)
         dataplane = dataplane_of(files[ctx.client.name]["strongswan.conf"])
         version = charon.version(ctx, ctx.client)
-        ike, child = self.sa(ctx, ctx.client)
+        conn = charon.conn_names(ctx, ctx.client)[0] if ctx.configs else charon.CONN
+        ike, child = charon.sa(ctx, ctx.client, conn)
         algs = charon.algorithms(ctx, ctx.client)
         negotiated = charon.negotiated(ike, child)
         mtu, mtu_source, ifname = self._mtu(ctx, dataplane, child)

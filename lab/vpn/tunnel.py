@@ -32,6 +32,7 @@ from ..graph import reachable_segments
 from ..topology import Interface, LabSpec
 from .base import Availability, Driver, Endpoint, TunnelContext, config_hash
 from .profiles import Profile, load_profile
+from .userconfig import hashes, tunnel_layout
 
 TUNNEL_V4 = ipaddress.ip_network("10.99.0.0/24")
 TUNNEL_V6 = ipaddress.ip_network("fd99::/64")
@@ -70,10 +71,13 @@ class TunnelPlan:
     def tunnel_addrs(self, side: Side) -> tuple[str, str]:
         if not self.driver.has_tunnel:
             return f"{side.underlay_v4}/{side.underlay_prefix}", side.underlay_v6 or ""
-        host = 1 if side is self.client else 2
+        hosts, v6 = (1, 2), True
+        if self.profile.configs:  # the user's files decide (OpenVPN's `server`: server is .1)
+            *hosts, v6 = tunnel_layout(self.driver.name, self.profile.configs)
+        host = hosts[0] if side is self.client else hosts[1]
         return (
             f"{TUNNEL_V4.network_address + host}/{TUNNEL_V4.prefixlen}",
-            f"{TUNNEL_V6.network_address + host}/{TUNNEL_V6.prefixlen}",
+            f"{TUNNEL_V6.network_address + host}/{TUNNEL_V6.prefixlen}" if v6 else "",
         )
 
     def traffic_target(self, spec: LabSpec) -> dict:
@@ -300,6 +304,7 @@ def make_context(lab_id: str, p: TunnelPlan, nodes: dict, base: Path) -> TunnelC
         log_dir=base / "logs",
         profile=p.profile.name,
         dataplane=p.availability.path if p.availability else "",
+        configs=dict(p.profile.configs),
     )
 
 
@@ -411,6 +416,8 @@ def bring_up(lab, profile: str | Profile | TunnelPlan) -> dict:
     if not desc.get("config_hash"):
         # of the redacted files: equal configs hash equal across labs although keys differ
         desc["config_hash"] = config_hash(redact(rendered, secret_values(drv, secrets)))
+    if p.profile.configs:  # the user's own files (docs/byoc.md): which ones, byte for byte
+        desc["user_configs"] = hashes(p.profile.configs)
     record.update(
         state="up",
         describe=desc,

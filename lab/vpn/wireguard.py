@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import ClassVar
 
@@ -28,6 +29,7 @@ from .base import (
     write_secret,
     render_template,
 )
+from . import userconfig
 from .kernelfeatures import has_char_device, probe_netns
 
 IFNAME = "wg0"
@@ -114,7 +116,7 @@ class WireGuardDriver(Driver):
             int, 0, "seconds between keepalives (0: off)", min=0, max=65535
         ),
     }
-    secret_markers = ("client_private", "server_private")
+    secret_markers = ("client_private", "server_private", "preshared")
     requires = (
         Tool("wg", "wireguard-tools", ("wg", "--version")),
         Tool("wireguard-go", "wireguard-go", ("wireguard-go", "--version")),
@@ -148,9 +150,16 @@ class WireGuardDriver(Driver):
             priv, pub = genkey()
             write_secret(ctx.secrets_dir, f"wg-{role}.key", priv + "\n")
             out[f"{role}_private"], out[f"{role}_public"] = priv, pub
+        if ctx.configs:  # the user's files may have a PresharedKey: the lab's, per lab
+            import base64
+
+            out["preshared"] = base64.b64encode(os.urandom(32)).decode()
+            write_secret(ctx.secrets_dir, "wg-preshared.key", out["preshared"] + "\n")
         return out
 
     def render(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict:
+        if ctx.configs:
+            return self._render_user(ctx, params, secrets)
         rendered = {}
         for role, end in (("client", ctx.client), ("server", ctx.server)):
             peer = ctx.peer(end)
@@ -177,11 +186,46 @@ class WireGuardDriver(Driver):
             }
         return rendered
 
+    def _render_user(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict:
+        """The user's wg-quick files (docs/byoc.md), checked: AllowedIPs holds the peer."""
+
+        def values(end, role):
+            peer, prole = ctx.peer(end), "server" if role == "client" else "client"
+            allowed = [_host_route(peer.tunnel_v4), *peer.behind]
+            if peer.tunnel_v6:
+                allowed.insert(1, _host_route(peer.tunnel_v6))
+            return {
+                "address": ", ".join(a for a in (end.tunnel_v4, end.tunnel_v6) if a),
+                "private_key": secrets[f"{role}_private"],
+                "peer_public_key": secrets[f"{prole}_public"],
+                "preshared_key": secrets["preshared"],
+                "listen_port": params["listen_port"],
+                "peer_endpoint": f"{peer.underlay_v4}:{params['listen_port']}",
+                "peer_allowed_ips": ", ".join(allowed),
+            }, {}
+
+        rendered = userconfig.render(ctx, self.name, values)
+        for end in ctx.ends():
+            text = rendered[end.name][f"{IFNAME}.conf"]
+            userconfig.wg_check(userconfig.config_of(ctx, end), text, ctx.peer(end))
+        return rendered
+
     def start(self, ctx: TunnelContext, params: dict, rendered: dict) -> None:
         impl = params["implementation"]
         for end in ctx.ends():
             ctx.write_config(end, rendered[end.name])
-            setconf = setconf_text(rendered[end.name][f"{IFNAME}.conf"])
+            wg_quick = rendered[end.name][f"{IFNAME}.conf"]
+            setconf = setconf_text(wg_quick)
+            keys = {k: v for _, sec, k, v in userconfig.wg_keys(wg_quick) if sec == "interface"}
+            if ctx.configs and "listenport" not in keys:
+                # the lab owns the port the peer's Endpoint names: given to wg with the rest
+                # (set later, the port moves under a handshake already under way)
+                setconf = re.sub(
+                    r"(?im)^\s*\[interface\]\s*$",
+                    lambda m: f"{m.group(0)}\nListenPort = {params['listen_port']}",
+                    setconf,
+                    count=1,
+                )
             conf = ctx.write_config(end, {f"{IFNAME}.setconf": setconf})
             node = end.node
             made = False
@@ -200,10 +244,21 @@ class WireGuardDriver(Driver):
                 )
                 ctx.daemons.append(d)
                 self._wait_uapi(ctx, end, d)
-            node.run(["wg", "setconf", IFNAME, str(conf[f"{IFNAME}.setconf"])])
+            mtu = params["mtu"]
+            if ctx.configs:  # the user's file: wg's own parser judges it, errors name its line
+                cp = node.run(
+                    ["wg", "setconf", IFNAME, str(conf[f"{IFNAME}.setconf"])], check=False
+                )
+                if cp.returncode != 0:
+                    cfg = userconfig.config_of(ctx, end)
+                    raise userconfig.wg_setconf_error(cfg, wg_quick, setconf, cp.stderr)
+                mtu = int(keys["mtu"]) if keys.get("mtu", "").isdigit() else mtu
+            else:
+                node.run(["wg", "setconf", IFNAME, str(conf[f"{IFNAME}.setconf"])])
             node.run(["ip", "-4", "addr", "add", end.tunnel_v4, "dev", IFNAME])
-            node.run(["ip", "-6", "addr", "add", end.tunnel_v6, "dev", IFNAME, "nodad"])
-            node.run(["ip", "link", "set", IFNAME, "mtu", str(params["mtu"]), "up"])
+            if end.tunnel_v6:
+                node.run(["ip", "-6", "addr", "add", end.tunnel_v6, "dev", IFNAME, "nodad"])
+            node.run(["ip", "link", "set", IFNAME, "mtu", str(mtu), "up"])
             route_through(end, ctx.peer(end), IFNAME)
 
     @staticmethod
