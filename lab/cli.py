@@ -235,6 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profiles", help="list VPN profiles and whether they can run here")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=["import"],
+        help="import FILE... --out PROFILE.toml: your wg-quick/swanctl/OpenVPN files as a "
+        "profile (docs/byoc.md)",
+    )
+    p.add_argument("files", nargs="*", metavar="FILE")
+    p.add_argument("--out", metavar="PROFILE.toml", help="import: the profile file to write")
 
     p = sub.add_parser("down", help="tear a lab down (exactly what it created)")
     _add_id(p)

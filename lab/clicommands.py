@@ -91,9 +91,46 @@ def cmd_render(args) -> int:
     return 0
 
 
+def cmd_profiles_import(args) -> int:
+    """`lab profiles import FILE... --out PROFILE.toml` (docs/byoc.md)."""
+    from pathlib import Path
+
+    from .vpn import byocimport
+    from .vpn.profiles import load_profile
+
+    if not args.files:
+        raise ConfigError("give the config file(s) to import", source="lab profiles import")
+    if not args.out:
+        raise ConfigError("missing: the profile file to write", source="--out", field="--out")
+    out_path = Path(args.out)
+    if out_path.exists():
+        raise ConfigError("exists; choose a new profile file", source=args.out, field="--out")
+    imported = byocimport.import_files([Path(f) for f in args.files])
+    written = byocimport.write(imported, out_path)
+    try:
+        load_profile(str(out_path))  # what was written loads: placeholders and roles complete
+    except LabError:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    for path in written:
+        out.print(f"wrote {path}", highlight=False)
+    for n in imported.notes:
+        out.print(f"not carried over: {n.file}:{n.line}: {n.text}  ({n.why})", markup=False)
+    return 0
+
+
 def cmd_profiles(args) -> int:
     from .vpn.profiles import known_profiles, load_profile
     from .vpn.tunnel import availability
+
+    if args.action == "import":
+        return cmd_profiles_import(args)
+    if args.files or args.out:
+        raise ConfigError(
+            "FILE and --out belong to `lab profiles import FILE... --out PROFILE.toml`",
+            source="lab profiles",
+        )
 
     rows = []
     for name in known_profiles():

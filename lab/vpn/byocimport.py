@@ -366,11 +366,16 @@ def write(imp: Imported, out: Path) -> list[Path]:
     if out.suffix != ".toml":
         raise ConfigError("must end in .toml (the profile file)", source=str(out), field="--out")
     stem = out.stem
-    written, configs = [], {}
+    written, configs, names = [], {}, []
     for t in imp.templates:
         name = f"{stem}.{t.role + '.' if t.role and len(imp.templates) > 1 else ''}{t.source.name}"
-        if not name.endswith(".j2"):
-            name += ".j2"
+        names.append(name if name.endswith(".j2") else name + ".j2")
+    for path in [out, *(out.parent / n for n in names)]:
+        if path.exists():  # nothing is overwritten, nothing written when one would be
+            raise ConfigError(
+                "exists; choose another profile name", source=str(path), field="--out"
+            )
+    for t, name in zip(imp.templates, names, strict=True):
         (out.parent / name).write_text(t.text)
         written.append(out.parent / name)
         for role in (t.role,) if len(imp.templates) > 1 else ("client", "server"):

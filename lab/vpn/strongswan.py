@@ -210,6 +210,12 @@ class StrongSwanDriver(Driver):
         try:
             charon.start(ctx, params["start_timeout"], load_error=load_error)
         except StartupError as e:  # only the negotiation tells: the daemons' own log lines
+            where = [
+                userconfig.rejected_proposal(
+                    files[d.node], rendered[d.node]["swanctl.conf"], d.log_text()
+                )
+                for d in ctx.daemons
+            ]
             said = [
                 f"{d.node}: {ln}"
                 for d in ctx.daemons
@@ -218,7 +224,8 @@ class StrongSwanDriver(Driver):
             raise StartupError(
                 "strongSwan with the user's files "
                 + ", ".join(f"{c.path} ({c.role})" for c in ctx.configs.values())
-                + ": the daemons' log says:\n  "
+                + "".join(f"\nrefused by {w}" for w in where if w)
+                + "\nthe daemons' log says:\n  "
                 + "\n  ".join(said or ["(nothing)"])
                 + f"\n{e}"
             ) from None

@@ -393,7 +393,7 @@ def daemon_lines(log: str, limit: int = 4) -> list[str]:
     """The lines of a charon log that say why a negotiation failed."""
     rx = re.compile(
         r"NO_PROPOSAL_CHOSEN|no acceptable proposal|AUTHENTICATION_FAILED|TS_UNACCEPTABLE|"
-        r"INVALID_KE|failed|error",
+        r"INVALID_KE|unacceptable|configured proposals|failed|error",
         re.IGNORECASE,
     )
     return [ln.strip() for ln in log.splitlines() if rx.search(ln)][:limit]
@@ -402,3 +402,20 @@ def daemon_lines(log: str, limit: int = 4) -> list[str]:
 def hashes(configs: dict[str, UserConfig]) -> dict[str, dict]:
     """{role: {file, sha256}} for the run manifest."""
     return {role: c.to_json() for role, c in configs.items()}
+
+
+def rejected_proposal(cfg: UserConfig, rendered: str, log: str) -> str:
+    """Where a charon that refused its peer's proposals (its log: "configured proposals: IKE:"
+    or "ESP:" then "... unacceptable") has them in the user's file: "FILE line N: ..." or ""."""
+    m = re.search(
+        r"configured proposals: (IKE|ESP):[^\n]*\n(?:[^\n]*\n){0,3}?[^\n]*(?:unacceptable|no acceptable)",
+        log,
+    )
+    if not m:
+        return ""
+    key = "proposals" if m.group(1) == "IKE" else "esp_proposals"
+    n = line_of(rendered, r"^\s*" + key + r"\s*=")
+    if n is None:
+        return f"{cfg.path}: no {key} line (strongSwan's default proposals were refused)"
+    line = template_line(cfg.text, rendered, n)
+    return f"{cfg.path} line {line}: {cfg.text.splitlines()[line - 1].strip()}"
