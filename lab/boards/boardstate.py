@@ -15,44 +15,52 @@ def _sh(node, script: str, *, check: bool = True):
     return node.run(["sh", "-c", script], check=check, timeout=30)
 
 
+def _json(node, *argv: str) -> list:
+    out = node.run(list(argv), timeout=30).stdout.strip()
+    return json.loads(out) if out else []
+
+
+def read_addrs(node) -> list[list[str]]:
+    """[ifname, "address/prefixlen"] of every address on the board, sorted."""
+    return [
+        list(x)
+        for x in sorted(
+            (a["ifname"], f"{x['local']}/{x['prefixlen']}")
+            for a in _json(node, "ip", "-j", "addr", "show")
+            for x in a.get("addr_info", [])
+        )
+    ]
+
+
+def read_routes(node) -> list[str]:
+    """Every route of every table, IPv4 and IPv6, as sorted JSON texts of dst, gateway, dev,
+    table and type."""
+    return sorted(
+        json.dumps(
+            {k: r.get(k) for k in ("dst", "gateway", "dev", "table", "type")}, sort_keys=True
+        )
+        for fam in ("-4", "-6")
+        for r in _json(node, "ip", "-j", fam, "route", "show", "table", "all")
+    )
+
+
 def snapshot(node, board: Board) -> dict:
     """The board's network state the lab may change, normalised for comparison: links
     (ifindex, name, up, mtu), addresses and routes (all tables), root qdiscs, the sysctls the
     lab sets, xfrm states and policies, and the files under the per-lab parent directory."""
 
-    def js(*argv):
-        out = node.run(list(argv), timeout=30).stdout.strip()
-        return json.loads(out) if out else []
-
     def count(*argv):
         cp = node.run(list(argv), check=False, timeout=30)
         return sum(1 for ln in cp.stdout.splitlines() if ln.startswith("src "))
 
-    j = [
-        js("ip", "-j", "link", "show"),
-        js("ip", "-j", "addr", "show"),
-        js("ip", "-j", "-4", "route", "show", "table", "all"),
-        js("ip", "-j", "-6", "route", "show", "table", "all"),
-        js("tc", "-j", "qdisc", "show"),
-    ]
+    j = [_json(node, "ip", "-j", "link", "show"), _json(node, "tc", "-j", "qdisc", "show")]
     xs = [count("ip", "xfrm", "state", "list"), count("ip", "xfrm", "policy", "list")]
     links = sorted(
         (ln["ifindex"], ln["ifname"], "UP" in ln.get("flags", []), ln.get("mtu")) for ln in j[0]
     )
-    addrs = sorted(
-        (a["ifname"], f"{x['local']}/{x['prefixlen']}")
-        for a in j[1]
-        for x in a.get("addr_info", [])
-    )
-    routes = sorted(
-        json.dumps(
-            {k: r.get(k) for k in ("dst", "gateway", "dev", "table", "type")}, sort_keys=True
-        )
-        for r in j[2] + j[3]
-    )
     qdiscs = sorted(
         (q["dev"], q["kind"], q.get("handle"), "root" if q.get("root") else q.get("parent"))
-        for q in j[4]
+        for q in j[1]
     )
     sysctl_names = sorted(ROUTER_SYSCTLS) + [f"net.ipv6.conf.{i}.accept_dad" for i in board.data]
     vals = {}
@@ -61,8 +69,8 @@ def snapshot(node, board: Board) -> dict:
         vals[name] = c.stdout.strip() if c.returncode == 0 else None
     return {
         "links": [list(x) for x in links],
-        "addrs": [list(x) for x in addrs],
-        "routes": routes,
+        "addrs": read_addrs(node),
+        "routes": read_routes(node),
         "qdiscs": [list(x) for x in qdiscs],
         "sysctls": vals,
         "xfrm": {"states": xs[0] if xs else 0, "policies": xs[1] if len(xs) > 1 else 0},

@@ -10,7 +10,7 @@ from ..errors import LabError
 from ..node import Daemon
 from ..state import Ledger, lab_dir
 from .boardlab import BoardLab
-from .boardstate import diff, snapshot
+from .boardstate import diff, read_addrs, read_routes, snapshot
 from .types import Board
 
 #: root qdisc kinds a kernel puts on an interface by itself (with net.core.default_qdisc, which
@@ -130,15 +130,16 @@ def _remove_new_addresses_and_routes(node, board: Board, snap: dict) -> None:
     """Addresses and routes that appeared on the board while the lab was up are the lab's (its
     drivers add tunnel addresses on lo, routes through tunnels): remove them, except on the
     management interface, which the lab never touches. Routes of the local table go with their
-    addresses."""
-    now = snapshot(node, board)
+    addresses, and so do connected routes and routes via a gateway on a removed subnet: routes
+    are read after the addresses are gone (a delete without gateway or metric could otherwise
+    match a route that was there before). Only addresses and routes are read here, not a whole
+    snapshot: restore's final snapshot compares everything."""
     for ifname, cidr in sorted(
-        {tuple(x) for x in now["addrs"]} - {tuple(x) for x in snap["addrs"]}
+        {tuple(x) for x in read_addrs(node)} - {tuple(x) for x in snap["addrs"]}
     ):
         if ifname != board.mgmt:
             node.run(["ip", "addr", "del", cidr, "dev", ifname], check=False)
-    now = snapshot(node, board)
-    for text in sorted(set(now["routes"]) - set(snap["routes"])):
+    for text in sorted(set(read_routes(node)) - set(snap["routes"])):
         r = json.loads(text)
         if r.get("dev") == board.mgmt or r.get("table") == "local" or not r.get("dst"):
             continue
