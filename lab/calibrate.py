@@ -56,6 +56,8 @@ SECONDS_GOAL = 60.0
 MODES = {"full": (3, 1, 2), "quick": (2, 1, 1)}
 #: MiB each ssh session sends (lab/calibssh.py), per mode: ~0.1 s of the client's CPU masked
 SSH_MIB = {"full": 32, "quick": 16}
+#: OpenSSL primitives measured as information even without a reference (not with --quick)
+OPENSSL_INFORMATION = ("sha1",)
 #: the OpenSSH primitive the scp test uses (OpenSSH's default cipher): measured even with --quick
 SCP_PRIMITIVE = "ssh-chacha20-poly1305"
 
@@ -205,8 +207,10 @@ def implementation_coverage(
                 status = "fitted" if ref else "unreferenced: measured and predicted, not fitted"
             elif d["tool"] == "kernel":
                 status = "reference only: " + KERNEL_NOT_MEASURED if ref else "unreferenced"
+            elif p in skipped:
+                status = "not measured: " + skipped[p]
             else:
-                status = "not measured: " + skipped.get(p, "not asked for (--quick)")
+                status = "not measured: no reference, and no shipped data plane uses it alone"
             rows.append(
                 {
                     "implementation": impl,
@@ -301,7 +305,9 @@ def calibrate(
     ossl = [p for p in prof.references if PRIMITIVES[p]["tool"] == "openssl"]
     want_go = "go-chacha20-poly1305" in prof.references or os.access(GOBENCH, os.X_OK)
 
-    runs: dict[str, list[Measurement]] = {p: [] for p in ossl}
+    # OpenSSL primitives a data plane uses without a reference: measured as information (full)
+    info = [] if quick else [p for p in OPENSSL_INFORMATION if p not in ossl]
+    runs: dict[str, list[Measurement]] = {p: [] for p in ossl + info}
     go_features: dict = {}
     skipped: dict[str, str] = {}
     if want_go:
@@ -317,6 +323,9 @@ def calibrate(
             runs[p].append(m)
             say(f"round {i + 1}/{rounds} {p}: {m.cpu_mbps:.1f} MB/s per CPU second")
     ssh_prims = ssh_primitives(prof, quick)
+    for p, d in PRIMITIVES.items():
+        if quick and p not in runs and p not in ssh_prims and d["tool"] in ("openssl", "ssh"):
+            skipped[p] = "--quick measures only the referenced primitives and scp's cipher"
     missing = calibssh.missing_tools()
     if missing:
         why = f"{', '.join(missing)} not installed (./setup.sh installs OpenSSH)"

@@ -42,6 +42,8 @@ PRIMITIVES: dict[str, dict[str, str]] = {
     "aes-128-cbc": {"tool": "openssl", "evp": "aes-128-cbc"},
     "aes-256-cbc": {"tool": "openssl", "evp": "aes-256-cbc"},
     "chacha20-poly1305": {"tool": "openssl", "evp": "chacha20-poly1305"},
+    # HMAC-SHA1's hash: OpenVPN's static-key data channel (auth SHA1, study A) and tinc 1.0
+    "sha1": {"tool": "openssl", "evp": "sha1"},
     # x/crypto's AEAD, as used by wireguard-go; measured by tools/gobench
     "go-chacha20-poly1305": {"tool": "go"},
     # OpenSSH's ciphers (scp): the ssh client's bytes per CPU second through a real sshd
