@@ -203,9 +203,14 @@ class StrongSwanDriver(Driver):
         def load_error(end: Endpoint, output: str) -> Exception:
             # swanctl's parser or charon refused the user's file: its own words, its line
             cfg, text = files[end.name], rendered[end.name]["swanctl.conf"]
-            m = re.search(r"line (\d+)|:(\d+)", output)
-            line = int(m.group(1) or m.group(2)) if m else None
-            return userconfig.file_error(cfg, text, line, "swanctl --load-all: " + output.strip())
+            said = [
+                ln
+                for ln in output.splitlines()
+                if ln.strip() and "opening directory" not in ln and " found, " not in ln
+            ]
+            m = re.search(r"invalid value for: (\w+)", output)  # "loading connection failed"
+            line = userconfig.line_of(text, rf"^\s*{m.group(1)}\s*=") if m else None
+            return userconfig.file_error(cfg, text, line, "swanctl --load-all: " + " / ".join(said))
 
         try:
             charon.start(ctx, params["start_timeout"], load_error=load_error)
