@@ -2,8 +2,9 @@
 
 Unit tests: the fetch plan (apt with a private configuration, never the host's), which binary
 runs a command (lab.arch.emulate.ArchRoot.wrap), bad input. Integration tests (root, the arm64
-root of `lab arch fetch arm64` and qemu-aarch64-static): WireGuard between an arm64 wireguard-go
-and an x86 one, arm64 ping and iperf3 through it, and OpenSSL's Pi 4 mask.
+root of `lab arch fetch arm64` and qemu-aarch64-static): WireGuard (wireguard-go), OpenVPN and
+strongSwan (kernel-libipsec) between an arm64 node and an x86 one, arm64 ping and iperf3
+through them, and OpenSSL's Pi 4 mask.
 """
 
 from __future__ import annotations
@@ -101,14 +102,14 @@ def _exe(path: Path) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def test_wrap_runs_the_roots_binary_under_qemu_and_keeps_netlink_tools_on_the_host(tmp_path):
+def test_wrap_runs_board_tools_from_the_root_under_qemu_and_the_rest_on_the_host(tmp_path):
     root = tmp_path / "arm64"
     _exe(root / "usr/bin/iperf3")
     _exe(root / "usr/bin/wg")
-    _exe(root / "usr/lib/ipsec/charon")
+    _exe(root / "usr/lib/openvpn/openvpn")
     (root / "usr/sbin").mkdir(parents=True)
     # an absolute link is the board's path: resolved inside the root, never on this machine
-    os.symlink("/usr/lib/ipsec/charon", root / "usr/sbin/charon-alias")
+    os.symlink("/usr/lib/openvpn/openvpn", root / "usr/sbin/openvpn")
     r = ArchRoot(ARM64, root, "/usr/bin/qemu-aarch64-static")
     assert r.wrap(["iperf3", "-s"]) == [
         "/usr/bin/qemu-aarch64-static",
@@ -119,18 +120,19 @@ def test_wrap_runs_the_roots_binary_under_qemu_and_keeps_netlink_tools_on_the_ho
         str(root / "usr/bin/iperf3"),
         "-s",
     ]
-    assert r.wrap(["charon-alias"])[4:6] == [
-        "/usr/lib/ipsec/charon",
-        str(root / "usr/lib/ipsec/charon"),
+    assert r.wrap(["openvpn"])[4:6] == [
+        "/usr/lib/openvpn/openvpn",
+        str(root / "usr/lib/openvpn/openvpn"),
     ]
-    assert r.wrap(["wg", "show"]) == ["wg", "show"]  # generic netlink: the host's wg
+    # node plumbing is this machine's even where the root has it (wg: generic netlink)
+    assert r.wrap(["wg", "show"]) == ["wg", "show"]
     assert r.wrap(["sh", "-c", "true"]) == ["sh", "-c", "true"]  # not in the root
     assert r.ran_by(["iperf3"]) == "arm64 (qemu-aarch64-static)"
     assert r.ran_by(["wg"]).endswith("(host)")
     # a board tool the root lacks is refused, not quietly run as this machine's build
-    assert r.missing(["iperf3", "openvpn", "sh", "wg"]) == ["openvpn"]
-    with pytest.raises(PreconditionError, match="has no openvpn; run `lab arch fetch arm64`"):
-        r.wrap(["openvpn", "--version"])
+    assert r.missing(["iperf3", "tincd", "sh", "wg"]) == ["tincd"]
+    with pytest.raises(PreconditionError, match="has no tincd; run `lab arch fetch arm64`"):
+        r.wrap(["tincd", "--version"])
 
 
 def test_missing_root_refuses_naming_the_fix(tmp_path, monkeypatch):
@@ -189,14 +191,23 @@ def test_openssl_mask_leaves_out_the_armv8_crypto_instructions(arm64, tmp_path):
 
 
 @pytest.mark.root
-def test_wireguard_between_an_arm64_node_and_an_x86_node(arm64, lab_id):
+@pytest.mark.parametrize(
+    "profile, daemon",
+    [
+        ("wireguard:implementation=wireguard-go", "/usr/bin/wireguard-go"),
+        ("openvpn-aes256cbc-static", "/usr/sbin/openvpn"),
+        # charon with kernel-libipsec: IKE and ESP both in the board's charon
+        ("ipsec-aes128gcm", "/usr/lib/ipsec/charon"),
+    ],
+)
+def test_tunnel_between_an_arm64_node_and_an_x86_node(arm64, lab_id, profile, daemon):
     from lab.lab import Lab
     from lab.proc import is_same_process
     from lab.teardown import teardown
 
     r = run_lab(
         "up", TOPOS / "pi_pair.py", "--id", lab_id, "-p", "client_arch=arm64", "-p", "cpu=0.5",
-        "--vpn", "wireguard:implementation=wireguard-go",
+        "--vpn", profile,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     lab = Lab.open(lab_id)
@@ -206,12 +217,12 @@ def test_wireguard_between_an_arm64_node_and_an_x86_node(arm64, lab_id):
         procs = {x["node"]: x for x in ledger if x["kind"] == "process" and x.get("argv")}
         assert procs["client"]["arch"] == "arm64 (qemu-aarch64-static)"
         assert "arch" not in procs["server"]  # a node of this machine's architecture
-        # the kernel's view: the client's daemon is QEMU running the root's wireguard-go, in
-        # the node's network namespace; the server's is this machine's wireguard-go
+        # the kernel's view: the client's daemon is QEMU running the root's build, in the
+        # node's network namespace; the server's is this machine's
         cpid, spid = daemons["client"]["pid"], daemons["server"]["pid"]
         assert os.readlink(f"/proc/{cpid}/exe") == arm64.qemu
         cmdline = Path(f"/proc/{cpid}/cmdline").read_bytes().split(b"\0")
-        assert str(arm64.root / "usr/bin/wireguard-go").encode() in cmdline
+        assert str(arm64.root / daemon.lstrip("/")).encode() in cmdline
         assert os.readlink(f"/proc/{spid}/exe") != arm64.qemu
         node_ns = os.stat(f"/var/run/netns/{lab_id}-client").st_ino
         assert os.stat(f"/proc/{cpid}/ns/net").st_ino == node_ns
@@ -221,8 +232,9 @@ def test_wireguard_between_an_arm64_node_and_an_x86_node(arm64, lab_id):
         )
 
         client, server = lab.node("client"), lab.node("server")
-        out = client.run(["ping", "-c", "2", "-i", "0.2", "-W", "5", "10.99.0.2"]).stdout
-        assert " 0% packet loss" in out, out
+        for addr in ("10.99.0.2", "fd99::2"):  # the root's ping
+            out = client.run(["ping", "-c", "2", "-i", "0.2", "-W", "5", addr]).stdout
+            assert " 0% packet loss" in out, out
         srv = server.spawn("iperf3", ["iperf3", "-s", "-1", "-B", "10.99.0.2"])
         try:
             for _ in range(100):  # until it listens

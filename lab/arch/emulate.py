@@ -1,21 +1,20 @@
 """Which binary runs a node's command: the board's own (emulated) or this machine's.
 
-A node with `arch="arm64"` runs every tool its root has through qemu-aarch64-static called
-explicitly: `qemu-aarch64-static -L ROOT -0 /usr/bin/TOOL ROOT/usr/bin/TOOL ARGS`. nsenter
-execs that (lab.localnode), so the emulated process keeps the PID the lab recorded and stays
-in the node's namespaces and cgroup; no binfmt_misc entry is needed, none is registered.
+In a node with `arch="arm64"` the board software under test (BOARD_TOOLS: the VPN daemons and
+their control tools, iperf3, ping, openssl, ssh) runs from the node's root through
+qemu-aarch64-static called explicitly: `qemu-aarch64-static -L ROOT -0 /usr/bin/TOOL
+ROOT/usr/bin/TOOL ARGS`. nsenter execs that (lab.localnode), so the emulated process keeps
+the PID the lab recorded and stays in the node's namespaces and cgroup; no binfmt_misc entry
+is needed and none is registered.
 
-What stays on this machine's binaries, and why:
-- tools that speak netlink families qemu-user does not translate: QEMU 7.2 passes only
-  NETLINK_ROUTE, NETLINK_KOBJECT_UEVENT and NETLINK_AUDIT (linux-user/syscall.c,
-  do_socket); `wg` (generic netlink to kernel WireGuard), `ip xfrm`, charon's kernel-netlink
-  IPsec (XFRM) and MACsec (generic netlink) therefore cannot run emulated (HOST_ONLY);
-- `ip` and `tc`: rtnetlink passes, but qemu translates only the attributes it knows, and these
-  configure the node, they are not the board software under test;
-- anything the root lacks (sh, cat, tail: the lab's probes), since the root holds only the
-  packages of lab.arch.fetch and their libraries. A shell there could not exec an ARM
-  binary either without binfmt_misc.
-Each started process is recorded with the architecture that ran it (ran_by).
+Everything else the lab runs there is this machine's binary: the node's plumbing (ip, tc, wg,
+ss, sh, cat, ...) is not the software under test, and much of it could not run emulated:
+QEMU 7.2's linux-user passes only the NETLINK_ROUTE, NETLINK_KOBJECT_UEVENT and NETLINK_AUDIT
+families (linux-user/syscall.c, do_socket), so `wg` (generic netlink to kernel WireGuard),
+`ip xfrm` (NETLINK_XFRM), `ip macsec` (generic netlink) and `ss` (NETLINK_SOCK_DIAG) fail
+there with "Protocol not supported" (checked: docs/arch.md). A shell from the root could not
+exec an ARM binary either without binfmt_misc. Each started process is recorded with the
+architecture that ran it (ran_by).
 """
 
 from __future__ import annotations
@@ -29,21 +28,12 @@ from .. import proc
 from ..errors import PreconditionError
 from . import MANIFEST, Arch, get, root_dir
 
-#: tools that run from this machine even in a node of another architecture (see above)
-HOST_ONLY: dict[str, str] = {
-    "wg": "generic netlink (kernel WireGuard) is not passed by qemu-user; wireguard-go's UAPI "
-    "socket is reached from the host's wg",
-    "ip": "configures the node; `ip xfrm` needs NETLINK_XFRM, not passed by qemu-user",
-    "tc": "configures the node (qdiscs); not the board software under test",
-    "charon": "kernel-netlink IPsec needs NETLINK_XFRM, not passed by qemu-user",
-    "swanctl": "drives the host's charon (VICI socket)",
-    "ipsec": "drives the host's charon",
-}
-#: the board software under test: in a node of another architecture these come from its root
-#: or not at all (lab.arch.fetch.PACKAGES ships them)
+#: the board software under test: in a node of another architecture these run from its root
+#: (lab.arch.fetch.PACKAGES ships them) or not at all; charon runs with kernel-libipsec only
+#: (kernel-netlink's XFRM half cannot), swanctl talks to it over its VICI socket
 BOARD_TOOLS = frozenset(
-    {"wireguard-go", "iperf3", "openvpn", "openssl", "ping", "tincd", "xl2tpd", "pppd", "ssh"}
-    | {"sshd"}
+    {"wireguard-go", "iperf3", "openvpn", "openssl", "ping", "tincd", "xl2tpd", "pppd"}
+    | {"ssh", "sshd", "charon", "swanctl"}
 )
 SEARCH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
@@ -106,22 +96,20 @@ class ArchRoot:
         return None
 
     def emulates(self, tool: str) -> bool:
-        return os.path.basename(tool) not in HOST_ONLY and self.find(tool) is not None
+        return os.path.basename(tool) in BOARD_TOOLS and self.find(tool) is not None
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
-        """argv as run in the node: under qemu from the root when the root has the tool and it
-        may run emulated, else unchanged (this machine's binary)."""
+        """argv as run in the node: a board tool under qemu from the root, anything else
+        unchanged (this machine's binary)."""
         argv = [str(a) for a in argv]
-        if not argv or os.path.basename(argv[0]) in HOST_ONLY:
+        if not argv or os.path.basename(argv[0]) not in BOARD_TOOLS:
             return argv
         inside = self.find(argv[0])
         if inside is None:
-            if os.path.basename(argv[0]) in BOARD_TOOLS:
-                raise PreconditionError(
-                    f"the {self.arch.name} root {self.root} has no {argv[0]}; run `lab arch "
-                    f"fetch {self.arch.name}` again"
-                )
-            return argv
+            raise PreconditionError(
+                f"the {self.arch.name} root {self.root} has no {argv[0]}; run `lab arch "
+                f"fetch {self.arch.name}` again"
+            )
         host_path = str(self.root / inside.lstrip("/"))
         return [self.qemu, "-L", str(self.root), "-0", inside, host_path, *argv[1:]]
 

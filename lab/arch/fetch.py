@@ -34,6 +34,7 @@ PACKAGES: dict[str, str] = {
     # kernel-libipsec (user-space ESP) and the other charon plugins the profiles load
     "charon plugins": "libcharon-extra-plugins",
     "strongswan plugins": "libstrongswan-extra-plugins",
+    "strongswan standard plugins": "libstrongswan-standard-plugins",  # openssl, gcm, ...
     "openssl": "openssl",
     "ping": "iputils-ping",
     "tincd": "tinc",
@@ -78,6 +79,7 @@ class FetchPlan:
             "Dir::Etc::Preferences": d / "preferences",
             "Dir::Etc::PreferencesParts": d / "preferences.d",
             "Debug::NoLocking": "false",
+            "Acquire::Retries": "3",
         }
         out = []
         for k, v in opts.items():
