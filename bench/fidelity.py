@@ -104,8 +104,11 @@ ANCHORS = [
         "github.com/balena-os/balena-raspberrypi issue 388 (scp of a 1 GB file to a Pi 4 from a "
         "machine one hop away: 'a regular speed of around 19MB/s' between stalls; 19 MB/s x 8)",
         "one Pi 4 receiving from a faster machine; balenaOS; OpenSSH default cipher",
-        "the lab's scp is bound by the pi4 node's ssh/sshd under the quota: calibration has no "
-        "Pi 4 reference for OpenSSH's ciphers (ssh-* primitives are measured, not fitted)",
+        "a weak anchor (that Pi 4 had a network-stall bug and wrote to its SD card) against an "
+        "unchecked prediction: lab calibrate measures OpenSSH's chacha20-poly1305 here and, with "
+        "the OpenSSL-fitted core_share, predicts ~170 MB/s per Pi 4 core (ssh-* primitives: no "
+        "published Pi 4 figure, measured but not fitted), so the lab's scp is bound by TCP and "
+        "sshd within the node's cores rather than by ssh's crypto",
     ),
 ]
 #: set-ups the lab measures that have no published Pi 4 anchor (searched for, none found)
