@@ -195,3 +195,11 @@ def test_broken_edit_is_refused_naming_the_file_and_line(case, lab_id, tmp_path)
         assert f"{path}: line {lineno} ({line_text!r})" in msg
     assert lab_traces(lab_id) == []
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_docs_list_every_placeholder():
+    from lab.vpn.userconfig import COMMON
+
+    doc = (REPO / "docs" / "byoc.md").read_text()
+    names = set(COMMON) | {n for s in SPECS.values() for n in s.placeholders}
+    assert [n for n in sorted(names) if "{{ " + n + " }}" not in doc] == []
