@@ -93,29 +93,12 @@ def cmd_render(args) -> int:
 
 def cmd_profiles_import(args) -> int:
     """`lab profiles import FILE... --out PROFILE.toml` (docs/byoc.md)."""
-    from pathlib import Path
+    from .vpn.byocimport import import_profile
 
-    from .vpn import byocimport
-    from .vpn.profiles import load_profile
-
-    if not args.files:
-        raise ConfigError("give the config file(s) to import", source="lab profiles import")
-    if not args.out:
-        raise ConfigError("missing: the profile file to write", source="--out", field="--out")
-    out_path = Path(args.out)
-    if out_path.exists():
-        raise ConfigError("exists; choose a new profile file", source=args.out, field="--out")
-    imported = byocimport.import_files([Path(f) for f in args.files])
-    written = byocimport.write(imported, out_path)
-    try:
-        load_profile(str(out_path))  # what was written loads: placeholders and roles complete
-    except LabError:
-        for path in written:
-            path.unlink(missing_ok=True)
-        raise
+    written, notes = import_profile(args.files, args.out)
     for path in written:
         out.print(f"wrote {path}", highlight=False)
-    for n in imported.notes:
+    for n in notes:
         out.print(f"not carried over: {n.file}:{n.line}: {n.text}  ({n.why})", markup=False)
     return 0
 

@@ -361,6 +361,26 @@ def _openvpn(path: Path, text: str, notes: list[Note], params: dict) -> Template
 # ------------------------------------------------------------------------ writing
 
 
+def import_profile(files: list[str], out: str | None) -> tuple[list[Path], list[Note]]:
+    """`lab profiles import FILE... --out PROFILE.toml`: (files written, notes). Nothing is
+    left written when the profile would not load."""
+    from .profiles import load_profile
+
+    if not files:
+        raise ConfigError("give the config file(s) to import", source="lab profiles import")
+    if not out:
+        raise ConfigError("missing: the profile file to write", source="--out", field="--out")
+    imported = import_files([Path(f) for f in files])
+    written = write(imported, Path(out))
+    try:
+        load_profile(out)  # what was written loads: placeholders and roles complete
+    except ConfigError:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    return written, imported.notes
+
+
 def write(imp: Imported, out: Path) -> list[Path]:
     """PROFILE.toml plus its templates beside it (NAME.<role>.<file> or NAME.<file>)."""
     if out.suffix != ".toml":
