@@ -135,6 +135,25 @@ WG_DROP = {"dns", "table", "preup", "postup", "predown", "postdown", "saveconfig
 
 
 def _wireguard(path: Path, text: str, notes: list[Note], params: dict) -> Template:
+    try:
+        return _wireguard_lines(path, text, notes, params)
+    except _BadValue as e:
+        raise ConfigError(f"line {e.line}: {e.text!r} is not an address/prefix", source=str(path))
+
+
+class _BadValue(Exception):
+    def __init__(self, line: int, text: str):
+        self.line, self.text = line, text
+
+
+def _net(line: int, text: str, *, iface: bool = False):
+    try:
+        return ipaddress.ip_interface(text) if iface else ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise _BadValue(line, text) from None
+
+
+def _wireguard_lines(path: Path, text: str, notes: list[Note], params: dict) -> Template:
     t = Template(path, text.splitlines())
     section, peers, nets = "", 0, []
     for n, raw in enumerate(list(t.lines), 1):
@@ -154,7 +173,7 @@ def _wireguard(path: Path, text: str, notes: list[Note], params: dict) -> Templa
         k = key.lower()
         if section == "interface":
             if k == "address":
-                nets = [ipaddress.ip_interface(a.strip()).network for a in value.split(",")]
+                nets = [_net(n, a.strip(), iface=True).network for a in value.split(",")]
                 _set_value(t, n, "{{ address }}")
             elif k == "privatekey":
                 _set_value(t, n, "{{ private_key }}")
@@ -182,7 +201,7 @@ def _wireguard(path: Path, text: str, notes: list[Note], params: dict) -> Templa
 def _allowed(path: Path, n: int, value: str, nets: list, notes: list[Note]) -> list[str]:
     out = []
     for item in (x.strip() for x in value.split(",") if x.strip()):
-        net = ipaddress.ip_network(item, strict=False)
+        net = _net(n, item)
         fam = "v4" if net.version == 4 else "v6"
         inside = [a for a in nets if a.version == net.version and net.subnet_of(a)]
         if inside and net.num_addresses == 1:
@@ -369,7 +388,9 @@ def import_profile(files: list[str], out: str | None) -> tuple[list[Path], list[
     if not files:
         raise ConfigError("give the config file(s) to import", source="lab profiles import")
     if not out:
-        raise ConfigError("missing: the profile file to write", source="--out", field="--out")
+        raise ConfigError(
+            "missing: the profile file to write", source="lab profiles import", field="--out"
+        )
     imported = import_files([Path(f) for f in files])
     written = write(imported, Path(out))
     try:

@@ -338,12 +338,13 @@ def wg_check(cfg: UserConfig, rendered: str, peer: Endpoint) -> None:
         if not host:
             continue
         ip = ipaddress.ip_address(host)
-        nets = [
-            ipaddress.ip_network(x.strip(), strict=False)
-            for _, v in allowed
-            for x in v.split(",")
-            if x.strip()
-        ]
+        nets = []
+        for n, v in allowed:
+            for x in (x.strip() for x in v.split(",") if x.strip()):
+                try:
+                    nets.append(ipaddress.ip_network(x, strict=False))
+                except ValueError:
+                    raise file_error(cfg, rendered, n, f"{x!r} is not an address/prefix") from None
         if not any(ip in net for net in nets if net.version == ip.version):
             raise file_error(
                 cfg,
