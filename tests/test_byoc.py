@@ -203,3 +203,22 @@ def test_docs_list_every_placeholder():
     doc = (REPO / "docs" / "byoc.md").read_text()
     names = set(COMMON) | {n for s in SPECS.values() for n in s.placeholders}
     assert [n for n in sorted(names) if "{{ " + n + " }}" not in doc] == []
+
+
+def test_import_refuses_bad_input_and_writes_nothing(tmp_path):
+    bad = tmp_path / "wg0.conf"
+    bad.write_text(
+        "[Interface]\nAddress = 10.0.0.1/24\nPrivateKey = x\n[Peer]\nAllowedIPs = 10.0.0.x\n"
+    )
+    out = tmp_path / "p.toml"
+    with pytest.raises(ConfigError, match=r"wg0.conf: line 5: '10.0.0.x' is not an address"):
+        byocimport.import_profile([str(bad)], str(out))
+    # a file without a [Peer] PublicKey imports, but the profile would not load: undone
+    bad.write_text("[Interface]\nAddress = 10.0.0.1/24\nPrivateKey = x\n")
+    with pytest.raises(ConfigError, match=r"\{\{ peer_public_key \}\}"):
+        byocimport.import_profile([str(bad)], str(out))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wg0.conf"]
+    out.write_text("# mine\n")
+    with pytest.raises(ConfigError, match="exists"):
+        byocimport.import_profile([str(EXAMPLES / "wireguard" / "wg0.conf")], str(out))
+    assert out.read_text() == "# mine\n" and len(list(tmp_path.iterdir())) == 2
