@@ -50,15 +50,16 @@ def farm(tmp_path_factory):
 
 
 def board_state(inv_path, tmp_path) -> dict:
-    """Each board's state, read over SSH with the test's own connection."""
+    """Each board's state, read over SSH with the test's own connection (a fresh one per
+    board and call; the boards are read at once, as they are independent)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from lab.boards.boardstate import snapshot
     from lab.boards.inventory import load_inventory
     from lab.boards.sshnode import BoardConnection, BoardNode
     from lab.state import state_root
 
-    inv = load_inventory(inv_path)
-    out = {}
-    for name, b in inv.boards.items():
+    def one(name, b) -> dict:
         conn = BoardConnection.open(b, log_path=tmp_path / f"ssh-{name}.log")
         try:
             node = BoardNode(name, conn)
@@ -70,8 +71,12 @@ def board_state(inv_path, tmp_path) -> dict:
             )
         finally:
             conn.close()
-        out[name] = s
-    return out
+        return s
+
+    boards = load_inventory(inv_path).boards
+    with ThreadPoolExecutor(max_workers=len(boards)) as pool:
+        states = pool.map(lambda kv: one(*kv), boards.items())
+        return dict(zip(boards, states, strict=True))
 
 
 @pytest.mark.parametrize("profile", ["wireguard", "ipsec-aes128gcm"])
