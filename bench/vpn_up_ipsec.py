@@ -45,9 +45,9 @@ def main() -> int:
             starts, readies, path = [], [], None
             for _ in range(a.n):
                 rec = tunnel.bring_up(lab, profile)
-                starts.append(rec["timing"]["start_s"])
-                readies.append(rec["timing"]["ready_s"])
-                path = rec["describe"]["path"]
+                starts.append(rec.timing.start_s)
+                readies.append(rec.timing.ready_s)
+                path = rec.path
                 tunnel.tear_down(lab)
             med = statistics.median(readies)
             worst = max(worst, med)

@@ -72,6 +72,7 @@ from .hostreadings import (  # noqa: F401
     read_thermal_zones,
     throttled_during,
 )
+from .vpn.record import daemons_of
 
 INTERVAL_S = 0.5
 
@@ -117,7 +118,7 @@ class Monitor:
     @classmethod
     def for_lab(cls, lab, *, interval: float = INTERVAL_S) -> Monitor:
         groups = {n: rt.cgroup for n, rt in lab.runtime.items() if rt.kind == "host"}
-        daemons = (lab.info.get("vpn") or {}).get("daemons") or []
+        daemons = [d.to_dict() for d in daemons_of(lab)]
         return cls(lab.cg, groups, daemons, interval)
 
     # ------------------------------------------------------------------ probing

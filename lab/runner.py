@@ -39,6 +39,7 @@ from .runsetup import (  # noqa: F401
     tool_versions,
 )
 from .state import lab_dir, new_lab_id, write_json_atomic
+from .vpn.record import TrafficTarget, TunnelRecord, daemons_of
 
 RAW_TAIL_LINES = 30
 
@@ -129,8 +130,7 @@ class LocalTarget:
         """The lab still exists and every VPN daemon is the process that was started."""
         if not (lab.dir / "lab.json").is_file():
             return False
-        daemons = (lab.info.get("vpn") or {}).get("daemons") or []
-        return all(proc.is_same_process(d["pid"], d.get("start_time")) for d in daemons)
+        return all(proc.is_same_process(d.pid, d.start_time) for d in daemons_of(lab))
 
     def monitor(self, lab) -> Monitor:
         return Monitor.for_lab(lab)
@@ -240,17 +240,13 @@ class Runner:
     def _record_profile(self, profile: str, lab) -> None:
         from .vpn.tunnel import render
 
-        vpn = lab.info.get("vpn") or {}
+        rec = TunnelRecord.of(lab)
+        vpn = rec.to_dict() if rec else {}  # the manifest: an edge, in lab.json's form
         entry = self.manifest["profiles"].setdefault(profile, {})
         entry.update(
             {
-                "driver": vpn.get("driver"),
-                "path": vpn.get("path"),
-                "describe": vpn.get("describe"),
-                "params": vpn.get("params"),
-                "timing": vpn.get("timing"),
-                "tunnel": vpn.get("tunnel"),
-                "traffic": vpn.get("traffic"),
+                k: vpn.get(k)
+                for k in ("driver", "path", "describe", "params", "timing", "tunnel", "traffic")
             }
         )
         if "configs" not in entry:
@@ -314,14 +310,14 @@ class Runner:
             vc, vs = self.spec.endpoints("vpn")
             tc, ts = self.spec.endpoints("traffic")
             roles = {"vpn_client": vc, "vpn_server": vs, "traffic_client": tc, "traffic_server": ts}
-        vpn = (self.lab.info.get("vpn") or {}) if self.lab is not None else {}
+        rec = TunnelRecord.of(self.lab) if self.lab is not None else None
         return {
             "schema": RESULT_SCHEMA,
             "case": case.key,
             "session": self.session,
             "lab_id": self.lab.id if self.lab is not None else None,
             "profile": case.profile,
-            "vpn": {"driver": vpn.get("driver"), "path": vpn.get("path")},
+            "vpn": {"driver": rec.driver if rec else None, "path": rec.path if rec else None},
             "impairment": case.point.to_json(),
             "test": case.test.test,
             "label": case.test.label,
@@ -363,13 +359,13 @@ class Runner:
 
     def run_case(self, case: Case, impairment_applied: dict | None) -> dict:
         lab = self.lab
-        vpn = lab.info.get("vpn") or {}
-        traffic = vpn.get("traffic") or {}
-        tc, ts = traffic.get("client"), traffic.get("server")
-        iface = (vpn.get("describe") or {}).get("interface") if tc == vpn.get("client") else None
+        rec = TunnelRecord.of(lab)
+        traffic = rec.traffic if rec and rec.traffic else TrafficTarget("", "")
+        tc, ts = traffic.client or None, traffic.server or None
+        iface = rec.interface if rec and tc == rec.client else None
         raw_dir = self._raw_dir(case)
         raw_dir.mkdir(parents=True, exist_ok=True)
-        target = traffic.get(f"v{case.test.ip}")
+        target = traffic.v4 if case.test.ip == 4 else traffic.v6
         if not target:
             return self._not_run(
                 case,
@@ -533,9 +529,13 @@ class Runner:
             after = rt.show_impairment(self.lab)
         except LabError as e:
             after = {"error": str(e)}
-        profile = self.lab.info.get("vpn", {}).get("profile", "?")
+        profile = self._profile_up()
         self.manifest["impairment"].setdefault(pt.name, {}).setdefault(profile, {})["after"] = after
         self._write_manifest()
+
+    def _profile_up(self) -> str:
+        rec = TunnelRecord.of(self.lab)
+        return rec.profile if rec else "?"
 
     def _set_point(self, pt: ImpairmentPoint, built_impaired: bool) -> dict | str:
         """The applied impairment, or an error text for the point's cases."""
@@ -551,7 +551,7 @@ class Runner:
         for w in applied.get("warnings", []):
             self.events.note(f"{pt.name}: {w}")
         per = self.manifest["impairment"].setdefault(pt.name, {})
-        per[self.lab.info.get("vpn", {}).get("profile", "?")] = applied
+        per[self._profile_up()] = applied
         self._write_manifest()
         return applied
 

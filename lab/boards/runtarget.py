@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ..errors import LabError, PreconditionError
+from ..vpn.record import TunnelRecord, daemons_of
 from .inventory import load_inventory
 from .mapping import map_nodes
 
@@ -86,10 +87,11 @@ class BoardsTarget:
 
     def _missing_tools(self, lab) -> list[str]:
         """The plan's test tools missing on the boards the test ends run on."""
-        traffic = (lab.info.get("vpn") or {}).get("traffic") or {}
+        rec = TunnelRecord.of(lab)
+        traffic = rec.traffic if rec else None
         out = []
         for role, tools in (("client", self.client_tools), ("server", self.server_tools)):
-            node = traffic.get(role)
+            node = getattr(traffic, role) if traffic else None
             gone = lab.node(node).missing_tools(sorted(tools)) if node and tools else []
             if gone:
                 out.append(
@@ -109,9 +111,8 @@ class BoardsTarget:
     def tunnel_alive(self, lab) -> bool:
         """Every VPN daemon the lab started is still the process that was started (asked on
         its board)."""
-        daemons = (lab.info.get("vpn") or {}).get("daemons") or []
         try:
-            return all(lab.node(d["node"]).is_alive(d["pid"], d.get("start_time")) for d in daemons)
+            return all(lab.node(d.node).is_alive(d.pid, d.start_time) for d in daemons_of(lab))
         except LabError:
             return False
 
@@ -120,8 +121,7 @@ class BoardsTarget:
             from .monitor import BoardMonitor
         except ImportError:  # pragma: no cover - until the board monitor lands
             return _NoMonitor()
-        daemons = (lab.info.get("vpn") or {}).get("daemons") or []
-        return BoardMonitor(lab.nodes(), daemons)
+        return BoardMonitor(lab.nodes(), [d.to_dict() for d in daemons_of(lab)])
 
     def owns(self, lab_id: str) -> bool:
         from .boardlab import is_board_lab

@@ -21,6 +21,7 @@ _NOT_DRIVERS = {
     "charon",
     "kernelfeatures",
     "profiles",
+    "record",
     "tunnel",
     "userconfig",
 }

@@ -5,7 +5,7 @@
                             created (no lab node exists yet: this machine, whose namespaces
                             become the nodes, answers for them; see nodes_for())
     bring_up(lab, profile)  secrets -> render -> start -> wait until a ping passes -> describe;
-                            the result is recorded in lab.info["vpn"] (and lab.json)
+                            the result is a TunnelRecord (lab.vpn.record), in lab.json
     tear_down(lab)          stop the tunnel, keep the lab
     render(spec, profile)   the config files per node, for `lab render` (no lab needed)
 
@@ -32,6 +32,7 @@ from ..graph import reachable_segments
 from ..topology import Interface, LabSpec
 from .base import Availability, Driver, Endpoint, TunnelContext, config_hash
 from .profiles import Profile, load_profile
+from .record import DaemonRecord, Timing, TrafficTarget, TunnelEnd, TunnelRecord
 from .userconfig import hashes, tunnel_layout
 
 TUNNEL_V4 = ipaddress.ip_network("10.99.0.0/24")
@@ -363,34 +364,33 @@ def write_rendered(result: dict, out: Path) -> list[Path]:
 # ------------------------------------------------------------------------------- bring-up
 
 
-def bring_up(lab, profile: str | Profile | TunnelPlan) -> dict:
+def bring_up(lab, profile: str | Profile | TunnelPlan) -> TunnelRecord:
     """Start the profile's tunnel in a running lab and wait until traffic passes it.
 
-    Records {profile, driver, describe(), addresses, traffic target, timing} in lab.info["vpn"]
-    and saves lab.json. A daemon that dies or a tunnel that passes nothing raises StartupError
-    with the daemons' log tails; the caller (lab.up) then unwinds the whole lab.
+    Records it (profile, driver, describe(), addresses, traffic target, timing: a TunnelRecord)
+    in lab.json, before the daemons start and again once it is up. A daemon that dies or a
+    tunnel that passes nothing raises StartupError with the daemons' log tails; the caller
+    (lab.up) then unwinds the whole lab.
     """
     t0 = time.monotonic()
     p = profile if isinstance(profile, TunnelPlan) else prepare(lab.spec, profile)
-    if "vpn" in lab.info:
-        raise PreconditionError(f"lab {lab.id!r} already has a VPN ({lab.info['vpn']['profile']})")
+    old = TunnelRecord.of(lab)
+    if old is not None:
+        raise PreconditionError(f"lab {lab.id!r} already has a VPN ({old.profile})")
     drv, params = p.driver, p.profile.params
     nodes = {p.client.node: lab.node(p.client.node), p.server.node: lab.node(p.server.node)}
     if p.availability is None:  # prepared without the kernel check: ask the lab's own nodes
         p.availability = check_on(drv, params, nodes)
     ctx = make_context(lab.id, p, nodes, lab.dir)
-    record = {
-        "profile": p.profile.name,
-        "driver": drv.name,
-        "state": "starting",
-        "params": params,
-        "overrides": p.profile.overrides,
-        "client": p.client.node,
-        "server": p.server.node,
-        "daemons": [],
-    }
-    lab.info["vpn"] = record
-    lab.save()
+    record = TunnelRecord(
+        profile=p.profile.name,
+        driver=drv.name,
+        client=p.client.node,
+        server=p.server.node,
+        params=params,
+        overrides=p.profile.overrides,
+    )
+    record.store(lab)
     secrets = drv.secrets(ctx, params)
     rendered = drv.render(ctx, params, secrets)
     try:
@@ -400,17 +400,8 @@ def bring_up(lab, profile: str | Profile | TunnelPlan) -> dict:
         t_started = time.monotonic()
         ready = wait_ready(ctx, p, timeout=READY_TIMEOUT)
     finally:
-        record["daemons"] = [
-            {
-                "node": d.node,
-                "name": d.name,
-                "pid": d.pid,
-                "start_time": d.start_time,
-                "log": str(d.log) if d.log else None,
-            }
-            for d in ctx.daemons
-        ]
-        lab.save()
+        record.daemons = [DaemonRecord.of(d) for d in ctx.daemons]
+        record.store(lab)
     t_ready = ready[4]  # the first packet through the tunnel
     desc = drv.describe(ctx, params)
     if not desc.get("config_hash"):
@@ -418,42 +409,23 @@ def bring_up(lab, profile: str | Profile | TunnelPlan) -> dict:
         desc["config_hash"] = config_hash(redact(rendered, secret_values(drv, secrets)))
     if p.profile.configs:  # the user's own files (docs/byoc.md): which ones, byte for byte
         desc["user_configs"] = hashes(p.profile.configs)
-    record.update(
-        state="up",
-        describe=desc,
-        path=desc.get("path"),
-        tunnel={
-            "client": {
-                "node": ctx.client.name,
-                "v4": ctx.client.tunnel_v4,
-                "v6": ctx.client.tunnel_v6,
-                "underlay_v4": ctx.client.underlay_v4,
-                "behind": ctx.client.behind,
-            },
-            "server": {
-                "node": ctx.server.name,
-                "v4": ctx.server.tunnel_v4,
-                "v6": ctx.server.tunnel_v6,
-                "underlay_v4": ctx.server.underlay_v4,
-                "behind": ctx.server.behind,
-            },
-        },
-        traffic={
-            "client": p.traffic_client,
-            "server": p.traffic_server,
-            **p.traffic_target(lab.spec),
-        },
-        # seconds from bring_up's start; ready_monotonic lets a caller that noted
-        # time.monotonic() before `lab up` compute "up to first packet through the tunnel"
-        timing={
-            "start_s": round(t_started - t0, 3),
-            "ready_s": round(t_ready - t0, 3),
-            "ready_v6_s": round(ready[6] - t0, 3) if 6 in ready else None,
-            "ready_monotonic": t_ready,
-        },
-        configs=sorted(f"{n}/{f}" for n, fs in rendered.items() for f in fs),
+    record.state = "up"
+    record.describe = desc
+    record.path = desc.get("path")
+    record.tunnel = {
+        role: TunnelEnd(e.name, e.tunnel_v4, e.tunnel_v6, e.underlay_v4, e.behind)
+        for role, e in (("client", ctx.client), ("server", ctx.server))
+    }
+    target = p.traffic_target(lab.spec)
+    record.traffic = TrafficTarget(p.traffic_client, p.traffic_server, target["v4"], target["v6"])
+    record.timing = Timing(
+        start_s=round(t_started - t0, 3),
+        ready_s=round(t_ready - t0, 3),
+        ready_v6_s=round(ready[6] - t0, 3) if 6 in ready else None,
+        ready_monotonic=t_ready,
     )
-    lab.save()
+    record.configs = sorted(f"{n}/{f}" for n, fs in rendered.items() for f in fs)
+    record.store(lab)
     return record
 
 
@@ -514,26 +486,17 @@ def _tails(daemons: list[Daemon], lines: int = 15) -> str:
 
 def tear_down(lab) -> None:
     """Stop the lab's tunnel and undo its routes; the lab itself stays up."""
-    rec = lab.info.get("vpn")
-    if not rec:
+    rec = TunnelRecord.of(lab)
+    if rec is None:
         return
-    profile = Profile(rec["profile"], Path(), rec["driver"], "", "", rec["params"])
-    p = TunnelPlan(profile, *_sides_from_record(lab.spec, rec), rec["client"], rec["server"])
+    profile = Profile(rec.profile, Path(), rec.driver, "", "", rec.params)
+    p = TunnelPlan(profile, *_sides_from_record(lab.spec, rec), rec.client, rec.server)
     nodes = {p.client.node: lab.node(p.client.node), p.server.node: lab.node(p.server.node)}
     ctx = make_context(lab.id, p, nodes, lab.dir)
-    ctx.daemons = [
-        Daemon(
-            d["node"],
-            d["name"],
-            d["pid"],
-            d["start_time"],
-            Path(d["log"]) if d.get("log") else None,
-        )
-        for d in rec.get("daemons", [])
-    ]
+    ctx.daemons = [d.daemon() for d in rec.daemons]
     errors = []
     try:
-        p.driver.stop(ctx, rec["params"])
+        p.driver.stop(ctx, rec.params)
     except (LabError, OSError) as e:  # keep going: the routes and files still have to go
         errors.append(f"stop: {e}")
     for end in ctx.ends():
@@ -559,6 +522,6 @@ def tear_down(lab) -> None:
         raise StartupError("; ".join(errors))
 
 
-def _sides_from_record(spec: LabSpec, rec: dict) -> tuple[Side, Side]:
-    c, s = rec["client"], rec["server"]
+def _sides_from_record(spec: LabSpec, rec: TunnelRecord) -> tuple[Side, Side]:
+    c, s = rec.client, rec.server
     return _side(spec, c, s), _side(spec, s, c)
