@@ -232,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vpn", required=True, metavar="PROFILE[:K=V,...]")
     p.add_argument("--out", required=True, metavar="DIR", help="writes DIR/<node>/<file>")
     p.add_argument("--show-secrets", action="store_true", help="keep keys in (files mode 0600)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="have the real binary read each file, without a tunnel (a table of verdicts)",
+    )
+    p.add_argument(
+        "--arch", metavar="ARCH", help="--check with that architecture's build (lab arch fetch)"
+    )
 
     p = sub.add_parser("profiles", help="list VPN profiles and whether they can run here")
     p.add_argument("--json", action="store_true")

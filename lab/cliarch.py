@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
+from rich.table import Table
+
 from .arch import get
+from .arch.emulate import ArchRoot
 from .arch.fetch import fetch, plan
 from .cliprint import out
 from .errors import ConfigError
+from .vpn.configcheck import check_rendered
+from .vpn.tunnel import render, write_rendered
 
 
 def cmd_arch(args) -> int:
@@ -30,4 +38,31 @@ def cmd_arch(args) -> int:
         markup=False,
         highlight=False,
     )
+    return 0
+
+
+def render_check(spec, vpn: str, arch: str | None) -> int:
+    """`lab render --check [--arch ARCH]`: the table of verdicts; a file refused is a
+    ConfigError naming it (exit 2), a file nothing can check is listed as such. The files
+    checked are a rendering of their own with real throwaway keys (the written ones are
+    redacted), in a private temporary directory removed afterwards."""
+    root = ArchRoot.open(get(arch, source="lab render", field="--arch").name) if arch else None
+    with tempfile.TemporaryDirectory(prefix="lab-render-check-") as tmp:
+        out_dir = Path(tmp)
+        result = render(spec, vpn, show_secrets=True)
+        write_rendered(result, out_dir)
+        rows = check_rendered(result, out_dir, root)
+    t = Table(title=f"{result['profile']['name']}: rendered files checked", title_justify="left")
+    for col in ("node", "file", "checked by", "verdict"):
+        t.add_column(col)
+    verdict = {True: "ok", False: "REFUSED", None: "not checked"}
+    for r in rows:
+        t.add_row(r.node, r.file, r.checked_by, f"{verdict[r.ok]}: {r.detail}")
+    out.print(t)
+    bad = [r for r in rows if r.ok is False]
+    if bad:
+        raise ConfigError(
+            "; ".join(f"{r.node}/{r.file}: {r.detail}" for r in bad),
+            source=result["profile"]["file"],
+        )
     return 0

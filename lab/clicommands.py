@@ -11,6 +11,7 @@ import time
 from rich.markup import escape as rich_escape
 from rich.table import Table
 
+from .cliarch import render_check
 from .cliprint import _print_status, _print_substrate, err, out, print_run_summary
 from .errors import ConfigError, LabError, TeardownIncomplete
 
@@ -86,6 +87,8 @@ def cmd_render(args) -> int:
     result = render(spec, args.vpn, show_secrets=args.show_secrets)
     for path in write_rendered(result, Path(args.out)):
         out.print(str(path), highlight=False)
+    if args.check or args.arch:
+        return render_check(spec, args.vpn, args.arch)
     if not result["files"]:
         out.print(f"profile {result['profile']['name']!r} has no config files", highlight=False)
     return 0

@@ -255,3 +255,51 @@ def test_tunnel_between_an_arm64_node_and_an_x86_node(arm64, lab_id, profile, da
     assert lab_traces(lab_id) == []
     for d in daemons.values():
         assert not is_same_process(d["pid"], d["start_time"]), d
+
+
+# ---------------------------------------------------------------------------------- render --check
+BYOC = Path(__file__).resolve().parent.parent / "docs/examples/byoc/openvpn"
+
+
+def test_render_check_reads_the_configs_with_the_arm64_build(arm64, tmp_path):
+    prof = tmp_path / "ovpn.toml"
+    r = run_lab("profiles", "import", BYOC / "server.conf", BYOC / "client.ovpn", "--out", prof)
+    assert r.returncode == 0, r.stderr
+    wide = {"COLUMNS": "400"}  # one table row per line
+
+    def check(vpn, out):
+        return run_lab(
+            "render", TOPOS / "pi_pair.py", "--vpn", vpn, "--out", tmp_path / out, "--check",
+            "--arch", "arm64", env=wide,
+        )  # fmt: skip
+
+    ok = check(prof, "good")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    rows = [ln for ln in ok.stdout.splitlines() if "│ ok:" in ln]
+    conf = [ln for ln in rows if "openvpn.conf" in ln]
+    assert len(conf) == 2 and all(
+        "arm64 (/usr/sbin/openvpn under qemu-aarch64-static)" in ln for ln in conf
+    ), ok.stdout
+    assert any("openssl x509 read it" in ln and "/usr/bin/openssl under" in ln for ln in rows)
+
+    # a cipher the board's build lacks: the parser takes it, --show-ciphers does not list it
+    tpl = next(tmp_path.glob("ovpn.client.*.j2"))
+    good = tpl.read_text()
+    tpl.write_text(good.replace("data-ciphers AES-256-GCM:AES-128-GCM", "data-ciphers AES-129-GCM"))
+    bad = check(prof, "bad-cipher")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert str(prof) in bad.stderr and "client/openvpn.conf: data-ciphers AES-129-GCM" in bad.stderr
+    assert "REFUSED" in bad.stdout
+    # a directive with a missing argument: the option parser's own words
+    tpl.write_text(good + "keepalive 10\n")
+    bad = check(prof, "bad-parse")
+    assert bad.returncode == 2 and "client/openvpn.conf: Options error" in bad.stderr, bad.stderr
+
+
+def test_render_check_lists_what_nothing_can_check(tmp_path):
+    from lab.vpn.configcheck import check_rendered
+
+    # nothing reads a WireGuard file offline: listed as not checked, never as passed
+    result = {"profile": {"driver": "wireguard"}, "files": {"a": {"wg0.conf": ""}}}
+    (row,) = check_rendered(result, tmp_path, None)
+    assert (row.node, row.file, row.ok) == ("a", "wg0.conf", None) and "wg setconf" in row.detail

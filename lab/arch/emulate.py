@@ -113,6 +113,15 @@ class ArchRoot:
         host_path = str(self.root / inside.lstrip("/"))
         return [self.qemu, "-L", str(self.root), "-0", inside, host_path, *argv[1:]]
 
+    def run(self, argv: Sequence[str], *, timeout: float = 60):
+        """Run argv here, in this machine's namespaces, as wrap() decides (a board tool from
+        the root under qemu, with the architecture's masks); output captured, never raises on
+        the exit code: for checks that want the tool's own verdict (lab render --check)."""
+        env = {**os.environ, **self.arch.env}
+        return proc.run(
+            self.wrap(argv), check=False, timeout=timeout, env=env, where=f"{self.arch.name} root"
+        )
+
     def ran_by(self, argv: Sequence[str]) -> str:
         """Which architecture runs argv in this node: 'arm64 (qemu-aarch64-static)' or this
         machine's, e.g. 'x86_64 (host)'."""

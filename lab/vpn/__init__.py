@@ -19,6 +19,7 @@ _NOT_DRIVERS = {
     "base",
     "byocimport",
     "charon",
+    "configcheck",
     "kernelfeatures",
     "profiles",
     "record",
