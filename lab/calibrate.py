@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import calibssh, cgroups, proc
+from .cpuplan import coverage
 from .cpuprofile import (
     CALIBRATION_SCHEMA,
     CORE_SHARE_MAX,
@@ -37,7 +38,6 @@ from .cpuprofile import (
     Reference,
     calibration_path,
     core_share_ok,
-    coverage,
     fit_quality,
     host_cpu_model,
     load_profile,

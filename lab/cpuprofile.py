@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, PreconditionError
+from .errors import ConfigError
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "cpu_profiles"
 CALIBRATION_DIR = Path("/var/lib/lab/calibration")
@@ -455,149 +454,4 @@ def fit_quality(
         "poor": poor,
         "warnings": warnings,
         "warning": warning,
-    }
-
-
-# ---------------------------------------------------------------------- fitting to the host
-
-#: share of the host's cores that capped nodes may be given together; the rest is left for the
-#: lab's own processes (impairment engine, measurement tools outside nodes, the kernel's softirqs)
-HOST_BUDGET_FRACTION = 0.9
-#: below this share of what its profile asks for, a node no longer represents the board at all
-MIN_SCALE = 0.25
-#: the smallest CFS quota the kernel accepts is 1 ms per period; below ~1 % results are noise
-MIN_QUOTA_CORES = 0.01
-
-
-def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
-    """Fit the capped nodes of `plan` (node -> cpu dict, as cpu_plan builds it) onto this machine.
-
-    Decision (docs/cpu.md "Many boards on a small machine"): the speed of one board core is kept
-    exact (core_share host cores per board core) as long as the sum of all capped nodes' quotas
-    fits within HOST_BUDGET_FRACTION of the host; beyond that every profile node is scaled by the
-    same factor, so all nodes stay equally fast relative to each other and the shortfall is stated
-    (`scale`, `board_cores_emulated`, `share_of_board`, `single_thread_vs_board`). A request that
-    would leave a node less than MIN_SCALE of its profile, or below the kernel's smallest quota, is
-    refused with PreconditionError. Explicit core fractions (cpu=0.5) are never scaled, only checked.
-    Mutates `plan` in place; returns warnings.
-    """
-    warnings: list[str] = []
-    budget = host_cores * HOST_BUDGET_FRACTION
-    fixed = {n: p for n, p in plan.items() if p.get("cores") is not None and not p.get("profile")}
-    prof = {n: p for n, p in plan.items() if p.get("cores") is not None and p.get("profile")}
-    for n, p in fixed.items():
-        if p["cores"] > host_cores:
-            raise PreconditionError(
-                f"node {n}: cpu={p['cores']} cores but this machine has {host_cores}; "
-                f"use at most {host_cores} or a CPU profile"
-            )
-    fixed_sum = sum(p["cores"] for p in fixed.values())
-    want = sum(p["cores"] for p in prof.values())
-    room = budget - fixed_sum
-    scale = 1.0
-    if prof and want > room:
-        scale = room / want if room > 0 else 0.0
-        if scale < MIN_SCALE or any(p["cores"] * scale < MIN_QUOTA_CORES for p in prof.values()):
-            need = (want * MIN_SCALE + fixed_sum) / HOST_BUDGET_FRACTION
-            raise PreconditionError(
-                f"this machine cannot honour the CPU request: {len(prof)} profile node(s) want "
-                f"{want:.2f} host cores (plus {fixed_sum:.2f} fixed) but {host_cores} cores leave "
-                f"{room:.2f} for them, {scale:.0%} of what they need (minimum {MIN_SCALE:.0%}); use "
-                f"fewer capped nodes, a profile with fewer emulated_cores, or a machine with at "
-                f"least {need:.1f} cores"
-            )
-        if all(p.get("slots") and p["cores"] * scale >= p["core_share"] for p in prof.values()):
-            warnings.append(
-                f"CPU profiles scaled to fit {host_cores} host cores: every profile node keeps "
-                f"one board core's speed per thread but gets {scale:.0%} of its board's cores "
-                "in total, so multi-threaded data planes (wireguard-go, several daemons at once) "
-                "are under-provisioned by that much (the nodes' cpu.board_cores_emulated in "
-                "`lab status`)"
-            )
-        else:
-            warnings.append(
-                f"CPU profiles scaled to fit {host_cores} host cores: every profile node gets "
-                f"{scale:.0%} of its board's CPU time (see the nodes' cpu.scale in `lab status`)"
-            )
-    for p in prof.values():
-        share = p["core_share"]
-        quota = p["cores"] * scale
-        p["scale"] = round(scale, 4)
-        p["cores"] = quota
-        p["board_cores_emulated"] = round(quota / share, 3)
-        p["share_of_board"] = round(quota / share / p["board_cores"], 4)
-        if p.get("slots"):
-            # one group per board core: a thread never beyond one board core, whatever the
-            # node's total; scaling takes cores away from the node before it slows a core
-            p["slot_cores"] = round(min(share, quota), 6)
-            p["single_thread_vs_board"] = round(p["slot_cores"] / share, 3)
-        else:
-            # a single thread can use at most one host core, however large the quota
-            p["single_thread_vs_board"] = round(min(1.0, quota) / share, 3)
-    if fixed_sum > budget:
-        warnings.append(
-            f"fixed CPU caps add up to {fixed_sum:.2f} of {host_cores} host cores: nodes will "
-            "compete and may not get their caps"
-        )
-    return warnings
-
-
-def plan_entry(prof: CpuProfile) -> dict:
-    """The cpu dict of one node using `prof`, before scale_to_host; goes into lab.json/status."""
-    entry = {
-        "profile": prof.name,
-        "cores": prof.quota_cores,
-        "board_cores": prof.cores,
-        "emulated_cores": prof.emulated_cores if prof.capped else None,
-        # one capped group per board core when the node has more than one (lab/coreslots.py);
-        # lab.lab.cpu_plan sets 0 with the reason where this machine cannot
-        "slots": math.ceil(prof.emulated_cores) if prof.capped and prof.emulated_cores > 1 else 0,
-        "core_share": prof.core_share,
-        "calibrated": prof.calibrated,
-        # None = removed from the inherited environment (lab.node.merged_env)
-        "env": {**{v: None for v in MASK_VARS if v not in prof.env}, **prof.env},
-        "coverage": coverage(prof),
-    }
-    if prof.os:
-        entry["os"] = dict(prof.os)
-        entry["os_source"] = prof.os_source
-    if prof.calibration:
-        entry["calibration"] = prof.calibration
-    return entry
-
-
-# ---------------------------------------------------------------------- what it covers
-
-
-def coverage(profile: CpuProfile) -> dict:
-    """Which crypto the profile's cap and masks really cover, stated for result manifests."""
-    masked_ossl = "OPENSSL_ia32cap" in profile.env
-    masked_go = "GODEBUG" in profile.env and "cpu." in profile.env["GODEBUG"]
-    capped = profile.capped
-    return {
-        "userspace_openssl": {
-            "used_by": ["OpenVPN", "strongSwan openssl plugin (charon, kernel-libipsec ESP)"],
-            "masked": masked_ossl,
-            "quota_scaled": capped,
-            "how": "OPENSSL_ia32cap in every process of the node" if masked_ossl else "not masked",
-        },
-        "userspace_go": {
-            "used_by": ["wireguard-go (golang.org/x/crypto)"],
-            "masked": masked_go,
-            "quota_scaled": capped,
-            "how": "GODEBUG cpu.* options in every process of the node"
-            if masked_go
-            else "not masked",
-        },
-        "kernel": {
-            "used_by": ["kernel WireGuard", "XFRM ESP", "MACsec", "dm-crypt"],
-            "masked": False,
-            "quota_scaled": "partial" if capped else False,
-            "how": (
-                "not maskable per namespace: the kernel uses the host's AES-NI/AVX whatever the "
-                "node's environment; only crypto done in the node's process context (e.g. ESP "
-                "output of locally sent packets) is charged to its cgroup, softirq and kworker "
-                "work (kernel WireGuard's encryption workers, received packets) is not"
-            ),
-        },
     }

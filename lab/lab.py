@@ -7,13 +7,12 @@ Every object is recorded in the ledger before it is created (see lab.state). A f
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cgroups, netops, proc
-from .cpuprofile import load_profile, plan_entry, scale_to_host
+from . import cgroups, netops
+from .cpuplan import cpu_plan, start_core_balancer
 from .errors import ConfigError, LabError, PreconditionError
 from .arch.emulate import ArchRoot
 from .localnode import LocalNode
@@ -183,89 +182,6 @@ def default_id() -> str:
 # ---------------------------------------------------------------------- building
 
 
-def _congestion_control_refused(cc: str) -> str | None:
-    """Why a node's network namespace cannot default to TCP congestion control `cc`, or None.
-    Outside the initial namespace the kernel accepts only algorithms of the machine-wide
-    net.ipv4.tcp_allowed_congestion_control list (./setup.sh adds the boards' cubic to it)."""
-    proc_dir = Path("/proc/sys/net/ipv4")
-    try:
-        allowed = (proc_dir / "tcp_allowed_congestion_control").read_text().split()
-    except OSError:
-        return None
-    if cc in allowed:
-        return None
-    return (
-        f"the kernel lets namespaces use only net.ipv4.tcp_allowed_congestion_control "
-        f"({' '.join(allowed)}); `sudo ./setup.sh` adds {cc} to it, or "
-        f"`sysctl -w net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, cc])}'`"
-    )
-
-
-def cpu_plan(spec: LabSpec, layout: cgroups.CgroupLayout) -> tuple[dict[str, dict], list[str]]:
-    """Resolve each host's cpu= into cgroup settings; returns (per-node plan, warnings)."""
-    plan, warnings = {}, []
-    host_cores = os.cpu_count() or 1
-    for n in spec.hosts():
-        if n.cpu is None:
-            plan[n.name] = {"profile": None, "cores": None, "env": {}}
-        elif isinstance(n.cpu, float):
-            plan[n.name] = {"profile": None, "cores": n.cpu, "env": {}}
-        else:
-            prof = load_profile(n.cpu)
-            if not prof.calibrated:
-                warnings.append(
-                    f"CPU profile {prof.name!r} is uncalibrated on this machine (core_share "
-                    f"{prof.core_share} is a placeholder): {prof.uncalibrated_reason}"
-                )
-            elif ((prof.calibration or {}).get("fit") or {}).get("warning"):
-                # the quota is fitted, but some primitives run well off the board's speed here
-                warnings.append(prof.calibration["fit"]["warning"])
-            plan[n.name] = plan_entry(prof)
-            why_not = cgroups.slots_supported(layout) if plan[n.name]["slots"] and layout else None
-            if why_not:
-                # without per-core groups a quota of several board cores would let one thread
-                # run on a whole host core: keep one board core, exact for a single thread
-                plan[n.name].update(cores=prof.core_share, emulated_cores=1.0, slots=0)
-                plan[n.name]["per_core_not_applied"] = why_not
-                warnings.append(
-                    f"CPU profile {prof.name!r}: nodes get one of the board's {prof.cores} cores, "
-                    f"not all of them ({why_not})"
-                )
-            cc = (plan[n.name].get("os") or {}).get("net.ipv4.tcp_congestion_control")
-            why = _congestion_control_refused(cc) if cc else None
-            if why:
-                del plan[n.name]["os"]["net.ipv4.tcp_congestion_control"]
-                plan[n.name]["os_not_applied"] = {"net.ipv4.tcp_congestion_control": why}
-                warnings.append(
-                    f"CPU profile {prof.name!r}: TCP congestion control {cc!r} not set in the "
-                    f"nodes, which keep this machine's: {why}"
-                )
-    sub = current_substrate()
-    if sub.get("kind") == "vm" and sub.get("accelerator") == "tcg":
-        # QEMU TCG emulates the CPU in software, many times slower than the host: a quota
-        # calibrated on the host would make a node far slower than a board, and no figure from
-        # this lab is performance evidence anyway. Masks (env) still apply: same code paths.
-        capped = [n for n, p in plan.items() if p.get("cores") is not None]
-        for n in capped:
-            plan[n]["cores"] = None
-            plan[n]["slots"] = 0
-            plan[n]["not_applied"] = "TCG"
-        if capped:
-            # no host-calibrated quota applies: neither its absence nor its fit matters
-            warnings = [
-                w for w in warnings if "uncalibrated" not in w and "calibration fit" not in w
-            ]
-            warnings.append(
-                f"CPU caps not applied to {', '.join(capped)}: the lab runs in a VM under TCG "
-                "(software CPU emulation), where a host-calibrated quota means nothing; "
-                "profile masks still apply"
-            )
-        return plan, list(dict.fromkeys(warnings))
-    # fit the capped nodes onto this machine (or refuse); see cpuprofile.scale_to_host
-    warnings += scale_to_host(plan, host_cores)
-    return plan, list(dict.fromkeys(warnings))
-
-
 def _arch_plan(spec: LabSpec, cpu: dict[str, dict]) -> list[str]:
     """Nodes of another architecture: their root and qemu-user must be here (refused before
     anything is created), and no CPU quota applies to them: qemu-user translates every
@@ -320,7 +236,7 @@ def up(
     netops.check_root()
     lab_id = check_id(lab_id or default_id())
     layout = cgroups.probe()
-    cpu, warnings = cpu_plan(spec, layout)
+    cpu, warnings = cpu_plan(spec, layout, current_substrate())
     warnings += _arch_plan(spec, cpu)
     for n in spec.nodes.values():
         if netops.netns_exists(f"{lab_id}-{n.name}"):
@@ -386,31 +302,6 @@ def _impair_plan(spec, lab_id, info, impair, placement, backend):
             source="--impair-backend",
         )
     return runtime.plan_for(spec, placement, impair, backend, why)
-
-
-def _start_core_balancer(lab_id, layout, info, ledger) -> None:
-    """One balancer per lab spreads the busy threads of nodes with per-core groups over them
-    (lab/coreslots.py); recorded like any daemon, so teardown ends it by PID."""
-    nodes = {
-        name: {
-            "group": str(layout.root / "cpu" / r["cgroup"]),
-            "slots": r["cpu_slots"],
-            "slot_cores": r["cpu"]["slot_cores"],
-        }
-        for name, r in info["nodes"].items()
-        if r.get("cpu_slots")
-    }
-    if not nodes:
-        return
-    cfg = lab_dir(lab_id) / "coreslots.json"
-    write_json_atomic(cfg, {"nodes": nodes})
-    log = lab_dir(lab_id) / "logs" / "coreslots.log"
-    ledger.record("process-intent", node=None, name="coreslots")
-    with open(log, "ab") as out:
-        p = proc.spawn([sys.executable, "-m", "lab.coreslots", str(cfg)], stdout=out, stderr=out)
-    st = proc.proc_start_time(p.pid)
-    ledger.record("process", node=None, name="coreslots", pid=p.pid, start_time=st)
-    info["core_balancer"] = {"pid": p.pid, "start_time": st, "config": str(cfg)}
 
 
 def _build_bump(lab_id, lk, layout, ledger, info, all_cpus) -> None:
@@ -526,7 +417,7 @@ def _build(
             ledger.record("mntns", path=str(mnt), node=n.name)
             netops.create_node_mntns(netns_name, mnt, sysctls)
     write_json_atomic(d / "lab.json", info)
-    _start_core_balancer(lab_id, layout, info, ledger)
+    start_core_balancer(lab_id, layout, info, ledger)
 
     iplan = None
     if impair is not None:

@@ -60,10 +60,10 @@ def test_pi4_nodes_run_the_board_os_tcp_defaults(lab_id):
     from pathlib import Path
 
     from lab.cpuprofile import load_profile
-    from lab.lab import _congestion_control_refused
+    from lab.cpuplan import congestion_control_refused
 
     want = dict(load_profile("pi4").os)
-    refused = _congestion_control_refused(want["net.ipv4.tcp_congestion_control"])
+    refused = congestion_control_refused(want["net.ipv4.tcp_congestion_control"])
     host = {k: " ".join(Path("/proc/sys/" + k.replace(".", "/")).read_text().split()) for k in want}
     if refused:  # ./setup.sh allows cubic; without it, the node keeps this machine's (warned)
         want["net.ipv4.tcp_congestion_control"] = host["net.ipv4.tcp_congestion_control"]

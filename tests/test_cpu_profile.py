@@ -15,15 +15,15 @@ from lab.cpuprofile import (
     PRIMITIVES,
     RESIDUAL_THRESHOLD,
     Reference,
-    coverage,
     fit_quality,
     host_cpu_model,
     known_profiles,
     load_profile,
-    plan_entry,
-    scale_to_host,
 )
+from lab.cpuplan import coverage, plan_entry, scale_to_host
 from lab.errors import ConfigError, PreconditionError
+
+HOST = {"kind": "host"}  # the substrate cpu_plan is told the lab runs on
 
 GOOD = """
 cores = 4
@@ -304,7 +304,7 @@ def _expected_fit(rates: dict[str, float]) -> tuple[float, dict[str, float]]:
 
 
 def test_poor_fit_is_recorded_merged_and_warned_at_up(fake_measurements, tmp_path):
-    from lab.lab import cpu_plan
+    from lab.cpuplan import cpu_plan
     from lab.topology import load_topology
     from tests.conftest import TOPOS
 
@@ -324,20 +324,22 @@ def test_poor_fit_is_recorded_merged_and_warned_at_up(fake_measurements, tmp_pat
     # every lab (and so every run's manifest: node cpu dicts and lab_warnings) carries it
     prof = load_profile("pi4")
     assert prof.calibrated and prof.calibration["fit"]["warning"] == fit["warning"]
-    plan, warnings = cpu_plan(load_topology(TOPOS / "pi_pair.py", params={"cpu": "pi4"}), None)
+    plan, warnings = cpu_plan(
+        load_topology(TOPOS / "pi_pair.py", params={"cpu": "pi4"}), None, HOST
+    )
     assert plan["client"]["calibration"]["fit"]["poor"] == ["aes-256-gcm"]
     assert fit["warning"] in warnings
 
 
 def test_good_fit_is_not_warned(fake_measurements):
-    from lab.lab import cpu_plan
+    from lab.cpuplan import cpu_plan
     from lab.topology import load_topology
     from tests.conftest import TOPOS
 
     fake_measurements.update(_fake_rates(1.1))
     r = calibrate_mod.calibrate("pi4", quick=True, verify=False)
     assert not r["fit"]["above_threshold"] and r["fit"]["warning"] is None
-    _, warnings = cpu_plan(load_topology(TOPOS / "pi_pair.py", params={"cpu": "pi4"}), None)
+    _, warnings = cpu_plan(load_topology(TOPOS / "pi_pair.py", params={"cpu": "pi4"}), None, HOST)
     assert not any("calibration fit" in w for w in warnings), warnings
 
 
@@ -527,17 +529,18 @@ def test_profile_quota_on_fake_cgroup_v1(tmp_path):
 def test_tcg_vm_substrate_applies_masks_but_no_caps(monkeypatch):
     """Inside a TCG VM a host-calibrated quota would make nodes far slower than a board: caps
     are left off (stated as a warning and in each node's cpu record), the masks stay."""
-    from lab.lab import cpu_plan
+    from lab.cpuplan import cpu_plan
+    from lab.lab import current_substrate
     from lab.topology import load_topology
     from tests.conftest import TOPOS
 
     spec = load_topology(TOPOS / "pi_pair.py", params={"cpu": "pi4"})
-    plan, _ = cpu_plan(spec, None)
+    plan, _ = cpu_plan(spec, None, HOST)
     assert all(p["cores"] for p in plan.values())  # on the host: capped
     monkeypatch.setenv(
         "LAB_SUBSTRATE", json.dumps({"kind": "vm", "accelerator": "tcg", "kernel": "6.12"})
     )
-    plan, warnings = cpu_plan(spec, None)
+    plan, warnings = cpu_plan(spec, None, current_substrate())
     assert {n: (p["cores"], p.get("not_applied")) for n, p in plan.items()} == {
         "client": (None, "TCG"),
         "server": (None, "TCG"),
@@ -547,13 +550,14 @@ def test_tcg_vm_substrate_applies_masks_but_no_caps(monkeypatch):
     monkeypatch.setenv(
         "LAB_SUBSTRATE", json.dumps({"kind": "vm", "accelerator": "kvm", "kernel": "6.12"})
     )
-    plan, _ = cpu_plan(spec, None)
+    plan, _ = cpu_plan(spec, None, current_substrate())
     assert all(p["cores"] for p in plan.values())  # KVM runs at near-native speed: capped
 
 
 def test_a_profile_defines_the_mask_environment_entirely(monkeypatch):
     """A `host` node must not inherit a mask the caller exported; pi4 gets exactly its own."""
-    from lab.cpuprofile import load_profile, plan_entry
+    from lab.cpuplan import plan_entry
+    from lab.cpuprofile import load_profile
     from lab.node import merged_env
 
     monkeypatch.setenv("OPENSSL_ia32cap", "~0x2")

@@ -62,6 +62,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "lab.py / vmlab.py / boards",
         [
             "lab.lab",
+            "lab.cpuplan",
             "lab.labimpair",
             "lab.vmlab",
             "lab.boards",

@@ -1,0 +1,273 @@
+"""A lab's CPU plan: each host's cpu= resolved into cgroup quotas, per-core groups and masks,
+fitted onto this machine (docs/cpu.md), and the per-lab balancer of the core groups started.
+
+cpuprofile.py holds the profiles (pure data); this module turns them into what lab.lab builds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+from . import cgroups, proc
+from .cpuprofile import MASK_VARS, CpuProfile, load_profile
+from .errors import PreconditionError
+from .labspec import LabSpec
+from .state import lab_dir, write_json_atomic
+
+# ---------------------------------------------------------------------- fitting to the host
+
+#: share of the host's cores that capped nodes may be given together; the rest is left for the
+#: lab's own processes (impairment engine, measurement tools outside nodes, the kernel's softirqs)
+HOST_BUDGET_FRACTION = 0.9
+#: below this share of what its profile asks for, a node no longer represents the board at all
+MIN_SCALE = 0.25
+#: the smallest CFS quota the kernel accepts is 1 ms per period; below ~1 % results are noise
+MIN_QUOTA_CORES = 0.01
+
+
+def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
+    """Fit the capped nodes of `plan` (node -> cpu dict, as cpu_plan builds it) onto this machine.
+
+    Decision (docs/cpu.md "Many boards on a small machine"): the speed of one board core is kept
+    exact (core_share host cores per board core) as long as the sum of all capped nodes' quotas
+    fits within HOST_BUDGET_FRACTION of the host; beyond that every profile node is scaled by the
+    same factor, so all nodes stay equally fast relative to each other and the shortfall is stated
+    (`scale`, `board_cores_emulated`, `share_of_board`, `single_thread_vs_board`). A request that
+    would leave a node less than MIN_SCALE of its profile, or below the kernel's smallest quota, is
+    refused with PreconditionError. Explicit core fractions (cpu=0.5) are never scaled, only checked.
+    Mutates `plan` in place; returns warnings.
+    """
+    warnings: list[str] = []
+    budget = host_cores * HOST_BUDGET_FRACTION
+    fixed = {n: p for n, p in plan.items() if p.get("cores") is not None and not p.get("profile")}
+    prof = {n: p for n, p in plan.items() if p.get("cores") is not None and p.get("profile")}
+    for n, p in fixed.items():
+        if p["cores"] > host_cores:
+            raise PreconditionError(
+                f"node {n}: cpu={p['cores']} cores but this machine has {host_cores}; "
+                f"use at most {host_cores} or a CPU profile"
+            )
+    fixed_sum = sum(p["cores"] for p in fixed.values())
+    want = sum(p["cores"] for p in prof.values())
+    room = budget - fixed_sum
+    scale = 1.0
+    if prof and want > room:
+        scale = room / want if room > 0 else 0.0
+        if scale < MIN_SCALE or any(p["cores"] * scale < MIN_QUOTA_CORES for p in prof.values()):
+            need = (want * MIN_SCALE + fixed_sum) / HOST_BUDGET_FRACTION
+            raise PreconditionError(
+                f"this machine cannot honour the CPU request: {len(prof)} profile node(s) want "
+                f"{want:.2f} host cores (plus {fixed_sum:.2f} fixed) but {host_cores} cores leave "
+                f"{room:.2f} for them, {scale:.0%} of what they need (minimum {MIN_SCALE:.0%}); use "
+                f"fewer capped nodes, a profile with fewer emulated_cores, or a machine with at "
+                f"least {need:.1f} cores"
+            )
+        if all(p.get("slots") and p["cores"] * scale >= p["core_share"] for p in prof.values()):
+            warnings.append(
+                f"CPU profiles scaled to fit {host_cores} host cores: every profile node keeps "
+                f"one board core's speed per thread but gets {scale:.0%} of its board's cores "
+                "in total, so multi-threaded data planes (wireguard-go, several daemons at once) "
+                "are under-provisioned by that much (the nodes' cpu.board_cores_emulated in "
+                "`lab status`)"
+            )
+        else:
+            warnings.append(
+                f"CPU profiles scaled to fit {host_cores} host cores: every profile node gets "
+                f"{scale:.0%} of its board's CPU time (see the nodes' cpu.scale in `lab status`)"
+            )
+    for p in prof.values():
+        share = p["core_share"]
+        quota = p["cores"] * scale
+        p["scale"] = round(scale, 4)
+        p["cores"] = quota
+        p["board_cores_emulated"] = round(quota / share, 3)
+        p["share_of_board"] = round(quota / share / p["board_cores"], 4)
+        if p.get("slots"):
+            # one group per board core: a thread never beyond one board core, whatever the
+            # node's total; scaling takes cores away from the node before it slows a core
+            p["slot_cores"] = round(min(share, quota), 6)
+            p["single_thread_vs_board"] = round(p["slot_cores"] / share, 3)
+        else:
+            # a single thread can use at most one host core, however large the quota
+            p["single_thread_vs_board"] = round(min(1.0, quota) / share, 3)
+    if fixed_sum > budget:
+        warnings.append(
+            f"fixed CPU caps add up to {fixed_sum:.2f} of {host_cores} host cores: nodes will "
+            "compete and may not get their caps"
+        )
+    return warnings
+
+
+def plan_entry(prof: CpuProfile) -> dict:
+    """The cpu dict of one node using `prof`, before scale_to_host; goes into lab.json/status."""
+    entry = {
+        "profile": prof.name,
+        "cores": prof.quota_cores,
+        "board_cores": prof.cores,
+        "emulated_cores": prof.emulated_cores if prof.capped else None,
+        # one capped group per board core when the node has more than one (lab/coreslots.py);
+        # lab.lab.cpu_plan sets 0 with the reason where this machine cannot
+        "slots": math.ceil(prof.emulated_cores) if prof.capped and prof.emulated_cores > 1 else 0,
+        "core_share": prof.core_share,
+        "calibrated": prof.calibrated,
+        # None = removed from the inherited environment (lab.node.merged_env)
+        "env": {**{v: None for v in MASK_VARS if v not in prof.env}, **prof.env},
+        "coverage": coverage(prof),
+    }
+    if prof.os:
+        entry["os"] = dict(prof.os)
+        entry["os_source"] = prof.os_source
+    if prof.calibration:
+        entry["calibration"] = prof.calibration
+    return entry
+
+
+# ---------------------------------------------------------------------- what it covers
+
+
+def coverage(profile: CpuProfile) -> dict:
+    """Which crypto the profile's cap and masks really cover, stated for result manifests."""
+    masked_ossl = "OPENSSL_ia32cap" in profile.env
+    masked_go = "GODEBUG" in profile.env and "cpu." in profile.env["GODEBUG"]
+    capped = profile.capped
+    return {
+        "userspace_openssl": {
+            "used_by": ["OpenVPN", "strongSwan openssl plugin (charon, kernel-libipsec ESP)"],
+            "masked": masked_ossl,
+            "quota_scaled": capped,
+            "how": "OPENSSL_ia32cap in every process of the node" if masked_ossl else "not masked",
+        },
+        "userspace_go": {
+            "used_by": ["wireguard-go (golang.org/x/crypto)"],
+            "masked": masked_go,
+            "quota_scaled": capped,
+            "how": "GODEBUG cpu.* options in every process of the node"
+            if masked_go
+            else "not masked",
+        },
+        "kernel": {
+            "used_by": ["kernel WireGuard", "XFRM ESP", "MACsec", "dm-crypt"],
+            "masked": False,
+            "quota_scaled": "partial" if capped else False,
+            "how": (
+                "not maskable per namespace: the kernel uses the host's AES-NI/AVX whatever the "
+                "node's environment; only crypto done in the node's process context (e.g. ESP "
+                "output of locally sent packets) is charged to its cgroup, softirq and kworker "
+                "work (kernel WireGuard's encryption workers, received packets) is not"
+            ),
+        },
+    }
+
+
+def congestion_control_refused(cc: str) -> str | None:
+    """Why a node's network namespace cannot default to TCP congestion control `cc`, or None.
+    Outside the initial namespace the kernel accepts only algorithms of the machine-wide
+    net.ipv4.tcp_allowed_congestion_control list (./setup.sh adds the boards' cubic to it)."""
+    proc_dir = Path("/proc/sys/net/ipv4")
+    try:
+        allowed = (proc_dir / "tcp_allowed_congestion_control").read_text().split()
+    except OSError:
+        return None
+    if cc in allowed:
+        return None
+    return (
+        f"the kernel lets namespaces use only net.ipv4.tcp_allowed_congestion_control "
+        f"({' '.join(allowed)}); `sudo ./setup.sh` adds {cc} to it, or "
+        f"`sysctl -w net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, cc])}'`"
+    )
+
+
+def cpu_plan(
+    spec: LabSpec, layout: cgroups.CgroupLayout | None, substrate: dict
+) -> tuple[dict[str, dict], list[str]]:
+    """Resolve each host's cpu= into cgroup settings; returns (per-node plan, warnings).
+    `substrate`: what the lab runs on (lab.lab.current_substrate())."""
+    plan, warnings = {}, []
+    host_cores = os.cpu_count() or 1
+    for n in spec.hosts():
+        if n.cpu is None:
+            plan[n.name] = {"profile": None, "cores": None, "env": {}}
+        elif isinstance(n.cpu, float):
+            plan[n.name] = {"profile": None, "cores": n.cpu, "env": {}}
+        else:
+            prof = load_profile(n.cpu)
+            if not prof.calibrated:
+                warnings.append(
+                    f"CPU profile {prof.name!r} is uncalibrated on this machine (core_share "
+                    f"{prof.core_share} is a placeholder): {prof.uncalibrated_reason}"
+                )
+            elif ((prof.calibration or {}).get("fit") or {}).get("warning"):
+                # the quota is fitted, but some primitives run well off the board's speed here
+                warnings.append(prof.calibration["fit"]["warning"])
+            plan[n.name] = plan_entry(prof)
+            why_not = cgroups.slots_supported(layout) if plan[n.name]["slots"] and layout else None
+            if why_not:
+                # without per-core groups a quota of several board cores would let one thread
+                # run on a whole host core: keep one board core, exact for a single thread
+                plan[n.name].update(cores=prof.core_share, emulated_cores=1.0, slots=0)
+                plan[n.name]["per_core_not_applied"] = why_not
+                warnings.append(
+                    f"CPU profile {prof.name!r}: nodes get one of the board's {prof.cores} cores, "
+                    f"not all of them ({why_not})"
+                )
+            cc = (plan[n.name].get("os") or {}).get("net.ipv4.tcp_congestion_control")
+            why = congestion_control_refused(cc) if cc else None
+            if why:
+                del plan[n.name]["os"]["net.ipv4.tcp_congestion_control"]
+                plan[n.name]["os_not_applied"] = {"net.ipv4.tcp_congestion_control": why}
+                warnings.append(
+                    f"CPU profile {prof.name!r}: TCP congestion control {cc!r} not set in the "
+                    f"nodes, which keep this machine's: {why}"
+                )
+    sub = substrate
+    if sub.get("kind") == "vm" and sub.get("accelerator") == "tcg":
+        # QEMU TCG emulates the CPU in software, many times slower than the host: a quota
+        # calibrated on the host would make a node far slower than a board, and no figure from
+        # this lab is performance evidence anyway. Masks (env) still apply: same code paths.
+        capped = [n for n, p in plan.items() if p.get("cores") is not None]
+        for n in capped:
+            plan[n]["cores"] = None
+            plan[n]["slots"] = 0
+            plan[n]["not_applied"] = "TCG"
+        if capped:
+            # no host-calibrated quota applies: neither its absence nor its fit matters
+            warnings = [
+                w for w in warnings if "uncalibrated" not in w and "calibration fit" not in w
+            ]
+            warnings.append(
+                f"CPU caps not applied to {', '.join(capped)}: the lab runs in a VM under TCG "
+                "(software CPU emulation), where a host-calibrated quota means nothing; "
+                "profile masks still apply"
+            )
+        return plan, list(dict.fromkeys(warnings))
+    # fit the capped nodes onto this machine (or refuse); see cpuprofile.scale_to_host
+    warnings += scale_to_host(plan, host_cores)
+    return plan, list(dict.fromkeys(warnings))
+
+
+def start_core_balancer(lab_id, layout, info, ledger) -> None:
+    """One balancer per lab spreads the busy threads of nodes with per-core groups over them
+    (lab/coreslots.py); recorded like any daemon, so teardown ends it by PID."""
+    nodes = {
+        name: {
+            "group": str(layout.root / "cpu" / r["cgroup"]),
+            "slots": r["cpu_slots"],
+            "slot_cores": r["cpu"]["slot_cores"],
+        }
+        for name, r in info["nodes"].items()
+        if r.get("cpu_slots")
+    }
+    if not nodes:
+        return
+    cfg = lab_dir(lab_id) / "coreslots.json"
+    write_json_atomic(cfg, {"nodes": nodes})
+    log = lab_dir(lab_id) / "logs" / "coreslots.log"
+    ledger.record("process-intent", node=None, name="coreslots")
+    with open(log, "ab") as out:
+        p = proc.spawn([sys.executable, "-m", "lab.coreslots", str(cfg)], stdout=out, stderr=out)
+    st = proc.proc_start_time(p.pid)
+    ledger.record("process", node=None, name="coreslots", pid=p.pid, start_time=st)
+    info["core_balancer"] = {"pid": p.pid, "start_time": st, "config": str(cfg)}
