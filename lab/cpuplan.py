@@ -109,7 +109,7 @@ def plan_entry(prof: CpuProfile) -> dict:
         "board_cores": prof.cores,
         "emulated_cores": prof.emulated_cores if prof.capped else None,
         # one capped group per board core when the node has more than one (lab/coreslots.py);
-        # lab.lab.cpu_plan sets 0 with the reason where this machine cannot
+        # cpu_plan sets 0 with the reason where this machine cannot
         "slots": math.ceil(prof.emulated_cores) if prof.capped and prof.emulated_cores > 1 else 0,
         "core_share": prof.core_share,
         "calibrated": prof.calibrated,
@@ -243,7 +243,7 @@ def cpu_plan(
                 "profile masks still apply"
             )
         return plan, list(dict.fromkeys(warnings))
-    # fit the capped nodes onto this machine (or refuse); see cpuprofile.scale_to_host
+    # fit the capped nodes onto this machine (or refuse); see scale_to_host
     warnings += scale_to_host(plan, host_cores)
     return plan, list(dict.fromkeys(warnings))
 
