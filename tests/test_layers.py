@@ -53,7 +53,6 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.calibrate",
             "lab.calibssh",
             "lab.expect",
-            "lab.stats",
             "lab.junit",
             "lab.cicheck",
         ],
@@ -98,6 +97,9 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.topofile",
             # the one parameter schema (VPN profiles, tests, topology options)
             "lab.params",
+            # Student's t without scipy; the adaptive stop rule (issue 17) that tests use
+            "lab.stats",
+            "lab.stoprule",
             "lab.cpuprofile",
             "lab.impair.spec",
             "lab.impair.vocab",
