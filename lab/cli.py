@@ -24,6 +24,7 @@ from .clicommands import (  # noqa: F401
     cmd_exec,
     cmd_impair,
     cmd_import,
+    cmd_merge,
     cmd_profiles,
     cmd_render,
     cmd_report,
@@ -56,10 +57,11 @@ FLAGS = {
     "junit": "--junit",
     "profiles": "--profiles",
     "placement": "--placement",
+    "shard": "--shard",
 }
 #: arguments that name a file or directory (checked against the file system's name limits)
 PATH_ARGS = {"topology", "plan", "inventory", "run_dir", "run_a", "run_b", "table", "out"}
-PATH_ARGS |= {"resume", "boards", "run", "baseline", "junit", "dir"}
+PATH_ARGS |= {"resume", "boards", "run", "baseline", "junit", "dir", "shards"}
 NAME_MAX, PATH_MAX = 255, 4096  # bytes (linux/limits.h)
 
 #: arguments passed on as they are: a command's own words may be empty strings
@@ -321,6 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<UTC>_<plan>)")
     p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run only shard I (from 0) of N: a block of every profile's repetitions; "
+        "lab merge joins the shards (docs/scale.md)",
+    )
+    p.add_argument(
         "--vm",
         action="store_true",
         help="run the whole plan in a throwaway full-kernel VM (same as -o vm=true)",
@@ -362,6 +370,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--yes", action="store_true", help="install without asking")
     q.add_argument("--dry-run", action="store_true", help="list only, install nothing")
     q.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "merge",
+        help="the run directories of lab run --shard I/N -> one run directory and its report "
+        "(same plan and code, every case once; docs/scale.md)",
+    )
+    p.add_argument("shards", nargs="+", metavar="SHARD_DIR", help="a shard's run directory")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory to create")
 
     p = sub.add_parser("report", help="regenerate a run's tables, plots and report")
     p.add_argument("run_dir")
@@ -475,6 +491,7 @@ def _debug(args: argparse.Namespace) -> None:
 COMMANDS = {
     "run": cmd_run,
     "report": cmd_report,
+    "merge": cmd_merge,
     "compare": cmd_compare,
     "impair": cmd_impair,
     "up": cmd_up,

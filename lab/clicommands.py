@@ -400,14 +400,18 @@ def cmd_run(args) -> int:
     from .runner import Runner, create_run_dir, preflight, resume_plan
     from .runsetup import check_run_dir
     from .runprogress import RunProgress
+    from .shard import parse_shard, resume_shard
+    from .state import write_json_atomic
     from .substrates import check_resume_target, plan_substrate, run_target
 
     overrides = list(args.override) + (["vm=true"] if args.vm else [])
+    shard = parse_shard(args.shard) if args.shard is not None else None
     target = run_target(boards=args.boards, mapping=args.map, vm=args.vm)
     if args.resume:
         run = RunDir(Path(args.resume)).check()
         plan = resume_plan(run, args.plan, overrides)
         check_resume_target(run, target)
+        shard = resume_shard(run, shard)
     elif args.plan:
         plan = load_plan(args.plan, overrides)
         if args.out:
@@ -417,7 +421,15 @@ def cmd_run(args) -> int:
             target.preflight(plan)
         else:
             preflight(plan, kernel=plan_substrate(plan) == "local")
+        if shard is not None and target is None and plan_substrate(plan) == "vm":
+            raise ConfigError(
+                "a shard runs on this machine's kernel or --boards; --vm is not supported",
+                source="lab run",
+                field="--shard",
+            )
         run = create_run_dir(plan, Path(args.out) if args.out else None)
+        if shard is not None:  # in plan.json, so that --resume runs the same shard
+            write_json_atomic(run.file("plan.json"), {**run.plan_json(), "shard": shard.to_json()})
     else:
         raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")
     if target is None and plan_substrate(plan) == "vm":
@@ -427,7 +439,7 @@ def cmd_run(args) -> int:
     try:
         with RunProgress(out) as progress:
             argv = json.loads(os.environ.get("LAB_RUN_ARGV") or "null") or ["lab", *sys.argv[1:]]
-            Runner(plan, run, progress, argv=argv, target=target).execute()
+            Runner(plan, run, progress, argv=argv, target=target, shard=shard).execute()
     except KeyboardInterrupt:
         interrupted = True
     s = generate(run.path)
@@ -475,6 +487,17 @@ def _run_vm(args, plan, run) -> int:
         raise TeardownIncomplete(left)
     out.print("VM powered off; nothing of it is left on this host", highlight=False)
     return rc
+
+
+def cmd_merge(args) -> int:
+    from pathlib import Path
+
+    from .merge import merge
+
+    s = merge([Path(d) for d in args.shards], Path(args.out))
+    out.print(f"merged {len(args.shards)} shards into {args.out}", markup=False, highlight=False)
+    print_run_summary(s)
+    return 1 if s["failed"] else 0
 
 
 def cmd_report(args) -> int:

@@ -28,6 +28,7 @@ from .measure import TESTS, Context
 from .monitor import Monitor
 from .plan import Case, ImpairmentPoint, Plan, slug
 from .results import RESULT_SCHEMA, RunDir
+from .shard import case_id, shard_cases, shard_record
 from .runsetup import (  # noqa: F401
     MEASURE_TOOL_VERSIONS,
     TOOL_VERSIONS,
@@ -150,6 +151,7 @@ class Runner:
         events: RunEvents | None = None,
         argv: list[str] | None = None,
         target=None,
+        shard=None,
     ):
         #: where labs are built: LocalTarget, or lab.boards.runtarget.BoardsTarget
         self.target = target or LocalTarget()
@@ -157,6 +159,9 @@ class Runner:
         self.run_dir = run
         self.events = events or RunEvents()
         self.argv = argv or []
+        #: lab.shard.Shard: run only this part of the plan (`lab run --shard i/N`), else None
+        self.shard = shard
+        self.digest = plan.digest()
         self.session = secrets.token_hex(4)
         self.lab_id = new_lab_id("r")
         self.lab = None
@@ -232,6 +237,8 @@ class Runner:
                 "profiles": {},
                 "impairment": {},
                 "sessions": [],
+                # plan digest, code version, shard i/N, calibration: what `lab merge` checks
+                **shard_record(self.shard, self.spec, session["git_revision"]),
             }
         m["sessions"].append(session)
         self.manifest = m
@@ -314,6 +321,7 @@ class Runner:
         return {
             "schema": RESULT_SCHEMA,
             "case": case.key,
+            "case_id": case_id(self.digest, case.key),
             "session": self.session,
             "lab_id": self.lab.id if self.lab is not None else None,
             "profile": case.profile,
@@ -453,7 +461,7 @@ class Runner:
 
     def _loop(self) -> None:
         done = self.run_dir.finished_keys()
-        cases = self.plan.cases()
+        cases = shard_cases(self.plan, self.shard)
         todo = [c for c in cases if c.key not in done]
         self.counts["skipped"] = len(cases) - len(todo)
         groups = []

@@ -55,6 +55,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.expect",
             "lab.junit",
             "lab.cicheck",
+            "lab.shard",
+            "lab.merge",
         ],
     ),
     (
