@@ -164,7 +164,11 @@ def test_bad_profile_file_names_file_field_and_choices(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_profile(str(f))
     msg = str(e.value)
-    assert str(f) in msg and "params.compression" in msg and "none, deflate, bsdcomp" in msg
+    assert (
+        str(f) in msg
+        and "params.compression" in msg
+        and "one of 'none', 'deflate', 'bsdcomp'" in msg
+    )
 
 
 # ------------------------------------------------------------------------- the host

@@ -164,7 +164,7 @@ def test_keys_are_2048_bit_rsa_pairs_0600_and_redacted(tmp_path):
     [
         ('cipher = "aes-999-xyz"', "params.cipher", CIPHERS),
         ('digest = "sha3"', "params.digest", ("sha1", "sha256", "none")),
-        ("port = 0", "params.port", ("1..65535",)),
+        ("port = 0", "params.port", ("accepted: int >= 1 and <= 65535",)),
         ('pmtu_discovery = "yes"', "params.pmtu_discovery", ("bool",)),
     ],
 )
