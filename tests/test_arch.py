@@ -192,22 +192,24 @@ def test_openssl_mask_leaves_out_the_armv8_crypto_instructions(arm64, tmp_path):
 
 @pytest.mark.root
 @pytest.mark.parametrize(
-    "profile, daemon",
+    "profile, daemon, server_arch",
     [
-        ("wireguard:implementation=wireguard-go", "/usr/bin/wireguard-go"),
-        ("openvpn-aes256cbc-static", "/usr/sbin/openvpn"),
+        ("wireguard:implementation=wireguard-go", "/usr/bin/wireguard-go", None),
+        ("openvpn-aes256cbc-static", "/usr/sbin/openvpn", None),
         # charon with kernel-libipsec: IKE and ESP both in the board's charon
-        ("ipsec-aes128gcm", "/usr/lib/ipsec/charon"),
+        ("ipsec-aes128gcm", "/usr/lib/ipsec/charon", None),
+        # two boards' builds with each other
+        ("wireguard:implementation=wireguard-go", "/usr/bin/wireguard-go", "arm64"),
     ],
 )
-def test_tunnel_between_an_arm64_node_and_an_x86_node(arm64, lab_id, profile, daemon):
+def test_tunnel_from_an_arm64_node(arm64, lab_id, profile, daemon, server_arch):
     from lab.lab import Lab
     from lab.proc import is_same_process
     from lab.teardown import teardown
 
     r = run_lab(
         "up", TOPOS / "pi_pair.py", "--id", lab_id, "-p", "client_arch=arm64", "-p", "cpu=0.5",
-        "--vpn", profile,
+        *(["-p", f"server_arch={server_arch}"] if server_arch else []), "--vpn", profile,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     lab = Lab.open(lab_id)
@@ -216,14 +218,18 @@ def test_tunnel_between_an_arm64_node_and_an_x86_node(arm64, lab_id, profile, da
         ledger = [json.loads(x) for x in (lab.dir / "ledger.jsonl").read_text().splitlines()]
         procs = {x["node"]: x for x in ledger if x["kind"] == "process" and x.get("argv")}
         assert procs["client"]["arch"] == "arm64 (qemu-aarch64-static)"
-        assert "arch" not in procs["server"]  # a node of this machine's architecture
         # the kernel's view: the client's daemon is QEMU running the root's build, in the
-        # node's network namespace; the server's is this machine's
+        # node's network namespace; an x86 server's is this machine's build
         cpid, spid = daemons["client"]["pid"], daemons["server"]["pid"]
         assert os.readlink(f"/proc/{cpid}/exe") == arm64.qemu
         cmdline = Path(f"/proc/{cpid}/cmdline").read_bytes().split(b"\0")
         assert str(arm64.root / daemon.lstrip("/")).encode() in cmdline
-        assert os.readlink(f"/proc/{spid}/exe") != arm64.qemu
+        if server_arch:
+            assert procs["server"]["arch"] == "arm64 (qemu-aarch64-static)"
+            assert os.readlink(f"/proc/{spid}/exe") == arm64.qemu
+        else:
+            assert "arch" not in procs["server"]  # a node of this machine's architecture
+            assert os.readlink(f"/proc/{spid}/exe") != arm64.qemu
         node_ns = os.stat(f"/var/run/netns/{lab_id}-client").st_ino
         assert os.stat(f"/proc/{cpid}/ns/net").st_ino == node_ns
         environ = Path(f"/proc/{cpid}/environ").read_bytes().split(b"\0")
