@@ -100,6 +100,10 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
     ("host_mem_used_max_mb", "float64", "peak host memory in use (psutil 'used'), MiB"),
     ("host_mem_available_min_mb", "float64", "lowest host memory available (psutil), MiB"),
     ("throttled", "float64", "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0"),
+    # metric columns appended later, frozen in their places
+    "echo_requests",
+    "echo_replies",
+    "flood_time_ms",
 ]
 
 

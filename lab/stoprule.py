@@ -256,7 +256,7 @@ def loss_decision(lost: int, n: int, rule: Rule) -> tuple[bool, int, dict]:
         "target_half_width": loss_target(p, rule),
         "confidence": rule.confidence,
     }
-    if rule.loss_abs is None and not rule.rel_half_width:
+    if rule.loss_abs is None:  # recorded, not a criterion (ping: its primary is RTT)
         return True, 0, info
     need = packets_for_loss(p, rule)
     info["packets_needed"] = need

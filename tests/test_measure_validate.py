@@ -40,7 +40,10 @@ def test_unknown_key_names_source_field_and_accepted():
     with pytest.raises(ConfigError) as e:
         TESTS["tcp"].validate({"duraton_s": 5}, source=SRC)
     assert e.value.source == SRC and e.value.field == "duraton_s"
-    assert "accepted: direction, duration_s, mss, omit_s, port, streams" in str(e.value)
+    assert (
+        "accepted: adaptive, adaptive_min_s, adaptive_rel_pct, direction, duration_s, mss, "
+        "omit_s, port, streams" in str(e.value)
+    )
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from ..stoprule import loss_decision
+from .adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, ping_info, rule_of, watch
 from .base import (
     Context,
     MeasurementFailed,
@@ -86,6 +89,30 @@ def parse_ping(text: str) -> dict[str, Any]:
     return out
 
 
+def parse_ping_replies(text: str) -> list[dict[str, Any]]:
+    """The reply lines so far ({seq, rtt_ms}, duplicates excluded): ping's output as it streams."""
+    out = []
+    for raw in text.splitlines():
+        if (m := _REPLY.match(raw.strip())) and not m["dup"]:
+            out.append({"seq": int(m["seq"]), "rtt_ms": float(m["rtt"])})
+    return out
+
+
+def _unresolved(metrics: dict[str, Any], params: Mapping[str, Any]) -> None:
+    """After SIGINT, echoes sent within the last reply_timeout_s without a reply are
+    unresolved, not lost (their reply window never closed): take them out of the counts."""
+    tx = metrics["transmitted"] or 0
+    window = math.ceil(params["reply_timeout_s"] / params["interval_s"])
+    replied = {r["seq"] for r in metrics["rtts"]}
+    # icmp_seq counts from 1 (iputils)
+    n = sum(1 for seq in range(max(1, tx - window + 1), tx + 1) if seq not in replied)
+    metrics["unresolved"] = n
+    if n:
+        metrics["transmitted"] = tx - n
+        sent = metrics["transmitted"]
+        metrics["loss_pct"] = 100.0 * (sent - metrics["received"]) / sent if sent else None
+
+
 def ping_argv(
     addr: str,
     *,
@@ -118,6 +145,7 @@ class PingTest(Test):
         "size": Param(int, 56, min=0, max=65507, doc="ICMP payload bytes, ping -s"),
         "reply_timeout_s": Param(float, 2.0, min=0.1, max=60, doc="ping -W"),
         "family": Param(int, None, optional=True, choices=(4, 6), doc="None: from the address"),
+        **ADAPTIVE_SCHEMA,
     }
     metrics = (
         Metric("loss_pct", unit="%", description="lost share"),
@@ -125,6 +153,7 @@ class PingTest(Test):
         Metric("rtt_avg_ms", unit="ms", description="mean RTT"),
         Metric("rtt_max_ms", unit="ms", description="maximum RTT"),
         Metric("rtt_mdev_ms", unit="ms", description="RTT mean deviation"),
+        *ADAPTIVE_METRICS,
     )
     primary = Primary("rtt_avg_ms", "ms RTT", 1.0, False)
 
@@ -141,7 +170,23 @@ class PingTest(Test):
             family=params["family"],
         )
         expected = params["count"] * params["interval_s"] + params["reply_timeout_s"]
-        inv = invoke(ctx, ctx.client, argv, label="ping", timeout=expected + ctx.timeout_s)
+        stopped = False
+        if params["adaptive"]:
+            # loss is recorded with its interval, not a stop criterion: ping's primary is RTT
+            rule = rule_of(params, loss_abs=None)
+
+            def enough(text: str) -> bool:
+                rtts = [m["rtt_ms"] for m in parse_ping_replies(text)]
+                d = ping_info(
+                    rtts, True, rule, interval_s=params["interval_s"], count=params["count"]
+                )
+                return d["reason"] == "ci"
+
+            inv, stopped = watch(
+                ctx, ctx.client, argv, label="ping", timeout=expected + ctx.timeout_s, enough=enough
+            )
+        else:
+            inv = invoke(ctx, ctx.client, argv, label="ping", timeout=expected + ctx.timeout_s)
         base = {"count": params["count"], "interval_s": params["interval_s"]}
         base["family"] = params["family"] or family_of(ctx.server_addr)
         if inv.timed_out:
@@ -157,4 +202,15 @@ class PingTest(Test):
             return [self.record(ok=False, error=err, raw_files=inv.raw_files, **base)]
         ok = bool(metrics["received"])
         error = None if ok else f"no echo reply ({metrics['transmitted']} sent)"
+        if params["adaptive"]:
+            if stopped:
+                _unresolved(metrics, params)
+            rtts = [r["rtt_ms"] for r in metrics["rtts"]]
+            info = ping_info(
+                rtts, stopped, rule, interval_s=params["interval_s"], count=params["count"]
+            )
+            if metrics["transmitted"]:
+                lost = metrics["transmitted"] - metrics["received"]
+                info["loss"] = loss_decision(max(lost, 0), metrics["transmitted"], rule)[2]
+            base.update(adaptive=info, **columns(info))
         return [self.record(ok=ok, error=error, raw_files=inv.raw_files, **{**base, **metrics})]

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from .adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, rule_of, run_segments
 from .base import Context, MeasurementFailed, Metric, Param, Primary, Record, Test, family_of
 from .iperf3 import (
     DEFAULT_PORT,
@@ -76,6 +77,7 @@ class TcpTest(Test):
             doc="TCP_MAXSEG, iperf3 -M (88 = Linux minimum, 76 B payload)",
         ),
         "port": Param(int, DEFAULT_PORT, min=1, max=65535),
+        **ADAPTIVE_SCHEMA,
     }
     metrics = (
         *IPERF3_METRICS,
@@ -86,6 +88,7 @@ class TcpTest(Test):
             unit="packets/s",
             description="packets/s from goodput and payload per segment",
         ),
+        *ADAPTIVE_METRICS,
     )
     primary = Primary("throughput_bps", "Mbit/s", 1e-6, True)
 
@@ -93,28 +96,36 @@ class TcpTest(Test):
         return params["duration_s"] + params["omit_s"] + 0.5
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
-        argv = client_argv(
-            ctx.server_addr,
-            params["port"],
-            duration=params["duration_s"],
-            omit=params["omit_s"],
-            streams=params["streams"],
-            reverse=params["direction"] == "server-to-client",
-            mss=params["mss"],
-        )
-        base = {"direction": params["direction"], "mss": params["mss"]}
+        def run_one(duration: float) -> dict[str, Any]:
+            argv = client_argv(
+                ctx.server_addr,
+                params["port"],
+                duration=duration,
+                omit=params["omit_s"],
+                streams=params["streams"],
+                reverse=params["direction"] == "server-to-client",
+                mss=params["mss"],
+            )
+            text = run_client(
+                ctx, argv, label="iperf3-tcp", files=files, expected_s=duration + params["omit_s"]
+            )
+            return parse_iperf3_tcp(text)
+
+        base: dict[str, Any] = {"direction": params["direction"], "mss": params["mss"]}
         files: list[Path] = []
         try:
             with iperf3_server(ctx, params["port"]) as server_log:
                 files.append(server_log)
-                text = run_client(
-                    ctx,
-                    argv,
-                    label="iperf3-tcp",
-                    files=files,
-                    expected_s=params["duration_s"] + params["omit_s"],
-                )
-            metrics = parse_iperf3_tcp(text)
+                if params["adaptive"]:  # segments bounded by -t (lab/measure/adaptive.py)
+                    metrics, info = run_segments(
+                        run_one,
+                        rule_of(params),
+                        cap_s=params["duration_s"],
+                        omit_s=params["omit_s"],
+                    )
+                    base.update(adaptive=info, **columns(info))
+                else:
+                    metrics = run_one(params["duration_s"])
         except MeasurementFailed as e:
             return [self.record(ok=False, error=str(e), raw_files=files, **base)]
         metrics.update(

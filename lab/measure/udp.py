@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import ConfigError
+from .adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, rule_of, run_segments
 from .base import Context, MeasurementFailed, Metric, Param, Primary, Record, Test
 from .iperf3 import (
     DEFAULT_PORT,
@@ -58,20 +59,28 @@ def _one(
     label: str,
     server_log: Path,
 ) -> Record:
-    argv = client_argv(
-        ctx.server_addr,
-        params["port"],
-        duration=params["duration_s"],
-        reverse=params["direction"] == "server-to-client",
-        udp=True,
-        rate_bps=rate_mbit * MBIT,
-        length=params["size"],
-    )
+    def run_one(duration: float) -> dict[str, Any]:
+        argv = client_argv(
+            ctx.server_addr,
+            params["port"],
+            duration=duration,
+            reverse=params["direction"] == "server-to-client",
+            udp=True,
+            rate_bps=rate_mbit * MBIT,
+            length=params["size"],
+        )
+        text = run_client(ctx, argv, label=label, files=files, expected_s=duration)
+        return parse_iperf3_udp(text)
+
     base = {"direction": params["direction"], "rate_mbit": rate_mbit, "size": params["size"]}
     files: list[Path] = [server_log]
     try:
-        text = run_client(ctx, argv, label=label, files=files, expected_s=params["duration_s"])
-        metrics = parse_iperf3_udp(text)
+        if params.get("adaptive"):  # udp only; segments bounded by -t (measure/adaptive.py)
+            rule = rule_of(params)
+            metrics, info = run_segments(run_one, rule, cap_s=params["duration_s"], udp=True)
+            base.update(adaptive=info, **columns(info))
+        else:
+            metrics = run_one(params["duration_s"])
     except MeasurementFailed as e:
         return test.record(ok=False, error=str(e), raw_files=files, **base)
     target_pps = rate_mbit * MBIT / 8 / params["size"]
@@ -86,8 +95,9 @@ class UdpTest(Test):
     schema: ClassVar[dict[str, Param]] = {
         "rate_mbit": Param(float, 1.0, min=0.001, max=100_000, doc="target rate, iperf3 -b"),
         **_common_schema(10.0),
+        **ADAPTIVE_SCHEMA,
     }
-    metrics = UDP_METRICS
+    metrics = (*UDP_METRICS, *ADAPTIVE_METRICS)
     primary = THROUGHPUT
 
     def estimate_s(self, params: Mapping[str, Any]) -> float:
