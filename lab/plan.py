@@ -70,6 +70,8 @@ TOP_KEYS: dict[str, str] = {
     "reps": "repetitions per test without impairment (>= 1)",
     "impaired_reps": "repetitions per test at each impairment point (>= 1; default: reps)",
     "duration": "seconds for every test with a duration_s parameter that does not set its own",
+    "adaptive": "true: tests that can (tcp, udp, ping) stop on lab.stoprule, duration/count "
+    "the cap, and repetitions stop when their interval is narrow (default false)",
     "timeout_s": "grace beyond a tool's planned duration before it is killed (default 30)",
     "error_bars": "'sd' (study A) or 'minmax' (study D) in the report's bar charts",
     "defaults": "table of test parameters given to every test that accepts them",
@@ -99,6 +101,7 @@ OVERRIDE_KEYS = {
     "reps": "all repetitions (reps, impaired_reps and per-test reps) to this number",
     "impaired_reps": "repetitions at each impairment point",
     "duration": "duration_s of every test that takes one (wins over per-test values)",
+    "adaptive": "true or false: adaptive length of every test that has it (wins over per-test)",
     "profiles": "comma-separated profile specs",
     "impairments": "comma-separated impairment names ('none', presets) or ';'-separated specs",
     "tests": "comma-separated test labels to keep",
@@ -227,6 +230,11 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
                     field="tests",
                 )
             raw["tests"] = [t for t, lbl in zip(tests, labels, strict=True) if lbl in keep]
+        elif key == "adaptive":
+            raw["adaptive"] = value
+            for t in raw.get("tests") or []:
+                if isinstance(t, dict):
+                    t.pop("adaptive", None)
         elif key in ("impaired_reps", "placement", "timeout_s", "name", "vm"):
             raw[key] = value
         elif key.startswith("topology."):
@@ -288,6 +296,9 @@ def validate(raw: dict, *, source: str, base_dir: Path, default_name: str) -> Pl
     error_bars = raw.get("error_bars", "sd")
     if error_bars not in ERROR_BARS:
         raise _bad(f"got {error_bars!r}; accepted: {', '.join(ERROR_BARS)}", source, "error_bars")
+    adaptive = raw.get("adaptive", False)
+    if not isinstance(adaptive, bool):
+        raise _bad(f"got {adaptive!r}; accepted: true, false", source, "adaptive")
     tests = _tests(raw, source)
     vm = raw.get("vm", False)
     if not isinstance(vm, bool):
@@ -449,6 +460,8 @@ def _tests(raw: dict, source: str) -> list[TestEntry]:
                 used_defaults.add(k)
         if duration is not None and "duration_s" in test.schema and "duration_s" not in params:
             params["duration_s"] = duration
+        if raw.get("adaptive") is True and "adaptive" in test.schema and "adaptive" not in params:
+            params["adaptive"] = True
         try:
             params = test.validate(params, source=f"{source}: {fld} ({label})")
         except LabError as e:

@@ -53,7 +53,12 @@ class TestEntry:
     ip: int = 4  # IP version of the traffic address the test targets (study C: IPv4 and IPv6)
 
     def to_json(self) -> dict:
-        d = {"label": self.label, "test": self.test, "reps": self.reps, "params": self.params}
+        params = self.params
+        if params.get("adaptive") is False:
+            # a fixed-length test's adaptive_* knobs are unused: plans written before adaptive
+            # length (issue 17) keep their digest
+            params = {k: v for k, v in params.items() if not k.startswith("adaptive")}
+        d = {"label": self.label, "test": self.test, "reps": self.reps, "params": params}
         if self.ip != 4:  # absent for IPv4: plans written before `ip` keep their digest
             d["ip"] = self.ip
         return d

@@ -27,6 +27,7 @@ from .interrupts import Interrupts
 from .measure import TESTS, Context
 from .monitor import Monitor
 from .plan import Case, ImpairmentPoint, Plan, slug
+from .repstop import converged, skipped_record
 from .results import RESULT_SCHEMA, RunDir
 from .shard import case_id, shard_cases, shard_record
 from .runsetup import (  # noqa: F401
@@ -508,6 +509,15 @@ class Runner:
             return
         for i, case in enumerate(pcases):
             self.interrupts.check()
+            reps = converged(self.run_dir.load_results, case, self.plan.reps_for(case.test, pt))
+            if reps is not None:  # adaptive: earlier repetitions agree (lab/repstop.py)
+                entry = self._not_run(case, "")
+                entry.update(ok=True, error=None, records=[skipped_record(case, reps)])
+                entry["repetitions"] = reps
+                self.run_dir.add_result(entry)
+                self.counts["skipped"] += 1
+                self.events.case_done(case, entry, 0.0)
+                continue
             if self.lab is None or not self._tunnel_alive():
                 self.events.note(f"{profile}: tunnel down; bringing the lab up again")
                 self._down()

@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.calibrate",
             "lab.calibssh",
             "lab.expect",
+            "lab.repstop",
             "lab.junit",
             "lab.cicheck",
             "lab.shard",
