@@ -6,10 +6,10 @@ root under qemu-user (lab.arch.emulate). One row per rendered file: which binary
 version, architecture) checked it and its verdict in its own words.
 
 What can be checked offline, per driver (CHECKERS):
-- openvpn: the option parser (`openvpn --cd DIR --config FILE --verb 0 --version`: every
-  line of the file is parsed, inline blocks included, then --version exits before anything
-  is opened), and the `cipher`, `data-ciphers` and `auth` names against that build's
-  `--show-ciphers` / `--show-digests`, asked with the file loaded so its `providers` count
+- openvpn: the option parser (`openvpn --cd DIR --config FILE --verb 0 --show-ciphers
+  --show-digests`: every line of the file is parsed, inline blocks included, then the lists
+  are printed and it exits before anything is opened), and the `cipher`, `data-ciphers` and
+  `auth` names against those lists of that build, which count the file's `providers`
   (the parser takes any name; a build lacking the cipher refuses it only at start);
   certificates, keys and DH files by that build's openssl (x509, pkey, dhparam);
 - the others have no offline reader (swanctl parses swanctl.conf only to send it to a
@@ -108,27 +108,29 @@ def _openvpn(runner: Runner, node: str, d: Path, rel: str) -> Check:
         return _pem(runner, node, d, rel) or Check(
             node, rel, who, None, "read through the node's .conf"
         )
-    cp = runner.run(["openvpn", "--cd", str(d), "--config", rel, "--verb", "0", "--version"])
+    # one run: the parser reads the whole file (an error exits 1 before anything else), then
+    # the build lists its ciphers and digests with the file's `providers` loaded (OpenSSL 3's
+    # legacy provider holds BF-CBC), and exits without opening anything
+    argv = ["openvpn", "--cd", str(d), "--config", rel, "--verb", "0"]
+    cp = runner.run([*argv, "--show-ciphers", "--show-digests"])
     if cp.returncode != 0:
         lines = [ln for ln in (cp.stdout + cp.stderr).splitlines() if "error" in ln.lower()]
         return Check(node, rel, who, False, (lines or [f"exit {cp.returncode}"])[0].strip())
+    known: dict[str, set[str]] = {"--show-ciphers": set(), "--show-digests": set()}
+    section = known["--show-ciphers"]
+    for ln in cp.stdout.splitlines():
+        if "message digests are available" in ln:
+            section = known["--show-digests"]
+        elif ln.strip() and not ln.startswith(" "):
+            section.add(ln.split()[0].upper())
     text = (d / rel).read_text()
     for show, directives in (
         ("--show-ciphers", ("cipher", "data-ciphers")),
         ("--show-digests", ("auth",)),
     ):
-        known = {
-            ln.split()[0].upper()
-            # with the file itself: its `providers` (OpenSSL 3's legacy provider for BF-CBC)
-            # decide which names exist
-            for ln in runner.run(
-                ["openvpn", "--cd", str(d), "--config", rel, "--verb", "0", show]
-            ).stdout.splitlines()
-            if ln.strip() and not ln.startswith(" ")
-        }
         for directive in directives:
             for name in _names(text, directive):
-                if name.lower() != "none" and name.upper() not in known:
+                if name.lower() != "none" and name.upper() not in known[show]:
                     return Check(
                         node, rel, who, False, f"{directive} {name}: not in this build's {show}"
                     )
