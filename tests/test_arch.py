@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from lab import cgroups
 from lab.arch import ARCHES, MANIFEST, get
 from lab.arch import fetch as archfetch
 from lab.arch.emulate import ArchRoot
 from lab.errors import ConfigError, PreconditionError
-from tests.conftest import TOPOS, lab_traces, run_lab
+from tests.conftest import TOPOS, kernel_quota_cores, lab_traces, run_lab
 
 ARM64 = ARCHES["arm64"]
 
@@ -265,6 +266,13 @@ def test_tunnel_from_an_arm64_node(arm64, lab_id, profile, daemon, server_arch):
         assert b"OPENSSL_armcap=0x1" in environ and any(
             e.startswith(b"GODEBUG=cpu.aes=off") for e in environ
         )
+
+        # no quota on an emulated node (cpu=0.5 caps the x86 one only); status says which
+        layout = cgroups.probe()
+        assert kernel_quota_cores(layout, lab.runtime["client"].cgroup) is None
+        if not server_arch:
+            assert kernel_quota_cores(layout, lab.runtime["server"].cgroup) == 0.5
+        assert lab.status()["nodes"]["client"]["arch"] == "arm64"
 
         client, server = lab.node("client"), lab.node("server")
         for addr in ("10.99.0.2", "fd99::2"):  # the root's ping
