@@ -1,0 +1,129 @@
+"""Adaptive length for real (issue 17): a steady TCP stream and a ping between two uncapped
+namespaces stop on the rule before their caps, and say why.
+
+The link is shaped to 100 Mbit/s with tbf on the server's egress (the client receives, -R) so
+the stream is steady whatever else this shared machine runs; the assertions re-derive the
+figures from iperf3's and ping's raw output, not from the record's own report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from lab import proc
+from lab.measure import Context, get_test
+from tests.test_measure_integration import NetnsNode
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces"),
+    pytest.mark.skipif(
+        not all(proc.which(t) for t in ("ip", "tc", "iperf3", "ping", "ss")),
+        reason="needs ip, tc, iperf3, ping, ss",
+    ),
+]
+
+C4, S4 = "198.18.7.1", "198.18.7.2"
+#: Student's t, two-sided 95 %, by degrees of freedom (tables; not lab.stoprule's own)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+T975.update({9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131})
+
+
+@pytest.fixture
+def shaped_pair():
+    tag = f"adap{secrets.token_hex(3)}"
+    cns, sns = f"{tag}-c", f"{tag}-s"
+    created = []
+    try:
+        for ns in (cns, sns):
+            proc.run(["ip", "netns", "add", ns])
+            created.append(ns)
+        proc.run(
+            ["ip", "link", "add", f"{tag}-c", "netns", cns, "type", "veth"]
+            + ["peer", "name", f"{tag}-s", "netns", sns]
+        )
+        for ns, dev, a4 in ((cns, f"{tag}-c", C4), (sns, f"{tag}-s", S4)):
+            proc.run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            proc.run(["ip", "-n", ns, "link", "set", dev, "up"])
+            proc.run(["ip", "-n", ns, "addr", "add", f"{a4}/24", "dev", dev])
+        tbf = ["tc", "qdisc", "add", "dev", f"{tag}-s", "root", "tbf", "rate", "100mbit"]
+        cp = proc.run(
+            ["ip", "netns", "exec", sns, *tbf, "burst", "64kb", "latency", "20ms"], check=False
+        )
+        if cp.returncode != 0:
+            pytest.skip(f"kernel lacks the tbf qdisc (sch_tbf): {cp.stderr.strip()}")
+        yield NetnsNode("client", cns), NetnsNode("server", sns)
+        for ns in (cns, sns):  # the tests stopped everything they started
+            assert proc.run(["ip", "netns", "pids", ns]).stdout.strip() == "", ns
+    finally:
+        for ns in created:
+            proc.run(["ip", "netns", "del", ns], check=False)
+
+
+def _ctx(pair, tmp_path: Path) -> Context:
+    client, server = pair
+    return Context(client, server, S4, tmp_path / "raw", timeout_s=20, state_dir=tmp_path / "st")
+
+
+def test_steady_tcp_and_ping_stop_on_the_rule_before_their_caps(shaped_pair, tmp_path):
+    ctx = _ctx(shaped_pair, tmp_path)
+    tcp = get_test("tcp")
+    cap = 60.0
+    params = tcp.validate(
+        {
+            "direction": "server-to-client",
+            "duration_s": cap,
+            "adaptive": True,
+            "adaptive_min_s": 6,
+            "adaptive_rel_pct": 10,
+        },
+        source="test",
+    )
+    t0 = time.monotonic()
+    (rec,) = tcp.run(ctx, params)
+    wall = time.monotonic() - t0
+    assert rec["ok"], rec["error"]
+    assert rec["stop_reason"] == "ci" and rec["adaptive"]["reason"] == "ci"
+    assert wall < cap / 2
+
+    # what iperf3 itself ran: its -t per segment, its bytes and seconds
+    docs = [json.loads(Path(f).read_text()) for f in rec["raw_files"] if f.endswith(".json")]
+    assert len(docs) == rec["adaptive"]["segments"] >= 1
+    ran = sum(d["start"]["test_start"]["duration"] for d in docs)
+    assert ran == rec["measured_s"] < cap
+    recv = [d["end"]["sum_received"] for d in docs]
+    assert rec["receiver_bps"] == pytest.approx(
+        sum(r["bytes"] for r in recv) * 8 / sum(r["seconds"] for r in recv), rel=0.02
+    )
+    # the interval re-derived from the raw per-second rates (2 s batches after the warm-up)
+    drop = rec["adaptive"]["warmup_s_per_segment"]
+    kept = [iv["sum"]["bits_per_second"] for d in docs for iv in d["intervals"][drop:]]
+    batches = [statistics.fmean(kept[i : i + 2]) for i in range(0, len(kept) - 1, 2)]
+    half = T975[len(batches) - 1] * statistics.stdev(batches) / math.sqrt(len(batches))
+    assert half / statistics.fmean(batches) <= 0.10
+    assert rec["ci_rel_pct"] == pytest.approx(100 * half / statistics.fmean(batches), rel=1e-3)
+
+    ping = get_test("ping")
+    count, interval = 1500, 0.02  # cap: 30 s
+    pp = ping.validate(
+        {"count": count, "interval_s": interval, "adaptive": True, "adaptive_min_s": 2},
+        source="test",
+    )
+    (prec,) = ping.run(ctx, pp)
+    assert prec["ok"], prec["error"]
+    assert prec["stop_reason"] == "ci"
+    text = Path(prec["raw_files"][0]).read_text()
+    replies = re.findall(r"icmp_seq=\d+ ttl=\d+ time=([\d.]+) ms", text)
+    assert 100 <= len(replies) < count  # stopped by SIGINT, long before the count
+    assert re.search(r"^(\d+) packets transmitted", text, re.M)  # ping's own statistics
+    assert prec["received"] == len(replies)
+    assert prec["rtt_avg_ms"] == pytest.approx(statistics.fmean(map(float, replies)), abs=0.01)
