@@ -41,6 +41,9 @@ APT_PACKAGES=(
   qemu-user-static
   # `vagrant validate` of the Vagrantfile in the tests (no provider needed)
   vagrant
+  # tests/test_slurm.py: the Slurm recipe of docs/scale.md on a one-node cluster the test
+  # starts itself (the packages' services are not started or enabled by the lab)
+  slurm-wlm munge
 )
 
 log "apt packages"
