@@ -182,14 +182,25 @@ def default_id() -> str:
 # ---------------------------------------------------------------------- building
 
 
-def _arch_plan(spec: LabSpec, cpu: dict[str, dict]) -> list[str]:
-    """Nodes of another architecture: their root and qemu-user must be here (refused before
-    anything is created), and no CPU quota applies to them: qemu-user translates every
-    instruction, so a quota fitted to native code would make them far slower than a board.
-    The profile's masks still apply (and the architecture's own, lab.arch). Returns warnings."""
+def _arch_plan(spec: LabSpec, cpu: dict[str, dict], vpn=None) -> list[str]:
+    """Nodes of another architecture: their root and qemu-user must be here, and a tunnel end
+    among them must use a user-space data plane (refused before anything is created). No CPU
+    quota applies to them: qemu-user translates every instruction, so a quota fitted to native
+    code would make them far slower than a board. The profile's masks still apply (and the
+    architecture's own, lab.arch). Returns warnings."""
     emulated = [n for n in spec.hosts() if n.arch]
+    path = vpn.availability.path if vpn is not None and vpn.availability else None
     for n in emulated:
         ArchRoot.open(n.arch)
+        if path == "kernel" and n.name in (vpn.client.node, vpn.server.node):
+            # the board's tools cannot drive XFRM or generic netlink under qemu-user, and a
+            # kernel data plane runs no board binary anyway (docs/arch.md)
+            raise PreconditionError(
+                f"node {n.name!r} ({n.arch}): profile {vpn.profile.name!r} would use the kernel "
+                "data plane, which no board binary runs; pick its user-space one "
+                "(wireguard:implementation=wireguard-go, ipsec-*:dataplane=libipsec) or an x86 "
+                "node (docs/arch.md)"
+            )
         plan = cpu.setdefault(n.name, {"profile": None, "cores": None, "env": {}})
         if plan.get("cores") is not None:
             plan.update(cores=None, slots=0, not_applied="qemu-user")
@@ -237,7 +248,7 @@ def up(
     lab_id = check_id(lab_id or default_id())
     layout = cgroups.probe()
     cpu, warnings = cpu_plan(spec, layout, current_substrate())
-    warnings += _arch_plan(spec, cpu)
+    warnings += _arch_plan(spec, cpu, vpn)
     for n in spec.nodes.values():
         if netops.netns_exists(f"{lab_id}-{n.name}"):
             raise PreconditionError(

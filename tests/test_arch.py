@@ -358,3 +358,21 @@ def test_render_check_lists_what_nothing_can_check(tmp_path):
     result = {"profile": {"driver": "wireguard"}, "files": {"a": {"wg0.conf": ""}}}
     (row,) = check_rendered(result, tmp_path, None)
     assert (row.node, row.file, row.ok) == ("a", "wg0.conf", None) and "wg setconf" in row.detail
+
+
+@pytest.mark.root
+def test_an_arm64_tunnel_end_refuses_a_kernel_data_plane(arm64, lab_id):
+    """Where the kernel has WireGuard (or ESP), `auto` would pick it: no board binary would run
+    the tunnel, so an arm64 end refuses it before anything is created (this kernel lacks both:
+    the plan says 'kernel' as such a machine's check would)."""
+    from lab.lab import up
+    from lab.topology import load_topology
+    from lab.vpn.base import Availability
+    from lab.vpn.tunnel import plan
+
+    spec = load_topology(TOPOS / "pi_pair.py", params={"client_arch": "arm64"})
+    p = plan(spec, "wireguard")
+    p.availability = Availability(True, "kernel")
+    with pytest.raises(PreconditionError, match="'client' .arm64.*implementation=wireguard-go"):
+        up(spec, lab_id, vpn=p)
+    assert lab_traces(lab_id) == []
