@@ -5,8 +5,12 @@ cuts, duplicate, foreign and missing cases), each leaving nothing behind."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
+import yaml
 
 from lab.errors import ConfigError
 from lab.merge import merge
@@ -242,3 +246,38 @@ def test_resume_keeps_the_shard(tmp_path):
     assert resume_shard(Run(), None) == Shard(1, 3)
     with pytest.raises(ConfigError, match="this run is shard 1/3, not 0/3"):
         resume_shard(Run(), Shard(0, 3))
+
+
+# ---------------------------------------------------------------------- the recipes
+
+SCALE = Path(__file__).resolve().parent.parent / "docs/examples/scale"
+
+
+def _bash_n(text: str, where: str) -> None:
+    r = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+    assert r.returncode == 0, f"{where}: {r.stderr}"
+
+
+def test_recipes_are_consistent():
+    """Every shell script parses; the Kubernetes Job and the Actions matrix cut the plan into
+    as many shards as they start, and hand the shard index to lab run --shard."""
+    for p in sorted((SCALE / "slurm").iterdir()):
+        _bash_n(p.read_text(), str(p))
+    shards, merge_job = (SCALE / "kubernetes/lab-shards.yaml"), SCALE / "kubernetes/lab-merge.yaml"
+    job = [d for d in yaml.safe_load_all(shards.read_text()) if d["kind"] == "Job"][0]
+    spec = job["spec"]
+    c = spec["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == int(env["LAB_SHARDS"])
+    assert '--shard "$i/$LAB_SHARDS"' in c["args"][0] and "i=$JOB_COMPLETION_INDEX" in c["args"][0]
+    _bash_n(c["args"][0], str(shards))
+    m = yaml.safe_load(merge_job.read_text())["spec"]["template"]["spec"]["containers"][0]
+    _bash_n(m["args"][0], str(merge_job))
+    wf = yaml.safe_load((SCALE / "github/lab-shards.yml").read_text())
+    assert len(wf["jobs"]["shard"]["strategy"]["matrix"]["shard"]) == int(wf["env"]["SHARDS"])
+    assert wf["jobs"]["merge"]["needs"] == "shard"
+    for name, j in wf["jobs"].items():
+        for step in j["steps"]:
+            if "run" in step:
+                _bash_n(re.sub(r"\$\{\{[^}]*\}\}", "x", step["run"]), f"{name}: {step.get('name')}")
