@@ -58,6 +58,7 @@ FLAGS = {
     "profiles": "--profiles",
     "placement": "--placement",
     "shard": "--shard",
+    "shards": "SHARD_DIR",
 }
 #: arguments that name a file or directory (checked against the file system's name limits)
 PATH_ARGS = {"topology", "plan", "inventory", "run_dir", "run_a", "run_b", "table", "out"}
@@ -421,6 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vm", action="store_true", help="run the plan in the full-kernel VM")
     p.add_argument(
         "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
+    )
+    _add_boards(
+        p,
+        "run the plan on real boards over SSH, as lab run --boards (boards.toml or an Ansible "
+        "inventory; docs/boards.md)",
     )
 
     p = sub.add_parser("arch", help="another architecture's binaries (a board's own) in nodes")

@@ -55,10 +55,10 @@ def parse_shard(text: str, *, source: str = "--shard") -> Shard:
     m = _SHARD_RE.match(text or "")
     accepted = f"accepted: i/N with N from 1 to {MAX_SHARDS} and i from 0 to N-1 (e.g. 0/3)"
     if not m:
-        raise ConfigError(f"got {text!r}; {accepted}", source=source, field="shard")
+        raise ConfigError(f"got {text!r}; {accepted}", source=source)
     i, n = int(m.group(1)), int(m.group(2))
     if not 1 <= n <= MAX_SHARDS or not 0 <= i < n:
-        raise ConfigError(f"got {text!r}; {accepted}", source=source, field="shard")
+        raise ConfigError(f"got {text!r}; {accepted}", source=source)
     return Shard(i, n)
 
 

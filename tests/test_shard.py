@@ -88,7 +88,7 @@ def test_case_id_from_plan_digest_and_key():
 
 @pytest.mark.parametrize("text", ["3/3", "-1/3", "a/b", "0/0", "1", "", "0/10001"])
 def test_parse_shard_refuses(text):
-    with pytest.raises(ConfigError, match=r"--shard: shard: got .*accepted: i/N"):
+    with pytest.raises(ConfigError, match=r"^--shard: got .*accepted: i/N"):
         parse_shard(text)
 
 
