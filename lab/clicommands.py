@@ -598,14 +598,16 @@ def cmd_check(args) -> int:
 
     baselines = baseline_runs(args.baseline)  # bad input before anything runs
     if args.run:
-        if args.out or args.vm:
-            raise ConfigError("--out and --vm run a plan; --run judges one", source="lab check")
+        if args.out or args.vm or args.boards or args.map:
+            raise ConfigError(
+                "--out, --vm, --boards and --map run a plan; --run judges one", source="lab check"
+            )
         run = RunDir(Path(args.run)).check()
         expectations = run_expectations(run, args.plan, args.override)
     elif args.plan:
         plan, expectations = load_check(args.plan, args.override)
         args.out = args.out or str(new_run_path(plan))
-        args.resume, args.boards, args.map = None, None, []
+        args.resume, args.shard = None, None  # lab check runs the whole plan
         rc = cmd_run(args)
         if rc == 130:
             return rc

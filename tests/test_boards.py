@@ -255,3 +255,36 @@ def test_removing_a_farm_restores_the_labs_still_up_on_it(farm, tmp_path):
     assert not lab_dir("tb6").exists() and not lab_dir(fid).exists() and not inv2.exists()
     c = run_lab("clean")
     assert c.returncode == 0, c.stdout + c.stderr
+
+
+def test_lab_check_runs_its_plan_on_the_boards(farm, tmp_path):
+    """`lab check --boards`: the plan runs on the boards (the run's manifest names them), its
+    [[expect]] verdicts come out (a bound that holds passes, one that cannot hold fails with exit
+    1), and the boards are left as they were."""
+    from .conftest import REPO
+
+    inv, rec = farm
+    before = board_state(inv, tmp_path)
+    plan = tmp_path / "check.toml"
+    plan.write_text(
+        (REPO / "docs" / "examples" / "ci" / "check.toml")
+        .read_text()
+        .replace('file = "topologies/pi_pair.py"', f'file = "{TOPOS / "pi_pair_middlebox.py"}"')
+        .replace('regression = "10%"', 'that = "throughput_bps >= 100000 Mbit/s"')
+    )
+    out = tmp_path / "run"
+    r = run_lab(
+        "check", plan, "--boards", inv, "-o", "reps=1", "-o", "duration=1", "--out", out,
+        "--junit", tmp_path / "j.xml", timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert any(ln.startswith("PASS") and "throughput_bps >= 50" in ln for ln in lines), r.stdout
+    assert any(ln.startswith("FAIL") and ">= 100000" in ln for ln in lines), r.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["substrate"]["kind"] == "boards"
+    assert manifest["substrate"]["boards"] == sorted(rec["boards"]), (manifest["substrate"], rec)
+    assert board_state(inv, tmp_path) == before
+    # judging a finished run takes no boards
+    j = run_lab("check", "--run", out, "--boards", inv)
+    assert j.returncode == 2 and "--boards" in j.stderr
