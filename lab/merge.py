@@ -90,6 +90,17 @@ def check_shards(shards: list[tuple[RunDir, dict, dict]]):
                     source=src,
                     field=f"code_version.{k}",
                 )
+        want = m0["code_version"].get("source_sha256")
+        for sess in m.get("sessions", []):
+            v = sess.get("source_sha256", want)
+            if v != want:
+                raise ConfigError(
+                    f"its session {sess.get('session')} (resumed) ran code version "
+                    f"source_sha256 {v}, not {want} of {run0.path}; run every shard with the "
+                    "same lab code",
+                    source=src,
+                    field="code_version.source_sha256",
+                )
         sh = m.get("shard") or p.get("shard")
         parts.append(Shard.from_json(sh) if sh else Shard(0, 1))
     for (run, _, _), sh in zip(shards, parts, strict=True):

@@ -29,7 +29,7 @@ from .monitor import Monitor
 from .plan import Case, ImpairmentPoint, Plan, slug
 from .repstop import converged, skipped_record
 from .results import RESULT_SCHEMA, RunDir
-from .shard import case_id, shard_cases, shard_record
+from .shard import case_id, shard_cases, shard_record, source_hash
 from .runsetup import (  # noqa: F401
     MEASURE_TOOL_VERSIONS,
     TOOL_VERSIONS,
@@ -218,6 +218,8 @@ class Runner:
             "kernel": kernel_info(),
             "substrate": self.target.substrate(),
             "lab_id": self.lab_id,
+            # a resumed shard may run newer code than its first session: lab merge checks each
+            "source_sha256": source_hash(),
         }
         if not m:
             m = {

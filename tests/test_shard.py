@@ -196,6 +196,16 @@ def test_merge_refuses_another_code_version(tmp_path):
     refused(tmp_path, [d0, d1], rf"{d1}: code_version.source_sha256: .* ffff differs from a1b2")
 
 
+def test_merge_refuses_a_shard_resumed_with_other_code(tmp_path):
+    plan = make_plan()
+    d0 = write_shard(tmp_path, plan, Shard(0, 2))
+    d1 = write_shard(tmp_path, plan, Shard(1, 2))
+    m = json.loads((d1 / "manifest.json").read_text())
+    m["sessions"].append({"session": "later", "source_sha256": "beef"})
+    (d1 / "manifest.json").write_text(json.dumps(m))
+    refused(tmp_path, [d0, d1], rf"{d1}: code_version.source_sha256: its session later .* beef")
+
+
 def test_merge_refuses_other_cuts_and_repeats(tmp_path):
     plan = make_plan()
     d0 = write_shard(tmp_path, plan, Shard(0, 2))
