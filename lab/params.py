@@ -144,7 +144,10 @@ def check_value(
     if (p.min is not None and not value >= p.min) or (p.max is not None and not value <= p.max):
         raise bad(f"got {value!r}")
     if number:
-        value = float(value)  # in range, so it fits
+        try:
+            value = float(value)
+        except OverflowError:  # an int beyond any float, and no max to stop it
+            raise bad(f"got {value!r}") from None
     if p.check is not None:
         msg = p.check(value)
         if msg:
