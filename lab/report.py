@@ -142,6 +142,7 @@ def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
     if False in calibrated:
         rows.append(["warning", UNCALIBRATED])
     rows += _calibration_rows(m)
+    rows += _shard_rows(m)
     doc.table(["", ""], rows)
     prof_rows = []
     for name, p in (m.get("profiles") or {}).items():
@@ -164,6 +165,29 @@ def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
     tools = {k2: v for k2, v in (m.get("tool_versions") or {}).items() if v}
     if tools:
         doc.table(["tool", "version"], [[k2, v] for k2, v in tools.items()])
+
+
+def _shard_rows(m: dict) -> list[list[str]]:
+    """A shard's place in its plan, or the machines a merged run came from (docs/scale.md)."""
+    if m.get("shard"):
+        return [["shard", f"{m['shard']['index']}/{m['shard']['count']} (lab merge joins them)"]]
+    rows = []
+    for x in m.get("merged_from") or []:
+        cal = x.get("calibration") or {}
+        fits = ", ".join(
+            f"{n} core_share {c.get('core_share'):.3g}"
+            if c.get("calibrated")
+            else f"{n} uncalibrated"
+            for n, c in (cal.get("profiles") or {}).items()
+        )
+        sh = x.get("shard") or {}
+        rows.append(
+            [
+                f"shard {sh.get('index')}/{sh.get('count')}",
+                f"{x.get('hostname')}, {cal.get('host_cpu_model')}" + (f"; {fits}" if fits else ""),
+            ]
+        )
+    return rows
 
 
 UNCALIBRATED = (
