@@ -11,7 +11,10 @@ teardown):
   farm puts in the root namespace; it goes with the switch's namespace). SSH listens on the
   management address only, as on a board whose data ports carry the experiment;
 - per board, its own /var/lib/lab (a tmpfs in the board's mount namespace, so files the
-  controller puts on a board really travel over SSH) and its sshd's files bound at /run/board;
+  controller puts on a board really travel over SSH), its own empty home directory for the
+  login user (a tmpfs over root's: a fresh board has none of this machine's dotfiles, whose
+  shell start-up - here pyenv's - would run at every SSH login and put its shims before
+  /usr/bin/python3) and its sshd's files bound at /run/board;
 - fresh keys per farm: an ed25519 client key, a host key per board and a known_hosts file, all
   mode 0600 in the farm's state directory, named by the inventory it writes.
 
@@ -39,6 +42,8 @@ MGMT_IF = "eth0"
 #: management subnets are picked from here, skipping any this machine already routes
 MGMT_POOL = ipaddress.ip_network("172.30.0.0/16")
 SSHD = "/usr/sbin/sshd"
+#: the home directory of the inventory's login user (root), empty on every board
+LOGIN_HOME = os.path.expanduser("~root")
 SSHD_CONFIG = """\
 ListenAddress {addr}
 Port 22
@@ -216,6 +221,7 @@ def _finish(lab: Lab, spec: LabSpec, subnet, out: Path) -> dict:
             "mkdir -p /run/board /run/sshd"
             f" && mount --bind {shlex.quote(str(bdir))} /run/board"
             f" && mount -t tmpfs -o mode=0755,size=64m lab-board {shlex.quote(root)}"
+            f" && mount -t tmpfs -o mode=0700,size=16m lab-board-home {shlex.quote(LOGIN_HOME)}"
         )
         node.run(["sh", "-c", script])
         node.spawn("sshd", [SSHD, "-D", "-e", "-f", "/run/board/sshd_config"])
