@@ -208,12 +208,11 @@ def merge(dirs: list[Path], out: Path) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.merging-", dir=out.parent))
     try:
-        for run, _, _ in shards:
-            for sub in ("raw", "monitor"):
+        for sub in ("raw", "monitor"):
+            (tmp / sub).mkdir()
+            for run, _, _ in shards:  # case paths do not overlap: one case, one shard
                 if (run.path / sub).is_dir():
                     shutil.copytree(run.path / sub, tmp / sub, dirs_exist_ok=True)
-            for sub in ("raw", "monitor"):
-                (tmp / sub).mkdir(exist_ok=True)
         plan_json = {k: v for k, v in shards[0][1].items() if k != "shard"}
         write_json_atomic(tmp / "plan.json", plan_json)
         write_json_atomic(tmp / "manifest.json", merged_manifest(shards, parts, out.name))

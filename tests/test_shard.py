@@ -16,7 +16,14 @@ from lab.errors import ConfigError
 from lab.merge import merge
 from lab import plancases
 from lab.plancases import ImpairmentPoint, Plan
-from lab.shard import Shard, case_id, parse_shard, resume_shard, shard_cases
+from lab.shard import (
+    Shard,
+    case_id,
+    parse_shard,
+    plan_from_json,
+    resume_shard,
+    shard_cases,
+)
 
 NONE = ImpairmentPoint("none", "", "none")
 LOSSY = ImpairmentPoint("lossy", "loss 1%", "lossy")
@@ -84,6 +91,21 @@ def test_case_id_from_plan_digest_and_key():
     # printf 'abc\nbaseline|none|ping|0' | sha256sum
     assert case_id("abc", "baseline|none|ping|0") == "0ddd8d8a9b98fd93"
     assert case_id("abd", "baseline|none|ping|0") == "933ad90ed1004474"
+
+
+@pytest.mark.parametrize("overrides", [[], ["adaptive=true"]])
+def test_merge_reads_every_shipped_plan_back(overrides):
+    """lab merge lists a plan's cases from plan.json alone: for every shipped plan the same
+    cases and digest as the loaded plan."""
+    from lab.plan import PLAN_DIR, load_plan
+
+    for f in sorted(PLAN_DIR.glob("*.toml")):
+        plan = load_plan(f, overrides)
+        back = plan_from_json({**plan.to_json(), "digest": plan.digest()}, source=str(f))
+        assert keys(back.cases()) == keys(plan.cases()) and back.digest() == plan.digest()
+    edited = {**make_plan().to_json(), "digest": make_plan(reps=4).digest()}
+    with pytest.raises(ConfigError, match="x.json: digest: its digest .* is not the digest"):
+        plan_from_json(edited, source="x.json")
 
 
 @pytest.mark.parametrize("text", ["3/3", "-1/3", "a/b", "0/0", "1", "", "0/10001"])
