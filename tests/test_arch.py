@@ -376,3 +376,16 @@ def test_an_arm64_tunnel_end_refuses_a_kernel_data_plane(arm64, lab_id):
     with pytest.raises(PreconditionError, match="'client' .arm64.*implementation=wireguard-go"):
         up(spec, lab_id, vpn=p)
     assert lab_traces(lab_id) == []
+
+
+def test_the_root_has_its_own_ld_so_cache(arm64):
+    """Made at fetch time by the root's ldconfig (chrooted): the board's ld.so finds its
+    libraries from it, never from this machine's /etc/ld.so.cache."""
+    cp = subprocess.run(
+        [arm64.qemu, "-L", str(arm64.root), str(arm64.root / "sbin/ldconfig"), "-p"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cp.returncode == 0, cp.stderr
+    assert "/lib/aarch64-linux-gnu/libc.so.6" in cp.stdout and "x86-64" not in cp.stdout

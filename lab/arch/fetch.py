@@ -42,6 +42,8 @@ PACKAGES: dict[str, str] = {
     "pppd": "ppp",
     "ssh": "openssh-client",
     "sshd": "openssh-server",
+    # ldconfig: the root's ld.so.cache (below); Essential on a board, so it is there too
+    "ldconfig": "libc-bin",
 }
 SUITES = (
     ("http://deb.debian.org/debian", "bookworm"),
@@ -142,8 +144,8 @@ def fetch(p: FetchPlan, *, force: bool = False) -> dict:
         m = present(p)
         if m:
             return {**m, "already_present": True}
-    for tool in ("apt-get", "dpkg-deb", "dpkg"):
-        proc.require(tool, "lab arch fetch runs apt with a private configuration")
+    for tool in ("apt-get", "dpkg-deb", "dpkg", p.arch.qemu):
+        proc.require(tool, "lab arch fetch: apt with a private configuration, qemu-user-static")
     before = foreign_architectures()
     t0 = time.monotonic()
     _prepare_apt_dir(p)
@@ -169,6 +171,7 @@ def fetch(p: FetchPlan, *, force: bool = False) -> dict:
         )
         packages.append({"package": name, "version": version, "arch": arch, "file": deb.name})
         proc.run(["dpkg-deb", "-x", str(deb), str(staging)], timeout=300)
+    _ld_cache(p, staging)
     after = foreign_architectures()
     manifest = {
         "schema": SCHEMA,
@@ -196,6 +199,18 @@ def fetch(p: FetchPlan, *, force: bool = False) -> dict:
             "something else ran dpkg --add-architecture"
         )
     return manifest
+
+
+def _ld_cache(p: FetchPlan, root: Path) -> None:
+    """The root's /etc/ld.so.cache, made by the root's own ldconfig under qemu-user, chrooted
+    into the root (-r) so that it reads and writes only there. No maintainer script ran, so
+    there was none; without it the board's ld.so searches its library directories, and under
+    qemu-user its stat() of a directory reaches this machine (where /lib/arm-linux-gnueabihf
+    does not exist): armhf's ld.so then gave up on that directory and missed libc.so.6."""
+    qemu = proc.require(p.arch.qemu, "lab arch fetch builds the root's ld.so.cache with it")
+    proc.run([qemu, "-L", str(root), str(root / "sbin/ldconfig"), "-X", "-r", str(root)])
+    if not (root / "etc/ld.so.cache").is_file():
+        raise PreconditionError(f"ldconfig made no {root}/etc/ld.so.cache")
 
 
 def _du(path: Path) -> int:
