@@ -8,7 +8,7 @@ import math
 import pytest
 
 from lab.errors import ConfigError
-from lab.measure.adaptive import combine, run_segments
+from lab.measure.adaptive import combine, receiver_rates, run_segments
 from lab.plan import load_plan
 from lab.repstop import converged
 from lab.stoprule import (
@@ -196,3 +196,12 @@ def test_repetition_rule_on_result_lines():
     apart = [line(0, 100e6), line(1, 150e6)]
     assert converged(lambda: apart, cases[2], max_reps=3) is None
     assert converged(lambda: agree[:1], cases[1], max_reps=3) is None  # at least two
+
+
+def test_the_rule_reads_the_receivers_rates():
+    client = [{"bps": 100.0, "omitted": False}]  # a UDP sender: its target rate
+    server = [{"bps": 90.0, "omitted": False}, {"bps": 1.0, "omitted": True}]
+    part = {"direction": "client-to-server", "intervals": client, "server_intervals": server}
+    assert receiver_rates(part) == [90.0]
+    assert receiver_rates({**part, "direction": "server-to-client"}) == [100.0]
+    assert receiver_rates({"direction": "client-to-server", "intervals": client}) == [100.0]

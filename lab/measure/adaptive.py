@@ -11,8 +11,10 @@ current spread, plus the warm-up again, since each segment is a new connection),
 rule is met or the plan's duration (the cap) is spent. Each segment's JSON is complete, so the
 record's figures are exact sums over segments (bytes, packets, losses; rates weighted by
 their seconds), defined as a fixed run's are. The per-second rates the rule reads are the
-client's view (the sender's with client-to-server, the receiver's with -R); udp adds the
-loss criterion on the receiver's counts (lab.stoprule.loss_decision).
+receiver's: with -R the client's own intervals, else the server's, which an adaptive test
+gets by running the server with -J and the client with --get-server-output (the sender's
+rate of a UDP flow is its target, whatever arrives); udp adds the loss criterion on the
+receiver's counts (lab.stoprule.loss_decision). A fixed-length test runs exactly as before.
 
 **ping streams.** Its reply lines are read as they arrive; when the RTT interval is met the
 process gets SIGINT, on which iputils ping prints its usual statistics (parsed as always).
@@ -87,6 +89,15 @@ def _seconds(part: dict) -> float:
     return sum(iv["end"] - iv["start"] for iv in part["intervals"] if not iv["omitted"])
 
 
+def receiver_rates(part: dict) -> list[float]:
+    """The receiver's per-second rates of a segment: the server's (--get-server-output) when
+    the client sent, the client's own with -R."""
+    ivs = part["intervals"]
+    if part.get("direction") != "server-to-client" and part.get("server_intervals"):
+        ivs = part["server_intervals"]
+    return [iv["bps"] for iv in ivs if not iv["omitted"]]
+
+
 def combine(parts: list[dict]) -> dict:
     """One record's metrics from the parsed segments: counts summed, rates weighted by the
     seconds each segment measured, intervals concatenated with their segment number."""
@@ -116,14 +127,16 @@ def combine(parts: list[dict]) -> dict:
         for key, n in (("sent_pps", sent), ("received_pps", sum(got))):
             out[key] = n / total if all(p.get(key) for p in parts) else None
     out["duration_s"] = sum(p.get("duration_s") or 0 for p in parts)
-    ivs, offset = [], 0.0
-    for k, p in enumerate(parts):
-        for iv in p["intervals"]:
-            ivs.append(
-                {**iv, "start": iv["start"] + offset, "end": iv["end"] + offset, "segment": k}
-            )
-        offset = ivs[-1]["end"] if ivs else offset
-    out["intervals"] = ivs
+    for key in ("intervals", "server_intervals"):
+        ivs, offset = [], 0.0
+        for k, p in enumerate(parts):
+            for iv in p.get(key) or []:
+                ivs.append(
+                    {**iv, "start": iv["start"] + offset, "end": iv["end"] + offset, "segment": k}
+                )
+            offset = ivs[-1]["end"] if ivs else offset
+        if key in out:
+            out[key] = ivs
     return out
 
 
@@ -148,7 +161,7 @@ def run_segments(
         part = run_one(seg)
         parts.append(part)
         elapsed += seg
-        samples = [iv["bps"] for iv in part["intervals"] if not iv["omitted"]]
+        samples = receiver_rates(part)
         if drop is None:  # iperf3's -O dropped the warm-up already, else MSER-5 picks it
             drop = 0 if omit_s else mser5(samples)
         kept += samples[drop:]

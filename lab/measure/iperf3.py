@@ -42,12 +42,13 @@ IPERF3_METRICS = (
 
 
 @contextmanager
-def iperf3_server(ctx: Context, port: int) -> Iterator[Path]:
+def iperf3_server(ctx: Context, port: int, *, json: bool = False) -> Iterator[Path]:
     """iperf3 -s on the server node, bound to the target address, stopped in finally.
 
-    Yields the server's log (its text report, kept with the raw output).
+    Yields the server's log (its text report, kept with the raw output; with json=True its -J
+    documents, which a client's --get-server-output then carries as server_output_json).
     """
-    argv = ["iperf3", "-s", "-p", str(port)]
+    argv = ["iperf3", "-s", "-p", str(port)] + (["-J"] if json else [])
     if family_of(ctx.server_addr):
         argv += ["-B", ctx.server_addr.strip("[]")]
     log = ctx.next_raw("iperf3-server", ".log")
@@ -71,6 +72,7 @@ def client_argv(
     rate_bps: float | None = None,
     length: int | None = None,
     mss: int | None = None,
+    server_output: bool = False,
 ) -> list[str]:
     argv = [
         "iperf3",
@@ -98,6 +100,8 @@ def client_argv(
         argv += ["-l", str(length)]
     if mss is not None:
         argv += ["-M", str(mss)]
+    if server_output:  # the receiver's per-second view when the client sends (adaptive tests)
+        argv.append("--get-server-output")
     return argv
 
 
@@ -172,7 +176,10 @@ def _intervals(doc: dict[str, Any], *, udp: bool) -> list[dict[str, Any]]:
 def _common(doc: dict[str, Any]) -> dict[str, Any]:
     ts = doc["start"].get("test_start", {})
     cpu = doc["end"].get("cpu_utilization_percent", {})
+    server = doc.get("server_output_json")
+    extra = {"server_intervals": _intervals(server, udp=False)} if server else {}
     return {
+        **extra,
         "direction": "server-to-client" if ts.get("reverse") else "client-to-server",
         "streams": ts.get("num_streams"),
         "duration_s": ts.get("duration"),

@@ -105,6 +105,7 @@ class TcpTest(Test):
                 streams=params["streams"],
                 reverse=params["direction"] == "server-to-client",
                 mss=params["mss"],
+                server_output=params["adaptive"],
             )
             text = run_client(
                 ctx, argv, label="iperf3-tcp", files=files, expected_s=duration + params["omit_s"]
@@ -114,7 +115,7 @@ class TcpTest(Test):
         base: dict[str, Any] = {"direction": params["direction"], "mss": params["mss"]}
         files: list[Path] = []
         try:
-            with iperf3_server(ctx, params["port"]) as server_log:
+            with iperf3_server(ctx, params["port"], json=params["adaptive"]) as server_log:
                 files.append(server_log)
                 if params["adaptive"]:  # segments bounded by -t (lab/measure/adaptive.py)
                     metrics, info = run_segments(

@@ -68,6 +68,7 @@ def _one(
             udp=True,
             rate_bps=rate_mbit * MBIT,
             length=params["size"],
+            server_output=bool(params.get("adaptive")),
         )
         text = run_client(ctx, argv, label=label, files=files, expected_s=duration)
         return parse_iperf3_udp(text)
@@ -104,7 +105,7 @@ class UdpTest(Test):
         return params["duration_s"] + 0.5
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
-        with iperf3_server(ctx, params["port"]) as log:
+        with iperf3_server(ctx, params["port"], json=params["adaptive"]) as log:
             return [_one(self, ctx, params, params["rate_mbit"], "iperf3-udp", log)]
 
 
