@@ -25,8 +25,6 @@ from .clicommands import (  # noqa: F401
     cmd_impair,
     cmd_import,
     cmd_merge,
-    cmd_profiles,
-    cmd_render,
     cmd_report,
     cmd_run,
     cmd_shell,
@@ -34,6 +32,8 @@ from .clicommands import (  # noqa: F401
     cmd_up,
 )
 from .cliarch import cmd_arch
+from .clihelp import add_examples
+from .cliprofiles import cmd_profiles, cmd_render
 from .cliprint import _print_status, _print_substrate, err, out  # noqa: F401
 from .errors import ConfigError, LabError, TeardownIncomplete
 
@@ -211,7 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
         "VPN endpoints, else egress)",
     )
     p.add_argument(
-        "--impair-backend", default="auto", choices=["auto", "kernel-netem", "userspace"]
+        "--impair-backend",
+        default="auto",
+        choices=["auto", "kernel-netem", "userspace"],
+        help="impairment back end: kernel netem, the lab's own engine (userspace), or auto "
+        "(netem when the kernel has it; default)",
     )
     p.add_argument(
         "--vm",
@@ -229,12 +233,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("render", help="write a VPN profile's config files for a topology")
-    p.add_argument("topology")
+    p.add_argument("topology", help="topology file (Python module with topos = {...})")
     p.add_argument("--topo", help="which entry of the file's topos dict")
-    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--vpn", required=True, metavar="PROFILE[:K=V,...]")
-    p.add_argument("--out", required=True, metavar="DIR", help="writes DIR/<node>/<file>")
-    p.add_argument("--show-secrets", action="store_true", help="keep keys in (files mode 0600)")
+    p.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="parameter passed to the Topo constructor (repeatable)",
+    )
+    p.add_argument(
+        "--vpn",
+        required=True,
+        metavar="PROFILE[:K=V,...]",
+        help="the VPN profile to render (vpn_profiles/, `lab profiles`) with overrides",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write DIR/<node>/<file> (default: print each file to stdout under a line "
+        "'==> NODE/FILE <==', secrets redacted)",
+    )
+    p.add_argument(
+        "--show-secrets",
+        action="store_true",
+        help="keep keys in (files mode 0600); only with --out: keys never go to a terminal",
+    )
     p.add_argument(
         "--check",
         action="store_true",
@@ -245,15 +270,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("profiles", help="list VPN profiles and whether they can run here")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.add_argument(
         "action",
         nargs="?",
-        choices=["import"],
-        help="import FILE... --out PROFILE.toml: your wg-quick/swanctl/OpenVPN files as a "
-        "profile (docs/byoc.md)",
+        metavar="NAME|import",
+        help="NAME[:K=V,...]: one profile's parameters (type, value, default, accepted values); "
+        "import FILE... --out PROFILE.toml: your wg-quick/swanctl/OpenVPN files as a profile "
+        "(docs/byoc.md)",
     )
-    p.add_argument("files", nargs="*", metavar="FILE")
+    p.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="import: wg-quick .conf, swanctl.conf or OpenVPN files of one tunnel",
+    )
     p.add_argument("--out", metavar="PROFILE.toml", help="import: the profile file to write")
 
     p = sub.add_parser("down", help="tear a lab down (exactly what it created)")
@@ -270,11 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="list labs, nodes and addresses")
     _add_id(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the labs' status as JSON")
 
     p = sub.add_parser("exec", help="run a command in a node (its namespaces, cgroup and env)")
     _add_id(p)
-    p.add_argument("node")
+    p.add_argument("node", help="node name (`lab status` lists them)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     p = sub.add_parser("impair", help="show or change impairment at run time")
@@ -283,23 +314,27 @@ def build_parser() -> argparse.ArgumentParser:
         "set", help="lab impair set TARGET SPEC...  (TARGET: LINK, NODE, NODE:IFACE or all)"
     )
     _add_id(q)
-    q.add_argument("target")
+    q.add_argument(
+        "target",
+        help="where: 'all', a link (client-router), a node (router) or one egress "
+        "(router:router-eth0); `lab impair show` lists the points",
+    )
     q.add_argument(
         "spec",
         nargs=argparse.REMAINDER,
         help="tc-netem words (negative values included); parameters not given keep their values",
     )
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the result as JSON")
     q = isub.add_parser("show", help="what is really applied, plus the engine's counters")
     _add_id(q)
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the result as JSON")
     q = isub.add_parser("clear", help="remove all impairment (undisturbed forwarding)")
     _add_id(q)
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("shell", help="open a shell in a node")
     _add_id(p)
-    p.add_argument("node")
+    p.add_argument("node", help="node name (`lab status` lists them)")
 
     p = sub.add_parser(
         "calibrate", help="fit a CPU profile (e.g. pi4) to this machine and verify it"
@@ -348,11 +383,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("topology", nargs="?", help="topology file whose hosts become boards")
     q.add_argument("--topo", help="which entry of the file's topos dict")
-    q.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+    q.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="parameter passed to the Topo constructor (repeatable)",
+    )
     q.add_argument("--out", metavar="INVENTORY", help="where to write the farm's boards.toml")
     q.add_argument("--down", action="store_true", help="remove the farm (--id, or the only one)")
     q.add_argument("--id", dest="lab_id", help="farm id")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the farm's record as JSON")
     q = bsub.add_parser(
         "check",
         help="what each board is and whether the lab and the profiles can run on it "
@@ -360,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("inventory", help="boards.toml or an Ansible inventory")
     q.add_argument("--profiles", metavar="P1,P2", help="profiles to check (default: all)")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print each board's findings as JSON")
     q = bsub.add_parser(
         "prepare",
         help="install the Debian packages the lab and the profiles need on each board "
@@ -370,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--profiles", metavar="P1,P2", help="profiles to prepare for (default: all)")
     q.add_argument("--yes", action="store_true", help="install without asking")
     q.add_argument("--dry-run", action="store_true", help="list only, install nothing")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the packages per board as JSON")
 
     p = sub.add_parser(
         "merge",
@@ -381,11 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory to create")
 
     p = sub.add_parser("report", help="regenerate a run's tables, plots and report")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run directory (lab run, lab merge or lab import)")
 
     p = sub.add_parser("compare", help="two runs side by side per case, with ratios and plots")
-    p.add_argument("run_a")
-    p.add_argument("run_b")
+    p.add_argument("run_a", help="run directory A, the reference (ratios are B/A)")
+    p.add_argument("run_b", help="run directory B, put next to A")
     p.add_argument("--out", help="output directory (default RUN_B/compare-<A>)")
 
     p = sub.add_parser(
@@ -448,6 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("dir", nargs="?", default=".", help="the repository (default: here)")
     q.add_argument("--force", action="store_true", help="overwrite files already there")
+    add_examples(ap)
     return ap
 
 

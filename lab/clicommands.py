@@ -11,9 +11,8 @@ import time
 from rich.markup import escape as rich_escape
 from rich.table import Table
 
-from .cliarch import render_check
 from .cliprint import _print_status, _print_substrate, err, out, print_run_summary
-from .errors import ConfigError, LabError, TeardownIncomplete
+from .errors import ConfigError, TeardownIncomplete
 
 
 def cmd_up(args) -> int:
@@ -67,88 +66,6 @@ def cmd_up(args) -> int:
     out.print(
         f"lab {lab.id!r} up {lab.up_note(status, dt)}; `lab exec NODE -- CMD`, `lab down` when done"
     )
-    return 0
-
-
-def cmd_render(args) -> int:
-    from pathlib import Path
-
-    from .topology import load_topology, parse_params
-    from .vpn.tunnel import render, write_rendered
-
-    params = parse_params(args.param)
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ConfigError(
-            "exists and is not a directory; render writes DIR/<node>/<file>",
-            source=args.out,
-            field="--out",
-        )
-    spec = load_topology(args.topology, args.topo, params)
-    result = render(spec, args.vpn, show_secrets=args.show_secrets)
-    for path in write_rendered(result, Path(args.out)):
-        out.print(str(path), highlight=False)
-    if args.check or args.arch:
-        return render_check(spec, args.vpn, args.arch)
-    if not result["files"]:
-        out.print(f"profile {result['profile']['name']!r} has no config files", highlight=False)
-    return 0
-
-
-def cmd_profiles_import(args) -> int:
-    """`lab profiles import FILE... --out PROFILE.toml` (docs/byoc.md)."""
-    from .vpn.byocimport import import_profile
-
-    written, notes = import_profile(args.files, args.out)
-    for path in written:
-        out.print(f"wrote {path}", highlight=False)
-    for n in notes:
-        out.print(f"not carried over: {n.file}:{n.line}: {n.text}  ({n.why})", markup=False)
-    return 0
-
-
-def cmd_profiles(args) -> int:
-    from .vpn.profiles import known_profiles, load_profile
-    from .vpn.tunnel import availability
-
-    if args.action == "import":
-        return cmd_profiles_import(args)
-    if args.files or args.out:
-        raise ConfigError(
-            "FILE and --out belong to `lab profiles import FILE... --out PROFILE.toml`",
-            source="lab profiles",
-        )
-
-    rows = []
-    for name in known_profiles():
-        try:
-            prof = load_profile(name)
-            rows.append(
-                {
-                    "profile": name,
-                    "driver": prof.driver_name,
-                    "study": prof.study,
-                    "description": prof.description,
-                    **availability(prof),
-                }
-            )
-        except LabError as e:  # one broken file must not hide the others
-            rows.append({"profile": name, "driver": None, "ok": False, "path": None, "why": str(e)})
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    t = Table(title="VPN profiles", title_justify="left")
-    for col in ("profile", "driver", "study", "runs here", "data plane", "why not"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(
-            r["profile"],
-            r["driver"] or "-",
-            r.get("study") or "",
-            "yes" if r["ok"] else "no",
-            r["path"] or "-",
-            r["why"] or "",
-        )
-    out.print(t)
     return 0
 
 

@@ -28,6 +28,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.cliboards",
             "lab.cliarch",
             "lab.cliprint",
+            "lab.clihelp",
+            "lab.cliprofiles",
             "lab.runprogress",
         ],
     ),
