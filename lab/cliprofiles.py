@@ -162,7 +162,13 @@ def profile_detail(spec: str, *, as_json: bool) -> int:
     from .vpn.profiles import load_profile
     from .vpn.tunnel import availability
 
-    prof = load_profile(spec)
+    try:
+        prof = load_profile(spec)
+    except ConfigError as e:  # the spec came as NAME, not as --vpn
+        if e.source != "--vpn":
+            raise
+        where = ": ".join(p for p in (e.source, e.field) if p)
+        raise ConfigError(str(e)[len(where) + 2 :], source="lab profiles NAME", field=e.field)
     rows = param_rows(prof)
     avail = availability(prof)
     if as_json:
