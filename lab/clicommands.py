@@ -130,16 +130,22 @@ def cmd_clean(args) -> int:
     return 0
 
 
+def _known_id(lab_id: str | None) -> None:
+    """An --id that never was a lab here (no ledger) is "no lab ID": not 'broken', and not a case
+    for `lab clean`, which would tear down every lab on the machine."""
+    from .state import list_lab_ids
+
+    if lab_id and lab_id not in list_lab_ids():
+        known = ", ".join(list_lab_ids()) or "none"
+        raise ConfigError(f"no lab {lab_id!r} (labs here: {known})", source="--id")
+
+
 def cmd_status(args) -> int:
     from .state import list_lab_ids
     from .substrates import open_lab
 
     ids = [args.lab_id] if args.lab_id else list_lab_ids()
-    if args.lab_id and args.lab_id not in list_lab_ids():
-        # a name that never was a lab here (no ledger): not 'broken', and not a case for
-        # `lab clean`, which would tear down every lab on the machine
-        known = ", ".join(list_lab_ids()) or "none"
-        raise ConfigError(f"no lab {args.lab_id!r} (labs here: {known})", source="--id")
+    _known_id(args.lab_id)
     statuses = [open_lab(lab_id).status() for lab_id in ids]
     if args.json:
         print(json.dumps(statuses, indent=2))
@@ -167,12 +173,14 @@ def cmd_exec(args) -> int:
     from .substrates import open_lab
 
     command = _command(args)  # checked before the lab is looked for
+    _known_id(args.lab_id)
     return open_lab(args.lab_id).exec(args.node, command)
 
 
 def cmd_shell(args) -> int:
     from .substrates import open_lab
 
+    _known_id(args.lab_id)
     return open_lab(args.lab_id).shell(args.node)
 
 
@@ -184,6 +192,7 @@ def cmd_impair(args) -> int:
 
         # the words first: bad words are bad input whether or not a lab is up
         check_words(" ".join(args.spec), source="lab impair set")
+    _known_id(args.lab_id)
     lab = open_lab(args.lab_id)
     if args.impair_cmd == "set":
         target = None if args.target in ("all", "default") else args.target
