@@ -1,0 +1,116 @@
+"""What a reader needs around the figures (issue 21): `lab compare` gives each run's figures in
+units with n and sd and says what differs between the runs (from the two manifests); a report's
+warnings come before any figure. Synthetic run directories, no root, no lab."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from lab.compare import compare
+from lab.report import _warnings
+from lab.reportdoc import Doc
+
+from .test_results import make_run
+
+
+def _edit_manifest(run, **changes):
+    m = run.manifest()
+    m.update(changes)
+    run.file("manifest.json").write_text(json.dumps(m))
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """A: make_run's pi4 client (uncalibrated); B: the same plan at half the rate, the client
+    on a calibrated pi3 profile, wireguard on the kernel data plane and another kernel."""
+    root = tmp_path_factory.mktemp("cmp")
+    a = make_run(root / "a")
+    b = make_run(root / "b", scale=0.5)
+    _edit_manifest(a, kernel={"release": "6.1.0"})
+    mb = b.manifest()
+    mb["profiles"]["wireguard"]["path"] = "kernel"
+    _edit_manifest(
+        b,
+        kernel={"release": "6.18.0"},
+        profiles=mb["profiles"],
+        cpu={"client": {"profile": "pi3", "calibrated": True, "core_share": 0.2,
+                        "emulated_cores": 1.0, "board_cores": 4}},
+    )  # fmt: skip
+    s = compare(a.path, b.path)
+    return a, b, s, (b.path / "compare-a")
+
+
+def _differs(out) -> dict[tuple[str, str], tuple[str, str]]:
+    rows = json.loads((out / "differs.json").read_text())["rows"]
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
+
+
+def test_differs_block_names_the_changed_cpu_profile_path_and_kernel(compared):
+    a, b, s, out = compared
+    d = _differs(out)
+    was, now = d[("CPU profile", "node client")]
+    assert was.startswith("pi4, uncalibrated") and now.startswith("pi3, calibrated")
+    assert "a board core = 0.2 host core" in now
+    assert d[("data plane", "wireguard")] == ("wireguard-go", "kernel")
+    assert d[("versions", "kernel")] == ("6.1.0", "6.18.0")
+    # what is the same is not listed as a difference
+    assert ("data plane", "baseline") not in d and s["differs"] == len(d) == 3
+    md = (out / "compare.md").read_text()
+    block = md[md.index("## What differs between the runs") : md.index("## Main metric")]
+    assert "| CPU profile | node client | pi4, uncalibrated" in block
+    assert "The same in both runs: topology" in block
+
+
+def test_compare_gives_figures_in_units_with_n_and_sd(compared):
+    a, b, s, out = compared
+    md = (out / "compare.md").read_text()
+
+    def cell(run):
+        vals = [
+            e["records"][0]["receiver_bps"] * 1e-6
+            for e in map(json.loads, run.results.read_text().splitlines())
+            if e["profile"] == "baseline" and e["label"] == "tcp" and e["ok"]
+            and e["impairment"]["name"] == "none"
+        ]  # fmt: skip
+        return f"{statistics.mean(vals):.0f} ± {statistics.stdev(vals):.1f} (n={len(vals)})"
+
+    row = next(x for x in md.splitlines() if x.startswith("| baseline | none | tcp | 0 |"))
+    assert (
+        row
+        == f"| baseline | none | tcp | 0 | throughput | Mbit/s | {cell(a)} | {cell(b)} | 0.500 |"
+    )
+    ping = next(x for x in md.splitlines() if x.startswith("| baseline | none | ping | 0 |"))
+    assert "| mean RTT | ms |" in ping
+    html = (out / "compare.html").read_text()
+    assert "src='data:image/png;base64," in html  # the plot embedded, the file self-contained
+
+
+def test_report_warnings_come_first(tmp_path):
+    """Each kind of warning the issue names, in the box above the contents (the whole report's
+    order is checked by test_report_plots; _warnings alone keeps this test fast)."""
+    run = make_run(tmp_path / "run")  # its client's pi4 profile is uncalibrated
+    m = run.manifest()
+    m["substrate"] = {"kind": "vm", "evidence": "functional", "note": "TCG: no CPU caps"}
+    m["lab_warnings"] = ["client (arm64): the board's own binaries under qemu-user, no CPU cap"]
+    doc = Doc("report")
+    _warnings(doc, run.load_results(), m)
+    doc.h("Results")
+    html = doc.html()
+    top = html[: html.index("<h2")]
+    for text in (
+        "uncalibrated",
+        "Functional evidence only: TCG",
+        "qemu-user",
+        "repetitions failed",
+    ):
+        assert text in top, text
+    assert top.index("class='warn'") < top.index("<nav>")
+    good = make_run(tmp_path / "good")
+    m = good.manifest()
+    m["cpu"]["client"]["calibrated"] = True
+    doc = Doc("report")
+    _warnings(doc, [r for r in good.load_results() if r["ok"]], m)
+    assert doc.warnings == ["1 test(s) ran throttled by the Pi firmware (see Set-up)."]
