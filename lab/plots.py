@@ -64,8 +64,8 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
         )
         data = {
             "title": f"Throughput per implementation, no impairment (error bars: {mode})",
-            "xlabel": "profile",
-            "ylabel": "throughput (Mbit/s)",
+            "xlabel": "Profile",
+            "ylabel": "Throughput (Mbit/s)",
             "panels": {},
         }
         for ax, lb in zip(axes[0], labels, strict=True):
@@ -82,7 +82,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             ax.bar(range(len(xs)), ys, yerr=errs, capsize=4, color="tab:blue")
             ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right")
             ax.set_title(f"{lb} ({tests[lb]})")
-            style_axis(ax, ys, "throughput (Mbit/s)")
+            style_axis(ax, ys, "Throughput (Mbit/s)")
             ax.grid(axis="y", alpha=0.3)
         fig.suptitle(data["title"])
         out.append((_save(fig, run, "throughput", data), "throughput per implementation"))
@@ -96,8 +96,8 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
         )
         data = {
             "title": f"Throughput per network condition (error bars: {mode})",
-            "xlabel": "profile",
-            "ylabel": "throughput (Mbit/s)",
+            "xlabel": "Profile",
+            "ylabel": "Throughput (Mbit/s)",
             "panels": {},
         }
         width = 0.8 / max(1, len(conds))
@@ -131,7 +131,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                 rotation=30,
                 ha="right",
             )
-            style_axis(ax, [y for s in panel.values() for y in s["y"]], "throughput (Mbit/s)")
+            style_axis(ax, [y for s in panel.values() for y in s["y"]], "Throughput (Mbit/s)")
             ax.set_title(f"{lb} per network condition")
             ax.grid(axis="y", alpha=0.3)
             ax.legend(fontsize=7, title="condition", title_fontsize=7)
@@ -198,11 +198,11 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                 color=line[0].get_color(),
                 label=f"{p} received",
             )
-        a1.set_xlabel("target (Mbit/s)")
-        a1.set_ylabel("achieved (Mbit/s)")
+        a1.set_xlabel("Target rate (Mbit/s)")
+        a1.set_ylabel("Achieved rate (Mbit/s)")
         a1.set_title(f"{lb}: target vs achieved")
-        a2.set_xlabel("target (Mbit/s)")
-        a2.set_ylabel("packets/s")
+        a2.set_xlabel("Target rate (Mbit/s)")
+        a2.set_ylabel("Packets per second")
         a2.set_title("sent vs received packets/s (sender- vs receiver-bound)")
         for a in (a1, a2):
             a.grid(alpha=0.3)
@@ -224,13 +224,13 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             a1, a2 = axes[0][k], axes[1][k]
             a1.bar([i - 0.2 for i in x], [t or 0 for t in tgt], 0.4, label="target")
             a1.bar([i + 0.2 for i in x], [(a or 0) * 1e-6 for a in ach], 0.4, label="achieved")
-            a1.set_ylabel("Mbit/s")
+            a1.set_ylabel("Rate (Mbit/s)")
             a1.set_title(f"{lb}: target vs achieved rate")
             w = 0.27
             a2.bar([i - w for i in x], [t or 0 for t in tpp], w, label="target pps")
             a2.bar(list(x), [s or 0 for s in snt], w, label="sent pps")
             a2.bar([i + w for i in x], [r or 0 for r in rcv], w, label="received pps")
-            a2.set_ylabel("packets/s")
+            a2.set_ylabel("Packets per second")
             a2.set_title(f"{lb}: packets/s")
             for a in (a1, a2):
                 a.set_xticks(list(x), profiles, rotation=30, ha="right")
@@ -303,6 +303,6 @@ def cpu_data(run: RunDir, unimp: list[dict], profiles: list[str], labels: list[s
             host_panel[name] = {"x": xs, "y": ys}
         data["panels"][f"{lb}: nodes"] = nodes_panel
         data["panels"][f"{lb}: host"] = host_panel
-        data["ylabels"][f"{lb}: nodes"] = f"node CPU ({node_unit})"
-        data["ylabels"][f"{lb}: host"] = "host CPU (% of all host cores)"
+        data["ylabels"][f"{lb}: nodes"] = f"Node CPU ({node_unit})"
+        data["ylabels"][f"{lb}: host"] = "Host CPU (% of all host cores)"
     return data

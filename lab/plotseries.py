@@ -62,8 +62,8 @@ def rtt_avg_ms(entry: dict) -> float | None:
 
 #: the metrics drawn against a swept value: test kinds -> (file stem, axis label, value of an entry)
 SWEEP_METRICS = [
-    (THROUGHPUT_TESTS, "throughput", "throughput (Mbit/s)", lambda e: _scaled(throughput_bps(e))),
-    (("ping",), "rtt", "mean RTT (ms)", rtt_avg_ms),
+    (THROUGHPUT_TESTS, "throughput", "Throughput (Mbit/s)", lambda e: _scaled(throughput_bps(e))),
+    (("ping",), "rtt", "Mean RTT (ms)", rtt_avg_ms),
 ]
 
 
@@ -123,8 +123,8 @@ def rtt_by_condition(results: list[dict], plan: dict) -> dict:
             panels[t["label"]] = panel
     return {
         "title": "Mean RTT per profile and network condition (error bars: sd)",
-        "xlabel": "profile",
-        "ylabel": "mean RTT (ms)",
+        "xlabel": "Profile",
+        "ylabel": "Mean RTT (ms)",
         "panels": panels,
     }
 
@@ -182,8 +182,8 @@ def throughput_over_time(results: list[dict], plan: dict, label: str) -> dict:
             panels[cond] = panel
     return {
         "title": f"{label}: throughput over time per case (iperf3 intervals, at their ends)",
-        "xlabel": "time since start (s)",
-        "ylabel": "throughput (Mbit/s)",
+        "xlabel": "Time since start (s)",
+        "ylabel": "Throughput (Mbit/s)",
         "panels": panels,
     }
 
@@ -212,7 +212,7 @@ def rtt_cdf(results: list[dict], plan: dict, label: str) -> dict:
     return {
         "title": f"{label}: CDF of RTT samples (repetitions pooled)",
         "xlabel": "RTT (ms)",
-        "ylabel": "share of samples",
+        "ylabel": "Share of samples",
         "panels": panels,
     }
 
@@ -313,7 +313,7 @@ def series_plots(run: RunDir, plan: dict, save, plt) -> list[tuple[str, str]]:
             data.update(
                 title=f"{ylabel.split(' (')[0]} against {par}, one line per profile "
                 "(error bars: sd)",
-                xlabel=f"{par} ({unit})" if unit else par,
+                xlabel=f"{par.capitalize()} ({unit})" if unit else par.capitalize(),
                 ylabel=ylabel,
             )
             name = f"{stem}_vs_{par}"

@@ -92,7 +92,7 @@ def test_metric_against_the_swept_value_one_line_per_profile(run, name, tests, v
     }
     assert got == pytest.approx({k: statistics.mean(v) for k, v in want.items()})
     assert {p for panel in data["panels"].values() for p in panel} == {"baseline", "wireguard"}
-    assert data["xlabel"] == "delay (ms)"
+    assert data["xlabel"] == "Delay (ms)"
 
 
 def test_throughput_over_time_per_case(run):
@@ -111,7 +111,7 @@ def test_throughput_over_time_per_case(run):
         for name, s in panel.items()
     }
     assert got == want
-    assert data["ylabel"] == "throughput (Mbit/s)"
+    assert data["ylabel"] == "Throughput (Mbit/s)"
 
 
 def test_rtt_cdf_pools_every_sample(run):
