@@ -156,7 +156,7 @@ def sweep(
 
 
 def study_a_sweeps() -> dict[str, list[SweepPoint]]:
-    """Study A's impairment points (docs: shared methodology, "Impairments"), by sweep name.
+    """Study A's impairment points (docs/studies.md, study A "Impairment"), by sweep name.
 
     delay 0..100 ms step 10; jitter 0..10 ms step 1 at delay 20 ms, normal distribution;
     loss 0..5 % step 0.5; the combined conditions network1/2/3.
