@@ -348,7 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("exec", help="run a command in a node (its namespaces, cgroup and env)")
     _add_id(p)
     p.add_argument("node", help="node name (`lab status` lists them)")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="-- CMD ARGS...: after '--' every word is the command's; --id may come before it",
+    )
 
     p = sub.add_parser("impair", help="show or change impairment at run time")
     isub = p.add_subparsers(dest="impair_cmd", required=True, metavar="ACTION")
