@@ -199,7 +199,12 @@ UNCALIBRATED = (
 def _warnings(doc: Doc, results: list[dict], m: dict) -> None:
     """What makes the figures below mean less than they seem, at the top of the report."""
     cpus = [c for c in (m.get("cpu") or {}).values() if c]
-    if any(c.get("calibrated") is False for c in cpus):
+    lab_warnings = [str(w) for w in m.get("lab_warnings") or []]
+    # the lab's own warning names the profile and why (stale, never run): the generic one would
+    # repeat it
+    if any(c.get("calibrated") is False for c in cpus) and not any(
+        "uncalibrated" in w for w in lab_warnings
+    ):
         doc.warn(UNCALIBRATED)
     for c in cpus:
         if c.get("not_applied"):
@@ -210,8 +215,8 @@ def _warnings(doc: Doc, results: list[dict], m: dict) -> None:
     sub = m.get("substrate") or {}
     if sub.get("kind") == "vm" and sub.get("evidence") == "functional":
         doc.warn(f"Functional evidence only: {sub.get('note')}")
-    for w in m.get("lab_warnings") or []:
-        doc.warn(str(w))
+    for w in lab_warnings:
+        doc.warn(w)
     failed = [r for r in results if not r.get("ok")]
     if failed:
         names = ", ".join(f"`{r['case']}`" for r in failed[:5]) + (

@@ -263,7 +263,8 @@ def board_cpu_text(pct_of_host_core: float | None, cpu: dict | None) -> str:
         return "-" if pct_of_host_core is None else f"{_fmt(pct_of_host_core)} % host core"
     cpu = cpu or {}
     cap, total = cpu.get("emulated_cores"), cpu.get("board_cores")
-    text = f"{cores:.2f}" + (f" of {cap:g}" if cap else "") + f" {cpu.get('profile')} cores"
+    unit = "core" if cap == 1 else "cores"
+    text = f"{cores:.2f}" + (f" of {cap:g}" if cap else "") + f" {cpu.get('profile')} {unit}"
     if total:
         text += f" ({100 * cores / total:.0f} % of the board)"
     return text

@@ -108,6 +108,11 @@ def test_report_warnings_come_first(tmp_path):
     ):
         assert text in top, text
     assert top.index("class='warn'") < top.index("<nav>")
+    # the lab's own warning about the profile replaces the generic one
+    m["lab_warnings"] = ["CPU profile 'pi4' is uncalibrated on this machine: stale"]
+    doc = Doc("report")
+    _warnings(doc, run.load_results(), m)
+    assert sum("uncalibrated" in w for w in doc.warnings) == 1
     good = make_run(tmp_path / "good")
     m = good.manifest()
     m["cpu"]["client"]["calibrated"] = True

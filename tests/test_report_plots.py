@@ -140,7 +140,7 @@ def test_cpu_in_board_cores_and_host_shares_as_in_the_table(run):
     assert "board cores" in data["ylabels"]["tcp: nodes"]
     assert "all host cores" in data["ylabels"]["tcp: host"]
     md = run.file("report.md").read_text()
-    assert "0.80 of 1 pi4 cores (20 % of the board)" in md
+    assert "0.80 of 1 pi4 core (20 % of the board)" in md
     assert "| 5.0 % |" in md  # the table's host softirq is the plot's
 
 
