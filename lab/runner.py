@@ -29,7 +29,7 @@ from .monitor import Monitor
 from .plan import Case, ImpairmentPoint, Plan, slug
 from .repstop import converged, skipped_record
 from .results import RESULT_SCHEMA, RunDir
-from .shard import case_id, shard_cases, shard_record, source_hash
+from .shard import case_id, case_seed, shard_cases, shard_record, source_hash
 from .runsetup import (  # noqa: F401
     MEASURE_TOOL_VERSIONS,
     TOOL_VERSIONS,
@@ -82,7 +82,9 @@ def up_lab(spec, lab_id: str, profile: str, point: ImpairmentPoint | None, place
     return up(spec, lab_id, vpn=profile, **kwargs)
 
 
-def apply_impairment(lab, point: ImpairmentPoint, *, built_impaired: bool) -> dict:
+def apply_impairment(
+    lab, point: ImpairmentPoint, *, built_impaired: bool, seed: int | None = None
+) -> dict:
     """Put `point` in place on a running lab; returns what is really applied (show_impairment)."""
     rt = impairment_runtime()
     if not built_impaired and not point.impaired:
@@ -94,7 +96,7 @@ def apply_impairment(lab, point: ImpairmentPoint, *, built_impaired: bool) -> di
         )
     # exactly the point's own spec, whatever earlier points left (set_point, not the shell's
     # merge rule); what is recorded is read back from the engine or qdisc, not the request
-    shown = rt.set_point(lab, point.spec)
+    shown = rt.set_point(lab, point.spec, seed=seed)
     if not shown.get("in_force"):
         raise PreconditionError(
             f"impairment {point.name!r} is not in force: expected {shown.get('expected')}, "
@@ -505,7 +507,7 @@ class Runner:
     def _run_point(
         self, profile: str, pt: ImpairmentPoint, pcases: list[Case], built_impaired: bool
     ) -> None:
-        applied = self._set_point(pt, built_impaired)
+        applied = self._set_point(pt, built_impaired, pcases[0])
         if isinstance(applied, str):
             self._fail_all(pcases, applied)
             return
@@ -528,7 +530,7 @@ class Runner:
                 except LabError as e:
                     self._fail_all(pcases[i:], f"lab up with {profile} failed: {e}")
                     return
-                applied = self._set_point(pt, built_impaired)
+                applied = self._set_point(pt, built_impaired, case)
                 if isinstance(applied, str):
                     self._fail_all(pcases[i:], applied)
                     return
@@ -557,11 +559,13 @@ class Runner:
         rec = TunnelRecord.of(self.lab)
         return rec.profile if rec else "?"
 
-    def _set_point(self, pt: ImpairmentPoint, built_impaired: bool) -> dict | str:
-        """The applied impairment, or an error text for the point's cases."""
+    def _set_point(self, pt: ImpairmentPoint, built_impaired: bool, first: Case) -> dict | str:
+        """The applied impairment, or an error text for the point's cases. Its random draws are
+        seeded from the id of the first case it serves (the same on every machine and cut)."""
         t0 = time.monotonic()
         try:
-            applied = apply_impairment(self.lab, pt, built_impaired=built_impaired)
+            seed = case_seed(self.digest, first.key) if pt.impaired else None
+            applied = apply_impairment(self.lab, pt, built_impaired=built_impaired, seed=seed)
         except LabError as e:
             self._event(
                 "impair", point=pt.name, ok=False, error=str(e), seconds=time.monotonic() - t0
@@ -580,7 +584,7 @@ def _slim(applied: dict | None) -> dict | None:
     """What a result line keeps of show_impairment (the manifest has all of it)."""
     if applied is None:
         return None
-    keep = ("backend", "placement", "applied", "wire_packets", "warnings")
+    keep = ("backend", "placement", "applied", "seed", "wire_packets", "warnings")
     return {k: applied[k] for k in keep if k in applied}
 
 

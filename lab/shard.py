@@ -67,6 +67,11 @@ def case_id(plan_digest: str, key: str) -> str:
     return hashlib.sha256(f"{plan_digest}\n{key}".encode()).hexdigest()[:16]
 
 
+def case_seed(plan_digest: str, key: str) -> int:
+    """A seed for a case's random draws (impairment): the first 8 hex digits of its id."""
+    return int(case_id(plan_digest, key)[:8], 16)
+
+
 def shard_of(case_rep: int, reps: int, cell: int, count: int) -> int:
     """The shard of repetition `case_rep` of cell number `cell` holding `reps` repetitions."""
     return (case_rep * count // reps + cell) % count

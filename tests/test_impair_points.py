@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from lab.impair import runtime
+from lab.shard import case_seed
 from lab.impair.spec import parse_directional, parse_spec
 from lab.lab import up
 from lab.plan import load_plan
@@ -37,16 +38,23 @@ def doc_limit(delay_ms: float = 0, jitter_ms: float = 0, rate_bps: float = 1e9) 
     return max(1000, 2 * pkts)
 
 
-def expected_words(spec: str) -> str:
+def expected_words(spec: str, seed: int | None = None) -> str:
     """The canonical words of `spec` with the documented default limit, independently of the
-    runtime (parse_spec only canonicalises the words)."""
+    runtime (parse_spec only canonicalises the words); with `seed`, the seed a plan run gives
+    a spec that draws random numbers (jitter, loss, duplicate, corrupt, reorder: docs/scale.md)."""
     imp = parse_spec(spec)
     if imp.is_empty():
         return "none"
+    draws = any(
+        getattr(imp, f) is not None
+        for f in ("jitter_us", "loss", "duplicate_pct", "corrupt_pct", "reorder_pct")
+    )
+    if seed is not None and draws and imp.seed is None:
+        spec = f"{spec} seed {seed}"
     if imp.limit is None:
         lim = doc_limit((imp.delay_us or 0) / 1000, (imp.jitter_us or 0) / 1000)
         return str(parse_spec(f"{spec} limit {lim}"))
-    return str(imp)
+    return str(parse_spec(spec))
 
 
 def _median_rtt(entry: dict) -> float:
@@ -101,7 +109,9 @@ def test_delay_then_loss_then_none(tmp_path):
     assert 0.98 * 800 <= _median_rtt(by[delay]) <= 1.02 * 800, by[delay]["records"][0]
     assert abs(_median_rtt(by[loss]) - base) <= 1.0, (base, by[loss]["records"][0])
     assert _recorded(by[delay]) == {expected_words("delay 400ms")} == {"delay 400ms limit 66668"}
-    assert _recorded(by[loss]) == {"loss 1% limit 1000"}
+    # the loss point's draws are seeded from its first case's id (docs/scale.md); delay has none
+    seed = case_seed(plan.digest(), by[loss]["case"])
+    assert _recorded(by[loss]) == {f"loss 1% limit 1000 seed {seed}"}
     assert by["none"]["impairment_applied"]["applied"].startswith("none")
     assert "wire packets" in by[loss]["impairment_applied"]["wire_packets"]
     # the report shows what was in force, queue limit included
@@ -111,7 +121,7 @@ def test_delay_then_loss_then_none(tmp_path):
     section = run.file("report.md").read_text().split("## Network conditions in force")[1]
     section = section.split("\n## ")[0]
     assert f"| {delay} | delay 400ms | delay 400ms limit 66668 |" in section
-    assert f"| {loss} | loss 1% | loss 1% limit 1000 |" in section
+    assert f"| {loss} | loss 1% | loss 1% limit 1000 seed {seed} |" in section
 
 
 @pytest.mark.root
@@ -132,7 +142,8 @@ def test_study_a_shaped_sweeps_do_not_leak(tmp_path):
         if not p.impaired:
             continue
         entry = by[p.name]
-        assert _recorded(entry) == {expected_words(p.spec)}, (p.spec, _recorded(entry))
+        seed = case_seed(plan.digest(), entry["case"])  # one case per point: the first
+        assert _recorded(entry) == {expected_words(p.spec, seed)}, (p.spec, _recorded(entry))
         rtt = _median_rtt(entry)
         own = parse_spec(p.spec)
         want = 2 * (own.delay_us or 0) / 1000

@@ -19,6 +19,7 @@ from lab.plancases import ImpairmentPoint, Plan
 from lab.shard import (
     Shard,
     case_id,
+    case_seed,
     parse_shard,
     plan_from_json,
     resume_shard,
@@ -91,6 +92,7 @@ def test_case_id_from_plan_digest_and_key():
     # printf 'abc\nbaseline|none|ping|0' | sha256sum
     assert case_id("abc", "baseline|none|ping|0") == "0ddd8d8a9b98fd93"
     assert case_id("abd", "baseline|none|ping|0") == "933ad90ed1004474"
+    assert case_seed("abc", "baseline|none|ping|0") == 0x0DDD8D8A == 232623498
 
 
 @pytest.mark.parametrize("overrides", [[], ["adaptive=true"]])

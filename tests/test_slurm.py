@@ -3,8 +3,8 @@ cluster this test starts (munged, slurmctld, slurmd in a temporary directory, ea
 PID afterwards). A tiny plan (baseline, ping x5, 3 repetitions, cpu=host) runs as 3 shards of a
 job array, then the afterok merge job; the merged run holds every case once, each shard ran its
 own repetition in a lab of its own, and the files have the schema of a one-machine `lab run` of
-the same plan. `lab merge` refuses a real shard of another plan and one made by other code (a
-second checkout with one edited module).
+the same plan. `lab merge` refuses a real shard of another plan (impaired: its engine seeded from the case id)
+and one made by other code (a second checkout with one edited module).
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
 from lab.plan import load_plan
 from lab.results import RunDir
+from lab.shard import case_id
 
 from .conftest import REPO, lab_traces
 
@@ -262,10 +264,25 @@ def test_slurm_array_then_merge(cluster, tmp_path):
         p.name for p in (single / "plots").iterdir()
     )
 
-    # a real shard of another plan (other -o: another digest) is refused, naming it
+    # a real shard of another plan (impaired: another digest) is refused, naming it
     other = tmp_path / "other-plan"
-    r = _lab("run", plan_file, "-o", "reps=2", "--shard", "1/3", "--out", other, env=env, cwd=snap)
+    r = _lab(
+        "run", plan_file, "-o", "impairments=loss 5%", "--shard", "1/3", "--out", other,
+        env=env, cwd=snap,
+    )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
+    # its impairment's draws were seeded from the id of the case it served (repetition 1 of
+    # the one cell), as the engine itself reports its spec back
+    o = RunDir(other)
+    (res,) = o.load_results()
+    assert res["case"] == "baseline|loss-5|ping|1"
+    shown = o.manifest()["impairment"]["loss-5"]["baseline"]
+    seed = int(case_id(o.manifest()["plan_digest"], res["case"])[:8], 16)
+    if shown["backend"] == "kernel-netem":  # iproute2 < 6.6: netem takes no seed
+        assert shown["seed"] == {"derived": seed, "applied": False, "why": ANY}
+    else:
+        specs = [e[d]["spec"] for e in shown["engines"].values() for d in ("a2b", "b2a")]
+        assert specs and all(sp["seed"] == seed for sp in specs), specs
     dirs = [shards / "shard-0", other, shards / "shard-2"]
     r = _lab("merge", *dirs, "--out", tmp_path / "m1", env=env, cwd=snap)
     assert r.returncode == 2 and f"{other}: plan digest: plan digest" in r.stderr, r.stderr

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..errors import ConfigError, PreconditionError
 from ..graph import shortest_path
@@ -212,8 +212,13 @@ def effective_point(
     )
 
 
-def set_point(lab, spec: str) -> dict:
+def set_point(lab, spec: str, *, seed: int | None = None) -> dict:
     """Put exactly `spec` in force on every impairment point (a plan point).
+
+    `seed`: the random draws' seed where `spec` gives none and has draws (jitter, loss,
+    duplicate, corrupt, reorder; a plan run derives it from a case id, docs/scale.md); the engine
+    takes it (mixed per direction), kernel netem does not here (iproute2 < 6.6 rejects netem's
+    seed), so there it is not applied and `seed` says so.
 
     Nothing of what earlier points or `lab impair set` left survives: each point gets the
     topology's own link impairment (its `impair=` option, none for most) with `spec` on top,
@@ -228,17 +233,35 @@ def set_point(lab, spec: str) -> dict:
     for p in [Point(**x) for x in st["points"]]:
         own = Impairment.from_json(base[_key(p)]) if base.get(_key(p)) else Impairment()
         d = point_spec(spec, own, a=a, b=b)
-        changes.append((p, d.a2b if p.way == "fwd" else d.b2a))
+        imp = d.a2b if p.way == "fwd" else d.b2a
+        if seed is not None and st["backend"] != "kernel-netem" and _draws(imp):
+            imp = imp if imp.seed is not None else replace(imp, seed=seed)
+        changes.append((p, imp))
     sent = _apply(lab, st, changes)
     st["applied"] = {_key(p): imp.to_json() for p, imp in changes}
     lab.save()
     shown = show_impairment(lab)
     shown["expected"] = {k: str(v) for k, v in sent.items()}
     shown["in_force"] = _in_force(st["backend"], shown.get("applied") or {}, sent)
+    if seed is not None:
+        shown["seed"] = (
+            {"derived": seed, "applied": False, "why": "kernel netem: no seed with this tc"}
+            if st["backend"] == "kernel-netem"
+            else {"derived": seed, "applied": True}
+        )
     warnings = [w for p, imp in changes if (w := limit_warning(imp, line_rate_bps(lab, p)))]
     if warnings:
         shown["warnings"] = sorted(set(warnings))
     return shown
+
+
+#: the fields whose effect is drawn at random (a seed makes them repeatable)
+RANDOM_FIELDS = ("jitter_us", "loss", "duplicate_pct", "corrupt_pct", "reorder_pct")
+
+
+def _draws(imp: Impairment) -> bool:
+    """Whether `imp` draws random numbers at all (`delay 40ms` or `rate` alone does not)."""
+    return any(getattr(imp, f) is not None for f in RANDOM_FIELDS)
 
 
 def _in_force(backend: str, applied: dict, sent: dict[str, Impairment]) -> bool:
