@@ -60,7 +60,11 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
     labels = [lb for lb in thr_labels if _group(unimp, test_label=lb)]
     if labels:
         fig, axes = plt.subplots(
-            1, len(labels), figsize=(max(5, 3.2 * len(labels)), 4), squeeze=False
+            1,
+            len(labels),
+            figsize=(max(5, 3.2 * len(labels)), 4),
+            squeeze=False,
+            layout="constrained",
         )
         data = {
             "title": f"Throughput per implementation, no impairment (error bars: {mode})",
@@ -92,7 +96,11 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
     labels = [lb for lb in thr_labels if _group(table, test_label=lb, ok=True)]
     if len(conds) >= 2 and labels:
         fig, axes = plt.subplots(
-            1, len(labels), figsize=(max(6, 4.5 * len(labels)), 4), squeeze=False
+            1,
+            len(labels),
+            figsize=(max(6, 4.5 * len(labels)), 4),
+            squeeze=False,
+            layout="constrained",
         )
         data = {
             "title": f"Throughput per network condition (error bars: {mode})",
@@ -211,7 +219,11 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
     labels = [lb for lb in udp_labels if _group(unimp, test_label=lb)]
     if labels:
         fig, axes = plt.subplots(
-            2, len(labels), figsize=(max(6, 4.5 * len(labels)), 7), squeeze=False
+            2,
+            len(labels),
+            figsize=(max(6, 4.5 * len(labels)), 7),
+            squeeze=False,
+            layout="constrained",
         )
         for k, lb in enumerate(labels):
             rs = _group(unimp, test_label=lb)

@@ -259,16 +259,28 @@ def _bars(plt, data: dict):
     return fig
 
 
+#: line styles of a profile's repetitions 0, 1, 2, ... (its colour stays the same)
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
 def _lines(plt, data: dict, *, errors: bool = True, marker: str | None = "o", step=False, x0=None):
     fig, axes = _figure(plt, len(data["panels"]))
+    # one colour per profile in every panel; its repetitions ("PROFILE #REP") differ by line style
+    profiles = list(dict.fromkeys(n.split(" #")[0] for p in data["panels"].values() for n in p))
     for ax, (title, panel) in zip(axes, data["panels"].items(), strict=True):
         for name, s in panel.items():
+            profile, _, rep = name.partition(" #")
+            style = {
+                "label": name,
+                "color": f"C{profiles.index(profile) % 10}",
+                "linestyle": LINE_STYLES[int(rep) % len(LINE_STYLES)] if rep.isdigit() else "-",
+            }
             if step:
-                ax.step(s["x"], s["y"], where="post", label=name)
+                ax.step(s["x"], s["y"], where="post", **style)
             elif errors and s.get("err"):
-                ax.errorbar(s["x"], s["y"], yerr=s["err"], marker=marker, capsize=3, label=name)
+                ax.errorbar(s["x"], s["y"], yerr=s["err"], marker=marker, capsize=3, **style)
             else:
-                ax.plot(s["x"], s["y"], marker=marker, label=name)
+                ax.plot(s["x"], s["y"], marker=marker, **style)
         if step:
             ax.set_ylabel(data["ylabel"])
             ax.set_ylim(0, 1.02)

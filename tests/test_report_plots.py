@@ -184,3 +184,22 @@ def test_recommendation_never_ranks_the_baseline(run, tmp_path):
     alone = make_run(tmp_path / "alone", profiles=("baseline",))
     generate(alone.path)
     assert "## Recommendation" not in alone.file("report.md").read_text()
+
+
+def test_a_profile_keeps_its_colour_and_its_repetitions_differ_by_line_style():
+    from lab.plots import _plt
+    from lab.plotseries import _lines
+
+    plt = _plt()
+    line = {"x": [1.0, 2.0], "y": [1.0, 2.0]}
+    names = [f"{p} #{r}" for p in ("baseline", "wireguard") for r in range(3)]
+    data = {"title": "t", "xlabel": "x", "ylabel": "y",
+            "panels": {"none": {n: line for n in names}, "delay": {"wireguard #0": line}}}  # fmt: skip
+    fig = _lines(plt, data)
+    a, b = fig.axes[:2]
+    style = {ln.get_label(): (ln.get_color(), ln.get_linestyle()) for ln in a.get_lines()}
+    assert len({style[f"baseline #{r}"][0] for r in range(3)}) == 1
+    assert len({style[f"baseline #{r}"][1] for r in range(3)}) == 3
+    assert style["baseline #0"][0] != style["wireguard #0"][0]
+    assert b.get_lines()[0].get_color() == style["wireguard #0"][0]  # the same in every panel
+    plt.close(fig)
