@@ -32,7 +32,7 @@ from .clicommands import (  # noqa: F401
     cmd_up,
 )
 from .cliarch import cmd_arch
-from .clihelp import add_examples
+from .clihelp import add_examples, exec_words
 from .cliprofiles import cmd_profiles, cmd_render
 from .cliprint import _print_status, _print_substrate, err, out  # noqa: F401
 from .errors import ConfigError, LabError, TeardownIncomplete
@@ -151,48 +151,6 @@ def _impair_set_words(args: argparse.Namespace) -> None:
             field="SPEC",
         )
     args.spec = words
-
-
-def _exec_words(args: argparse.Namespace) -> None:
-    """`lab exec NODE --id ID -- CMD`: the command is argparse.REMAINDER, which takes every word
-    after NODE (and drops a `--` right after NODE, so `--id X` and `-- --id X` look alike), so
-    the words after `exec` are read again here: --id before or after NODE is lab exec's; from
-    `--` (or the first word after NODE that is not an option) on, every word is the command's."""
-    raw = args.argv[args.argv.index("exec") + 1 :]
-    usage = "usage: lab exec [--id ID] NODE [--id ID] -- CMD [ARGS...]"
-    ids, node, i = [], None, 0
-    while i < len(raw):
-        w = raw[i]
-        if w == "--":
-            i += 1
-            break
-        if w == "--id" and i + 1 < len(raw) and raw[i + 1] != "--":
-            ids.append(raw[i + 1])
-            i += 2
-        elif w.startswith("--id="):
-            ids.append(w.split("=", 1)[1])
-            i += 1
-        elif w == "--id":
-            raise ConfigError(f"--id needs a value; {usage}", source="lab exec", field="--id")
-        elif w.startswith("-"):
-            raise ConfigError(
-                f"{w!r} is not an option of lab exec (only --id); the command's own options go "
-                f"after '--': {usage}",
-                source="lab exec",
-            )
-        elif node is None:
-            node = w
-            i += 1
-        else:
-            break  # the command's first word
-    if len(set(ids)) > 1:
-        raise ConfigError(
-            f"given twice ({', '.join(map(repr, ids))}); give it once",
-            source="lab exec",
-            field="--id",
-        )
-    args.lab_id = ids[0] if ids else None
-    args.command = raw[i:]
 
 
 def _add_id(p: argparse.ArgumentParser) -> None:
@@ -547,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "impair" and args.impair_cmd == "set":
             _impair_set_words(args)
         if args.cmd == "exec":
-            _exec_words(args)
+            exec_words(args)
         check_args(args)
         return COMMANDS[args.cmd](args) or 0
     except TeardownIncomplete as e:

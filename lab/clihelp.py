@@ -1,10 +1,14 @@
-"""The examples that end each `lab` command's --help: part of the CLI layer (lab.cli builds the
-parser, then `add_examples` puts these under every subcommand). tests/test_cli_help.py parses
-every example with the real parser, so an example that stops being valid fails a test."""
+"""What the `lab` parser needs beyond argparse: the examples that end each command's --help
+(lab.cli builds the parser, then `add_examples` puts them under every subcommand;
+tests/test_cli_help.py parses every example with the real parser, so an example that stops being
+valid fails a test), and lab exec's options read back from the words argparse.REMAINDER took.
+Part of the CLI layer."""
 
 from __future__ import annotations
 
 import argparse
+
+from .errors import ConfigError
 
 #: command path ("" for `lab` itself, "impair set") -> (command line, what it does); 2 or 3 each
 EXAMPLES: dict[str, list[tuple[str, str]]] = {
@@ -183,3 +187,45 @@ def add_examples(parser: argparse.ArgumentParser) -> None:
         if path in EXAMPLES:
             p.epilog = epilog(path)
         p.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def exec_words(args: argparse.Namespace) -> None:
+    """`lab exec NODE --id ID -- CMD`: the command is argparse.REMAINDER, which takes every word
+    after NODE (and drops a `--` right after NODE, so `--id X` and `-- --id X` look alike), so
+    the words after `exec` are read again here: --id before or after NODE is lab exec's; from
+    `--` (or the first word after NODE that is not an option) on, every word is the command's."""
+    raw = args.argv[args.argv.index("exec") + 1 :]
+    usage = "usage: lab exec [--id ID] NODE [--id ID] -- CMD [ARGS...]"
+    ids, node, i = [], None, 0
+    while i < len(raw):
+        w = raw[i]
+        if w == "--":
+            i += 1
+            break
+        if w == "--id" and i + 1 < len(raw) and raw[i + 1] != "--":
+            ids.append(raw[i + 1])
+            i += 2
+        elif w.startswith("--id="):
+            ids.append(w.split("=", 1)[1])
+            i += 1
+        elif w == "--id":
+            raise ConfigError(f"--id needs a value; {usage}", source="lab exec", field="--id")
+        elif w.startswith("-"):
+            raise ConfigError(
+                f"{w!r} is not an option of lab exec (only --id); the command's own options go "
+                f"after '--': {usage}",
+                source="lab exec",
+            )
+        elif node is None:
+            node = w
+            i += 1
+        else:
+            break  # the command's first word
+    if len(set(ids)) > 1:
+        raise ConfigError(
+            f"given twice ({', '.join(map(repr, ids))}); give it once",
+            source="lab exec",
+            field="--id",
+        )
+    args.lab_id = ids[0] if ids else None
+    args.command = raw[i:]
