@@ -35,6 +35,7 @@ def test_kernel_wireguard_and_netem_on_vm_boards_over_ssh(tmp_path):
         assert not proc.is_same_process(vm.pid, vm.record["start_time"])
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
     r = json.loads(cp.stdout.strip().splitlines()[-1])
+    print(f"boot {vm.boot_seconds} s; in the guest:", r.get("seconds"))
     assert "error" not in r, r["error"]
     assert r["vpn_path"] == "kernel"  # the guest kernel's WireGuard, configured over SSH
     assert "wireguard" in r["links_up"]
