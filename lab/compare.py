@@ -155,7 +155,7 @@ def _cpu_text(c: dict | None) -> str:
         return text + f", cap not applied ({c['not_applied']})"
     text += ", calibrated" if c.get("calibrated") else ", uncalibrated (placeholder cap)"
     if c.get("core_share"):
-        text += f", a board core = {c['core_share']:g} host core"
+        text += f", a board core = {c['core_share']:.3g} host core"
     if c.get("emulated_cores"):
         text += f", {c['emulated_cores']:g} of {c.get('board_cores') or '?'} board cores"
     return text
@@ -192,11 +192,15 @@ def aspects(m: dict, plan: dict) -> dict[str, dict[str, str]]:
         "substrate": {},
     }
     cal = m.get("calibration") or {}
-    if cal.get("host_cpu_model"):
-        out["CPU profile"]["host CPU model"] = str(cal["host_cpu_model"])
-    for name, pc in sorted((cal.get("profiles") or {}).items()):
-        if pc.get("calibrated"):
-            out["CPU profile"][f"{name} calibration"] = f"core_share {pc.get('core_share')}"
+    out["CPU profile"]["host CPU model"] = _text(cal.get("host_cpu_model"))
+    for name in sorted({c["profile"] for c in (m.get("cpu") or {}).values() if c and
+                        c.get("profile")}):  # fmt: skip
+        pc = (cal.get("profiles") or {}).get(name)
+        out["CPU profile"][f"{name} calibration"] = (
+            NOT_RECORDED if pc is None
+            else f"core_share {pc.get('core_share'):.3g}, fitted {pc.get('created', '?')}"
+            if pc.get("calibrated") else f"none: {pc.get('reason')}"
+        )  # fmt: skip
     v = out["versions"]
     v["lab"] = _text(m.get("lab_version"))
     v["git revision"] = _text(m.get("git_revision"))
@@ -209,10 +213,13 @@ def aspects(m: dict, plan: dict) -> dict[str, dict[str, str]]:
         if d.get("version"):
             v[f"{prof} ({d.get('implementation', e.get('driver'))})"] = str(d["version"])
         out["data plane"][prof] = _text(e.get("path"))
-    for point, per in (m.get("impairment") or {}).items():
+    # every impaired point of the plan: a point none of whose cases ran records no backend
+    impaired = [p["name"] for p in plan.get("impairments") or [] if p.get("spec")]
+    for point in dict.fromkeys([*impaired, *(m.get("impairment") or {})]):
+        per = (m.get("impairment") or {}).get(point) or {}
         backends = sorted({str(a.get("backend")) for a in per.values() if a and a.get("backend")})
-        if backends:
-            out["impairment backend"][point] = ", ".join(backends)
+        if backends or point in impaired:
+            out["impairment backend"][point] = ", ".join(backends) or NOT_RECORDED
     sub = m.get("substrate") or {}
     out["substrate"]["kind"] = _text(sub.get("kind") or m.get("kind"))
     if sub.get("evidence"):

@@ -25,7 +25,8 @@ def _edit_manifest(run, **changes):
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     """A: make_run's pi4 client (uncalibrated); B: the same plan at half the rate, the client
-    on a calibrated pi3 profile, wireguard on the kernel data plane and another kernel."""
+    on a calibrated pi3 profile, wireguard on the kernel data plane, another kernel and netem
+    recorded for one impaired point."""
     root = tmp_path_factory.mktemp("cmp")
     a = make_run(root / "a")
     b = make_run(root / "b", scale=0.5)
@@ -36,6 +37,7 @@ def compared(tmp_path_factory):
         b,
         kernel={"release": "6.18.0"},
         profiles=mb["profiles"],
+        impairment={"delay-10ms": {"baseline": {"backend": "netem"}}},
         cpu={"client": {"profile": "pi3", "calibrated": True, "core_share": 0.2,
                         "emulated_cores": 1.0, "board_cores": 4}},
     )  # fmt: skip
@@ -57,7 +59,13 @@ def test_differs_block_names_the_changed_cpu_profile_path_and_kernel(compared):
     assert d[("data plane", "wireguard")] == ("wireguard-go", "kernel")
     assert d[("versions", "kernel")] == ("6.1.0", "6.18.0")
     # what is the same is not listed as a difference
-    assert ("data plane", "baseline") not in d and s["differs"] == len(d) == 3
+    # each profile's calibration: the fixtures' manifests have no machine calibration record
+    assert d[("CPU profile", "pi3 calibration")] == ("not in this run", "not recorded")
+    assert d[("CPU profile", "pi4 calibration")] == ("not recorded", "not in this run")
+    # A recorded no backend for its impaired points (a point whose cases all failed, say)
+    assert d[("impairment backend", "delay-10ms")] == ("not recorded", "netem")
+    assert ("impairment backend", "delay-20ms") not in d  # not recorded in either
+    assert ("data plane", "baseline") not in d and s["differs"] == len(d) == 6
     md = (out / "compare.md").read_text()
     block = md[md.index("## What differs between the runs") : md.index("## Main metric")]
     assert "| CPU profile | node client | pi4, uncalibrated" in block
