@@ -118,7 +118,8 @@ def _plot(out: Path, name_a: str, name_b: str, main: list[dict]) -> str | None:
                 ax.annotate(f"{r['ratio_b_over_a']:.2f}x", (i, top), ha="center", va="bottom",
                             fontsize=7)  # fmt: skip
         ax.set_xticks(list(pos), xs, rotation=45, ha="right", fontsize=7)
-        ax.set_ylabel(f"{metric_name(rs[0]['metric']).capitalize()} ({unit.unit})")
+        name = metric_name(rs[0]["metric"])
+        ax.set_ylabel(f"{name[:1].upper()}{name[1:]} ({unit.unit.split()[0]})")  # RTT stays RTT
         ax.set_title(lb)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)

@@ -94,6 +94,8 @@ def test_compare_gives_figures_in_units_with_n_and_sd(compared):
     assert "| mean RTT | ms |" in ping
     html = (out / "compare.html").read_text()
     assert "src='data:image/png;base64," in html  # the plot embedded, the file self-contained
+    svg = (out / "plots" / "compare.svg").read_text()  # matplotlib names each text in a comment
+    assert "Throughput (Mbit/s)" in svg and "Mean RTT (ms)" in svg
 
 
 def test_report_warnings_come_first(tmp_path):
