@@ -101,24 +101,27 @@ def rtt_by_condition(results: list[dict], plan: dict) -> dict:
     for t in plan.get("tests", []):
         if t["test"] != "ping":
             continue
-        rs = [
+        every = [
             r
-            for r in _ok(results)
+            for r in results
             if r.get("label") == t["label"] and not (r.get("impairment") or {}).get("parameter")
         ]
+        rs = _ok(every)
         if not rs:
             continue
         panel = {}
-        for cond in _order([_point(r) for r in rs], points):
-            xs, ys, errs = [], [], []
+        for cond in _order([_point(r) for r in every], points):
+            xs, ys, errs, failed = [], [], [], []
             for p in profiles:
                 s = _stats([rtt_avg_ms(r) for r in rs if r["profile"] == p and _point(r) == cond])
                 if s:
                     xs.append(p)
                     ys.append(s["mean"])
                     errs.append(s["sd"])
-            if xs:
-                panel[cond] = {"x": xs, "y": ys, "err": errs}
+                elif any(r["profile"] == p and _point(r) == cond for r in every):
+                    failed.append(p)  # every repetition failed: said on the plot, not left blank
+            if xs or failed:
+                panel[cond] = {"x": xs, "y": ys, "err": errs, "failed": failed}
         if panel:
             panels[t["label"]] = panel
     return {
@@ -239,12 +242,17 @@ def _figure(plt, n: int, width: float = 4.8, height: float = 3.8):
 def _bars(plt, data: dict):
     fig, axes = _figure(plt, len(data["panels"]))
     for ax, (title, panel) in zip(axes, data["panels"].items(), strict=True):
-        order = [x for s in panel.values() for x in s["x"]]
+        order = [x for s in panel.values() for x in [*s["x"], *s.get("failed", [])]]
         xs = sorted(set(order), key=order.index)
         width = 0.8 / max(1, len(panel))
         for j, (name, s) in enumerate(panel.items()):
             pos = [xs.index(x) + j * width for x in s["x"]]
-            ax.bar(pos, s["y"], width, yerr=s.get("err"), capsize=3, label=name)
+            color = f"C{j % 10}"
+            ax.bar(pos, s["y"], width, yerr=s.get("err"), capsize=3, label=name, color=color)
+            for x in s.get("failed", []):
+                ax.text(xs.index(x) + j * width, 0.02, "all failed", rotation=90, ha="center",
+                        va="bottom", fontsize=7, color=color,
+                        transform=ax.get_xaxis_transform())  # fmt: skip
         ax.set_xticks(
             [i + width * (len(panel) - 1) / 2 for i in range(len(xs))],
             xs,

@@ -203,3 +203,22 @@ def test_a_profile_keeps_its_colour_and_its_repetitions_differ_by_line_style():
     assert style["baseline #0"][0] != style["wireguard #0"][0]
     assert b.get_lines()[0].get_color() == style["wireguard #0"][0]  # the same in every panel
     plt.close(fig)
+
+
+def test_a_condition_whose_pings_all_failed_is_marked_not_left_blank(run):
+    from lab.plots import _plt
+    from lab.plotseries import _bars, rtt_by_condition
+
+    results = _results(run)
+    for e in results:
+        if e["profile"] == "wireguard" and e["test"] == "ping":
+            e["ok"] = False
+    data = rtt_by_condition(results, json.loads(run.file("plan.json").read_text()))
+    none = data["panels"]["ping"]["none"]
+    assert none["x"] == ["baseline"] and none["failed"] == ["wireguard"]
+    plt = _plt()
+    fig = _bars(plt, data)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "wireguard"]
+    assert [t.get_text() for t in ax.texts] == ["all failed"]
+    plt.close(fig)
