@@ -443,7 +443,8 @@ def cmd_compare(args) -> int:
     s = compare(args.run_a, args.run_b, args.out)
     out.print(
         f"{s['out']}/compare.md: {s['matched']} case metrics in both runs, "
-        f"{s['only_a']} only in A, {s['only_b']} only in B"
+        f"{s['only_a']} only in A, {s['only_b']} only in B; {s['differs']} set-up difference(s) "
+        "between the runs (listed first in compare.md)"
     )
     return 0
 
