@@ -112,7 +112,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
         for ax, lb in zip(axes[0], labels, strict=True):
             panel = data["panels"].setdefault(lb, {})
             for j, c in enumerate(conds):
-                xs, ys, errs = [], [], [[], []]
+                xs, ys, errs, failed = [], [], [[], []], []
                 for i, p in enumerate(profiles):
                     s = _stats(
                         [
@@ -121,6 +121,10 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                         ]
                     )
                     if not s:
+                        if _group(table, test_label=lb, profile=p, impairment=c):
+                            failed.append(i + j * width)  # every repetition failed: say so
+                            panel.setdefault(c, {"x": [], "y": [], "err": [[], []]})
+                            panel[c].setdefault("failed", []).append(p)
                         continue
                     lo, hi = _err(s, 1e-6, mode)
                     xs.append(i + j * width)
@@ -132,7 +136,11 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                     panel[c]["y"].append(ys[-1])
                     panel[c]["err"][0].append(lo)
                     panel[c]["err"][1].append(hi)
-                ax.bar(xs, ys, width, yerr=errs, capsize=3, label=c)
+                ax.bar(xs, ys, width, yerr=errs, capsize=3, label=c, color=f"C{j % 10}")
+                for x in failed:
+                    ax.text(x, 0.02, "all failed", rotation=90, ha="center", va="bottom",
+                            fontsize=7, color=f"C{j % 10}",
+                            transform=ax.get_xaxis_transform())  # fmt: skip
             ax.set_xticks(
                 [i + width * (len(conds) - 1) / 2 for i in range(len(profiles))],
                 profiles,

@@ -222,3 +222,26 @@ def test_a_condition_whose_pings_all_failed_is_marked_not_left_blank(run):
     assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "wireguard"]
     assert [t.get_text() for t in ax.texts] == ["all failed"]
     plt.close(fig)
+
+
+def test_throughput_per_condition_marks_a_profile_whose_cases_all_failed(tmp_path):
+    from lab.plots import make_plots
+    from lab.results import rows
+
+    r = make_run(tmp_path / "run")
+    plan = json.loads(r.file("plan.json").read_text())
+    plan["impairments"][1].update(parameter=None, value=None)  # delay-10ms: a plain condition
+    plan["tests"] = [{"label": "tcp", "test": "tcp"}]  # keeps the test short
+    results = [e for e in _results(r) if e["label"] == "tcp"]
+    for e in results:
+        e["impairment"] = next(
+            p for p in plan["impairments"] if p["name"] == e["impairment"]["name"]
+        )
+        if e["profile"] == "wireguard" and e["impairment"]["name"] == "delay-10ms":
+            e["ok"] = False
+    make_plots(r, rows(r.name, results), plan)
+    panel = _plot(r, "throughput_by_condition")["panels"]["tcp"]
+    assert panel["delay-10ms"]["x"] == ["baseline"] and panel["delay-10ms"]["failed"] == [
+        "wireguard"
+    ]
+    assert "failed" not in panel["none"]
