@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from .plotseries import series_plots, style_axis
+from .plotseries import condition_legend, series_plots, style_axis
 from .reportdoc import _group, _mean, _order, _stats, board_cores
 from .results import RunDir
 from .state import write_text_atomic
@@ -150,7 +150,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             style_axis(ax, [y for s in panel.values() for y in s["y"]], "Throughput (Mbit/s)")
             ax.set_title(f"{lb} per network condition")
             ax.grid(axis="y", alpha=0.3)
-            ax.legend(fontsize=7, title="condition", title_fontsize=7)
+            condition_legend(ax, conds, len(profiles), width)
         fig.suptitle(data["title"])
         out.append((_save(fig, run, "throughput_by_condition", data), "throughput per condition"))
 

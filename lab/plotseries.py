@@ -92,6 +92,17 @@ def style_axis(ax, values: list[float], label: str, axis: str = "y") -> None:
             ax.set_ylim(bottom=0)
 
 
+def condition_legend(ax, conditions: list[str], slots: int, width: float) -> None:
+    """The legend of a grouped bar chart (condition j drawn in colour Cj), from patches so a
+    condition without any bar still shows its colour; the x range covers every slot, so a
+    marker at the last one stays inside."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=f"C{j % 10}", label=c) for j, c in enumerate(conditions)]
+    ax.legend(handles=handles, fontsize=7, title="condition", title_fontsize=7)
+    ax.set_xlim(-width, slots - 1 + width * len(conditions))
+
+
 def rtt_by_condition(results: list[dict], plan: dict) -> dict:
     """Mean RTT +- sd per profile (x) and network condition (series), per ping label (panel);
     sweep points are left to the swept-value plots."""
@@ -262,7 +273,7 @@ def _bars(plt, data: dict):
         style_axis(ax, [y for s in panel.values() for y in s["y"]], data["ylabel"])
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7, title="condition", title_fontsize=7)
+        condition_legend(ax, list(panel), len(xs), width)
     fig.suptitle(data["title"])
     return fig
 

@@ -221,6 +221,8 @@ def test_a_condition_whose_pings_all_failed_is_marked_not_left_blank(run):
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "wireguard"]
     assert [t.get_text() for t in ax.texts] == ["all failed"]
+    assert ax.texts[0].get_position()[0] < ax.get_xlim()[1]  # inside the axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["none"]
     plt.close(fig)
 
 
