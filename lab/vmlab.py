@@ -290,8 +290,10 @@ def run_plan(
     is shared at the same path, so results land on the host as they are written, and the run
     can be continued later with `lab run --resume RUN` (which boots a VM again). The guest's
     output is streamed live (a terminal when this one is); Ctrl-C reaches the guest's runner,
-    which tears its lab down and writes the report. The VM is then powered off and the host
-    lab removed. Returns (the guest's exit code, what was left over on the host, notes).
+    which tears its lab down. The VM is then powered off and the host lab removed; the guest
+    writes no report (LAB_RUN_REPORT=host): the caller writes it on the host, where the plots
+    take seconds, not minutes. Returns (the guest's exit code, what was left over on the
+    host, notes).
     """
     from . import netops
     from .vm import find_kernel
@@ -329,6 +331,7 @@ def run_plan(
             **_stream_env(),
             "LAB_SUBSTRATE": json.dumps(info["substrate"]),
             "LAB_RUN_ARGV": json.dumps(argv or ["lab", *guest]),
+            "LAB_RUN_REPORT": "host",
         }
         rc = attach(
             vm,

@@ -1,7 +1,7 @@
 """`lab run --vm`: a whole plan runs inside a throwaway full-kernel VM, its output streamed to
 the host, its results written straight into the host's run directory, and nothing of the VM left
-afterwards. Ctrl-C reaches the guest's runner (which tears its lab down and writes the report);
-`lab run --resume` boots a VM again and finishes the run without redoing a case.
+afterwards. Ctrl-C reaches the guest's runner (which tears its lab down; the host writes the
+report); `lab run --resume` boots a VM again and finishes the run without redoing a case.
 
 The plan uses profiles this host's kernel cannot run (kernel WireGuard, MACsec) and kernel
 netem, so it can only pass if the cases really ran in the VM. Skipped, naming what is missing,
@@ -129,7 +129,7 @@ def test_run_plan_in_vm_interrupt_and_resume(vm_ready, tmp_path):
     assert not qemu_processes(str(run.path)), "QEMU left running"
     partial = results(run)
     assert 1 <= len(partial) < 8
-    assert (run.path / "report.md").exists()  # written by the guest on the way out
+    assert (run.path / "report.md").exists()  # written on the way out (by the host, VM off)
 
     # 2. resume: a VM again (the plan says vm = true), the remaining cases only
     cp = subprocess.run(
