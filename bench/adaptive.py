@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lab.errors import LabError
 from lab.measure import TESTS, Context
 from lab.plan import load_plan
 from lab.runner import LocalTarget, apply_impairment, up_lab
@@ -67,6 +68,10 @@ def fixed_interval(test: str, rec: dict) -> tuple[float, float, float]:
     return fig, fig - half, fig + half
 
 
+def pt_or_none(pt):
+    return pt if pt.impaired else None
+
+
 def primary(test: str, rec: dict) -> float:
     return rec["rtt_avg_ms"] if test == "ping" else rec["receiver_bps"]
 
@@ -96,6 +101,8 @@ def main() -> int:
     spec = preflight(plan)
     points = {p.name: p for p in plan.points}
     target = LocalTarget()
+    placement = plan.placement
+    out = Path("/tmp/lab-bench-adaptive.json")
     rows, dump = [], []
     raw = Path(tempfile.mkdtemp(prefix="lab-bench-adaptive-"))
     t_all = time.monotonic()
@@ -109,9 +116,7 @@ def main() -> int:
                     target.down(lab.id)
                     lab = None
                 pt = points[cond]
-                lab = up_lab(
-                    spec, new_lab_id("b"), profile, pt if pt.impaired else None, plan.placement
-                )
+                lab = up_lab(spec, new_lab_id("b"), profile, pt_or_none(pt), placement)
                 if pt.impaired:
                     apply_impairment(lab, pt, built_impaired=True)
                 current = (profile, cond)
@@ -124,8 +129,20 @@ def main() -> int:
                 p = dict(params, adaptive=True)
                 if mode == "fixed":
                     p["adaptive_min_s"] = cap
-                t0 = time.monotonic()
-                runs[mode] = run_test(lab, test, p, raw / f"{i}-{mode}")
+                for attempt in (1, 2):
+                    t0 = time.monotonic()
+                    try:
+                        runs[mode] = run_test(lab, test, p, raw / f"{i}-{mode}-{attempt}")
+                        break
+                    except (RuntimeError, LabError) as e:
+                        # once more in a fresh lab (what failed may have taken this one down)
+                        print(f"# {profile} {cond} {test} {mode}: {e}; again", flush=True)
+                        if attempt == 2:
+                            raise
+                        target.down(lab.id)
+                        lab = up_lab(spec, new_lab_id("b"), profile, pt_or_none(pt), placement)
+                        if pt.impaired:
+                            apply_impairment(lab, pt, built_impaired=True)
                 runs[mode]["wall_s"] = time.monotonic() - t0
             fig, lo, hi = fixed_interval(test, runs["fixed"])
             a = runs["adaptive"]
@@ -150,10 +167,10 @@ def main() -> int:
             rows.append(row)
             dump.append({"row": row, "fixed": runs["fixed"], "adaptive": a})
             print(json.dumps(row), flush=True)
+            out.write_text(json.dumps(dump, indent=1, default=str))
     finally:
         if lab is not None:
             target.down(lab.id)
-    Path("/tmp/lab-bench-adaptive.json").write_text(json.dumps(dump, indent=1, default=str))
     print()
     print(
         "| profile | condition | test | fixed: s, mean [95 % interval] | adaptive: s (measured),"
