@@ -233,6 +233,7 @@ def _finish(lab: Lab, spec: LabSpec, subnet, out: Path) -> dict:
     kh.write_text("\n".join(known) + "\n")
     kh.chmod(0o600)
     _wait_sshd(lab, boards)
+    _wait_link_local(lab, boards)
 
     lines = [
         f"# Emulated board farm {lab.id} (`lab boards emulate`) for {spec.source}.",
@@ -299,6 +300,32 @@ def _wait_sshd(lab: Lab, boards: dict, timeout: float = 15.0) -> None:
                 log = lab.dir / "logs" / f"{name}-sshd.log"
                 tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
                 raise PreconditionError(f"sshd on board {name} not listening:\n{tail}")
+            time.sleep(0.05)
+
+
+def _wait_link_local(lab: Lab, boards: dict, timeout: float = 10.0) -> None:
+    """Until every up interface of each board that has IPv6 has its link-local address (the
+    kernel adds it when the link comes up, a moment after): a snapshot taken at once must not
+    see it appear afterwards, as a fresh board has it from boot."""
+    import json
+    import time
+
+    for name in boards:
+        node = lab.node(name)
+        deadline = time.monotonic() + timeout
+        while True:
+            cp = node.run(["ip", "-j", "addr", "show"], check=False)
+            missing = [
+                i["ifname"]
+                for i in (json.loads(cp.stdout or "[]") if cp.returncode == 0 else [])
+                if "UP" in i.get("flags", []) and i["ifname"] != "lo"
+                and not any(a.get("scope") == "link" and a.get("family") == "inet6"
+                            for a in i.get("addr_info", []))
+                and node.run(["cat", f"/proc/sys/net/ipv6/conf/{i['ifname']}/disable_ipv6"],
+                             check=False).stdout.strip() == "0"
+            ]  # fmt: skip
+            if not missing or time.monotonic() > deadline:
+                break
             time.sleep(0.05)
 
 
