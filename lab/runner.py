@@ -520,7 +520,7 @@ class Runner:
                 entry["repetitions"] = reps
                 self.run_dir.add_result(entry)
                 self.counts["skipped"] += 1
-                self.events.case_done(case, entry, 0.0)
+                self.events.case_done(case, entry, self.plan.estimate_s(case))  # the bar advances
                 continue
             if self.lab is None or not self._tunnel_alive():
                 self.events.note(f"{profile}: tunnel down; bringing the lab up again")
