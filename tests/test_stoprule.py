@@ -132,10 +132,30 @@ def test_segments_steady_one_noisy_several_capped():
 
     def noisy(seconds: float) -> dict:
         calls.append(seconds)
-        return _part([50.0, 50.0, 150.0, 150.0] * math.ceil(seconds / 4))
+        n = 4 * math.ceil(seconds / 4)
+        return _part([50.0, 50.0, 150.0, 150.0] * (n // 4), sent=100 * n)
 
-    _, info = run_segments(noisy, Rule(), cap_s=40)
+    _, info = run_segments(noisy, Rule(), cap_s=40, udp=True)
     assert info["reason"] == "cap" and sum(calls) == 40.0 and len(calls) >= 2
+
+
+def test_unsettled_tcp_runs_once_more_as_one_connection_of_the_full_length():
+    """A new TCP connection starts faster than a loss-bound stream: segments would sum high.
+    A first segment that does not settle is followed by one fixed-length run, which alone
+    counts."""
+    calls: list[float] = []
+
+    def lossy(seconds: float) -> dict:
+        calls.append(seconds)
+        if len(calls) == 1:
+            return _part([50.0, 50.0, 150.0, 150.0] * math.ceil(seconds / 4))
+        return _part([3.0] * 5 + [2.0, 3.0] * int((seconds - 5) / 2))
+
+    metrics, info = run_segments(lossy, Rule(), cap_s=40)
+    assert calls == [15.0, 40.0]
+    assert info["reason"] == "cap" and info["segments"] == 1 and info["fixed_after_s"] == 15.0
+    # only the full run: (5 x 3 + 17 x (2 + 3)) / 40 s
+    assert metrics["receiver_bps"] == pytest.approx((5 * 3 + 17 * 5) / 39)
 
 
 def test_udp_segments_wait_for_the_packets_the_loss_interval_needs():
