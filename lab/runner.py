@@ -73,12 +73,15 @@ def impairment_runtime():
 
 
 def up_lab(spec, lab_id: str, profile: str, point: ImpairmentPoint | None, placement: str | None):
-    """Build the lab with the profile's tunnel and, for an impaired group, its impairment points."""
+    """Build the lab with the profile's tunnel and, for an impaired group, its impairment points
+    with nothing applied yet: the tunnel comes up and proves it passes traffic on a clean path,
+    then the runner applies each point (a `loss 100%` point is a measured loss, not a failed
+    bring-up)."""
     from .lab import up
 
     kwargs: dict[str, Any] = {}
     if point is not None and point.impaired and "impair" in inspect.signature(up).parameters:
-        kwargs = {"impair": point.spec, "placement": placement}
+        kwargs = {"impair": "none", "placement": placement}
     return up(spec, lab_id, vpn=profile, **kwargs)
 
 

@@ -65,7 +65,8 @@ class BoardsTarget:
     def up(self, spec, lab_id: str, profile: str, point, placement):
         from .build import up
 
-        impair = point.spec if point is not None and point.impaired else None
+        # points only: the runner applies each point once the tunnel is up and ready
+        impair = "none" if point is not None and point.impaired else None
         lab = up(
             spec,
             self.inventory,
