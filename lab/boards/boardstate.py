@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 
+from ..lab import ROUTER_SYSCTLS  # the sysctls a router needs; set on a board and restored
 from .types import Board
-
-#: sysctls a router node needs, set on the board and restored afterwards
-ROUTER_SYSCTLS = {"net.ipv4.ip_forward": "1", "net.ipv6.conf.all.forwarding": "1"}
 
 
 def _sh(node, script: str, *, check: bool = True):
