@@ -35,7 +35,7 @@ from typing import Any
 
 from ..node import Node
 from ..stoprule import Decision, Rule, evaluate, loss_decision, mser5
-from .base import Context, Invocation, Metric, Param
+from .base import Context, Invocation, Metric, Param, collected
 
 #: the parameters every adaptive test takes (a plan's `adaptive = true` sets the first)
 ADAPTIVE_SCHEMA: dict[str, Param] = {
@@ -269,12 +269,5 @@ def watch(
             if p.poll() is None:
                 p.kill()
             p.wait()
-    stdout = out_path.read_text(errors="replace")
-    stderr = err_path.read_text(errors="replace")
-    files = [out_path]
-    if stderr:
-        files.append(err_path)
-    else:
-        err_path.unlink()
-    inv = Invocation(argv, p.returncode, stdout, stderr, files, timed_out, time.monotonic() - t0)
+    inv = collected(argv, p.returncode, out_path, err_path, timed_out, time.monotonic() - t0)
     return inv, stopped

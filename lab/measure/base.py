@@ -257,7 +257,14 @@ def invoke(
             timed_out = True
             p.kill()
             p.wait()
-    seconds = time.monotonic() - t0
+    return collected(argv, p.returncode, out_path, err_path, timed_out, time.monotonic() - t0)
+
+
+def collected(
+    argv: list[str], rc: int, out_path: Path, err_path: Path, timed_out: bool, seconds: float
+) -> Invocation:
+    """The Invocation of a finished process from its raw files; its stderr file is kept only
+    when non-empty (invoke, and adaptive.watch)."""
     stdout = out_path.read_text(errors="replace")
     stderr = err_path.read_text(errors="replace")
     files = [out_path]
@@ -265,7 +272,7 @@ def invoke(
         files.append(err_path)
     else:
         err_path.unlink()
-    return Invocation(argv, p.returncode, stdout, stderr, files, timed_out, seconds)
+    return Invocation(argv, rc, stdout, stderr, files, timed_out, seconds)
 
 
 def describe_failure(inv: Invocation, tool: str) -> str:
