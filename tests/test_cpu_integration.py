@@ -196,16 +196,18 @@ def test_capped_pi4_node_holds_its_quota_and_masks_reach_daemons(calibrated, lab
         # masks reach a daemon started in the node (its environ, read from /proc)
         d = node.spawn("envprobe", ["sleep", "60"])
         try:
-            # nsenter execs sleep under the same PID; read environ once the exec is done
+            # nsenter execs sleep under the same PID; read environ once the exec is done. The
+            # kernel names the task (comm) before it lays out the new stack's environment, so
+            # comm == "sleep" alone can still read an empty environ: wait for both.
             deadline = time.monotonic() + 5
-            while Path(f"/proc/{d.pid}/comm").read_text().strip() != "sleep":
-                assert time.monotonic() < deadline, "daemon never became sleep"
+            while True:
+                comm = Path(f"/proc/{d.pid}/comm").read_text().strip()
+                raw = Path(f"/proc/{d.pid}/environ").read_bytes()
+                if comm == "sleep" and raw:
+                    break
+                assert time.monotonic() < deadline, f"daemon never became sleep ({comm})"
                 time.sleep(0.01)
-            environ = dict(
-                kv.split("=", 1)
-                for kv in Path(f"/proc/{d.pid}/environ").read_bytes().decode().split("\0")
-                if "=" in kv
-            )
+            environ = dict(kv.split("=", 1) for kv in raw.decode().split("\0") if "=" in kv)
             assert environ["OPENSSL_ia32cap"] == prof.env["OPENSSL_ia32cap"]
             assert environ["GODEBUG"] == prof.env["GODEBUG"]
             assert f"/lab/{lab_id}/client" in Path(f"/proc/{d.pid}/cgroup").read_text()
