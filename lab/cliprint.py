@@ -90,6 +90,8 @@ def _print_status(s: dict) -> None:
             cpu_s += (
                 f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
             )
+        if (cpu.get("dilation") or 1.0) != 1.0:  # lab.dilation: quotas / the factor
+            cpu_s += f", time-dilated x{cpu['dilation']:g}"
         if n.get("arch"):  # the board's binaries under qemu-user, uncapped (docs/arch.md)
             cpu_s += f", {n['arch']} (qemu-user)"
         kind = n["kind"] + (" router" if n.get("router") else "")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import cgroups, proc
 from .cpuprofile import MASK_VARS, CpuProfile, load_profile
+from .dilation import MAX_DILATION, auto_factor
 from .errors import PreconditionError
 from .labspec import LabSpec
 from .state import lab_dir, write_json_atomic
@@ -54,8 +55,18 @@ def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
     want = sum(p["cores"] for p in prof.values())
     room = budget - fixed_sum
     scale = 1.0
+    # time dilation (lab.dilation): quotas arrive divided by d, and so does one board core
+    d = max([p.get("dilation", 1.0) for p in plan.values()] or [1.0])
     if prof and want > room:
         scale = room / want if room > 0 else 0.0
+        # the factor at which every node would get all its cores (the same quotas, undivided)
+        fits = auto_factor((want + fixed_sum) * d, budget)
+        dilate = (
+            f"; or run the experiment time-dilated (`-p dilation={fits:g}` or `dilation=auto` to "
+            f"`lab up`, `dilation = {fits:g}` in a plan's [topology]): every node then gets all "
+            f"its board's cores, the run takes {fits:g} times as long (docs/cpu.md \"Time "
+            'dilation")'
+        )
         if scale < MIN_SCALE or any(p["cores"] * scale < MIN_QUOTA_CORES for p in prof.values()):
             need = (want * MIN_SCALE + fixed_sum) / HOST_BUDGET_FRACTION
             raise PreconditionError(
@@ -63,23 +74,25 @@ def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
                 f"{want:.2f} host cores (plus {fixed_sum:.2f} fixed) but {host_cores} cores leave "
                 f"{room:.2f} for them, {scale:.0%} of what they need (minimum {MIN_SCALE:.0%}); use "
                 f"fewer capped nodes, a profile with fewer emulated_cores, or a machine with at "
-                f"least {need:.1f} cores"
+                f"least {need:.1f} cores" + (dilate if fits < MAX_DILATION else "")
             )
-        if all(p.get("slots") and p["cores"] * scale >= p["core_share"] for p in prof.values()):
+        if all(p.get("slots") and p["cores"] * scale >= p["core_share"] / d for p in prof.values()):
             warnings.append(
                 f"CPU profiles scaled to fit {host_cores} host cores: every profile node keeps "
                 f"one board core's speed per thread but gets {scale:.0%} of its board's cores "
                 "in total, so multi-threaded data planes (wireguard-go, several daemons at once) "
                 "are under-provisioned by that much (the nodes' cpu.board_cores_emulated in "
-                "`lab status`)"
+                "`lab status`)" + dilate
             )
         else:
             warnings.append(
                 f"CPU profiles scaled to fit {host_cores} host cores: every profile node gets "
                 f"{scale:.0%} of its board's CPU time (see the nodes' cpu.scale in `lab status`)"
+                + dilate
             )
     for p in prof.values():
-        share = p["core_share"]
+        # one board core's worth of host CPU in the (dilated) experiment
+        share = p["core_share"] / p.get("dilation", 1.0)
         quota = p["cores"] * scale
         p["scale"] = round(scale, 4)
         p["cores"] = quota
@@ -99,6 +112,26 @@ def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
             "compete and may not get their caps"
         )
     return warnings
+
+
+def dilate(plan: dict[str, dict], requested: float | str, host_cores: int) -> float:
+    """Resolve the lab's time dilation and divide every capped node's quota by it (docs/cpu.md
+    "Time dilation"); returns the factor. "auto": the smallest factor (lab.dilation.AUTO_STEP
+    steps) at which every profile node gets all its board cores at one board core's speed each,
+    fixed caps included, within HOST_BUDGET_FRACTION of the host; 1.0 when they fit already.
+    Each capped node's dict gets `dilation` and keeps its undivided quota as `cores_undilated`;
+    scale_to_host then works on the divided quotas (and divides core_share by the factor)."""
+    capped = [p for p in plan.values() if p.get("cores") is not None]
+    if requested == "auto":
+        want = sum(p["cores"] for p in capped)
+        d = auto_factor(want, host_cores * HOST_BUDGET_FRACTION)
+    else:
+        d = float(requested)
+    for p in capped:
+        p["cores_undilated"] = p["cores"]
+        p["cores"] = p["cores"] / d
+        p["dilation"] = d
+    return d
 
 
 def plan_entry(prof: CpuProfile) -> dict:
@@ -184,7 +217,8 @@ def cpu_plan(
     spec: LabSpec, layout: cgroups.CgroupLayout | None, substrate: dict
 ) -> tuple[dict[str, dict], list[str]]:
     """Resolve each host's cpu= into cgroup settings; returns (per-node plan, warnings).
-    `substrate`: what the lab runs on (lab.lab.current_substrate())."""
+    `substrate`: what the lab runs on (lab.lab.current_substrate()). Sets `spec.dilation` to the
+    factor in force ("auto" resolved: dilate())."""
     plan, warnings = {}, []
     host_cores = os.cpu_count() or 1
     for n in spec.hosts():
@@ -223,7 +257,19 @@ def cpu_plan(
                     f"nodes, which keep this machine's: {why}"
                 )
     sub = substrate
-    if sub.get("kind") == "vm" and sub.get("accelerator") == "tcg":
+    tcg = sub.get("kind") == "vm" and sub.get("accelerator") == "tcg"
+    # no quota applies under TCG, so "auto" has nothing to fit: 1; a given factor still holds
+    spec.dilation = dilate(
+        plan, 1.0 if tcg and spec.dilation == "auto" else spec.dilation, host_cores
+    )
+    if spec.dilation != 1.0:
+        warnings.append(
+            f"time-dilated x{spec.dilation:g}: CPU quotas, link and impairment rates / "
+            f"{spec.dilation:g}, delays and test durations x {spec.dilation:g}, results scaled "
+            "back; kernel timers and uncapped kernel packet work do not dilate (docs/cpu.md "
+            '"Time dilation")'
+        )
+    if tcg:
         # QEMU TCG emulates the CPU in software, many times slower than the host: a quota
         # calibrated on the host would make a node far slower than a board, and no figure from
         # this lab is performance evidence anyway. Masks (env) still apply: same code paths.

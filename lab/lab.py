@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cgroups, netops
+from . import cgroups, dilation, netops
 from .cpuplan import cpu_plan, start_core_balancer
 from .errors import ConfigError, LabError, PreconditionError
 from .arch.emulate import ArchRoot
@@ -467,7 +467,13 @@ def _build(
             for node, ifname in ((lk.node1, lk.intf1), (lk.node2, lk.intf2)):
                 ns = f"{lab_id}-{node}"
                 ledger.record("qdisc", ns=ns, ifname=ifname, qdisc="tbf")
-                netops.set_tbf(ns, ifname, lk.bw, limit_pkts=lk.max_queue_size)
+                netops.set_tbf(
+                    ns,
+                    ifname,
+                    lk.bw,
+                    limit_pkts=lk.max_queue_size,
+                    dilation=dilation.factor(spec.dilation),
+                )
 
     if iplan is not None:
         from .impair import runtime

@@ -15,7 +15,7 @@ rest of the lab, and a crash mid-splice leaves nothing that teardown does not fi
 
 from __future__ import annotations
 
-from . import cgroups, netops
+from . import cgroups, dilation, netops
 from .lab import CGROUP_PARENT, Lab, _impair_plan, _offloads_off, _start_engines
 from .state import write_json_atomic
 from .topology import LabSpec
@@ -86,7 +86,13 @@ def splice_bump(lab: Lab, link: int) -> None:
     netops.splice_veth_end(node_ns, state, ns, far, near)
     if lk.bw:  # the moved end lost its tbf with its namespace; the new end gets the link's
         lab.ledger.record("qdisc", ns=node_ns, ifname=ifname, qdisc="tbf")
-        netops.set_tbf(node_ns, ifname, lk.bw, limit_pkts=lk.max_queue_size)
+        netops.set_tbf(
+            node_ns,
+            ifname,
+            lk.bw,
+            limit_pkts=lk.max_queue_size,
+            dilation=dilation.factor(lab.spec.dilation),
+        )
     lab.info["impair"]["engines"].append(
         {
             "name": name,

@@ -68,6 +68,9 @@ class LabSpec:
     nodes: dict[str, NodeSpec]
     links: list[LinkSpec]
     segments: list[Segment]
+    #: time dilation (lab.dilation): a factor >= 1 or "auto" as asked (`-p dilation=`, a plan's
+    #: [topology] dilation); lab.cpuplan.cpu_plan resolves "auto" to the factor in force
+    dilation: float | str = 1.0
 
     def hosts(self) -> list[NodeSpec]:
         return [n for n in self.nodes.values() if n.kind == "host"]
@@ -89,6 +92,7 @@ class LabSpec:
             nodes=nodes,
             links=[LinkSpec(**lk) for lk in d["links"]],
             segments=[Segment(**s) for s in d["segments"]],
+            dilation=d.get("dilation", 1.0),
         )
 
     def endpoints(self, role: str) -> tuple[str, str]:

@@ -335,12 +335,16 @@ def configure_node(
                 ipr.route("add", dst="default", oif=ipr.link_lookup(ifname=value)[0])
 
 
-def set_tbf(ns: str, ifname: str, mbit: float, *, limit_pkts: int | None = None) -> None:
-    """Shape egress to `mbit` Mbit/s with tbf (Mininet TCLink's bw)."""
-    rate_bps = int(mbit * 1_000_000)
+def set_tbf(
+    ns: str, ifname: str, mbit: float, *, limit_pkts: int | None = None, dilation: float = 1.0
+) -> None:
+    """Shape egress to `mbit` Mbit/s with tbf (Mininet TCLink's bw). A time-dilated lab
+    (lab.dilation) runs the link at mbit / dilation with a queue of the same packets (its
+    latency x dilation)."""
+    rate_bps = int(mbit * 1_000_000 / dilation)
     # burst must hold at least one MTU-sized frame and one timer tick of traffic (HZ=1000 worst case)
     burst = max(15000, rate_bps // 8 // 250)
-    latency_ms = 50 if limit_pkts is None else None
+    latency_ms = 50 * dilation if limit_pkts is None else None
     argv = [
         "tc",
         "qdisc",
@@ -354,7 +358,7 @@ def set_tbf(ns: str, ifname: str, mbit: float, *, limit_pkts: int | None = None)
         "burst",
         str(burst),
     ]
-    argv += ["latency", f"{latency_ms}ms"] if latency_ms else ["limit", str(limit_pkts * 1514)]
+    argv += ["latency", f"{latency_ms:g}ms"] if latency_ms else ["limit", str(limit_pkts * 1514)]
     proc.run(["nsenter", f"--net={NETNS_DIR / ns}", "--", *argv], where=f"netns {ns}")
 
 

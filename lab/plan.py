@@ -11,6 +11,7 @@ A plan is a TOML file (see plans/ and docs/results.md):
     [topology]
     file = "topologies/pi_pair.py"
     cpu = "pi4"              # the topology's cpu parameter: a CPU profile name
+    dilation = 1             # time dilation factor, or "auto" (docs/cpu.md "Time dilation")
     params = { bw = 1000 }   # the other -p parameters
     [defaults]               # parameters given to every test that accepts them
     omit_s = 1
@@ -87,6 +88,7 @@ TOPOLOGY_KEYS = {
     "topo": "entry of the file's topos dict",
     "cpu": "CPU profile name given as the topology's cpu parameter",
     "params": "table of other topology parameters (the -p of `lab up`)",
+    "dilation": 'time dilation: a factor >= 1 or "auto" (docs/cpu.md "Time dilation")',
 }
 
 
@@ -112,6 +114,7 @@ OVERRIDE_KEYS = {
     "topology.file": "topology file",
     "topology.topo": "topology entry",
     "topology.cpu": "CPU profile",
+    "topology.dilation": 'time dilation factor (>= 1) or "auto"',
     "topology.params.KEY": "one topology parameter",
 }
 
@@ -242,7 +245,7 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
             topo = raw.setdefault("topology", {})
             if not isinstance(topo, dict):
                 raise ConfigError("[topology] must be a table", source=source, field="topology")
-            if len(parts) == 2 and parts[1] in ("file", "topo", "cpu"):
+            if len(parts) == 2 and parts[1] in ("file", "topo", "cpu", "dilation"):
                 topo[parts[1]] = value
             elif len(parts) == 3 and parts[1] == "params":
                 topo.setdefault("params", {})[parts[2]] = value
@@ -327,6 +330,7 @@ def validate(raw: dict, *, source: str, base_dir: Path, default_name: str) -> Pl
 
 def _topology(raw: dict, source: str, base_dir: Path):
     from .cpuprofile import known_profiles as known_cpu
+    from .dilation import parse_dilation
     from .topology import load_topology
 
     t = raw.get("topology")
@@ -373,6 +377,8 @@ def _topology(raw: dict, source: str, base_dir: Path):
                 f"got {cpu!r}; accepted: a CPU profile name or cores > 0", source, "topology.cpu"
             )
         params["cpu"] = cpu
+    if "dilation" in t:
+        params["dilation"] = parse_dilation(t["dilation"], source=source, field="topology.dilation")
     try:
         spec = load_topology(path, topo, params)
     except ConfigError as e:

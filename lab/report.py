@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import dilation
 from .plots import FORMATS, THROUGHPUT_TESTS, _err, _plt, _save, make_plots  # noqa: F401
 from .reportdoc import (  # noqa: F401
     DEFAULT_PRIMARY,
@@ -48,6 +49,8 @@ def generate(run_path: Path) -> dict:
     doc.link("results.jsonl", "everything measured, with series")
     doc.link("raw/", "tool output per case")
     doc.link("report.md", "this report as Markdown")
+    if (d := dilation.factor(manifest.get("dilation"))) != 1.0:
+        doc.p(dilation.report_line(d, (manifest.get("kernel") or {}).get("cpus")))
     _warnings(doc, results, manifest)
     if plan.get("description"):
         doc.p(plan["description"])

@@ -242,7 +242,8 @@ def host_cores_per_board_core(cpu: dict | None) -> float | None:
     if not cpu.get("profile") or cpu.get("not_applied"):
         return None
     if cpu.get("core_share"):
-        return float(cpu["core_share"])
+        # a time-dilated lab emulates one board core with core_share / dilation host cores
+        return float(cpu["core_share"]) / float(cpu.get("dilation") or 1.0)
     if cpu.get("cores") and cpu.get("emulated_cores"):
         return float(cpu["cores"]) / float(cpu["emulated_cores"])
     return None

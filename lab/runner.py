@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import __version__, proc
+from . import __version__, dilation, proc
 from .errors import CommandError, LabError, PreconditionError
 from .interrupts import Interrupts
 from .measure import TESTS, Context
@@ -278,6 +278,7 @@ class Runner:
         if "boards" in lab.info:
             self.manifest["boards"] = lab.info["boards"]
         self.manifest["lab_warnings"] = lab.info.get("warnings", [])
+        self.manifest["dilation"] = dilation.factor(lab.spec.dilation)
         self._write_manifest()
 
     # ------------------------------------------------------------------ lab lifecycle
@@ -388,13 +389,14 @@ class Runner:
                 f"ip = {case.test.ip}: the lab has no IPv{case.test.ip} traffic address "
                 f"(profile {case.profile} or the topology carries no IPv{case.test.ip})",
             )
+        d = dilation.factor(lab.spec.dilation)  # time dilation: parameters in, figures back
         ctx = Context(
             client=lab.node(tc),
             server=lab.node(ts),
             server_addr=target,
             raw_dir=raw_dir,
             iface=iface,
-            timeout_s=self.plan.timeout_s,
+            timeout_s=self.plan.timeout_s * d,
             state_dir=lab.dir / "measure",
         )
         test = TESTS[case.test.test]
@@ -403,7 +405,7 @@ class Runner:
         t0 = time.monotonic()
         error, records = None, []
         try:
-            records = test.run(ctx, case.test.params)
+            records = test.run(ctx, dilation.dilate_params(case.test.params, d))
         except KeyboardInterrupt:
             mon.stop()
             raise
@@ -411,6 +413,10 @@ class Runner:
             error = f"{type(e).__name__}: {e}"
             self._write_error(raw_dir, e)
         seconds = time.monotonic() - t0
+        # each record by its own test's metrics (contention's are the wrapped test's)
+        records = [
+            dilation.scale_back(r, TESTS.get(r.get("test"), test).metrics, d) for r in records
+        ]
         summary = mon.stop()
         write_json_atomic(
             self.run_dir.path / "monitor" / f"{slug(case.key)}.json",

@@ -16,6 +16,7 @@ from typing import Any
 from .addressing import assign, check_default_route, compute_routes
 from .arch import ARCHES
 from .cpuprofile import known_profiles
+from .dilation import parse_dilation
 from .errors import ConfigError
 from .labspec import Interface, LabSpec, LinkSpec, NodeSpec, Segment
 from .params import Param, validate
@@ -201,8 +202,12 @@ def parse_param(text: str) -> tuple[str, Any]:
 def load_topology(path: str | Path, topo: str | None = None, params: dict | None = None) -> LabSpec:
     """Import the topology file, build the chosen Topo and resolve it into a LabSpec."""
     params = dict(params or {})
+    # a lab parameter, not the topology's: its build() never sees it (docs/cpu.md "Time dilation")
+    dilation = parse_dilation(params.pop("dilation", 1.0), source=str(path), field="dilation")
     obj, topo = build_topo(path, topo, params)
-    return resolve(obj, source=str(path), topo_name=topo, params=params)
+    spec = resolve(obj, source=str(path), topo_name=topo, params=params)
+    spec.dilation = dilation
+    return spec
 
 
 # --------------------------------------------------------------------------- resolving

@@ -106,6 +106,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.stats",
             "lab.stoprule",
             "lab.cpuprofile",
+            # time dilation's arithmetic: factor, impairment and test parameters, results back
+            "lab.dilation",
             "lab.impair.spec",
             "lab.impair.vocab",
             "lab.impair.loss",

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from ..errors import LabError, PreconditionError
+from ..errors import ConfigError, LabError, PreconditionError
 from ..state import Ledger, check_id, create_lab_dir, write_json_atomic
 from ..topology import LabSpec
 from .boardlab import KIND, BoardLab
@@ -29,6 +29,15 @@ def up(
     placement: str | None = None,
 ) -> BoardLab:
     """Build `spec` on the inventory's boards. On any failure every board is restored."""
+    if spec.dilation not in ("auto", 1.0):
+        # boards run at their own speed: slowing their links and tests would only mislead
+        raise ConfigError(
+            f"got {spec.dilation!r}; boards run in real time: accepted on boards 1 or \"auto\" "
+            "(time dilation is for emulated labs, docs/cpu.md \"Time dilation\")",
+            source=spec.source,
+            field="dilation",
+        )
+    spec.dilation = 1.0
     bmap = map_nodes(spec, inventory, mapping)
     bspec = board_spec(spec, bmap)
     if impair is None and any(lk.impair for lk in bspec.links):

@@ -19,6 +19,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, replace
 
+from .. import dilation
 from ..errors import ConfigError, PreconditionError
 from ..graph import shortest_path
 from ..topology import LabSpec
@@ -363,7 +364,14 @@ def _link_name(spec: LabSpec, idx: int) -> str:
 def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> dict[str, Impairment]:
     """Put each change in place with the default queue limit filled in; returns what was sent,
     keyed as show_impairment's read-back (kernel: NODE:DEV, engine: ENGINE:DIR)."""
-    changes = [(p, with_queue_limit(imp, line_rate_bps(lab, p))) for p, imp in changes]
+    # a time-dilated lab gets every impairment in slow motion here, the one place all of them
+    # pass (plan points, `lab impair set`, a link's own impair=): delays x d, rates / d. The
+    # queue limit is reckoned undilated (its packets are the same: rate / d x delay x d)
+    d = dilation.factor(lab.spec.dilation)
+    changes = [
+        (p, dilation.impairment(with_queue_limit(imp, line_rate_bps(lab, p)), d))
+        for p, imp in changes
+    ]
     sent: dict[str, Impairment] = {}
     if st["backend"] == "kernel-netem":
         for p, imp in changes:
@@ -417,6 +425,12 @@ def show_impairment(lab) -> dict:
     if not st:
         return {"backend": None, "placement": None, "applied": None, "note": "no impairment points"}
     out = {k: st[k] for k in ("backend", "placement", "why") if k in st}
+    if dilation.factor(lab.spec.dilation) != 1.0:
+        out["dilation"] = dilation.factor(lab.spec.dilation)
+        out["note"] = (
+            f"time-dilated x{out['dilation']:g}: 'requested' is in real time, 'applied' what is "
+            "in force in the slowed-down lab (delays x the factor, rates / it)"
+        )
     if st.get("backend") in WIRE_PACKETS:
         out["wire_packets"] = WIRE_PACKETS[st["backend"]]
         if st.get("offloads_off"):
