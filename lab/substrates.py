@@ -219,6 +219,14 @@ class BoardsLab(LabHandle):
         return self.exec(node, ["sh", "-l"])
 
     def impair(self, action: str, spec: str = "", target: str | None = None) -> dict:
+        if action == "set" and not self.lab.info.get("impair"):
+            from .boards.boardimpair import apply
+            from .impair.runtime import check_request
+
+            check_request(self.lab, spec, target)  # refused before anything changes
+            # a board lab built without --impair gets its points now: netem qdiscs, or the
+            # engine spliced into the live port on the board (lab.boards.boardimpair)
+            apply(self.lab, self.lab.spec, "", None, at_run_time=True)
         return impair_on(self.lab, action, spec, target)
 
     def down(self, notes: list[str]) -> list[str]:

@@ -74,6 +74,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.boards.boardstate",
             "lab.boards.build",
             "lab.boards.restore",
+            "lab.boards.boardimpair",
             "lab.boards.farm",
             "lab.boards.runtarget",
             "lab.boards.monitor",

@@ -9,6 +9,11 @@ from ..lab import ROUTER_SYSCTLS  # the sysctls a router needs; set on a board a
 from .types import Board
 
 
+#: root qdisc kinds a kernel puts on an interface by itself (with net.core.default_qdisc, which
+#: the ledger records): restoring one means deleting ours
+DEFAULT_QDISCS = {"noqueue", "pfifo_fast", "mq"}
+
+
 def _sh(node, script: str, *, check: bool = True):
     return node.run(["sh", "-c", script], check=check, timeout=30)
 
@@ -72,6 +77,7 @@ def snapshot(node, board: Board) -> dict:
         "qdiscs": [list(x) for x in qdiscs],
         "sysctls": vals,
         "xfrm": {"states": xs[0] if xs else 0, "policies": xs[1] if len(xs) > 1 else 0},
+        "netns": sorted(n["name"] for n in _json(node, "ip", "-j", "netns", "list")),
     }
 
 
@@ -86,6 +92,8 @@ def diff(before: dict, after: dict) -> list[str]:
     for k, v in before["sysctls"].items():
         if after["sysctls"].get(k) != v:
             out.append(f"sysctl {k}: {v} -> {after['sysctls'].get(k)}")
+    if before.get("netns", []) != after.get("netns", []):  # older ledgers have none
+        out.append(f"named network namespaces: {before.get('netns')} -> {after.get('netns')}")
     if before["xfrm"] != after["xfrm"]:
         out.append(f"xfrm: {before['xfrm']} -> {after['xfrm']}")
     return out

@@ -32,8 +32,8 @@ def up(
     if spec.dilation not in ("auto", 1.0):
         # boards run at their own speed: slowing their links and tests would only mislead
         raise ConfigError(
-            f"got {spec.dilation!r}; boards run in real time: accepted on boards 1 or \"auto\" "
-            "(time dilation is for emulated labs, docs/cpu.md \"Time dilation\")",
+            f'got {spec.dilation!r}; boards run in real time: accepted on boards 1 or "auto" '
+            '(time dilation is for emulated labs, docs/cpu.md "Time dilation")',
             source=spec.source,
             field="dilation",
         )
@@ -160,7 +160,9 @@ def _build(lab: BoardLab, spec: LabSpec, bmap: BoardMap, impair, placement) -> N
         )
     lab.save()
     if impair is not None:
-        _impair(lab, spec, impair, placement)
+        from .boardimpair import apply
+
+        apply(lab, spec, impair, placement)
 
 
 def _os_facts(node) -> dict:
@@ -233,43 +235,3 @@ def _verify_cables(lab: BoardLab, spec: LabSpec, nodes: dict, timeout: float = 6
             time.sleep(0.2)
     if bad:
         raise PreconditionError("; ".join(bad))
-
-
-def _impair(lab: BoardLab, spec: LabSpec, impair: str, placement) -> None:
-    from ..impair import runtime
-    from ..impair.kernel import probe_netem
-
-    iplan = runtime.plan_for(spec, placement, impair, "kernel-netem", "boards: kernel netem")
-    for p in iplan.points:
-        pr = probe_netem(lab.node(p.node))
-        if not pr.ok:
-            raise PreconditionError(
-                f"board {lab.board(p.node).name} ({p.node}): {pr.reason}; impairment on boards "
-                "is kernel netem on the board that forwards (load sch_netem there)"
-            )
-    lab.info["impair"] = runtime.plan_json(iplan)
-    lab.save()
-    for idx in sorted({p.link for p in iplan.points}):
-        lk = spec.links[idx]
-        for name, ifname in ((lk.node1, lk.intf1), (lk.node2, lk.intf2)):
-            node = lab.node(name)
-            cp = node.run(["ethtool", "-k", ifname], check=False)
-            feats = {}
-            for line in cp.stdout.splitlines()[1:]:
-                k, _, v = line.strip().partition(": ")
-                if k and v.split(" ")[0] in ("on", "off") and "[fixed]" not in v:
-                    feats[k] = v.split(" ")[0]
-            lab.ledger.record("board-offloads", node=name, ifname=ifname, features=feats)
-            node.run(["ethtool", "-K", ifname, *runtime.OFFLOADS_OFF], check=False)
-    for p in iplan.points:
-        node = lab.node(p.node)
-        cp = node.run(["tc", "-j", "qdisc", "show", "dev", p.ifname, "root"])
-        prev = [q for q in json.loads(cp.stdout or "[]") if q.get("root")]
-        default = node.run(["cat", "/proc/sys/net/core/default_qdisc"], check=False).stdout
-        lab.ledger.record(
-            "board-qdisc", node=p.node, ifname=p.ifname, prev=prev, default=default.strip()
-        )
-    for lk in spec.links:
-        if lk.impair:
-            runtime.set_base(lab, lk.impair, f"{lk.node1}-{lk.node2}")
-    runtime.set_point(lab, iplan.initial)

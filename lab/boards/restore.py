@@ -9,13 +9,10 @@ import json
 from ..errors import LabError
 from ..node import Daemon
 from ..state import Ledger, lab_dir
+from .boardimpair import unsplice
 from .boardlab import BoardLab
-from .boardstate import diff, read_addrs, read_routes, snapshot
+from .boardstate import DEFAULT_QDISCS, diff, read_addrs, read_routes, snapshot
 from .types import Board
-
-#: root qdisc kinds a kernel puts on an interface by itself (with net.core.default_qdisc, which
-#: the ledger records): restoring one means deleting ours
-DEFAULT_QDISCS = {"noqueue", "pfifo_fast", "mq"}
 
 
 def restore(lab_id: str, notes: list[str] | None = None) -> list[str]:
@@ -114,6 +111,10 @@ def _restore_node(node, entries: list[dict]) -> list[str]:
                 if e.get("mtu"):
                     argv += ["mtu", str(e["mtu"])]
                 node.run(argv, check=False)
+            elif k == "board-splice":
+                problems += unsplice(node, e)
+            elif k == "board-netns":
+                node.run(["ip", "netns", "del", e["name"]], check=False)
             elif k == "board-dir":
                 node.run(["rm", "-rf", "--one-file-system", e["path"]], check=False)
         except LabError as ex:

@@ -90,8 +90,8 @@ class EngineClient:
         self.path = str(control_path)
         self.timeout = timeout
 
-    def _request(self, req: dict[str, Any]) -> dict[str, Any]:
-        data = (json.dumps(req, separators=(",", ":")) + "\n").encode()
+    def _exchange(self, data: bytes) -> bytes:
+        """Send one request line, return the response line (StartupError: no engine there)."""
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(self.timeout)
@@ -105,6 +105,10 @@ class EngineClient:
                     buf += chunk
         except OSError as e:
             raise StartupError(f"impairment engine at {self.path} not reachable: {e}") from e
+        return buf
+
+    def _request(self, req: dict[str, Any]) -> dict[str, Any]:
+        buf = self._exchange((json.dumps(req, separators=(",", ":")) + "\n").encode())
         try:
             resp = json.loads(buf)
         except ValueError as e:
@@ -183,3 +187,42 @@ class EngineClient:
                     f"impairment engine did not answer on {self.path} within {timeout}s: {last}"
                 )
             time.sleep(interval)
+
+
+#: the control socket exchange of EngineClient._exchange, run on a node with `python3 -c`
+_NODE_EXCHANGE = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(float(sys.argv[2]))
+try:
+    s.connect(sys.argv[1])
+    s.sendall(sys.stdin.buffer.read())
+    buf = b""
+    while not buf.endswith(b"\\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+except OSError as e:
+    sys.exit(str(e))
+sys.stdout.write(buf.decode(errors="replace"))
+"""
+
+
+class NodeEngineClient(EngineClient):
+    """An engine whose control socket is on another machine (a board): each request is one
+    command run on `node` (lab.node.Node) that talks to the socket there."""
+
+    def __init__(self, node, control_path: str, *, timeout: float = 5.0):
+        super().__init__(control_path, timeout=timeout)
+        self.node = node
+
+    def _exchange(self, data: bytes) -> bytes:
+        argv = ["python3", "-I", "-S", "-c", _NODE_EXCHANGE, self.path, str(self.timeout)]
+        cp = self.node.run(argv, check=False, input=data.decode(), timeout=self.timeout + 10)
+        if cp.returncode != 0:
+            raise StartupError(
+                f"impairment engine at {self.path} on {self.node.name} not reachable: "
+                f"{cp.stderr.strip()[-300:]}"
+            )
+        return cp.stdout.encode()

@@ -395,17 +395,25 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> dict[str, 
             for argv in argvs:
                 node.run(argv, check=not imp.is_empty())
         return sent
-    from .engine import EngineClient
-
     for eng in st["engines"]:
         rev = "b2a" if eng["fwd_dir"] == "a2b" else "a2b"
         for p, imp in changes:
             # middlebox: the router's two egresses both live on the one engine (module doc)
             if eng["link"] == p.link or st["placement"] == "middlebox":
                 d = eng["fwd_dir"] if p.way == "fwd" else rev
-                EngineClient(eng["control"]).set(d, imp.to_json())
+                engine_client(lab, eng).set(d, imp.to_json())
                 sent[f"{eng['name']}:{d}"] = imp
     return sent
+
+
+def engine_client(lab, eng: dict):
+    """The control client of engine `eng`: its socket here, or on the board that runs it
+    (lab.boards.boardimpair puts `board_node` in its record)."""
+    from .engine import EngineClient, NodeEngineClient
+
+    if eng.get("board_node"):
+        return NodeEngineClient(lab.node(eng["board_node"]), eng["control"])
+    return EngineClient(eng["control"])
 
 
 def netem_parent(node, ifname: str) -> str:
@@ -454,12 +462,10 @@ def show_impairment(lab) -> dict:
             real[f"{p['node']}:{dev}"] = str(imp) if imp is not None else "none"
         out["applied"] = real
     else:
-        from .engine import EngineClient
-
         eng_out = {}
         for eng in st["engines"]:
             try:
-                eng_out[eng["name"]] = EngineClient(eng["control"]).show()
+                eng_out[eng["name"]] = engine_client(lab, eng).show()
             except Exception as e:  # an engine that died is part of what "show" must tell
                 eng_out[eng["name"]] = {"error": str(e)}
         out["engines"] = eng_out
