@@ -89,17 +89,25 @@ def ensure_dir(layout: CgroupLayout, rel: str) -> None:
                     _write(d / f, (d.parent / f).read_text().strip())
 
 
-def set_cpu(layout: CgroupLayout, rel: str, cores: float | None, cpus: str | None = None) -> None:
-    """Cap the group at `cores` host cores (None = no cap) and pin it to `cpus` (None = all)."""
-    quota = -1 if cores is None else max(1000, int(round(cores * PERIOD_US)))
+def set_cpu(
+    layout: CgroupLayout,
+    rel: str,
+    cores: float | None,
+    cpus: str | None = None,
+    *,
+    period_us: int = PERIOD_US,
+) -> None:
+    """Cap the group at `cores` host cores (None = no cap) and pin it to `cpus` (None = all).
+    `period_us`: the CFS period the quota is handed out in (a time-dilated lab stretches it)."""
+    quota = -1 if cores is None else max(1000, int(round(cores * period_us)))
     if layout.version == 2:
         d = layout.root / rel
-        _write(d / "cpu.max", f"{'max' if quota < 0 else quota} {PERIOD_US}")
+        _write(d / "cpu.max", f"{'max' if quota < 0 else quota} {period_us}")
         if cpus is not None and (d / "cpuset.cpus").exists():
             _write(d / "cpuset.cpus", cpus)
     else:
         d = layout.root / "cpu" / rel
-        _write(d / "cpu.cfs_period_us", str(PERIOD_US))
+        _write(d / "cpu.cfs_period_us", str(period_us))
         _write(d / "cpu.cfs_quota_us", str(quota))
         if cpus is not None:
             _write(layout.root / "cpuset" / rel / "cpuset.cpus", cpus)
@@ -119,7 +127,9 @@ def slots_supported(layout: CgroupLayout) -> str | None:
     return "cgroup v2: per-thread caps need threaded sub-groups, which the lab does not create yet"
 
 
-def ensure_slot(layout: CgroupLayout, rel: str, i: int, cores: float) -> str:
+def ensure_slot(
+    layout: CgroupLayout, rel: str, i: int, cores: float, *, period_us: int = PERIOD_US
+) -> str:
     """Create per-core group i of node group `rel` in the cpu hierarchy (v1), capped at `cores`
     host cores; returns its directory. Only the cpu controller has the groups: accounting
     (cpuacct) and placement (cpuset) stay per node."""
@@ -128,8 +138,8 @@ def ensure_slot(layout: CgroupLayout, rel: str, i: int, cores: float) -> str:
         d.mkdir()
     except FileExistsError:
         pass
-    _write(d / "cpu.cfs_period_us", str(PERIOD_US))
-    _write(d / "cpu.cfs_quota_us", str(max(1000, int(round(cores * PERIOD_US)))))
+    _write(d / "cpu.cfs_period_us", str(period_us))
+    _write(d / "cpu.cfs_quota_us", str(max(1000, int(round(cores * period_us)))))
     return str(d)
 
 

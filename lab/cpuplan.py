@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import cgroups, proc
 from .cpuprofile import MASK_VARS, CpuProfile, load_profile
-from .dilation import MAX_DILATION, auto_factor
+from .dilation import MAX_DILATION, auto_factor, cfs_period_us
 from .errors import PreconditionError
 from .labspec import LabSpec
 from .state import lab_dir, write_json_atomic
@@ -131,6 +131,8 @@ def dilate(plan: dict[str, dict], requested: float | str, host_cores: int) -> fl
         p["cores_undilated"] = p["cores"]
         p["cores"] = p["cores"] / d
         p["dilation"] = d
+        if d != 1.0:
+            p["period_us"] = cfs_period_us(d)
     return d
 
 

@@ -72,6 +72,19 @@ def auto_factor(want_cores: float, room_cores: float, step: float = AUTO_STEP) -
     return min(max(1.0, d), MAX_DILATION)
 
 
+#: the kernel's largest CFS period (kernel/sched/core.c max_cfs_quota_period: 1 s)
+MAX_CFS_PERIOD_US = 1_000_000
+
+
+def cfs_period_us(d: float, base_us: int = 100_000) -> int:
+    """The CFS period of a dilated node's quotas: the usual 100 ms x d, so that a node runs and
+    is throttled in the same pattern in dilated time as undilated in real time (a quota is
+    handed out per period: a thread at its cap runs share x period, then waits); at most the
+    kernel's 1 s (d > 10 keeps 1 s, and a throttled thread's waits are then relatively
+    shorter)."""
+    return min(MAX_CFS_PERIOD_US, round(base_us * d))
+
+
 def factor(value: float | str | None) -> float:
     """A resolved factor from a lab or spec record (None, "auto" before resolution: 1.0)."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 1.0

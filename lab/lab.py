@@ -411,11 +411,13 @@ def _build(
         info["nodes"][n.name]["arch"] = n.arch
         ledger.record("cgroup", rel=rel, node=n.name)
         cgroups.ensure_dir(layout, rel)
-        cgroups.set_cpu(layout, rel, plan.get("cores"), all_cpus)
+        # a time-dilated lab hands its quotas out over a stretched period (lab.dilation)
+        period = plan.get("period_us") or cgroups.PERIOD_US
+        cgroups.set_cpu(layout, rel, plan.get("cores"), all_cpus, period_us=period)
         for i in range(plan.get("slots") or 0):
             # one group per board core under the node's quota (lab/coreslots.py)
             ledger.record("cgroup", rel=cgroups.slot_rel(rel, i), node=n.name, slot=i)
-            slot = cgroups.ensure_slot(layout, rel, i, plan["slot_cores"])
+            slot = cgroups.ensure_slot(layout, rel, i, plan["slot_cores"], period_us=period)
             info["nodes"][n.name]["cpu_slots"].append(slot)
         ledger.record("netns", name=netns_name, node=n.name)
         netops.create_netns(netns_name)
