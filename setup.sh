@@ -29,6 +29,8 @@ APT_PACKAGES=(
   coreutils dash gzip mount
   # measurement tools
   iperf3 sockperf openssh-server openssh-client openssl
+  # an emulated board whose login user gets root with sudo (lab boards emulate --sudo)
+  sudo
   # VPN data planes
   wireguard-tools wireguard-go openvpn wpasupplicant tinc xl2tpd ppp
   strongswan-swanctl charon-systemd strongswan-charon libcharon-extra-plugins libstrongswan-extra-plugins libstrongswan-standard-plugins
