@@ -76,7 +76,8 @@ TOP_KEYS: dict[str, str] = {
     "timeout_s": "grace beyond a tool's planned duration before it is killed (default 30)",
     "error_bars": "'sd' (study A) or 'minmax' (study D) in the report's bar charts",
     "defaults": "table of test parameters given to every test that accepts them",
-    "tests": "array of tables: test, name, reps, ip (4 or 6) and the test's parameters",
+    "tests": "array of tables: test, name, reps, ip (4 or 6), points (the impairment point "
+    "names it runs at; default all) and the test's parameters",
     "vm": "true: run the whole plan inside the full-kernel VM (`lab run --vm`); default false",
     # judged by `lab check` (lab.expect validates them there); `lab run` carries them unread
     "expect": "array of tables: what must hold, judged by `lab check` (docs/ci.md)",
@@ -92,7 +93,7 @@ TOPOLOGY_KEYS = {
 }
 
 
-TEST_META_KEYS = ("test", "name", "reps", "ip", "args")
+TEST_META_KEYS = ("test", "name", "reps", "ip", "args", "points")
 
 
 ERROR_BARS = ("sd", "minmax")
@@ -148,10 +149,19 @@ def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", source=src) from None
     overrides = list(overrides or [])
+    file_points = None
     if overrides:
+        if any(o.split("=", 1)[0].strip() == "impairments" for o in overrides):
+            # a test's `points` name the file's points; -o impairments may leave some out
+            try:
+                file_points = {pt.name for pt in _impairments(raw, src)}
+            except ConfigError:
+                file_points = None  # the file's own error shows if the override keeps it
         raw = apply_overrides(raw, overrides, source=src)
         src = f"{src}{WITH_OVERRIDES}{' -o '.join(overrides)})"
-    plan = validate(raw, source=src, base_dir=path.parent, default_name=path.stem)
+    plan = validate(
+        raw, source=src, base_dir=path.parent, default_name=path.stem, file_points=file_points
+    )
     plan.overrides = overrides
     return plan
 
@@ -267,8 +277,17 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
 # ---------------------------------------------------------------------- validation
 
 
-def validate(raw: dict, *, source: str, base_dir: Path, default_name: str) -> Plan:
-    """Turn a raw plan dict into a Plan; ConfigError on the first problem found."""
+def validate(
+    raw: dict,
+    *,
+    source: str,
+    base_dir: Path,
+    default_name: str,
+    file_points: set[str] | None = None,
+) -> Plan:
+    """Turn a raw plan dict into a Plan; ConfigError on the first problem found.
+    `file_points`: the point names of the plan file before `-o impairments` replaced them
+    (a test's `points` may name those; it then runs at the ones that remain)."""
     unknown = sorted(set(raw) - set(TOP_KEYS))
     if unknown:
         raise _bad(f"unknown key; accepted: {', '.join(TOP_KEYS)}", source, unknown[0])
@@ -302,7 +321,8 @@ def validate(raw: dict, *, source: str, base_dir: Path, default_name: str) -> Pl
     adaptive = raw.get("adaptive", False)
     if not isinstance(adaptive, bool):
         raise _bad(f"got {adaptive!r}; accepted: true, false", source, "adaptive")
-    tests = _tests(raw, source)
+    names = {p.name for p in points}
+    tests = _tests(raw, source, names | (file_points or set()))
     vm = raw.get("vm", False)
     if not isinstance(vm, bool):
         raise _bad(f"got {vm!r}; accepted: true, false", source, "vm")
@@ -415,7 +435,21 @@ def _profiles(raw: dict, source: str, spec) -> list[str]:
     return list(profiles)
 
 
-def _tests(raw: dict, source: str) -> list[TestEntry]:
+def _points(t: dict, known: set[str], source: str, fld: str) -> tuple[str, ...] | None:
+    """A test's `points`: impairment point names of the plan (None when absent: all)."""
+    if "points" not in t:
+        return None
+    v = t["points"]
+    accepted = f"accepted: a non-empty list of the plan's point names ({', '.join(sorted(known))})"
+    if not isinstance(v, list) or not v or not all(isinstance(n, str) for n in v):
+        raise _bad(f"got {v!r}; {accepted}", source, f"{fld}.points")
+    unknown = [n for n in v if n not in known]
+    if unknown:
+        raise _bad(f"no impairment point {unknown[0]!r}; {accepted}", source, f"{fld}.points")
+    return tuple(dict.fromkeys(v))
+
+
+def _tests(raw: dict, source: str, point_names: set[str]) -> list[TestEntry]:
     from .measure import TESTS, get_test
 
     tests = raw.get("tests")
@@ -472,7 +506,9 @@ def _tests(raw: dict, source: str) -> list[TestEntry]:
             params = test.validate(params, source=f"{source}: {fld} ({label})")
         except LabError as e:
             raise ConfigError(str(e)) from None
-        out.append(TestEntry(label, test.name, params, reps, ip))
+        out.append(
+            TestEntry(label, test.name, params, reps, ip, _points(t, point_names, source, fld))
+        )
     unused = sorted(set(defaults) - used_defaults - {k for t in out for k in TESTS[t.test].schema})
     if unused:
         accepted = sorted({k for t in out for k in TESTS[t.test].schema})

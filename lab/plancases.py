@@ -51,6 +51,11 @@ class TestEntry:
     params: dict[str, Any]
     reps: int | None  # None: the plan's reps / impaired_reps
     ip: int = 4  # IP version of the traffic address the test targets (study C: IPv4 and IPv6)
+    #: the impairment points (names) the test runs at; None: every point of the plan
+    points: tuple[str, ...] | None = None
+
+    def runs_at(self, point: ImpairmentPoint) -> bool:
+        return self.points is None or point.name in self.points
 
     def to_json(self) -> dict:
         params = self.params
@@ -61,6 +66,8 @@ class TestEntry:
         d = {"label": self.label, "test": self.test, "reps": self.reps, "params": params}
         if self.ip != 4:  # absent for IPv4: plans written before `ip` keep their digest
             d["ip"] = self.ip
+        if self.points is not None:  # absent when unset: other plans keep their digest
+            d["points"] = list(self.points)
         return d
 
 
@@ -109,8 +116,11 @@ class Plan:
         """`reps` for the plan's unimpaired entries, `impaired_reps` for every other point.
 
         A sweep's zero point (delay 0 ms) is unimpaired but belongs to the sweep: it gets the
-        sweep's repetitions (study A: 1), and runs in the clean lab.
+        sweep's repetitions (study A: 1), and runs in the clean lab. A test whose `points`
+        leave `point` out has none there.
         """
+        if not test.runs_at(point):
+            return 0
         if test.reps is not None:
             return test.reps
         return self.reps if point.group == "none" else self.impaired_reps

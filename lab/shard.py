@@ -165,7 +165,14 @@ def plan_from_json(d: dict, *, source: str) -> Plan:
             timeout_s=d["timeout_s"],
             error_bars=d["error_bars"],
             tests=[
-                TestEntry(t["label"], t["test"], t["params"], t["reps"], t.get("ip", 4))
+                TestEntry(
+                    t["label"],
+                    t["test"],
+                    t["params"],
+                    t["reps"],
+                    t.get("ip", 4),
+                    tuple(t["points"]) if t.get("points") is not None else None,
+                )
                 for t in d["tests"]
             ],
             vm=d.get("vm", False),
