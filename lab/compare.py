@@ -159,6 +159,8 @@ def _cpu_text(c: dict | None) -> str:
         text += f", a board core = {c['core_share']:.3g} host core"
     if c.get("emulated_cores"):
         text += f", {c['emulated_cores']:g} of {c.get('board_cores') or '?'} board cores"
+    if (c.get("dilation") or 1.0) != 1.0:  # lab.dilation: the run slowed down, figures back
+        text += f", time-dilated x{c['dilation']:g}"
     return text
 
 
