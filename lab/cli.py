@@ -58,6 +58,7 @@ FLAGS = {
     "profiles": "--profiles",
     "placement": "--placement",
     "shard": "--shard",
+    "jobs": "--jobs",
     "shards": "SHARD_DIR",
 }
 #: arguments that name a file or directory (checked against the file system's name limits)
@@ -369,6 +370,17 @@ def build_parser() -> argparse.ArgumentParser:
         "lab merge joins the shards (docs/scale.md)",
     )
     p.add_argument(
+        "--jobs",
+        metavar="N|auto",
+        help="run N labs of the plan at once on this machine (auto: as many as its CPU holds "
+        "without changing a probe case's results); docs/scale.md 'Parallel labs'",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --jobs N: run N labs even when they exceed the CPU budget or the probe",
+    )
+    p.add_argument(
         "--vm",
         action="store_true",
         help="run the whole plan in a throwaway full-kernel VM (same as -o vm=true)",
@@ -396,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="parameter passed to the Topo constructor (repeatable)",
     )
     q.add_argument("--out", metavar="INVENTORY", help="where to write the farm's boards.toml")
+    q.add_argument(
+        "--sudo",
+        metavar="BOARD[,BOARD]",
+        help="these boards log in as a user that is not root and get root with sudo",
+    )
     q.add_argument("--down", action="store_true", help="remove the farm (--id, or the only one)")
     q.add_argument("--id", dest="lab_id", help="farm id")
     q.add_argument("--json", action="store_true", help="print the farm's record as JSON")

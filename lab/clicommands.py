@@ -330,6 +330,15 @@ def cmd_run(args) -> int:
     from .state import write_json_atomic
     from .substrates import check_resume_target, plan_substrate, run_target
 
+    from .clijobs import cmd_run_jobs
+    from .jobs import parse_jobs
+    from .parallel import is_jobs_run
+
+    jobs = parse_jobs(args.jobs) if args.jobs is not None else None
+    if jobs not in (None, 1) or (args.resume and is_jobs_run(Path(args.resume))):
+        return cmd_run_jobs(args, jobs)
+    if args.force:
+        raise ConfigError("--force goes with --jobs N", source="lab run", field="--force")
     overrides = list(args.override) + (["vm=true"] if args.vm else [])
     shard = parse_shard(args.shard) if args.shard is not None else None
     target = run_target(boards=args.boards, mapping=args.map, vm=args.vm)
@@ -480,12 +489,17 @@ def cmd_boards(args) -> int:
 
         spec = load_topology(args.topology, args.topo, parse_params(args.param))
         t0 = time.monotonic()
-        rec = farm.emulate(spec, Path(args.out), args.lab_id)
+        sudo = tuple(b for b in (args.sudo or "").split(",") if b)
+        rec = farm.emulate(spec, Path(args.out), args.lab_id, sudo=sudo)
         if args.json:
             print(json.dumps(rec, indent=2))
             return 0
         for name, b in rec["boards"].items():
-            out.print(f"board {name}: ssh root@{b['host']}, data ports {', '.join(b['data'])}")
+            out.print(
+                f"board {name}: ssh {b['user']}@{b['host']}"
+                + (" (root with sudo)" if b["user"] != "root" else "")
+                + f", data ports {', '.join(b['data'])}"
+            )
         out.print(
             f"board farm {rec['id']!r} up in {time.monotonic() - t0:.2f} s "
             f"(management {rec['subnet']}); inventory {rec['inventory']}; "

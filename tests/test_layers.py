@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.cliprint",
             "lab.clihelp",
             "lab.cliprofiles",
+            "lab.clijobs",
             "lab.runprogress",
         ],
     ),
@@ -60,6 +61,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "lab.cicheck",
             "lab.shard",
             "lab.merge",
+            "lab.jobs",
+            "lab.parallel",
         ],
     ),
     (
