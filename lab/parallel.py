@@ -463,6 +463,7 @@ def _stop(workers: list[Worker], rec: dict, run_path: Path, it: Interrupts) -> N
     """On the way out of a failed or interrupted run: every worker stopped, what is left said."""
     with it.shielded():
         left = stop(workers)
+        rec["stopped"] = [w.to_json() for w in workers]  # every worker started, how it ended
         rec["left_over"] = left
         write_json_atomic(run_path / JOBS_FILE, rec)
     if left:

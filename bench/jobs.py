@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""`lab run --jobs auto` against `--jobs 1` on the same plan, one after the other on this
+machine (issue 17, must-show 3): wall times and their ratio, the N auto chose and why, the
+probe's interference figures, and every test's mean per profile in both runs side by side.
+
+    sudo .venv/bin/python bench/jobs.py [--plan quick] [-o topology.cpu=0.3 ...] [--out DIR]
+
+The quick plan as shipped (cpu="pi4": two 4-core Pi nodes, ~1.9 host cores a lab) gets one lab
+on a 2-core machine; the decision for it is printed first, without running it. The default
+`-o topology.cpu=0.3` caps each node at 0.3 of a core so that two labs can fit here. Figures
+move with the machine's load (printed): compare within one run of this script only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from lab.jobs import Budget, lab_quota, max_labs
+from lab.plan import load_plan
+from lab.reportdoc import primary
+from lab.results import read_jsonl
+from lab.runsetup import preflight
+
+
+def decision_only(plan_name: str) -> str:
+    plan = load_plan(plan_name)
+    quota, _ = lab_quota(preflight(plan), os.cpu_count() or 1)
+    b = Budget(os.cpu_count() or 1, quota, None, max_labs(plan))
+    return f"{plan_name} as shipped: jobs {b.largest()} before any probe ({b.explain()})"
+
+
+def timed_run(argv: list[str], log: Path) -> float:
+    t = time.monotonic()
+    with open(log, "w") as f:
+        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO).returncode
+    if rc not in (0, 1):
+        sys.exit(f"failed ({rc}): {' '.join(argv)}; see {log}")
+    return time.monotonic() - t
+
+
+def means(run: Path) -> dict[tuple[str, str, str], float]:
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for r in read_jsonl(run / "results.jsonl"):
+        col = primary(r["test"]).column
+        v = (r.get("records") or [{}])[0].get(col) if r.get("ok") else None
+        if v is not None:
+            key = (r["profile"], r["impairment"]["name"], r["label"])
+            out.setdefault(key, []).append(float(v))
+    return {k: statistics.mean(v) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--plan", default="quick")
+    ap.add_argument("-o", dest="override", action="append", default=None)
+    ap.add_argument("--out", default=f"/tmp/bench-jobs-{time.strftime('%Y%m%dT%H%M%S')}")
+    a = ap.parse_args()
+    overrides = a.override if a.override is not None else ["topology.cpu=0.3"]
+    out = Path(a.out)
+    out.mkdir(parents=True)
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()}")
+    print(decision_only(a.plan))
+    lab = [
+        sys.executable,
+        "-m",
+        "lab.cli",
+        "run",
+        a.plan,
+        *(x for o in overrides for x in ("-o", o)),
+    ]
+    walls = {}
+    for jobs in ("1", "auto"):
+        run = out / f"jobs-{jobs}"
+        walls[jobs] = timed_run([*lab, "--jobs", jobs, "--out", str(run)], out / f"jobs-{jobs}.log")
+        print(f"--jobs {jobs}: {walls[jobs]:.0f} s (load average after {os.getloadavg()})")
+    rec = json.loads((out / "jobs-auto" / "jobs.json").read_text())
+    print(
+        f"plan {a.plan} -o {' -o '.join(overrides)}: {len(read_jsonl(out / 'jobs-1' / 'results.jsonl'))} cases"
+    )
+    print(f"auto chose {rec['reason']}")
+    print(f"  probe {rec.get('probe_s', 0):.0f} s, shards {rec.get('shards_s', 0):.0f} s")
+    probe = rec.get("probe") or {}
+    if probe:
+        al = probe["alone"]
+        print(f"  overhead per lab: {al['overhead']}")
+        print(f"  machine busy before the probe: {al.get('busy_cores_before')} cores")
+        for lv in probe["levels"]:
+            v = lv["verdict"]
+            print(
+                f"  probe {al['metric']} with {lv['n']} labs: alone {v['alone']['mean']:.4g} ± "
+                f"{v['alone']['sd']:.2g} (n={v['alone']['n']}), beside {v['beside']['mean']:.4g} "
+                f"± {v['beside']['sd']:.2g} (n={v['beside']['n']}), ratio {v['ratio']:.3f}, "
+                f"p = {v['p']:.3f}: {'changed' if v['changed'] else 'within noise'}"
+            )
+    print(f"wall --jobs 1 {walls['1']:.0f} s, --jobs auto {walls['auto']:.0f} s: "
+          f"ratio auto/1 = {walls['auto'] / walls['1']:.2f}")  # fmt: skip
+    m1, ma = means(out / "jobs-1"), means(out / "jobs-auto")
+    print("mean per profile/point/test, auto / 1:")
+    for k in sorted(m1):
+        if k in ma and m1[k]:
+            print(f"  {'/'.join(k):45s} {m1[k]:12.4g} {ma[k]:12.4g}  {ma[k] / m1[k]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
