@@ -16,7 +16,13 @@ teardown):
   shell start-up - here pyenv's - would run at every SSH login and put its shims before
   /usr/bin/python3) and its sshd's files bound at /run/board;
 - fresh keys per farm: an ed25519 client key, a host key per board and a known_hosts file, all
-  mode 0600 in the farm's state directory, named by the inventory it writes.
+  mode 0600 in the farm's state directory, named by the inventory it writes;
+- with `--sudo BOARD,...`, those boards log in as a user that is not root (SUDO_USER, as on
+  Raspberry Pi OS) and gets root with `sudo -n` (NOPASSWD), the inventory saying
+  `become = "sudo"`: the board's mount namespace gets copies of /etc/passwd and /etc/group with
+  that user added, an /etc/shadow with no password for anyone, and an /etc/sudoers granting
+  it, bound over the originals there only (this machine's /etc is never changed; sudo must be
+  installed here, ./setup.sh does).
 
 The inventory it writes is an ordinary boards.toml: `lab up --boards farm.toml` cannot tell
 these boards from real ones.
@@ -42,6 +48,9 @@ MGMT_IF = "eth0"
 #: management subnets are picked from here, skipping any this machine already routes
 MGMT_POOL = ipaddress.ip_network("172.30.0.0/16")
 SSHD = "/usr/sbin/sshd"
+SUDO = "/usr/bin/sudo"
+#: the login user of a `--sudo` board (Raspberry Pi OS's first user is traditionally "pi")
+SUDO_USER = "pi"
 #: the home directory of the inventory's login user (root), empty on every board
 LOGIN_HOME = os.path.expanduser("~root")
 SSHD_CONFIG = """\
@@ -166,10 +175,23 @@ def _keygen(path: Path, comment: str) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
-def emulate(spec: LabSpec, out: Path, farm_id: str | None = None) -> dict:
-    """Build the farm for `spec` and write its inventory to `out`. Returns the farm record."""
+def emulate(
+    spec: LabSpec, out: Path, farm_id: str | None = None, sudo: tuple[str, ...] = ()
+) -> dict:
+    """Build the farm for `spec` and write its inventory to `out`; the boards named in `sudo`
+    log in as SUDO_USER and become root with sudo. Returns the farm record."""
+    hosts = [n.name for n in spec.hosts()]
+    unknown = [b for b in sudo if b not in hosts]
+    if unknown:
+        raise ConfigError(
+            f"no board {unknown[0]!r} in this farm; accepted: {', '.join(hosts)}",
+            source="lab boards emulate",
+            field="--sudo",
+        )
     if not os.path.exists(SSHD):
         raise PreconditionError(f"{SSHD} missing: install openssh-server (./setup.sh does)")
+    if sudo and not (os.path.exists(SUDO) and os.path.exists("/etc/sudoers")):
+        raise PreconditionError(f"{SUDO} missing: install sudo (./setup.sh does)")
     out = Path(out).absolute()
     if out.exists():
         raise PreconditionError(f"{out} exists; remove it or choose another --out")
@@ -178,7 +200,7 @@ def emulate(spec: LabSpec, out: Path, farm_id: str | None = None) -> dict:
     farm_id = farm_id or new_lab_id("f")
     lab = up(fspec, farm_id)
     try:
-        record = _finish(lab, spec, subnet, out)
+        record = _finish(lab, spec, subnet, out, sudo)
     except BaseException:
         from ..teardown import teardown
 
@@ -187,7 +209,7 @@ def emulate(spec: LabSpec, out: Path, farm_id: str | None = None) -> dict:
     return record
 
 
-def _finish(lab: Lab, spec: LabSpec, subnet, out: Path) -> dict:
+def _finish(lab: Lab, spec: LabSpec, subnet, out: Path, sudo: tuple[str, ...] = ()) -> dict:
     d = lab.dir / "farm"
     d.mkdir(mode=0o700)
     host_ip = list(subnet.hosts())[-1]
@@ -202,10 +224,13 @@ def _finish(lab: Lab, spec: LabSpec, subnet, out: Path) -> dict:
     names = data_names(spec)
     for n in lab.spec.hosts():
         bdir = d / "boards" / n.name
-        bdir.mkdir(parents=True, mode=0o700)
+        # 0755: sshd reads authorized_keys as the login user (its host key stays 0600)
+        bdir.mkdir(parents=True, mode=0o755)
+        bdir.chmod(0o755)
         addr = next(i.ip for i in n.interfaces if i.name == MGMT_IF).split("/")[0]
         host_pub = _keygen(bdir / "host_key", f"{n.name}@{lab.id}")
         (bdir / "authorized_keys").write_text(client_pub + "\n")
+        (bdir / "authorized_keys").chmod(0o644)
         config = SSHD_CONFIG.format(addr=addr)
         # the board's CPU is its profile's: the crypto masks a local lab gives the node's
         # processes reach every command on the board (lab/vm/agent.py LAB_AGENT_KEEP_ENV)
@@ -223,10 +248,13 @@ def _finish(lab: Lab, spec: LabSpec, subnet, out: Path) -> dict:
             f" && mount -t tmpfs -o mode=0755,size=64m lab-board {shlex.quote(root)}"
             f" && mount -t tmpfs -o mode=0700,size=16m lab-board-home {shlex.quote(LOGIN_HOME)}"
         )
+        if n.name in sudo:
+            script += _sudo_user(bdir, sorted(masks))
         node.run(["sh", "-c", script])
         node.spawn("sshd", [SSHD, "-D", "-e", "-f", "/run/board/sshd_config"])
         boards[n.name] = {
             "host": addr,
+            "user": SUDO_USER if n.name in sudo else "root",
             "data": [names[(n.name, i.name)] for i in spec.nodes[n.name].interfaces],
         }
     kh = d / "known_hosts"
@@ -244,9 +272,9 @@ def _finish(lab: Lab, spec: LabSpec, subnet, out: Path) -> dict:
         lines += [
             f"[boards.{name}]",
             f'host = "{b["host"]}"',
-            'user = "root"',
+            f'user = "{b["user"]}"',
             f'key = "{d / "id_ed25519"}"',
-            'become = "root"',
+            f'become = "{"sudo" if b["user"] != "root" else "root"}"',
             f'mgmt = "{MGMT_IF}"',
             "data = [" + ", ".join(f'"{x}"' for x in b["data"]) + "]",
             f'ssh_options = ["UserKnownHostsFile={kh}", "GlobalKnownHostsFile=/dev/null"]',
@@ -268,6 +296,47 @@ def _finish(lab: Lab, spec: LabSpec, subnet, out: Path) -> dict:
     lab.info["farm"] = record
     write_json_atomic(lab.dir / "lab.json", lab.info)
     return {"id": lab.id, **record}
+
+
+def _sudo_user(bdir: Path, keep_env: list[str]) -> str:
+    """Write the board's /etc files for SUDO_USER into `bdir`; returns the shell commands (run
+    in the board's mount namespace) that bind them over /etc there and make the user's home.
+    The uid and gid are the first >= 1000 free in this machine's files."""
+    passwd = Path("/etc/passwd").read_text()
+    group = Path("/etc/group").read_text()
+    if any(x.split(":")[0] == SUDO_USER for x in (passwd + group).splitlines()):
+        raise PreconditionError(
+            f"this machine already has a user or group {SUDO_USER!r}: the farm's board user "
+            "must be new (boards.farm.SUDO_USER)"
+        )
+    taken = {int(x.split(":")[2]) for x in (passwd + group).splitlines() if x.count(":") >= 3}
+    uid = next(i for i in range(1000, 60000) if i not in taken)
+    home = f"/run/home/{SUDO_USER}"
+    passwd = passwd.rstrip("\n") + f"\n{SUDO_USER}:x:{uid}:{uid}:lab farm board:{home}:/bin/sh\n"
+    group = group.rstrip("\n") + f"\n{SUDO_USER}:x:{uid}:\n"
+    # no password hash of this machine's is copied: "*" (no password, not locked) for everyone
+    shadow = "".join(
+        f"{x.split(':')[0]}:*:19000:0:99999:7:::\n" for x in passwd.splitlines() if ":" in x
+    )
+    keep = f'Defaults env_keep += "{" ".join(["LAB_AGENT_KEEP_ENV", *keep_env])}"\n'
+    sudoers = (
+        "Defaults env_reset\n"
+        + (keep if keep_env else "")
+        + 'Defaults secure_path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"\n'
+        + "root ALL=(ALL:ALL) ALL\n"
+        + f"{SUDO_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
+    )
+    files = {"passwd": (passwd, 0o644), "group": (group, 0o644), "shadow": (shadow, 0o640),
+             "sudoers": (sudoers, 0o440)}  # fmt: skip
+    etc = bdir / "etc"
+    etc.mkdir(mode=0o755)
+    binds = []
+    for name, (text, mode) in files.items():
+        (etc / name).write_text(text)
+        (etc / name).chmod(mode)
+        # through /run/board: the board's tmpfs over the state root hides the farm's directory
+        binds.append(f" && mount --bind /run/board/etc/{name} /etc/{name}")
+    return "".join(binds) + f" && mkdir -p {home} && chown {uid}:{uid} {home}"
 
 
 def _host_veth(host_if: str, mgmt_ns: str, cidr: str) -> None:
