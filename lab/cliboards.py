@@ -74,6 +74,12 @@ def _check_table(r: dict) -> Table:
             f"profile {name}",
             f"ok ({a['path']})" if a["ok"] else f"NO ({a['path'] or '-'}): {a['why']}",
         )
+    imp = r.get("impairment")
+    if imp:
+        t.add_row(
+            "impairment",
+            f"{imp['path']} ({imp['why']})" if imp["ok"] else f"NO: {imp['why']}",
+        )
     tools = []
     for key, tool in (r.get("tools") or {}).items():
         if not tool["present"]:

@@ -187,6 +187,12 @@ def test_check_on_a_farm(farm):
         assert x["clock_sync"] in ("yes", "no", "unknown") and x["clock_sync_source"]
         assert x["tools"]["iperf3"]["present"] and x["tools"]["iperf3"]["version"]
         assert x["profiles"]["wireguard"]["ok"] is True
+        # kernel netem where this kernel has it, else the engine this machine built (a farm
+        # board sees this machine's files)
+        imp = x["impairment"]
+        assert imp["ok"] is True and imp["path"] in ("kernel-netem", "userspace"), imp
+        if imp["path"] == "userspace":
+            assert "lab-impaird" in imp["why"] and "netem" in imp["why"], imp
         # the boards are namespaces of this machine: same kernel, same answer, same reason
         for name in PROFILES:
             assert x["profiles"][name]["ok"] == here[name]["ok"], (name, x["profiles"][name])
@@ -217,7 +223,15 @@ def test_check_table_and_an_unreachable_board(farm, tmp_path):
     # the table: every board, the unreachable one marked
     r = run_lab("boards", "check", inv, "--profiles", "wireguard")
     assert r.returncode == 3
-    for text in ("board client", "board ghost", "reachable", "NO", "profile wireguard", "clock"):
+    for text in (
+        "board client",
+        "board ghost",
+        "reachable",
+        "NO",
+        "profile wireguard",
+        "clock",
+        "impairment",
+    ):
         assert text in r.stdout, text
 
 

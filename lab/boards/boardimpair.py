@@ -66,6 +66,19 @@ def find_engine(node) -> tuple[str | None, str]:
     )
 
 
+def impairment_path(node) -> dict:
+    """Which impairment path this board would take (`lab boards check`): {"ok", "path":
+    "kernel-netem" | "userspace" | None, "why"}."""
+    pr = probe_netem(node)
+    if pr.ok:
+        return {"ok": True, "path": "kernel-netem", "why": pr.reason}
+    path, how = find_engine(node)
+    if path is not None:
+        return {"ok": True, "path": "userspace",
+                "why": f"kernel netem unavailable ({pr.reason}); the engine: {how}"}  # fmt: skip
+    return {"ok": False, "path": None, "why": f"{pr.reason}; {how}"}
+
+
 def choose(lab, spec: LabSpec, impair: str, placement) -> tuple[runtime.ImpairPlan, dict]:
     """The impairment plan for boards: kernel netem when every point's board has sch_netem,
     else the engine on the board of each engine link's splice side. Returns the plan and

@@ -27,6 +27,7 @@ from ..node import Node
 from ..vpn.base import IP, NODE_TOOLS, PING, Tool
 from ..vpn.profiles import Profile
 from ..vpn.tunnel import availability
+from .boardimpair import impairment_path
 from .monitor import parse_measure_temp, throttled_words
 from .sshnode import BoardConnection, BoardNode
 from .types import Board, Inventory
@@ -276,6 +277,7 @@ def check_board(s: Session, profiles: list[Profile]) -> None:
         except LabError as e:
             results[p.name] = {"ok": False, "path": None, "why": str(e)}
     s.extra["profiles"] = results
+    s.extra["impairment"] = impairment_path(node)
     s.extra["tools"] = tool_versions(node, board_tools(profiles))
 
 
