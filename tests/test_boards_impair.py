@@ -107,3 +107,28 @@ def test_impair_set_on_a_board_lab_built_without_impair(farm, tmp_path):
         d = run_lab("down", "--id", "ti2")
     assert d.returncode == 0, d.stdout + d.stderr
     assert board_state(inv, tmp_path) == before
+
+
+def test_controller_sigkilled_with_the_engine_running_then_clean_restores(farm, tmp_path):
+    """SIGKILL right after the engine's PID is recorded (bump made, port spliced, engine up):
+    `lab clean` alone stops it by PID, moves the port back and deletes the bump."""
+    from lab.state import Ledger, lab_dir
+
+    inv, rec = farm
+    before = board_state(inv, tmp_path)
+    args = ["up", TOPOS / "pi_pair_middlebox.py", "--boards", inv, "--impair", "delay 5ms"]
+    r = run_lab(*args, "--id", "ti3")
+    assert r.returncode == 0, r.stderr
+    entries = Ledger(lab_dir("ti3") / "ledger.jsonl").entries()
+    assert run_lab("down", "--id", "ti3").returncode == 0
+    at = [i + 1 for i, e in enumerate(entries) if e["kind"] in ("process", "board-qdisc")]
+    if not any(entries[i - 1].get("name") == "lab-impaird" for i in at):
+        pytest.skip("the router board has kernel netem: no engine to kill the controller under")
+    k = next(i for i in at if entries[i - 1].get("name") == "lab-impaird")
+    r = run_lab(*args, "--id", "ti3", env={"LAB_KILL_AT_RECORD": str(k)})
+    assert r.returncode == -9, (k, r.returncode, r.stderr)
+    assert board_state(inv, tmp_path)["router"]["netns"] == ["ti3-imp1"]
+    c = run_lab("clean")
+    assert c.returncode == 0, c.stdout + c.stderr
+    assert not lab_dir("ti3").exists()
+    assert board_state(inv, tmp_path) == before
