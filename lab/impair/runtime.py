@@ -142,12 +142,12 @@ def _parse(spec_text: str, lab, base: DirectionalImpairment | None = None) -> Di
 def _state(lab) -> dict:
     st = lab.info.get("impair")
     if not st:
-        # a local or VM lab never gets here from the CLI: `lab impair set` adds the points
-        # first (lab.labimpair.ensure_points); board labs make theirs at `lab up --boards`
+        # no lab gets here from the CLI: `lab impair set` adds the points first
+        # (lab.labimpair.ensure_points; on boards, lab.boards.boardimpair.apply)
         raise PreconditionError(
-            f"lab {lab.id!r} has no impairment points: a local or VM lab gets them at the first "
-            "`lab impair set` (lab.labimpair.ensure_points), a board lab at `lab up --boards "
-            "... --impair`"
+            f"lab {lab.id!r} has no impairment points: a lab gets them at `lab up --impair` or "
+            "at the first `lab impair set` (lab.labimpair.ensure_points, on boards "
+            "lab.boards.boardimpair.apply)"
         )
     return st
 
