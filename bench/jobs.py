@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from lab.jobs import Budget, lab_quota, max_labs
 from lab.plan import load_plan
 from lab.reportdoc import primary
-from lab.results import read_jsonl
+from lab.results import read_jsonl, rows
 from lab.runsetup import preflight
 
 
@@ -50,12 +50,10 @@ def timed_run(argv: list[str], log: Path) -> float:
 
 def means(run: Path) -> dict[tuple[str, str, str], float]:
     out: dict[tuple[str, str, str], list[float]] = {}
-    for r in read_jsonl(run / "results.jsonl"):
-        col = primary(r["test"]).column
-        v = (r.get("records") or [{}])[0].get(col) if r.get("ok") else None
-        if v is not None:
-            key = (r["profile"], r["impairment"]["name"], r["label"])
-            out.setdefault(key, []).append(float(v))
+    for row in rows(run.name, read_jsonl(run / "results.jsonl")):
+        v = row.get(primary(row["test"]).column)
+        if row["ok"] and row["point"] == 0 and v is not None:
+            out.setdefault((row["profile"], row["impairment"], row["test_label"]), []).append(v)
     return {k: statistics.mean(v) for k, v in out.items()}
 
 

@@ -47,7 +47,7 @@ from .merge import merge
 from .plan import load_plan, plan_file
 from .plancases import Plan
 from .reportdoc import primary
-from .results import RunDir, read_jsonl
+from .results import RunDir, read_jsonl, rows
 from .runsetup import check_run_dir
 from .shard import Shard, shard_cases
 from .state import lab_dir, write_json_atomic
@@ -181,21 +181,24 @@ def busy_cores(seconds: float = 1.0) -> float:
 # ---------------------------------------------------------------------- the probe
 
 
-def probe_values(run_path: Path, higher_key: dict) -> list[float]:
-    """The probe's primary metric, one value per successful repetition."""
-    out = []
-    for r in RunDir(run_path).load_results():
+def probe_values(run_path: Path, key: dict) -> list[float]:
+    """The probe's primary metric (the results.csv column the report ranks its test by), one
+    value per successful repetition; `key` gets the metric's name and direction."""
+    run = RunDir(run_path)
+    results = run.load_results()
+    for r in results:
         if not r.get("ok"):
             raise PreconditionError(
                 f"the interference probe's case {r['case']} failed ({r.get('error')}); see "
                 f"{run_path}/raw and its log; fix it or run with --jobs 1"
             )
-        col = primary(r["test"]).column
-        higher_key.setdefault("metric", col)
-        higher_key.setdefault("higher_is_better", primary(r["test"]).higher_is_better)
-        v = (r.get("records") or [{}])[0].get(col)
-        if v is not None:
-            out.append(float(v))
+    out = []
+    for row in rows(run.name, results):
+        p = primary(row["test"])
+        key.setdefault("metric", p.column)
+        key.setdefault("higher_is_better", p.higher_is_better)
+        if row["point"] == 0 and row.get(p.column) is not None:
+            out.append(float(row[p.column]))
     return out
 
 

@@ -114,3 +114,36 @@ def test_probe_is_the_first_profile_and_test_short():
     ]
     plan.tests[0].params["duration_s"] = 1
     assert probe_overrides(plan)[-1] == "duration=1"
+
+
+def _line(rep, ok=True, bps=9e8):
+    rec = {"test": "tcp", "ok": ok, "receiver_bps": bps, "sender_bps": bps + 1e6}
+    return {
+        "case": f"baseline|none|tcp|{rep}",
+        "profile": "baseline",
+        "impairment": {"name": "none"},
+        "test": "tcp",
+        "label": "tcp",
+        "rep": rep,
+        "ok": ok,
+        "error": None if ok else "iperf3 failed",
+        "records": [rec],
+    }
+
+
+def test_probe_values_are_the_reports_primary_column(tmp_path):
+    import json
+
+    from lab.errors import PreconditionError
+    from lab.parallel import probe_values
+
+    (tmp_path / "results.jsonl").write_text(
+        "".join(json.dumps(_line(r, bps=b)) + "\n" for r, b in enumerate((8e8, 9e8, 1e9)))
+    )
+    key: dict = {}
+    # tcp ranks by throughput_bps, read from the record's receiver_bps (not the sender's)
+    assert probe_values(tmp_path, key) == [8e8, 9e8, 1e9]
+    assert key == {"metric": "throughput_bps", "higher_is_better": True}
+    (tmp_path / "results.jsonl").write_text(json.dumps(_line(0, ok=False)) + "\n")
+    with pytest.raises(PreconditionError, match="probe's case baseline\\|none\\|tcp\\|0 failed"):
+        probe_values(tmp_path, {})
