@@ -51,13 +51,19 @@ def _procs(state: dict, board: str, name: str) -> list[str]:
 
 
 def test_up_with_delay_on_a_board_without_netem_then_down(farm, tmp_path):
+    """Then the same `lab up` SIGKILLed right after the engine's PID is recorded (bump made,
+    port spliced, engine running): `lab clean` alone restores the router board."""
+    from lab.state import Ledger, lab_dir
+
     inv, rec = farm
     backend = _expected_backend(inv, tmp_path)
     before = board_state(inv, tmp_path)
-    r = run_lab("up", TOPOS / "pi_pair_middlebox.py", "--boards", inv, "--vpn", "wireguard",
-                "--impair", "delay 20ms", "--id", "ti1", "--json")  # fmt: skip
+    args = ["up", TOPOS / "pi_pair_middlebox.py", "--boards", inv, "--vpn", "wireguard",
+            "--impair", "delay 20ms", "--id", "ti1"]  # fmt: skip
+    r = run_lab(*args, "--json")
     try:
         assert r.returncode == 0, r.stderr
+        entries = Ledger(lab_dir("ti1") / "ledger.jsonl").entries()
         peer = json.loads(r.stdout)["vpn"]["traffic"]["v4"]
         # 20 ms each way on the router board, measured through the tunnel client -> server
         assert _min_rtt_ms("ti1", peer) >= 40.0
@@ -76,6 +82,17 @@ def test_up_with_delay_on_a_board_without_netem_then_down(farm, tmp_path):
     finally:
         d = run_lab("down", "--id", "ti1")
     assert d.returncode == 0, d.stdout + d.stderr
+    assert board_state(inv, tmp_path) == before
+    if backend != "userspace":
+        return
+    k = next(i + 1 for i, e in enumerate(entries) if e["kind"] == "process"
+             and e.get("name") == "lab-impaird")  # fmt: skip
+    r = run_lab(*args, env={"LAB_KILL_AT_RECORD": str(k)})
+    assert r.returncode == -9, (k, r.returncode, r.stderr)
+    assert board_state(inv, tmp_path)["router"]["netns"] == ["ti1-imp1"]  # killed mid-way
+    c = run_lab("clean")
+    assert c.returncode == 0, c.stdout + c.stderr
+    assert not lab_dir("ti1").exists()
     assert board_state(inv, tmp_path) == before
 
 
@@ -106,29 +123,4 @@ def test_impair_set_on_a_board_lab_built_without_impair(farm, tmp_path):
     finally:
         d = run_lab("down", "--id", "ti2")
     assert d.returncode == 0, d.stdout + d.stderr
-    assert board_state(inv, tmp_path) == before
-
-
-def test_controller_sigkilled_with_the_engine_running_then_clean_restores(farm, tmp_path):
-    """SIGKILL right after the engine's PID is recorded (bump made, port spliced, engine up):
-    `lab clean` alone stops it by PID, moves the port back and deletes the bump."""
-    from lab.state import Ledger, lab_dir
-
-    inv, rec = farm
-    before = board_state(inv, tmp_path)
-    args = ["up", TOPOS / "pi_pair_middlebox.py", "--boards", inv, "--impair", "delay 5ms"]
-    r = run_lab(*args, "--id", "ti3")
-    assert r.returncode == 0, r.stderr
-    entries = Ledger(lab_dir("ti3") / "ledger.jsonl").entries()
-    assert run_lab("down", "--id", "ti3").returncode == 0
-    at = [i + 1 for i, e in enumerate(entries) if e["kind"] in ("process", "board-qdisc")]
-    if not any(entries[i - 1].get("name") == "lab-impaird" for i in at):
-        pytest.skip("the router board has kernel netem: no engine to kill the controller under")
-    k = next(i for i in at if entries[i - 1].get("name") == "lab-impaird")
-    r = run_lab(*args, "--id", "ti3", env={"LAB_KILL_AT_RECORD": str(k)})
-    assert r.returncode == -9, (k, r.returncode, r.stderr)
-    assert board_state(inv, tmp_path)["router"]["netns"] == ["ti3-imp1"]
-    c = run_lab("clean")
-    assert c.returncode == 0, c.stdout + c.stderr
-    assert not lab_dir("ti3").exists()
     assert board_state(inv, tmp_path) == before
