@@ -344,3 +344,18 @@ def unsplice(node, e: dict) -> list[str]:
     if lines:
         node.run(["sh", "-c", "\n".join(lines)], check=False)
     return []
+
+
+def remove_bump(node, ns: str, port_ifindex: int | None) -> list[str]:
+    """Delete the bump namespace unless the spliced port (`port_ifindex`) is still in it:
+    deleting a namespace returns a physical port to the board's first namespace but destroys a
+    veth, and an emulated board's "cable" is one. Returns what was left."""
+    cp = node.run(["ip", "-n", ns, "-j", "link", "show"], check=False)
+    if cp.returncode != 0:
+        return []  # not there (never made, or already deleted)
+    inside = json.loads(cp.stdout or "[]")
+    kept = [ln["ifname"] for ln in inside if ln["ifindex"] == port_ifindex]
+    if kept:
+        return [f"network namespace {ns} still holds the port {kept[0]}: not deleted"]
+    node.run(["ip", "netns", "del", ns], check=False)
+    return []

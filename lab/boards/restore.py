@@ -9,7 +9,7 @@ import json
 from ..errors import LabError
 from ..node import Daemon
 from ..state import Ledger, lab_dir
-from .boardimpair import unsplice
+from .boardimpair import remove_bump, unsplice
 from .boardlab import BoardLab
 from .boardstate import DEFAULT_QDISCS, diff, read_addrs, read_routes, snapshot
 from .types import Board
@@ -114,7 +114,9 @@ def _restore_node(node, entries: list[dict]) -> list[str]:
             elif k == "board-splice":
                 problems += unsplice(node, e)
             elif k == "board-netns":
-                node.run(["ip", "netns", "del", e["name"]], check=False)
+                port = next((x["state"]["ifindex"] for x in entries if x["kind"] == "board-splice"
+                             and x.get("netns") == e["name"]), None)  # fmt: skip
+                problems += remove_bump(node, e["name"], port)
             elif k == "board-dir":
                 node.run(["rm", "-rf", "--one-file-system", e["path"]], check=False)
         except LabError as ex:
