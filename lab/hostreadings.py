@@ -167,6 +167,48 @@ def node_memory_bytes(layout: cgroups.CgroupLayout, rel: str) -> int | None:
         return None
 
 
+def node_throttled_periods(layout: cgroups.CgroupLayout, rel: str) -> int | None:
+    """CFS periods in which the node's CPU groups ran out of quota, so far: `nr_throttled` of
+    the node's group plus its per-board-core groups (v1: <root>/cpu/<rel>/core*, lab.coreslots);
+    None when the group has no cpu.stat (uncapped test trees, a group already gone)."""
+    d = layout.root / rel if layout.version == 2 else layout.root / "cpu" / rel
+    total, found = 0, False
+    for f in [d / "cpu.stat", *sorted(d.glob("core*/cpu.stat"))]:
+        try:
+            stat = dict(line.split() for line in f.read_text().splitlines() if line)
+            total += int(stat.get("nr_throttled", 0))
+            found = True
+        except (OSError, ValueError):
+            continue
+    return total if found else None
+
+
+def node_thread_sched(
+    layout: cgroups.CgroupLayout, rel: str, proc: Path = Path("/proc")
+) -> dict[int, tuple[int, int]]:
+    """{tid: (ns run, ns waited on a run queue)} for every thread in the node's group now, from
+    /proc/TID/schedstat (its first two fields: time on the CPU, time runnable but not running;
+    Documentation/scheduler/sched-stats.rst). The threads are the v1 cpuacct group's `tasks`
+    (v2: `cgroup.threads`); {} when the group is gone, a thread that exits is skipped."""
+    f = (
+        layout.root / rel / "cgroup.threads"
+        if layout.version == 2
+        else (layout.root / "cpuacct" / rel / "tasks")
+    )
+    try:
+        tids = [int(x) for x in f.read_text().split()]
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for tid in tids:
+        try:
+            run, wait = (int(x) for x in (proc / str(tid) / "schedstat").read_text().split()[:2])
+        except (OSError, ValueError):
+            continue
+        out[tid] = (run, wait)
+    return out
+
+
 #: `vcgencmd get_throttled` bits (Raspberry Pi documentation, "vcgencmd"): 0-3 now, 16-19 since boot
 THROTTLED_BITS = {
     0: "under_voltage",

@@ -5,6 +5,11 @@ Sources, each labelled with what it measures:
   everything the lab started in the node is in that cgroup (tools and userspace VPN daemons).
   Kernel work done in softirq (kernel WireGuard, XFRM, forwarding) is charged to whichever
   task was interrupted and mostly escapes it: the host-wide softirq share shows it.
+- per node, the scheduler's view: CFS periods in which the node's groups (its own and its
+  per-board-core groups) ran out of quota (cpu.stat nr_throttled), and how long its threads ran
+  and waited on a run queue while runnable (/proc/TID/schedstat). Waiting while not throttled
+  means this machine's other work held the node back, not its board's cores (docs/fidelity.md,
+  "UDP at 400 Mbit/s and ping RTT"); a thread that exits loses its last interval.
 - per node memory: the group's memory.current (v2) / memory.usage_in_bytes (v1) *only where
   that file exists*. lab.cgroups creates cpu, cpuacct and cpuset groups only (v2: it delegates
   just cpu and cpuset), so normally there is none: the monitor never creates memory cgroups,
@@ -63,6 +68,8 @@ from .hostreadings import (  # noqa: F401
     mean_max,
     min_mean_max,
     node_memory_bytes,
+    node_thread_sched,
+    node_throttled_periods,
     parse_measure_clock,
     parse_throttled,
     read_cpu_freq,
@@ -96,6 +103,7 @@ class Monitor:
     sys_thermal: Path = SYS_THERMAL
     temp_sensors: Callable[[], dict] | None = _psutil_sensors
     vcgencmd: bool = True
+    proc: Path = Path("/proc")  # where threads' schedstat is read (tests: a fake tree)
     #: source -> why it is not recorded on this machine (probed once, at start)
     unavailable: dict[str, str] = field(default_factory=dict)
 
@@ -103,6 +111,7 @@ class Monitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._prev_nodes: dict[str, dict[str, float]] = {}
+        self._prev_sched: dict[str, tuple[int | None, dict[int, tuple[int, int]]]] = {}
         self._prev_stat: dict[str, list[int]] = {}
         self._prev_t = 0.0
         self._t0 = 0.0
@@ -197,6 +206,18 @@ class Monitor:
                 self._note(f"cgroup {rel}: {e}")
         return out
 
+    def _read_sched(self) -> dict[str, tuple[int | None, dict[int, tuple[int, int]]]]:
+        """Per node: (throttled periods so far, {tid: (ns run, ns waited)})."""
+        if self.layout is None:
+            return {}
+        return {
+            n: (
+                node_throttled_periods(self.layout, rel),
+                node_thread_sched(self.layout, rel, self.proc),
+            )
+            for n, rel in self.node_groups.items()
+        }
+
     def _note(self, msg: str) -> None:
         if msg not in self.errors and len(self.errors) < 20:
             self.errors.append(msg)
@@ -255,6 +276,7 @@ class Monitor:
             self._probe()
         now = time.monotonic()
         nodes = self._read_nodes()
+        sched = self._read_sched()
         try:
             stat = read_proc_stat()
         except OSError as e:
@@ -272,6 +294,14 @@ class Monitor:
                 node_rates[n] = {k: 100.0 * (u[k] - p[k]) / dt for k in ("total", "user", "system")}
             for n, mem in self._read_node_memory().items():
                 node_rates.setdefault(n, {})["memory_bytes"] = mem
+            for n, (thr, threads) in sched.items():
+                prev_thr, prev_threads = self._prev_sched.get(n, (None, {}))
+                both = threads.keys() & prev_threads.keys()  # threads alive at both samples
+                node_rates.setdefault(n, {}).update(
+                    throttled_periods=None if thr is None or prev_thr is None else thr - prev_thr,
+                    run_s=sum(threads[t][0] - prev_threads[t][0] for t in both) / 1e9,
+                    runq_wait_s=sum(threads[t][1] - prev_threads[t][1] for t in both) / 1e9,
+                )
             cores = core_rates(self._prev_stat, stat)
             ncores = len(cores) or 1
             rec = {
@@ -287,6 +317,7 @@ class Monitor:
             }
             self.samples.append(rec)
         self._prev_nodes, self._prev_stat, self._prev_t = nodes, stat, now
+        self._prev_sched = sched
         return rec
 
     def _loop(self) -> None:
@@ -365,6 +396,7 @@ class Monitor:
             out["nodes"][n]["memory_bytes"] = mean_max(
                 [x["nodes"].get(n, {}).get("memory_bytes") for x in s]
             )
+            out["nodes"][n].update(_sched_summary([x["nodes"].get(n, {}) for x in s]))
         out["host"].update(
             {
                 "busy_pct": mean_max([x["host"]["busy_pct"] for x in s]),
@@ -390,6 +422,21 @@ class Monitor:
                 "alive_throughout": all(x.get("alive", False) for x in xs),
             }
         return out
+
+
+def _sched_summary(xs: list[dict]) -> dict:
+    """A node's throttled periods and its threads' run and run-queue wait over the test."""
+    thr = [x["throttled_periods"] for x in xs if x.get("throttled_periods") is not None]
+    run = sum(x.get("run_s") or 0.0 for x in xs)
+    wait = sum(x.get("runq_wait_s") or 0.0 for x in xs)
+    return {
+        "throttled_periods": sum(thr) if thr else None,
+        "run_queue": {
+            "run_s": round(run, 6),
+            "wait_s": round(wait, 6),
+            "wait_per_run": round(wait / run, 4) if run > 0 else None,
+        },
+    }
 
 
 def _clock_summary(samples: list[dict]) -> dict | None:
