@@ -557,7 +557,8 @@ def cmd_check(args) -> int:
     elif args.plan:
         plan, expectations = load_check(args.plan, args.override)
         args.out = args.out or str(new_run_path(plan))
-        args.resume, args.shard = None, None  # lab check runs the whole plan
+        # lab check runs the whole plan, one lab at a time
+        args.resume, args.shard, args.jobs, args.force = None, None, None, False
         rc = cmd_run(args)
         if rc == 130:
             return rc
