@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import ClassVar
 
 import pytest
 
@@ -17,6 +18,7 @@ from lab import cpuplan, dilation
 from lab.errors import ConfigError, PreconditionError
 from lab.impair.spec import parse_spec
 from lab.measure import TESTS
+from lab.measure.base import Metric, Param, Test, invoke
 from lab.plan import load_plan
 from lab.topology import load_topology
 
@@ -319,3 +321,60 @@ def test_dilated_lab_quotas_shaper_and_delay(tmp_path, monkeypatch, lab_id):
 
     shown = show_impairment(lab)
     assert shown["dilation"] == 2.0 and "real time" in shown["note"]
+
+
+class SpyTest(Test):
+    """Records the parameters the runner hands it and moves a real ping's worth of packets."""
+
+    name = "spy"
+    schema: ClassVar[dict[str, Param]] = {
+        "duration_s": Param(float, 1.0),
+        "rate_mbit": Param(float, 10.0),
+        "count": Param(int, 3),
+    }
+    metrics = (Metric("rate_bps", unit="bit/s"), Metric("wait_ms", unit="ms"))
+
+    def __init__(self):
+        self.seen = []
+
+    def run(self, ctx, params):
+        self.seen.append(dict(params))
+        inv = invoke(ctx, ctx.client, ["ping", "-c", "1", "-W", "2", ctx.server_addr],
+                     label="spy", timeout=10)  # fmt: skip
+        return [self.record(ok=inv.returncode == 0, rate_bps=1e6, wait_ms=50.0)]
+
+
+@pytest.mark.root
+def test_lab_run_dilated_end_to_end(tmp_path, monkeypatch):
+    """`lab run` of a plan with `dilation = 2`: the test gets its times x 2 and rates / 2, its
+    figures come back x 2 / / 2 with the raw ones kept, a real ping through `delay 10ms` takes
+    2 x 10 x 2 ms or more in the lab and scales back to 20 ms or more, and the manifest and the
+    report say x2."""
+    from lab import measure
+    from lab.report import generate
+    from lab.results import read_jsonl
+    from lab.runner import Runner, create_run_dir
+
+    spy = SpyTest()
+    monkeypatch.setitem(measure.TESTS, "spy", spy)
+    path = tmp_path / "p.toml"
+    path.write_text(
+        'name = "dil"\nprofiles = ["baseline"]\nimpairments = ["delay 10ms"]\nreps = 1\n'
+        '[topology]\nfile = "topologies/pi_pair.py"\ncpu = 0.5\ndilation = 2\n'
+        '[[tests]]\ntest = "spy"\nduration_s = 1.5\nrate_mbit = 40\n'
+        '[[tests]]\ntest = "ping"\ncount = 3\ninterval_s = 0.05\n'
+    )
+    run = create_run_dir(load_plan(path), tmp_path / "run")
+    assert Runner(load_plan(path), run).execute()["ok"] == 2
+    assert spy.seen == [{"duration_s": 3.0, "rate_mbit": 20.0, "count": 3}]
+    lines = {r["test"]: r for r in read_jsonl(run.results)}
+    (rec,) = lines["spy"]["records"]
+    assert (rec["rate_bps"], rec["wait_ms"], rec["dilation"]) == (2e6, 25.0, 2.0)
+    assert rec["dilated"] == {"rate_bps": 1e6, "wait_ms": 50.0}
+    (ping,) = lines["ping"]["records"]
+    assert ping["dilated"]["rtt_min_ms"] >= 40.0 and ping["rtt_min_ms"] >= 20.0
+    assert ping["rtt_min_ms"] == pytest.approx(ping["dilated"]["rtt_min_ms"] / 2)
+    m = run.manifest()
+    assert m["dilation"] == 2.0 and m["cpu"]["client"]["cores"] == pytest.approx(0.25)
+    generate(run.path)
+    assert "time-dilated x2: " in run.file("report.md").read_text()
