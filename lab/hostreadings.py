@@ -167,20 +167,23 @@ def node_memory_bytes(layout: cgroups.CgroupLayout, rel: str) -> int | None:
         return None
 
 
-def node_throttled_periods(layout: cgroups.CgroupLayout, rel: str) -> int | None:
-    """CFS periods in which the node's CPU groups ran out of quota, so far: `nr_throttled` of
-    the node's group plus its per-board-core groups (v1: <root>/cpu/<rel>/core*, lab.coreslots);
-    None when the group has no cpu.stat (uncapped test trees, a group already gone)."""
+def node_throttling(layout: cgroups.CgroupLayout, rel: str) -> tuple[int, int] | None:
+    """(periods, ns) the node's CPU groups spent throttled so far: `nr_throttled` and
+    `throttled_time` of the node's group plus its per-board-core groups (v1: <root>/cpu/<rel>/
+    core*, lab.coreslots; v2 reports `throttled_usec`); None when the group has no cpu.stat
+    (uncapped test trees, a group already gone)."""
     d = layout.root / rel if layout.version == 2 else layout.root / "cpu" / rel
-    total, found = 0, False
+    periods = ns = 0
+    found = False
     for f in [d / "cpu.stat", *sorted(d.glob("core*/cpu.stat"))]:
         try:
             stat = dict(line.split() for line in f.read_text().splitlines() if line)
-            total += int(stat.get("nr_throttled", 0))
+            periods += int(stat.get("nr_throttled", 0))
+            ns += int(stat.get("throttled_time", 0)) + 1000 * int(stat.get("throttled_usec", 0))
             found = True
         except (OSError, ValueError):
             continue
-    return total if found else None
+    return (periods, ns) if found else None
 
 
 def node_thread_sched(

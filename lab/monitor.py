@@ -5,11 +5,12 @@ Sources, each labelled with what it measures:
   everything the lab started in the node is in that cgroup (tools and userspace VPN daemons).
   Kernel work done in softirq (kernel WireGuard, XFRM, forwarding) is charged to whichever
   task was interrupted and mostly escapes it: the host-wide softirq share shows it.
-- per node, the scheduler's view: CFS periods in which the node's groups (its own and its
-  per-board-core groups) ran out of quota (cpu.stat nr_throttled), and how long its threads ran
-  and waited on a run queue while runnable (/proc/TID/schedstat). Waiting while not throttled
-  means this machine's other work held the node back, not its board's cores (docs/fidelity.md,
-  "UDP at 400 Mbit/s and ping RTT"); a thread that exits loses its last interval.
+- per node, the scheduler's view: CFS periods and time in which the node's groups (its own
+  and its per-board-core groups) were throttled (cpu.stat), and how long its threads ran and
+  waited on a run queue while runnable (/proc/TID/schedstat; a thread of a throttled group
+  counts as waiting). Waiting far beyond the throttled time means this machine's other work
+  held the node back, not its board's cores (docs/fidelity.md, "UDP at 400 Mbit/s and ping
+  RTT"); a thread that exits loses its last interval.
 - per node memory: the group's memory.current (v2) / memory.usage_in_bytes (v1) *only where
   that file exists*. lab.cgroups creates cpu, cpuacct and cpuset groups only (v2: it delegates
   just cpu and cpuset), so normally there is none: the monitor never creates memory cgroups,
@@ -69,7 +70,7 @@ from .hostreadings import (  # noqa: F401
     min_mean_max,
     node_memory_bytes,
     node_thread_sched,
-    node_throttled_periods,
+    node_throttling,
     parse_measure_clock,
     parse_throttled,
     read_cpu_freq,
@@ -111,7 +112,7 @@ class Monitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._prev_nodes: dict[str, dict[str, float]] = {}
-        self._prev_sched: dict[str, tuple[int | None, dict[int, tuple[int, int]]]] = {}
+        self._prev_sched: dict[str, tuple[tuple[int, int] | None, dict[int, tuple[int, int]]]] = {}
         self._prev_stat: dict[str, list[int]] = {}
         self._prev_t = 0.0
         self._t0 = 0.0
@@ -206,13 +207,13 @@ class Monitor:
                 self._note(f"cgroup {rel}: {e}")
         return out
 
-    def _read_sched(self) -> dict[str, tuple[int | None, dict[int, tuple[int, int]]]]:
-        """Per node: (throttled periods so far, {tid: (ns run, ns waited)})."""
+    def _read_sched(self) -> dict[str, tuple[tuple[int, int] | None, dict[int, tuple[int, int]]]]:
+        """Per node: ((throttled periods, ns) so far, {tid: (ns run, ns waited)})."""
         if self.layout is None:
             return {}
         return {
             n: (
-                node_throttled_periods(self.layout, rel),
+                node_throttling(self.layout, rel),
                 node_thread_sched(self.layout, rel, self.proc),
             )
             for n, rel in self.node_groups.items()
@@ -297,8 +298,10 @@ class Monitor:
             for n, (thr, threads) in sched.items():
                 prev_thr, prev_threads = self._prev_sched.get(n, (None, {}))
                 both = threads.keys() & prev_threads.keys()  # threads alive at both samples
+                known = thr is not None and prev_thr is not None
                 node_rates.setdefault(n, {}).update(
-                    throttled_periods=None if thr is None or prev_thr is None else thr - prev_thr,
+                    throttled_periods=thr[0] - prev_thr[0] if known else None,
+                    throttled_s=(thr[1] - prev_thr[1]) / 1e9 if known else None,
                     run_s=sum(threads[t][0] - prev_threads[t][0] for t in both) / 1e9,
                     runq_wait_s=sum(threads[t][1] - prev_threads[t][1] for t in both) / 1e9,
                 )
@@ -425,12 +428,14 @@ class Monitor:
 
 
 def _sched_summary(xs: list[dict]) -> dict:
-    """A node's throttled periods and its threads' run and run-queue wait over the test."""
+    """A node's throttling and its threads' run and run-queue wait over the test."""
     thr = [x["throttled_periods"] for x in xs if x.get("throttled_periods") is not None]
+    thr_s = [x["throttled_s"] for x in xs if x.get("throttled_s") is not None]
     run = sum(x.get("run_s") or 0.0 for x in xs)
     wait = sum(x.get("runq_wait_s") or 0.0 for x in xs)
     return {
         "throttled_periods": sum(thr) if thr else None,
+        "throttled_s": round(sum(thr_s), 6) if thr_s else None,
         "run_queue": {
             "run_s": round(run, 6),
             "wait_s": round(wait, 6),

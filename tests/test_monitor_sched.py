@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lab import cgroups
-from lab.hostreadings import node_thread_sched, node_throttled_periods
+from lab.hostreadings import node_thread_sched, node_throttling
 from lab.monitor import Monitor
 
 
@@ -23,8 +23,8 @@ def _write(p: Path, text: str) -> None:
     p.write_text(text)
 
 
-def _cpu_stat(p: Path, throttled: int) -> None:
-    _write(p / "cpu.stat", f"nr_periods 50\nnr_throttled {throttled}\nthrottled_time 7\n")
+def _cpu_stat(p: Path, throttled: int, ns: int = 7) -> None:
+    _write(p / "cpu.stat", f"nr_periods 50\nnr_throttled {throttled}\nthrottled_time {ns}\n")
 
 
 def _schedstat(proc: Path, tid: int, run_ns: int, wait_ns: int) -> None:
@@ -37,8 +37,9 @@ def test_readers_on_fake_trees(tmp_path):
     _cpu_stat(node, 2)
     _cpu_stat(node / "core0", 1)
     _cpu_stat(node / "core1", 4)
-    assert node_throttled_periods(v1, "lab/x/a") == 7  # the node's group and its core groups
-    assert node_throttled_periods(v1, "lab/x/gone") is None
+    # the node's group and its core groups
+    assert node_throttling(v1, "lab/x/a") == (7, 21)
+    assert node_throttling(v1, "lab/x/gone") is None
     proc = tmp_path / "proc"
     _write(v1.root / "cpuacct" / "lab" / "x" / "a" / "tasks", "101\n102\n103\n")
     _schedstat(proc, 101, 5, 6)
@@ -46,9 +47,9 @@ def test_readers_on_fake_trees(tmp_path):
     assert node_thread_sched(v1, "lab/x/a", proc) == {101: (5, 6), 102: (7, 8)}
     assert node_thread_sched(v1, "lab/x/gone", proc) == {}
     v2 = cgroups.CgroupLayout(2, tmp_path / "v2")
-    _cpu_stat(v2.root / "lab" / "x" / "a", 3)
+    _write(v2.root / "lab" / "x" / "a" / "cpu.stat", "nr_throttled 3\nthrottled_usec 40\n")
     _write(v2.root / "lab" / "x" / "a" / "cgroup.threads", "101\n")
-    assert node_throttled_periods(v2, "lab/x/a") == 3
+    assert node_throttling(v2, "lab/x/a") == (3, 40_000)
     assert node_thread_sched(v2, "lab/x/a", proc) == {101: (5, 6)}
 
 
@@ -73,14 +74,15 @@ def test_monitor_sums_throttling_and_run_queue_wait(tmp_path):
     mon.sample()  # primes
 
     time.sleep(0.06)
-    _cpu_stat(a_cpu, 5)  # +3
-    _cpu_stat(a_cpu / "core0", 2)  # +1
+    _cpu_stat(a_cpu, 5, 7)  # +3 periods, no time (the node's own quota)
+    _cpu_stat(a_cpu / "core0", 2, 150_000_007)  # +1 period of 0.15 s
     _schedstat(proc, 101, 1_200_000_000, 1_100_000_000)  # ran 0.2 s, waited 0.6 s
     (proc / "102" / "schedstat").unlink()  # 102 exits; 103 is new: counted from its 1st sample
     _write(a_acct / "tasks", "101\n103\n")
     _schedstat(proc, 103, 50_000_000, 40_000_000)
     first = mon.sample()
     assert first["nodes"]["a"]["throttled_periods"] == 4
+    assert first["nodes"]["a"]["throttled_s"] == pytest.approx(0.15)
     assert first["nodes"]["a"]["run_s"] == pytest.approx(0.2)
     assert first["nodes"]["a"]["runq_wait_s"] == pytest.approx(0.6)
 
@@ -90,12 +92,13 @@ def test_monitor_sums_throttling_and_run_queue_wait(tmp_path):
 
     s = mon.summary()
     assert s["nodes"]["a"]["throttled_periods"] == 4
+    assert s["nodes"]["a"]["throttled_s"] == pytest.approx(0.15)
     assert s["nodes"]["a"]["run_queue"] == {
         "run_s": pytest.approx(0.3),
         "wait_s": pytest.approx(0.7),
         "wait_per_run": pytest.approx(2.3333, abs=1e-4),
     }
-    assert s["nodes"]["b"]["throttled_periods"] is None
+    assert s["nodes"]["b"]["throttled_periods"] is None and s["nodes"]["b"]["throttled_s"] is None
     assert s["nodes"]["b"]["run_queue"] == {"run_s": 0.0, "wait_s": 0.0, "wait_per_run": None}
     assert "errors" not in s  # a node without cpu.stat or tasks is not an error
     json.dumps(s)
