@@ -427,6 +427,43 @@ class Monitor:
         return out
 
 
+#: a node's threads held back by this machine: they waited on a run queue longer than they ran
+#: (so ran at under half speed), throttling explains at most 1/HOST_HELD_THROTTLE_SHARE of that
+#: wait, and they ran at least HOST_HELD_MIN_RUN_S (an idle node's few wake-ups say nothing)
+HOST_HELD_THROTTLE_SHARE = 10
+HOST_HELD_MIN_RUN_S = 0.05
+
+
+def host_held_nodes(summary: dict) -> list[str]:
+    """The nodes of one test's monitor summary that this machine's other work held back (see
+    HOST_HELD_THROTTLE_SHARE); [] when none, or when the summary has no scheduler readings."""
+    held = []
+    for node, v in (summary.get("nodes") or {}).items():
+        rq = v.get("run_queue") or {}
+        run, wait = rq.get("run_s") or 0.0, rq.get("wait_s") or 0.0
+        throttled = v.get("throttled_s") or 0.0
+        if (
+            run >= HOST_HELD_MIN_RUN_S
+            and wait > run
+            and throttled * HOST_HELD_THROTTLE_SHARE < wait
+        ):
+            held.append(node)
+    return held
+
+
+def host_contention_warning(results: list[dict]) -> str | None:
+    """The report's warning when tests ran with nodes held back by this machine, else None."""
+    hit = [r for r in results if host_held_nodes(r.get("monitor") or {})]
+    if not hit:
+        return None
+    return (
+        f"{len(hit)} of {len(results)} tests ran with node threads waiting for this machine's "
+        "CPUs longer than they ran, their CPU caps barely throttled (monitor: nodes.<node>."
+        "run_queue, throttled_s): those figures reflect this machine's load, not the board; "
+        're-run on an idle machine (docs/fidelity.md, "UDP at 400 Mbit/s and ping RTT").'
+    )
+
+
 def _sched_summary(xs: list[dict]) -> dict:
     """A node's throttling and its threads' run and run-queue wait over the test."""
     thr = [x["throttled_periods"] for x in xs if x.get("throttled_periods") is not None]

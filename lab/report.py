@@ -26,6 +26,7 @@ from .reportdoc import (  # noqa: F401
     primary,
 )
 from .reportdoc import board_cpu_text, metric_name
+from .monitor import host_contention_warning
 from .results import RunDir, imported_figure, time_budget, write_tables
 from .state import write_text_atomic
 
@@ -236,6 +237,8 @@ def _warnings(doc: Doc, results: list[dict], m: dict) -> None:
     )
     if throttled:
         doc.warn(f"{throttled} test(s) ran throttled by the Pi firmware (see Set-up).")
+    if contended := host_contention_warning(results):
+        doc.warn(contended)
 
 
 def _calibration_rows(m: dict) -> list[list[str]]:

@@ -15,7 +15,7 @@ import pytest
 
 from lab import cgroups
 from lab.hostreadings import node_thread_sched, node_throttling
-from lab.monitor import Monitor
+from lab.monitor import Monitor, host_contention_warning, host_held_nodes
 
 
 def _write(p: Path, text: str) -> None:
@@ -102,3 +102,28 @@ def test_monitor_sums_throttling_and_run_queue_wait(tmp_path):
     assert s["nodes"]["b"]["run_queue"] == {"run_s": 0.0, "wait_s": 0.0, "wait_per_run": None}
     assert "errors" not in s  # a node without cpu.stat or tasks is not an error
     json.dumps(s)
+
+
+def _summary(**nodes) -> dict:
+    return {
+        "nodes": {
+            n: {"throttled_s": thr, "run_queue": {"run_s": run, "wait_s": wait}}
+            for n, (run, wait, thr) in nodes.items()
+        }
+    }
+
+
+def test_host_held_nodes_and_the_report_warning():
+    s = _summary(
+        a=(1.0, 2.0, 0.05),  # waited twice as long as it ran, throttled 0.05 s: the host
+        b=(1.0, 2.0, 0.5),  # throttling (x10 = 5 s) could explain the wait: the board's caps
+        c=(0.01, 1.0, None),  # ran 10 ms: an idle node's wake-ups say nothing
+        d=(1.0, 0.9, None),  # waited less than it ran
+    )
+    assert host_held_nodes(s) == ["a"]
+    assert host_held_nodes({"nodes": {"e": {"total": {"mean": 1.0}}}}) == []  # older summary
+    assert host_held_nodes({}) == []
+    results = [{"monitor": s}, {"monitor": _summary(b=(1.0, 2.0, 0.5))}, {"ok": False}]
+    w = host_contention_warning(results)
+    assert w is not None and w.startswith("1 of 3 tests ran with node threads waiting")
+    assert host_contention_warning(results[1:]) is None
