@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lab.jobs import Budget, lab_quota, max_labs
+from lab.jobs import Budget, interference, lab_quota, max_labs
 from lab.plan import load_plan
 from lab.reportdoc import primary
 from lab.results import read_jsonl, rows
@@ -48,13 +48,37 @@ def timed_run(argv: list[str], log: Path) -> float:
     return time.monotonic() - t
 
 
-def means(run: Path) -> dict[tuple[str, str, str], float]:
-    out: dict[tuple[str, str, str], list[float]] = {}
+def values(run: Path) -> dict[tuple[str, str, str, str], list[float]]:
+    """(profile, point, test label, test) -> the primary metric of each successful repetition."""
+    out: dict[tuple[str, str, str, str], list[float]] = {}
     for row in rows(run.name, read_jsonl(run / "results.jsonl")):
         v = row.get(primary(row["test"]).column)
         if row["ok"] and row["point"] == 0 and v is not None:
-            out.setdefault((row["profile"], row["impairment"], row["test_label"]), []).append(v)
-    return {k: statistics.mean(v) for k, v in out.items()}
+            key = (row["profile"], row["impairment"], row["test_label"], row["test"])
+            out.setdefault(key, []).append(v)
+    return out
+
+
+def compare(one: Path, par: Path) -> None:
+    """Every test's mean in both runs, the ratio, and where both have repetitions the two-sided
+    Welch p of the difference (lab.jobs.interference: the --jobs 1 run's spread is the noise)."""
+    v1, va = values(one), values(par)
+    print("per profile/point/test: mean --jobs 1, mean --jobs auto, ratio, Welch p (n >= 2)")
+    changed = judged = 0
+    for k in sorted(v1):
+        if k not in va or not statistics.mean(v1[k]):
+            continue
+        m1, ma = statistics.mean(v1[k]), statistics.mean(va[k])
+        p = ""
+        if len(v1[k]) > 1 and len(va[k]) > 1:
+            verdict = interference(v1[k], va[k], primary(k[3]).higher_is_better)
+            judged += 1
+            changed += verdict["changed"]
+            p = f"p = {verdict['p']:.3f}" + (" CHANGED" if verdict["changed"] else "")
+        print(f"  {'/'.join(k[:3]):45s} {m1:11.4g} {ma:11.4g}  {ma / m1:.3f}  {p}")
+    print(
+        f"{changed} of {judged} tests with repetitions differ beyond the --jobs 1 noise (p < 0.05)"
+    )
 
 
 def main() -> None:
@@ -102,11 +126,7 @@ def main() -> None:
             )
     print(f"wall --jobs 1 {walls['1']:.0f} s, --jobs auto {walls['auto']:.0f} s: "
           f"ratio auto/1 = {walls['auto'] / walls['1']:.2f}")  # fmt: skip
-    m1, ma = means(out / "jobs-1"), means(out / "jobs-auto")
-    print("mean per profile/point/test, auto / 1:")
-    for k in sorted(m1):
-        if k in ma and m1[k]:
-            print(f"  {'/'.join(k):45s} {m1[k]:12.4g} {ma[k]:12.4g}  {ma[k] / m1[k]:.3f}")
+    compare(out / "jobs-1", out / "jobs-auto")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -144,7 +145,7 @@ def stop(workers: list[Worker]) -> list[str]:
     for w in alive:
         try:
             w.popen.wait(timeout=max(0.1, end - time.monotonic()))
-        except Exception:  # noqa: BLE001 -- subprocess.TimeoutExpired: killed below
+        except subprocess.TimeoutExpired:
             w.popen.kill()
             w.popen.wait()
         w.rc, w.ended_t = w.popen.returncode, time.time()
