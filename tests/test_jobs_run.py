@@ -154,3 +154,43 @@ def test_refusals_create_nothing(env):
     cp = run_lab("run", d / "tiny.toml", "--jobs", "many", "--out", out, env=e)
     assert cp.returncode == 2 and "accepted: auto or a whole number" in cp.stderr
     assert not out.exists()
+
+
+def test_sigterm_stops_every_worker_and_its_lab(env):
+    """SIGTERM to `lab run --jobs` while its probe's lab is up: the worker is stopped by its
+    PID, its lab torn down, the run exits 130 and says how to go on; a run stopped before its
+    shards started cannot be resumed, and says so."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d, e = env
+    slow = d / "slow.toml"
+    slow.write_text(PLAN.replace("count = 5", "count = 400"))  # 20 s a case
+    run = d / "stopped"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "lab.cli", "run", slow, "--jobs", "2", "--force", "--out", run],
+        env={**os.environ, **e},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    tl = run / "probe" / "alone" / "timeline.jsonl"
+    end = time.monotonic() + 60
+    while not (tl.is_file() and any(x["event"] == "up" for x in read_jsonl(tl))):
+        assert p.poll() is None and time.monotonic() < end, "the probe's lab never came up"
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    _, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr
+    assert f"Continue: lab run --resume {run}" in stderr
+    jobs = json.loads((run / "jobs.json").read_text())
+    (worker,) = jobs["stopped"]
+    assert worker["name"] == "alone" and worker["rc"] is not None
+    assert not os.path.exists(f"/proc/{worker['pid']}/cgroup")
+    ids = {x["lab_id"] for x in read_jsonl(tl) if x.get("lab_id")}
+    assert len(ids) == 1 and lab_traces(ids.pop()) == []
+    assert jobs["left_over"] == []
+    cp = run_lab("run", "--resume", run, env=e)
+    assert cp.returncode == 2 and "stopped before its shards started" in cp.stderr
