@@ -64,7 +64,7 @@ TOP_KEYS: dict[str, str] = {
     "description": "free text",
     "study": "which study the plan reproduces (free text)",
     "notes": "free text or a list of strings (gaps, stand-ins), copied into the report",
-    "topology": "table: file, topo, cpu, params",
+    "topology": "table: file, topo, cpu, dilation, params",
     "profiles": "list of VPN profile specs (NAME or NAME:key=value,...)",
     "impairments": "list of: 'none', a preset, tc-netem words, {name, spec} or a sweep table",
     "placement": "where impairment goes: egress, ingress or middlebox (default: the lab's)",
