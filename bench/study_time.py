@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""How long a whole plan would take here, from a run of part of it (a shard).
+
+    .venv/bin/python bench/study_time.py RUN_DIR [--plan PLAN] [-o key=value ...]
+
+RUN_DIR is a finished `lab run` (typically `--shard i/N` of a long plan). The plan to
+extrapolate to is the run's own plan.json, or PLAN with its -o overrides (e.g. the plan as
+it ships now, after changes made since the run). The extrapolation, printed with every input:
+
+- **tests**: the mean seconds a case took (results line `seconds`: the tool's own time, an
+  adaptive repetition the rule did not run counts 0) per test label and point group (`none`,
+  `delay`, `jitter`, `loss`, a preset), times the plan's number of such cases. A (label,
+  group) the run did not sample takes the label's mean over the cases it did sample with
+  impairment (or without, as the missing group's point), and is marked so: the figure is
+  then only as good as that stand-in.
+- **bring-ups and teardowns**: their mean (timeline `up`/`down`) times the plan's count (a
+  lab per profile and point group kind, lab.plancases.Plan.groups: at most two per profile).
+- **impairment changes**: their mean times one per (profile, point).
+- **other** (gaps between cases: monitors, result files, progress): the run's per-case mean
+  times the plan's cases.
+- **floor**: the tests' time if every adaptive test stopped at its first check (tcp/udp:
+  one segment of adaptive_min_s + 5 s; ping: adaptive_min_s), the others as measured: no
+  stop rule can make the plan shorter than that.
+
+The machine's load moves every figure (note `uptime` with the result); the part of a plan a
+shard holds is small, so a group with a few cases of long caps weighs a lot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from lab.measure.adaptive import FIRST_EXTRA_S  # noqa: E402
+from lab.plan import load_plan  # noqa: E402
+from lab.results import RunDir, time_budget  # noqa: E402
+from lab.shard import plan_from_json  # noqa: E402
+
+
+def _group(point: dict) -> str:
+    return point.get("group") or point.get("name") or "?"
+
+
+def first_check_s(test: str, params: dict) -> float | None:
+    """The shortest an adaptive test can run (None: not adaptive)."""
+    if not params.get("adaptive"):
+        return None
+    if test == "ping":
+        return min(params["count"] * params["interval_s"], params["adaptive_min_s"])
+    return min(params["duration_s"], params["adaptive_min_s"] + FIRST_EXTRA_S)
+
+
+def extrapolate(run: RunDir, plan) -> dict:
+    results = run.load_results()
+    timeline = run.load_timeline()
+    budget = time_budget(results, timeline)
+    per: dict[tuple[str, str], list[float]] = defaultdict(list)
+    # stand-ins: per label and whether the point was impaired
+    per_label: dict[tuple[str, bool], list[float]] = defaultdict(list)
+    for r in results:
+        s = float(r.get("seconds") or 0.0)
+        per[(r["label"], _group(r["impairment"]))].append(s)
+        per_label[(r["label"], bool(r["impairment"].get("spec")))].append(s)
+    ups = [e["seconds"] for e in timeline if e.get("event") == "up" and e.get("ok")]
+    downs = [e["seconds"] for e in timeline if e.get("event") == "down"]
+    imps = [e["seconds"] for e in timeline if e.get("event") == "impair" and e.get("ok")]
+    cases = plan.cases()
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    impaired: dict[tuple[str, str], bool] = {}
+    floor = {t.label: first_check_s(t.test, t.params) for t in plan.tests}
+    for c in cases:
+        counts[(c.test.label, c.point.group)] += 1
+        impaired[(c.test.label, c.point.group)] = c.point.impaired
+    rows = []
+    tests_s = floor_s = 0.0
+    for (label, group), n in counts.items():
+        measured = per.get((label, group))
+        stand_in = not measured
+        kind = impaired[(label, group)]
+        pool = measured or per_label.get((label, kind)) or per_label.get((label, not kind)) or []
+        mean = statistics.fmean(pool) if pool else 0.0
+        tests_s += mean * n
+        floor_s += (floor[label] if floor[label] is not None else mean) * n
+        rows.append(
+            {
+                "label": label,
+                "group": group,
+                "sampled": len(measured or []),
+                "mean_s": mean,
+                "stand_in": stand_in,
+                "cases": n,
+                "seconds": mean * n,
+            }
+        )
+    labs = len(plan.profiles) * len(plan.groups())
+    points = len({(c.profile, c.point.name) for c in cases})
+    other_per_case = budget["other_s"] / len(results) if results else 0.0
+    parts = {
+        "tests": tests_s,
+        "bring-up": (statistics.fmean(ups) if ups else 0.0) * labs,
+        "teardown": (statistics.fmean(downs) if downs else 0.0) * labs,
+        "impairment": (statistics.fmean(imps) if imps else 0.0) * points,
+        "other": other_per_case * len(cases),
+    }
+    return {
+        "run_cases": len(results),
+        "run_budget": budget,
+        "plan_cases": len(cases),
+        "labs": labs,
+        "points": points,
+        "rows": sorted(rows, key=lambda r: -r["seconds"]),
+        "parts": parts,
+        "total_s": sum(parts.values()),
+        "floor_s": floor_s,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run")
+    ap.add_argument("--plan", help="plan file to extrapolate to (default: the run's plan.json)")
+    ap.add_argument("-o", dest="overrides", action="append", default=[])
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    run = RunDir(Path(a.run)).check()
+    if a.plan:
+        plan = load_plan(a.plan, a.overrides)
+    else:
+        plan = plan_from_json(run.plan_json(), source=str(run.path / "plan.json"))
+    x = extrapolate(run, plan)
+    if a.json:
+        print(json.dumps(x, indent=2))
+        return
+    b = x["run_budget"]
+    print(f"run {run.path}: {x['run_cases']} cases, wall {b['wall_s']:.0f} s")
+    for k in ("measurement_s", "setup_s", "teardown_s", "impairment_s", "other_s"):
+        print(f"  {k[:-2]:<12} {b[k]:8.1f} s  {100 * b[k] / b['wall_s']:5.1f} %")
+    print(
+        f"\nplan {plan.name}: {x['plan_cases']} cases, {len(plan.profiles)} profiles, "
+        f"{x['points']} (profile, point) cells, {x['labs']} bring-ups"
+    )
+    print(f"{'test':<16}{'group':<10}{'sampled':>8}{'mean s':>9}{'cases':>7}{'hours':>8}")
+    for r in x["rows"]:
+        mark = " (stand-in: not sampled)" if r["stand_in"] else ""
+        print(
+            f"{r['label']:<16}{r['group']:<10}{r['sampled']:>8}{r['mean_s']:>9.1f}"
+            f"{r['cases']:>7}{r['seconds'] / 3600:>8.2f}{mark}"
+        )
+    for k, v in x["parts"].items():
+        print(f"  {k:<12}{v / 3600:8.2f} h")
+    print(f"  {'total':<12}{x['total_s'] / 3600:8.2f} h")
+    print(f"floor (every adaptive test stops at its first check): {x['floor_s'] / 3600:.2f} h")
+
+
+if __name__ == "__main__":
+    main()
