@@ -51,11 +51,17 @@ def run_lab(*args, env=None, check=False, timeout=120):
 
 
 @contextmanager
-def board_farm(tmp_path_factory, tools: tuple[str, ...] = ()):
-    """An emulated board farm of pi_pair_middlebox, yielded as (inventory path, `lab boards
-    emulate --json` record), with a state root of the calling module's own (`lab clean` there
-    sees only its labs; the boards get their private /var/lib/lab over it); the farm is removed
-    and the environment restored after. Skipped when sshd, ssh, ssh-keygen or `tools` lack."""
+def board_farm(
+    tmp_path_factory,
+    tools: tuple[str, ...] = (),
+    topology: str = "pi_pair_middlebox.py",
+    extra: tuple[str, ...] = (),
+):
+    """An emulated board farm of `topology` (`extra`: more `lab boards emulate` arguments),
+    yielded as (inventory path, `lab boards emulate --json` record), with a state root of the
+    calling module's own (`lab clean` there sees only its labs; the boards get their private
+    /var/lib/lab over it); the farm is removed and the environment restored after. Skipped when
+    sshd, ssh, ssh-keygen or `tools` lack."""
     import json
     import shutil
 
@@ -67,7 +73,7 @@ def board_farm(tmp_path_factory, tools: tuple[str, ...] = ()):
     os.environ["LAB_RUN_DIR"] = str(tmp_path_factory.mktemp("run"))
     try:
         inv = tmp_path_factory.mktemp("farm") / "farm.toml"
-        r = run_lab("boards", "emulate", TOPOS / "pi_pair_middlebox.py", "--out", inv, "--json")
+        r = run_lab("boards", "emulate", TOPOS / topology, "--out", inv, *extra, "--json")
         assert r.returncode == 0, r.stderr
         rec = json.loads(r.stdout)
         try:

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 import subprocess
 
 import pytest
 
-from .conftest import TOPOS, run_lab
+from .conftest import TOPOS, board_farm, run_lab
 from .test_boards import board_state
 
 pytestmark = pytest.mark.root
@@ -22,30 +20,11 @@ pytestmark = pytest.mark.root
 
 @pytest.fixture(scope="module")
 def sudo_farm(tmp_path_factory):
-    for tool in ("sshd", "ssh", "ssh-keygen", "sudo", "wireguard-go"):
-        if not shutil.which(tool) and not shutil.which(tool, path="/usr/sbin"):
-            pytest.skip(f"{tool} missing (./setup.sh installs it)")
-    saved = {k: os.environ.get(k) for k in ("LAB_STATE_DIR", "LAB_RUN_DIR")}
-    os.environ["LAB_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
-    os.environ["LAB_RUN_DIR"] = str(tmp_path_factory.mktemp("run"))
     passwd = open("/etc/passwd").read()
-    try:
-        inv = tmp_path_factory.mktemp("farm") / "farm.toml"
-        r = run_lab("boards", "emulate", TOPOS / "pi_pair.py", "--out", inv, "--sudo", "client",
-                    "--json")  # fmt: skip
-        assert r.returncode == 0, r.stderr
-        rec = json.loads(r.stdout)
-        try:
-            yield inv, rec
-        finally:
-            d = run_lab("boards", "emulate", "--down", "--id", rec["id"])
-            assert d.returncode == 0, d.stdout + d.stderr
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with board_farm(
+        tmp_path_factory, ("sudo", "wireguard-go"), "pi_pair.py", ("--sudo", "client")
+    ) as farm:
+        yield farm
     assert open("/etc/passwd").read() == passwd  # this machine's /etc never changed
 
 
