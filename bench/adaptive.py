@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lab.errors import LabError
 from lab.measure import TESTS, Context
 from lab.plan import load_plan
-from lab.runner import LocalTarget, apply_impairment, up_lab
+from lab.localtarget import LocalTarget, apply_impairment, up_lab
 from lab.runsetup import preflight
 from lab.state import new_lab_id
 from lab.vpn.record import TunnelRecord

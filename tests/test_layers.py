@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "runner / report / compare",
         [
             "lab.runner",
+            "lab.localtarget",
             "lab.runsetup",
             "lab.interrupts",
             "lab.monitor",

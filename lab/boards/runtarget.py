@@ -1,8 +1,8 @@
 """Where `lab run --boards` builds its labs: the plan's topology on the inventory's boards.
 
 The runner asks a target to check the plan, build and remove each profile's lab, say whether the
-tunnel still runs and give a monitor; lab.runner.LocalTarget is this machine's namespaces, this is
-the same on boards (lab.boards.boardlab). Tools the plan's tests need are checked on the boards
+tunnel still runs and give a monitor; lab.localtarget.LocalTarget is this machine's namespaces,
+this is the same on boards (lab.boards.boardlab). Tools the plan's tests need are checked on the boards
 the test ends run on, not on this machine.
 """
 
