@@ -7,9 +7,25 @@ Pure arithmetic over data the caller measured (docs/scale.md "Parallel labs"):
   overhead measured while a probe case ran alone (the runner itself, routers' and engines'
   processes, bring-ups: the CPU time of the lab's process tree beyond its nodes' cgroups, per
   second of its session); N labs fit when N times that is within HOST_BUDGET_FRACTION of the cores;
-- the interference verdict: the probe case's primary metric beside N-1 other labs against the
-  same case alone, a two-sided Welch test at ALPHA (a shift within the alone run's spread is
-  noise, one beyond it is a changed result).
+- the probe case (choose_probe): the plan's first test without impairment, for the profile
+  whose nodes came closest to their CPU quota in a screen of every profile (PROBE_REPS short
+  repetitions each, in one lab alone): the largest, over the profile's nodes, of the cores a
+  node used during the case (mean over the repetitions) divided by its quota. A data plane that runs at its cap turns any CPU a
+  neighbour takes into lost throughput or added delay; one with room to spare absorbs it.
+  Ties go to the plan's order; without CPU samples the first profile is taken, and says so;
+- the interference verdict (interference): the probe case in ALONE_LABS labs one after the
+  other (the screen's lab the first) and in N labs at once, PROBE_REPS repetitions in each lab, so both sides carry the
+  spread between bring-ups. Each side's values are pooled and their means compared by a
+  two-sided Welch test. A level **changed the results** when p < ALPHA *and* the relative
+  shift |mean beside / mean alone - 1| is at least the margin: the probe test's own precision
+  target (its `adaptive_rel_pct` when the test is adaptive, else FIXED_MARGIN, the stop
+  rule's default), since the plan claims its results to that precision and a smaller shift
+  is not a changed result even when significant. The margin is the equivalence margin of the
+  two one-sided tests (TOST: Schuirmann, J. Pharmacokinet. Biopharm. 15(6), 1987; with
+  significance, Lakens, Soc. Psychol. Personal. Sci. 8(4), 2017); TOST's outcome at ALPHA is
+  recorded as `equivalent` beside the verdict, it does not decide it. Pooling repetitions of
+  one lab treats them as independent though they share a bring-up: the test's degrees of
+  freedom are overstated and p errs low, i.e. towards refusing, which costs time only.
 Nothing here starts a process; lab.parallel does.
 """
 
@@ -22,13 +38,25 @@ from .cpuplan import HOST_BUDGET_FRACTION
 from .cpuprofile import load_profile
 from .plancases import Plan
 from .shard import Shard, cells, shard_cases
-from .stats import mean_sd, welch_worse
+from .stats import mean_sd, t_sf, welch_worse
+from .stoprule import Rule
 
 #: significance of the interference test: a probe whose results beside others differ from its
-#: results alone with p below this is refused
+#: results alone with p below this (and by the margin or more) is refused
 ALPHA = 0.05
-#: repetitions of the probe case per lab (the alone run's spread is the noise it is judged by)
+#: repetitions of the probe case per lab
 PROBE_REPS = 3
+#: labs the probe case runs in alone, one after the other (the spread between bring-ups); the
+#: first is the screen that runs every profile's probe test
+ALONE_LABS = 2
+#: the equivalence margin when the probe test is not adaptive: the stop rule's default target
+#: half-width (the precision an adaptive run of the same plan would aim at)
+FIXED_MARGIN = Rule().rel_half_width
+#: how the probe's profile is chosen (recorded with the choice)
+CRITERION = (
+    "the profile whose nodes came closest to their CPU quota in the screen: max over its nodes "
+    "of (cores used during the probe test) / (the node's quota)"
+)
 #: seconds of a probe test that takes a duration (the plan's own if shorter)
 PROBE_DURATION_S = 2
 
@@ -107,16 +135,68 @@ def max_labs(plan: Plan, most: int | None = None) -> int:
     return 1
 
 
-def node_cpu_seconds(samples: list[dict]) -> float:
-    """CPU seconds the nodes' cgroups used over a case, from lab.monitor's samples (each: `t`
+def node_cpu_by_node(samples: list[dict]) -> dict[str, float]:
+    """CPU seconds each node's cgroup used over a case, from lab.monitor's samples (each: `t`
     seconds since the monitor started, every node's CPU % of one core since the sample
     before)."""
-    total, prev = 0.0, 0.0
+    out: dict[str, float] = {}
+    prev = 0.0
     for s in samples:
         dt = max(0.0, s["t"] - prev)
         prev = s["t"]
-        total += dt * sum(v.get("total", 0.0) for v in s.get("nodes", {}).values()) / 100
-    return total
+        for name, v in s.get("nodes", {}).items():
+            out[name] = out.get(name, 0.0) + dt * (v.get("total") or 0.0) / 100
+    return out
+
+
+def node_cpu_seconds(samples: list[dict]) -> float:
+    """CPU seconds all the nodes' cgroups used over a case (node_cpu_by_node, summed)."""
+    return sum(node_cpu_by_node(samples).values())
+
+
+def node_cores(samples: list[dict]) -> dict[str, float]:
+    """Cores each node used on average over a case: its CPU seconds over the samples' span."""
+    span = samples[-1]["t"] if samples else 0.0
+    if span <= 0:
+        return {}
+    return {n: s / span for n, s in node_cpu_by_node(samples).items()}
+
+
+def choose_probe(profiles: list[str], used: dict[str, dict[str, float]],
+                 quotas: dict[str, float]) -> dict:  # fmt: skip
+    """The probe's profile by CRITERION: `used` holds, per screened profile, the cores each
+    node used during its probe-test case(s) (node_cores); `quotas` each node's quota in cores
+    (lab_quota). The largest utilisation wins, ties to the plan's order; a profile without
+    samples scores nothing, and with none at all the plan's first profile is taken."""
+    scores = {}
+    for p in profiles:
+        util = {n: c / quotas[n] for n, c in used.get(p, {}).items() if quotas.get(n)}
+        if util:
+            node = max(util, key=lambda n: util[n])
+            scores[p] = {
+                "utilisation": round(util[node], 4),
+                "node": node,
+                "cores": {n: round(c, 4) for n, c in used[p].items()},
+            }
+    if not scores:
+        return {
+            "profile": profiles[0],
+            "criterion": CRITERION,
+            "scores": {},
+            "reason": "no CPU samples in the screen: the plan's first profile",
+        }
+    best = max(profiles, key=lambda p: scores[p]["utilisation"] if p in scores else -1.0)
+    s = scores[best]
+    return {
+        "profile": best,
+        "criterion": CRITERION,
+        "scores": scores,
+        "reason": (
+            f"{best}: its node {s['node']} used {s['utilisation']:.0%} of its quota "
+            f"({s['cores'][s['node']]:.3g} of {quotas[s['node']]:.3g} cores), the most of "
+            f"{len(scores)} profile(s) screened"
+        ),
+    }
 
 
 def overhead_cores(tree_cpu_s: float, session_s: float, node_cpu_s: float) -> dict:
@@ -133,43 +213,92 @@ def overhead_cores(tree_cpu_s: float, session_s: float, node_cpu_s: float) -> di
     }
 
 
-def interference(
-    alone: list[float], beside: list[float], higher_is_better: bool, alpha: float = ALPHA
-) -> dict:
-    """Did running beside other labs change the probe's figures beyond the alone run's noise?
-    Two-sided Welch test of the means; with no spread on either side any difference counts."""
-    if len(alone) < 2 or len(beside) < 2:
+def probe_margin(test) -> tuple[float, str]:
+    """The equivalence margin of the interference verdict for the probe test (a plancases
+    TestEntry), and where it comes from."""
+    if test.params.get("adaptive") and test.params.get("adaptive_rel_pct"):
+        pct = test.params["adaptive_rel_pct"]
+        return pct / 100, f"test {test.label}: adaptive_rel_pct = {pct:g} (its stop rule's target)"
+    return FIXED_MARGIN, (
+        f"lab.jobs.FIXED_MARGIN = {FIXED_MARGIN:g} (test {test.label} is not adaptive: the "
+        "stop rule's default target)"
+    )
+
+
+def interference(alone: list[list[float]], beside: list[list[float]], higher_is_better: bool,
+                 margin: float = FIXED_MARGIN, alpha: float = ALPHA) -> dict:  # fmt: skip
+    """Did running beside other labs change the probe's figures beyond their noise and the
+    margin? `alone` and `beside` hold one list of values per lab. Changed: the two-sided Welch
+    test of the pooled values gives p < alpha and the means differ by `margin` (relative to
+    the alone mean) or more; with no spread on either side any difference is significant.
+    `equivalent`: TOST at alpha, both one-sided Welch tests reject a shift of -margin and
+    +margin (recorded, not part of the verdict)."""
+    a = [v for vs in alone for v in vs]
+    b = [v for vs in beside for v in vs]
+    if len(a) < 2 or len(b) < 2:
         raise ValueError(
-            f"the interference test needs 2 or more values on each side, got {len(alone)} "
-            f"alone and {len(beside)} beside"
+            f"the interference test needs 2 or more values on each side, got {len(a)} "
+            f"alone and {len(b)} beside"
         )
-    ma, sa = mean_sd(alone)
-    mb, sb = mean_sd(beside)
-    w = welch_worse(alone, beside, higher_is_better)
+    ma, sa = mean_sd(a)
+    mb, sb = mean_sd(b)
+    w = welch_worse(a, b, higher_is_better)
     p = 2 * min(w.p, 1 - w.p) if w.t is not None else (1.0 if ma == mb else 0.0)
+    shift = mb / ma - 1 if ma else math.inf
+    significant = p < alpha
+    beyond = abs(shift) >= margin
+    verdict = "changed" if significant and beyond else (
+        "within the margin" if significant else "within the noise")  # fmt: skip
     return {
-        "alone": {"n": len(alone), "mean": ma, "sd": sa, "values": alone},
-        "beside": {"n": len(beside), "mean": mb, "sd": sb, "values": beside},
+        "alone": _side(alone, ma, sa),
+        "beside": _side(beside, mb, sb),
         "ratio": mb / ma if ma else None,
+        "shift": shift,
         "t": w.t,
         "df": w.df,
         "p": p,
         "alpha": alpha,
-        "changed": p < alpha,
+        "margin": margin,
+        "equivalent": _tost(a, b, margin * abs(ma), alpha),
+        "verdict": verdict,
+        "changed": verdict == "changed",
     }
 
 
-def probe_overrides(plan: Plan) -> list[str]:
-    """`-o` options that cut the plan to its probe case: its first profile, no impairment, its
-    first test, PROBE_REPS repetitions and at most PROBE_DURATION_S seconds."""
+def _side(labs: list[list[float]], mean: float, sd: float) -> dict:
+    values = [v for vs in labs for v in vs]
+    means = [sum(vs) / len(vs) for vs in labs if vs]
+    return {"n": len(values), "labs": len(labs), "mean": mean, "sd": sd, "values": values,
+            "lab_means": means}  # fmt: skip
+
+
+def _tost(a: list[float], b: list[float], m: float, alpha: float) -> bool:
+    """Two one-sided Welch tests: is mean(b) - mean(a) shown to lie within (-m, +m)?"""
+    ma, sa = mean_sd(a)
+    mb, sb = mean_sd(b)
+    va, vb = sa * sa / len(a), sb * sb / len(b)
+    d = mb - ma
+    if va + vb == 0:
+        return abs(d) < m
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va * va / (len(a) - 1) + vb * vb / (len(b) - 1))
+    p_low = t_sf((d + m) / se, df)  # H0: d <= -m
+    p_high = t_sf((m - d) / se, df)  # H0: d >= +m
+    return max(p_low, p_high) < alpha
+
+
+def probe_overrides(plan: Plan, profiles: list[str], reps: int = PROBE_REPS) -> list[str]:
+    """`-o` options that cut the plan to its probe case: `profiles` (the chosen one, or every
+    profile for the screen), no impairment, its first test, `reps` repetitions and at most
+    PROBE_DURATION_S seconds."""
     own = plan.tests[0].params.get("duration_s")
     duration = min(PROBE_DURATION_S, own) if own else PROBE_DURATION_S
     return [
         *plan.overrides,
-        f"profiles={plan.profiles[0]}",
+        f"profiles={','.join(profiles)}",
         "impairments=none",
         f"tests={plan.tests[0].label}",
-        f"reps={PROBE_REPS}",
+        f"reps={reps}",
         f"duration={duration:g}",
     ]
 

@@ -5,8 +5,9 @@ The plan is cut as for several machines (lab.shard): N worker processes each run
 as any run: its ledger, its teardown, its resume), and lab.merge joins them into RUN, whose
 results and report are a one-machine run's. Before the shards, N is checked (lab.jobs): the CPU
 budget (node quotas plus the overhead measured while a probe case ran alone) and the
-interference (the probe case beside N-1 copies of itself against the probe alone); `auto`
-falls back to fewer labs when either fails, an explicit N is refused unless forced.
+interference (a screen of every profile picks the probe's profile, the one nearest its CPU
+quota; the probe case then runs alone in two labs one after the other and in N labs at once);
+`auto` falls back to fewer labs when either fails, an explicit N is refused unless forced.
 
 Layout of RUN while it runs: jobs.json (the decision, updated as it goes), probe/ (the probe
 runs and their logs), shards/ (each shard's run directory and log). After the merge RUN holds
@@ -36,12 +37,16 @@ from .errors import ConfigError, LabError, PreconditionError, TeardownIncomplete
 from .hostreadings import core_rates, read_proc_stat
 from .interrupts import Interrupts
 from .jobs import (
+    ALONE_LABS,
     Budget,
+    choose_probe,
     interference,
     lab_quota,
     max_labs,
+    node_cores,
     node_cpu_seconds,
     overhead_cores,
+    probe_margin,
     probe_overrides,
 )
 from .merge import merge
@@ -182,17 +187,23 @@ def busy_cores(seconds: float = 1.0) -> float:
 # ---------------------------------------------------------------------- the probe
 
 
-def probe_values(run_path: Path, key: dict) -> list[float]:
-    """The probe's primary metric (the results.csv column the report ranks its test by), one
-    value per successful repetition; `key` gets the metric's name and direction."""
-    run = RunDir(run_path)
-    results = run.load_results()
+def _ok_results(run_path: Path) -> list[dict]:
+    results = RunDir(run_path).load_results()
     for r in results:
         if not r.get("ok"):
             raise PreconditionError(
                 f"the interference probe's case {r['case']} failed ({r.get('error')}); see "
                 f"{run_path}/raw and its log; fix it or run with --jobs 1"
             )
+    return results
+
+
+def probe_values(run_path: Path, key: dict, profile: str | None = None) -> list[float]:
+    """The probe's primary metric (the results.csv column the report ranks its test by), one
+    value per successful repetition (of `profile` only, if given); `key` gets the metric's name
+    and direction."""
+    run = RunDir(run_path)
+    results = [r for r in _ok_results(run_path) if profile in (None, r.get("profile"))]
     out = []
     for row in rows(run.name, results):
         p = primary(row["test"])
@@ -256,40 +267,84 @@ class SessionMeter:
         }
 
 
-def run_probe(plan: Plan, run_path: Path, n: int, interrupts, workers: list[Worker]) -> dict:
-    """The probe case in `n` labs at once (n = 1: alone): their values and, alone, the
-    uncapped overhead of one lab (lab.jobs.overhead_cores)."""
-    overrides = probe_overrides(plan)
-    base = busy_cores() if n == 1 else None  # the machine's load, for the record
+def run_labs(plan: Plan, run_path: Path, names: list[str], overrides: list[str], interrupts,
+             workers: list[Worker], meter: bool = False) -> tuple[list[Worker], dict | None]:  # fmt: skip
+    """Probe labs RUN/probe/NAME, all at once (one name: alone); with `meter`, the CPU time of
+    the first one's session (SessionMeter)."""
     ws = []
-    for i in range(n):
-        d = run_path / "probe" / ("alone" if n == 1 else f"n{n}-{i}")
+    for name in names:
+        d = run_path / "probe" / name
         ws.append(Worker(d.name, d, worker_argv(plan, overrides, d, None), d.with_suffix(".log")))
     workers += ws
     for w in ws:
         start(w)
-    if n == 1:
-        session = SessionMeter(ws[0]).wait(interrupts)
-    else:
-        wait(ws, interrupts)
+    session = SessionMeter(ws[0]).wait(interrupts) if meter else None
+    wait(ws, interrupts)
     for w in ws:
         if w.rc not in (0, 1):
             raise PreconditionError(
                 f"the interference probe {w.out} ended with exit code {w.rc}; see {w.log}"
             )
+    return ws, session
+
+
+def screen_cores(run_path: Path) -> dict[str, dict[str, float]]:
+    """Per profile of a screen run, the cores each node used during its case(s) (lab.monitor's
+    samples, lab.jobs.node_cores; the mean over the profile's repetitions)."""
+    profile_of = {r["case"]: r["profile"] for r in _ok_results(run_path)}
+    per: dict[str, list[dict[str, float]]] = {}
+    for f in sorted((run_path / "monitor").glob("*.json")):
+        data = json.loads(f.read_text())
+        cores = node_cores(data.get("samples", []))
+        if cores and data.get("case") in profile_of:
+            per.setdefault(profile_of[data["case"]], []).append(cores)
+    return {
+        p: {n: sum(c.get(n, 0.0) for c in cs) / len(cs) for n in cs[0]} for p, cs in per.items()
+    }
+
+
+def run_alone(plan: Plan, run_path: Path, quotas: dict[str, float], interrupts,
+              workers: list[Worker]) -> tuple[dict, dict]:  # fmt: skip
+    """The probe alone: first the screen, one lab that runs every profile's probe test
+    PROBE_REPS times (its session metered: the overhead, lab.jobs.overhead_cores), which picks
+    the profile (lab.jobs.choose_probe) and is the first alone lab of it; then ALONE_LABS - 1
+    more labs of that profile one after the other. Returns (choice, alone record with the
+    chosen profile's values, one list per lab)."""
+    base = busy_cores()  # the machine's load, for the record
+    overrides = probe_overrides(plan, plan.profiles)
+    (scr,), session = run_labs(plan, run_path, ["screen"], overrides, interrupts, workers, True)
+    choice = {**choose_probe(plan.profiles, screen_cores(scr.out), quotas), "dir": str(scr.out)}
+    if len(plan.profiles) == 1:
+        choice["reason"] = "the plan's only profile"
     key: dict = {}
-    values = [probe_values(w.out, key) for w in ws]
-    rec = {"n": n, "values": values, **key, "dirs": [str(w.out) for w in ws]}
-    if n == 1:
-        rec["busy_cores_before"] = round(base, 4)
-        samples = []
-        for f in sorted((ws[0].out / "monitor").glob("*.json")):
-            samples.append(node_cpu_seconds(json.loads(f.read_text()).get("samples", [])))
-        rec["overhead"] = {
+    ws = [scr]
+    for i in range(1, ALONE_LABS):
+        more = probe_overrides(plan, [choice["profile"]])
+        ws += run_labs(plan, run_path, [f"alone-{i}"], more, interrupts, workers)[0]
+    samples = []
+    for f in sorted((scr.out / "monitor").glob("*.json")):
+        samples.append(node_cpu_seconds(json.loads(f.read_text()).get("samples", [])))
+    return choice, {
+        "n": 1,
+        "values": [probe_values(w.out, key, choice["profile"]) for w in ws],
+        **key,
+        "dirs": [str(w.out) for w in ws],
+        "busy_cores_before": round(base, 4),
+        "overhead": {
             **overhead_cores(session["tree_cpu_s"], session["session_s"], sum(samples)),
             "window": session["window"],
-        }
-    return rec
+        },
+    }
+
+
+def run_beside(plan: Plan, run_path: Path, profile: str, n: int, interrupts,
+               workers: list[Worker]) -> dict:  # fmt: skip
+    """The probe case of `profile` in `n` labs at once: their values, one list per lab."""
+    names = [f"n{n}-{i}" for i in range(n)]
+    ws, _ = run_labs(plan, run_path, names, probe_overrides(plan, [profile]), interrupts, workers)
+    key: dict = {}
+    values = [probe_values(w.out, key) for w in ws]
+    return {"n": n, "values": values, **key, "dirs": [str(w.out) for w in ws]}
 
 
 # ---------------------------------------------------------------------- deciding N
@@ -328,14 +383,20 @@ def decide(plan: Plan, spec, requested, force: bool, run_path: Path, rec: dict, 
     if n < 2:
         rec["reason"] = f"jobs: 1 ({budget.explain()})"
         return 1
-    ev.note(f"probe: {plan.profiles[0]} {plan.tests[0].label} alone, then beside others")
-    alone = run_probe(plan, run_path, 1, it, workers)
-    if len(alone["values"][0]) < 2:
+    test = plan.tests[0]
+    ev.note(f"probe: {test.label} of {len(plan.profiles)} profile(s) alone, the one nearest its "
+            f"CPU quota alone again in {ALONE_LABS - 1} more lab(s), then beside others")  # fmt: skip
+    choice, alone = run_alone(plan, run_path, per_node, it, workers)
+    profile = choice["profile"]
+    margin, margin_from = probe_margin(test)
+    rec["probe"] = {"choice": choice, "profile": profile, "test": test.label, "margin": margin,
+                    "margin_from": margin_from, "alone": alone, "levels": []}  # fmt: skip
+    ev.note(f"probe case: {profile} {test.label} ({choice['reason']})")
+    if sum(len(v) for v in alone["values"]) < 2:
         raise PreconditionError(
-            f"the interference probe gave {len(alone['values'][0])} value(s) of its primary "
-            f"metric, 2 or more are needed; see {alone['dirs'][0]}"
+            f"the interference probe gave {sum(len(v) for v in alone['values'])} value(s) of "
+            f"its primary metric alone, 2 or more are needed; see {alone['dirs']}"
         )
-    rec["probe"] = {"alone": alone, "levels": []}
     budget = Budget(budget.host_cores, budget.quota_cores, alone["overhead"]["cores"],
                     budget.max_labs)  # fmt: skip
     rec["budget"] = {**budget.to_json(), "node_quotas": per_node}
@@ -345,22 +406,17 @@ def decide(plan: Plan, spec, requested, force: bool, run_path: Path, rec: dict, 
     elif not budget.fits(n) and not force:
         raise PreconditionError(_refusal(budget, n))
     while n >= 2:
-        level = run_probe(plan, run_path, n, it, workers)
-        flat = [v for vs in level["values"] for v in vs]
-        if len(flat) < 2:
+        level = run_beside(plan, run_path, profile, n, it, workers)
+        if sum(len(vs) for vs in level["values"]) < 2:
             raise PreconditionError(
-                f"the interference probe with {n} labs gave {len(flat)} value(s); see "
+                f"the interference probe with {n} labs gave fewer than 2 values; see "
                 f"{level['dirs']}"
             )
-        level["verdict"] = v = interference(alone["values"][0], flat, alone["higher_is_better"])
+        level["verdict"] = v = interference(alone["values"], level["values"],
+                                            alone["higher_is_better"], margin)  # fmt: skip
         rec["probe"]["levels"].append(level)
         write_json_atomic(run_path / JOBS_FILE, rec)
-        ev.note(
-            f"probe with {n} labs: {alone['metric']} {v['beside']['mean']:.4g} beside, "
-            f"{v['alone']['mean']:.4g} ± {v['alone']['sd']:.2g} alone (ratio "
-            f"{v['ratio']:.3f}, p = {v['p']:.3f}): "
-            + ("changed beyond the noise" if v["changed"] else "within the noise")
-        )
+        ev.note(f"probe with {n} labs: {_figures(alone['metric'], v)}: {v['verdict']}")
         if not v["changed"]:
             break
         if requested != "auto":
@@ -368,14 +424,23 @@ def decide(plan: Plan, spec, requested, force: bool, run_path: Path, rec: dict, 
                 rec["forced_past_interference"] = True
                 break
             raise PreconditionError(
-                f"--jobs {n}: running {n} labs at once changed the probe's {alone['metric']} "
-                f"beyond its noise (alone {v['alone']['mean']:.4g} ± {v['alone']['sd']:.2g}, "
-                f"beside {v['beside']['mean']:.4g}, p = {v['p']:.3f} < {v['alpha']}); use "
-                f"fewer jobs, --jobs auto, or --force (figures in {run_path / JOBS_FILE})"
+                f"--jobs {n}: running {n} labs at once changed the probe's results beyond their "
+                f"noise and the margin ({profile} {test.label}, {_figures(alone['metric'], v)} "
+                f"< {v['alpha']}); use fewer jobs, --jobs auto, or --force (figures in "
+                f"{run_path / JOBS_FILE})"
             )
         n = max_labs(plan, n - 1)
     rec["reason"] = f"jobs: {n} ({budget.explain(n)})"
     return n
+
+
+def _figures(metric: str, v: dict) -> str:
+    a, b = v["alone"], v["beside"]
+    return (
+        f"{metric} alone {a['mean']:.4g} ± {a['sd']:.2g} ({a['labs']} labs), beside "
+        f"{b['mean']:.4g} ± {b['sd']:.2g} ({b['labs']} labs), shift {v['shift']:+.1%} (margin "
+        f"{v['margin']:.0%}), p = {v['p']:.3f}"
+    )
 
 
 def _refusal(budget: Budget, n: int) -> str:

@@ -105,22 +105,41 @@ def test_two_labs_at_once_give_a_normal_run(env):
     starts, ends = zip(*spans.values(), strict=True)
     assert max(starts) < min(ends), f"the labs never overlapped: {spans}"
 
-    # the decision and its figures: budget from the quotas, the probe alone and beside
+    # the decision and its figures: budget from the quotas, the screen's choice (its lab the
+    # first alone), the probe alone in a second lab and beside
     jobs = json.loads((par / "jobs.json").read_text())
     assert jobs["n"] == 2 and mp["jobs"]["n"] == 2
     assert jobs["budget"]["quota_cores"] == pytest.approx(0.2)
-    alone = jobs["probe"]["alone"]
-    assert alone["metric"] == "rtt_avg_ms" and len(alone["values"][0]) == 3
+    probe = jobs["probe"]
+    assert probe == mp["jobs"]["probe"]
+    choice = probe["choice"]
+    screened = read_jsonl(par / "probe" / "screen" / "results.jsonl")
+    assert sorted(r["profile"] for r in screened) == ["baseline"] * 3 + ["wireguard"] * 3
+    assert (
+        choice["profile"] == probe["profile"]
+        and "closest to their CPU quota" in choice["criterion"]
+    )
+    if choice["scores"]:  # ping's 0.25 s may leave a profile without a monitor sample
+        best = max(choice["scores"].values(), key=lambda x: x["utilisation"])
+        assert choice["scores"][probe["profile"]] == best
+    assert probe["margin"] == 0.05 and "not adaptive" in probe["margin_from"]
+    alone = probe["alone"]
+    assert alone["metric"] == "rtt_avg_ms" and [len(v) for v in alone["values"]] == [3, 3]
     assert alone["overhead"]["cores"] >= 0 and alone["overhead"]["window"] == "session"
-    level = jobs["probe"]["levels"][0]
+    level = probe["levels"][0]
     assert level["n"] == 2 and [len(v) for v in level["values"]] == [3, 3]
-    assert level["verdict"]["alone"]["values"] == alone["values"][0]
+    assert level["verdict"]["alone"]["values"] == alone["values"][0] + alone["values"][1]
+    assert level["verdict"]["verdict"] in ("changed", "within the margin", "within the noise")
+    # the probe's other labs ran the chosen profile only
+    probes = [par / "probe" / n for n in ("alone-1", "n2-0", "n2-1")]
+    for dd in probes:
+        assert {r["profile"] for r in read_jsonl(dd / "results.jsonl")} == {probe["profile"]}
 
     # nothing left behind: every lab (probes' and shards') gone, every worker ended
-    dirs = [par / "probe" / "alone", par / "probe" / "n2-0", par / "probe" / "n2-1"]
+    dirs = [par / "probe" / "screen", *probes]
     dirs += [par / "shards" / f"shard-{i}" for i in (0, 1)]
     ids = {x["lab_id"] for dd in dirs for x in _timeline(dd) if x.get("lab_id")}
-    assert len(ids) == 5
+    assert len(ids) == 6
     for lab_id in ids:
         assert lab_traces(lab_id) == []
     for w in jobs["workers"]:
@@ -176,7 +195,7 @@ def test_sigterm_stops_every_worker_and_its_lab(env):
         stderr=subprocess.PIPE,
         text=True,
     )
-    tl = run / "probe" / "alone" / "timeline.jsonl"
+    tl = run / "probe" / "screen" / "timeline.jsonl"
     end = time.monotonic() + 60
     while not (tl.is_file() and any(x["event"] == "up" for x in read_jsonl(tl))):
         assert p.poll() is None and time.monotonic() < end, "the probe's lab never came up"
@@ -187,7 +206,7 @@ def test_sigterm_stops_every_worker_and_its_lab(env):
     assert f"Continue: lab run --resume {run}" in stderr
     jobs = json.loads((run / "jobs.json").read_text())
     (worker,) = jobs["stopped"]
-    assert worker["name"] == "alone" and worker["rc"] is not None
+    assert worker["name"] == "screen" and worker["rc"] is not None
     assert not os.path.exists(f"/proc/{worker['pid']}/cgroup")
     ids = {x["lab_id"] for x in read_jsonl(tl) if x.get("lab_id")}
     assert len(ids) == 1 and lab_traces(ids.pop()) == []
