@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lab.jobs import Budget, interference, lab_quota, max_labs
+from lab.jobs import Budget, interference, lab_quota, max_labs, probe_margin
 from lab.plan import load_plan
 from lab.reportdoc import primary
 from lab.results import read_jsonl, rows
@@ -59,25 +59,30 @@ def values(run: Path) -> dict[tuple[str, str, str, str], list[float]]:
     return out
 
 
-def compare(one: Path, par: Path) -> None:
-    """Every test's mean in both runs, the ratio, and where both have repetitions the two-sided
-    Welch p of the difference (lab.jobs.interference: the --jobs 1 run's spread is the noise)."""
+def compare(one: Path, par: Path, plan) -> None:
+    """Every test's mean in both runs, the ratio, and where both have repetitions the verdict
+    of lab.jobs.interference (two-sided Welch p against both runs' spread, and the test's
+    margin)."""
     v1, va = values(one), values(par)
+    margins = {t.label: probe_margin(t)[0] for t in plan.tests}
     print("per profile/point/test: mean --jobs 1, mean --jobs auto, ratio, Welch p (n >= 2)")
-    changed = judged = 0
+    changed = significant = judged = 0
     for k in sorted(v1):
         if k not in va or not statistics.mean(v1[k]):
             continue
         m1, ma = statistics.mean(v1[k]), statistics.mean(va[k])
         p = ""
         if len(v1[k]) > 1 and len(va[k]) > 1:
-            verdict = interference(v1[k], va[k], primary(k[3]).higher_is_better)
+            hib = primary(k[3]).higher_is_better
+            verdict = interference([v1[k]], [va[k]], hib, margins.get(k[2], 0.05))
             judged += 1
             changed += verdict["changed"]
+            significant += verdict["p"] < verdict["alpha"]
             p = f"p = {verdict['p']:.3f}" + (" CHANGED" if verdict["changed"] else "")
         print(f"  {'/'.join(k[:3]):45s} {m1:11.4g} {ma:11.4g}  {ma / m1:.3f}  {p}")
     print(
-        f"{changed} of {judged} tests with repetitions differ beyond the --jobs 1 noise (p < 0.05)"
+        f"{significant} of {judged} tests with repetitions differ at p < 0.05, {changed} of them "
+        "by the test's margin (5 % unless adaptive) or more"
     )
 
 
@@ -113,20 +118,25 @@ def main() -> None:
     print(f"  probe {rec.get('probe_s', 0):.0f} s, shards {rec.get('shards_s', 0):.0f} s")
     probe = rec.get("probe") or {}
     if probe:
-        al = probe["alone"]
+        al, ch = probe["alone"], probe["choice"]
+        print(f"  probe case: {probe['profile']} {probe['test']}: {ch['reason']}")
+        for name, sc in ch.get("scores", {}).items():
+            print(f"    screened {name}: {sc['utilisation']:.0%} of quota ({sc['cores']})")
+        print(f"  margin {probe['margin']:g}: {probe['margin_from']}")
         print(f"  overhead per lab: {al['overhead']}")
         print(f"  machine busy before the probe: {al.get('busy_cores_before')} cores")
         for lv in probe["levels"]:
             v = lv["verdict"]
             print(
                 f"  probe {al['metric']} with {lv['n']} labs: alone {v['alone']['mean']:.4g} ± "
-                f"{v['alone']['sd']:.2g} (n={v['alone']['n']}), beside {v['beside']['mean']:.4g} "
-                f"± {v['beside']['sd']:.2g} (n={v['beside']['n']}), ratio {v['ratio']:.3f}, "
-                f"p = {v['p']:.3f}: {'changed' if v['changed'] else 'within noise'}"
+                f"{v['alone']['sd']:.2g} (lab means {[f'{m:.4g}' for m in v['alone']['lab_means']]}), "
+                f"beside {v['beside']['mean']:.4g} ± {v['beside']['sd']:.2g} (lab means "
+                f"{[f'{m:.4g}' for m in v['beside']['lab_means']]}), shift {v['shift']:+.2%}, "
+                f"p = {v['p']:.3f}, TOST equivalent {v['equivalent']}: {v['verdict']}"
             )
     print(f"wall --jobs 1 {walls['1']:.0f} s, --jobs auto {walls['auto']:.0f} s: "
           f"ratio auto/1 = {walls['auto'] / walls['1']:.2f}")  # fmt: skip
-    compare(out / "jobs-1", out / "jobs-auto")
+    compare(out / "jobs-1", out / "jobs-auto", load_plan(a.plan, overrides))
 
 
 if __name__ == "__main__":
