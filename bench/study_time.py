@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """How long a whole plan would take here, from a run of part of it (a shard).
 
-    .venv/bin/python bench/study_time.py RUN_DIR [--plan PLAN] [-o key=value ...]
+    .venv/bin/python bench/study_time.py RUN_DIR [RUN_DIR ...] [--plan PLAN] [-o key=value ...]
 
-RUN_DIR is a finished `lab run` (typically `--shard i/N` of a long plan). The plan to
-extrapolate to is the run's own plan.json, or PLAN with its -o overrides (e.g. the plan as
-it ships now, after changes made since the run). The extrapolation, printed with every input:
+RUN_DIR is a finished `lab run` (typically `--shard i/N` of a long plan; several are pooled,
+e.g. shards that sample different point groups). The plan to extrapolate to is the first
+run's own plan.json, or PLAN with its -o overrides (e.g. the plan as it ships now, after
+changes made since the run). The extrapolation, printed with every input:
 
 - **tests**: the mean seconds a case took (results line `seconds`: the tool's own time, an
   adaptive repetition the rule did not run counts 0) per test label and point group (`none`,
@@ -57,9 +58,9 @@ def first_check_s(test: str, params: dict) -> float | None:
     return min(params["duration_s"], params["adaptive_min_s"] + FIRST_EXTRA_S)
 
 
-def extrapolate(run: RunDir, plan) -> dict:
-    results = run.load_results()
-    timeline = run.load_timeline()
+def extrapolate(runs: list[RunDir], plan) -> dict:
+    results = [r for run in runs for r in run.load_results()]
+    timeline = [e for run in runs for e in run.load_timeline()]
     budget = time_budget(results, timeline)
     per: dict[tuple[str, str], list[float]] = defaultdict(list)
     # stand-ins: per label and whether the point was impaired
@@ -124,22 +125,24 @@ def extrapolate(run: RunDir, plan) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("run")
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR")
     ap.add_argument("--plan", help="plan file to extrapolate to (default: the run's plan.json)")
     ap.add_argument("-o", dest="overrides", action="append", default=[])
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    run = RunDir(Path(a.run)).check()
+    runs = [RunDir(Path(r)).check() for r in a.runs]
+    run = runs[0]
     if a.plan:
         plan = load_plan(a.plan, a.overrides)
     else:
         plan = plan_from_json(run.plan_json(), source=str(run.path / "plan.json"))
-    x = extrapolate(run, plan)
+    x = extrapolate(runs, plan)
     if a.json:
         print(json.dumps(x, indent=2))
         return
     b = x["run_budget"]
-    print(f"run {run.path}: {x['run_cases']} cases, wall {b['wall_s']:.0f} s")
+    names = ", ".join(str(r.path) for r in runs)
+    print(f"run {names}: {x['run_cases']} cases, wall {b['wall_s']:.0f} s")
     for k in ("measurement_s", "setup_s", "teardown_s", "impairment_s", "other_s"):
         print(f"  {k[:-2]:<12} {b[k]:8.1f} s  {100 * b[k] / b['wall_s']:5.1f} %")
     print(
