@@ -340,10 +340,14 @@ def set_tbf(
 ) -> None:
     """Shape egress to `mbit` Mbit/s with tbf (Mininet TCLink's bw). A time-dilated lab
     (lab.dilation) runs the link at mbit / dilation with a queue of the same packets (its
-    latency x dilation)."""
+    latency x dilation) and the same bucket in bytes (an amount of data, like the queue)."""
     rate_bps = int(mbit * 1_000_000 / dilation)
-    # burst must hold at least one MTU-sized frame and one timer tick of traffic (HZ=1000 worst case)
-    burst = max(15000, rate_bps // 8 // 250)
+    # burst must hold at least one MTU-sized frame and one timer tick of traffic (HZ=1000 worst
+    # case); taken from the undilated rate: a bucket of rate / D would be D times smaller than
+    # the board's link, and capped senders burst at host speed in either mode (issue 16: x1.5
+    # hit the bucket's limit on thousands of wireguard-go packets per 12 s where x1 hit it on
+    # none; docs/fidelity.md "Why wireguard-go's TCP does not dilate")
+    burst = max(15000, int(mbit * 1_000_000) // 8 // 250)
     latency_ms = 50 * dilation if limit_pkts is None else None
     argv = [
         "tc",

@@ -166,7 +166,7 @@ def test_impairment_delays_times_rates_divided_probabilities_kept():
     assert dilation.impairment(imp, 1.0) is imp
 
 
-def test_shaper_rate_divided_and_queue_time_multiplied(monkeypatch):
+def test_shaper_rate_divided_queue_time_multiplied_bucket_kept(monkeypatch):
     from lab import netops, proc
 
     seen = []
@@ -175,6 +175,9 @@ def test_shaper_rate_divided_and_queue_time_multiplied(monkeypatch):
     netops.set_tbf("ns", "eth0", 1000, limit_pkts=100, dilation=2.0)
     a, b = seen
     assert a[a.index("rate") + 1] == "500000000bit" and a[a.index("latency") + 1] == "100ms"
+    # the bucket holds the undilated link's 4 ms of traffic: 1000 Mbit/s / 8 / 250 = 500000 B,
+    # not 250000 (an amount of data does not dilate)
+    assert a[a.index("burst") + 1] == "500000"
     assert b[b.index("rate") + 1] == "500000000bit" and b[b.index("limit") + 1] == "151400"
 
 
