@@ -345,7 +345,7 @@ def set_tbf(
     # burst must hold at least one MTU-sized frame and one timer tick of traffic (HZ=1000 worst
     # case); taken from the undilated rate: a bucket of rate / D would be D times smaller than
     # the board's link, and capped senders burst at host speed in either mode (issue 16: x1.5
-    # hit the bucket's limit on thousands of wireguard-go packets per 12 s where x1 hit it on
+    # hit the bucket's limit on up to 16 k wireguard-go packets per 12 s where x1 hit it on
     # none; docs/fidelity.md "Why wireguard-go's TCP does not dilate")
     burst = max(15000, int(mbit * 1_000_000) // 8 // 250)
     latency_ms = 50 * dilation if limit_pkts is None else None
