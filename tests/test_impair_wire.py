@@ -205,8 +205,10 @@ def wire_run(lab, spec: str, tmp: Path) -> WireRun:
 
 def check_wire_packets(r: WireRun) -> None:
     """What makes the run a test of the wire/super-frame distinction at all, and the split."""
-    # the stack hands over super-frames: with TSO/GSO off this test would prove nothing
-    assert r.largest_before >= 10 * r.mss and r.super_frames >= 100
+    # the stack hands over super-frames: with TSO/GSO off this test would prove nothing. Their
+    # size follows TCP's congestion window, which reordering and retransmits keep small (CI saw
+    # 8 segments at most under reorder 25 %): what matters is many frames of several segments
+    assert r.largest_before >= 4 * r.mss and r.super_frames >= 100
     # after the engine only wire packets (the old engine forwarded 64 KB frames whole)
     assert r.largest_after <= r.mss
     # every super-frame split; none of a type the engine cannot split
