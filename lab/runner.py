@@ -306,6 +306,7 @@ class Runner:
             client=lab.node(tc),
             server=lab.node(ts),
             server_addr=target,
+            server_addr6=traffic.v6 or None,
             raw_dir=raw_dir,
             iface=iface,
             timeout_s=self.plan.timeout_s * d,

@@ -217,6 +217,27 @@ def test_mtu_bisects_to_path_mtu_below_iface(tmp_path):
     assert len(client.popened) < 1 + 2 * 14  # bisection, not a linear walk
 
 
+def test_mtu_ipv6_probes_the_contexts_ipv6_traffic_address(tmp_path):
+    # study A's plan asks for both families on every profile: the baseline has no tunnel, so
+    # the IPv6 target must be the one the runner hands over, not a fixed tunnel address
+    ctx, client, _ = make(tmp_path, df_responder({4: 1500, 6: 1500}, iface_mtu=1500))
+    ctx.server_addr6 = "fd00:1::2"
+    recs = run("mtu", ctx, ipv6=True, attempts=1)
+    assert [(r["family"], r["target"], r["path_mtu"]) for r in recs] == [
+        (4, "198.18.0.2", 1500),
+        (6, "fd00:1::2", 1500),
+    ]
+    v6_pings = [a for a in client.popened if "-6" in a]
+    assert v6_pings and all(a[-1] == "fd00:1::2" for a in v6_pings)
+
+
+def test_mtu_ipv6_without_an_ipv6_traffic_address_fails_that_family_only(tmp_path):
+    ctx, _, _ = make(tmp_path, df_responder({4: 1420}), iface="wg0")
+    v4, v6 = run("mtu", ctx, ipv6=True, attempts=1)
+    assert v6["family"] == 6 and not v6["ok"] and "no IPv6 traffic address" in v6["error"]
+    assert v4["family"] == 4 and v4["ok"] and v4["path_mtu"] == 1420
+
+
 def test_mtu_survives_loss_with_retries(tmp_path):
     ctx, _, _ = make(tmp_path, df_responder({4: 1420}, lossy_first=True), iface="wg0")
     [r] = run("mtu", ctx, attempts=2)

@@ -44,6 +44,9 @@ class Context:
     raw_dir: Path
     #: tunnel interface on the client (read by the mtu test)
     iface: str | None = None
+    #: the server's IPv6 address on the same path as server_addr (the tunnel's for a VPN, the
+    #: underlay's without one), when there is one: the mtu test's `ipv6 = true` probes it
+    server_addr6: str | None = None
     #: grace, in seconds, beyond an invocation's planned duration before it is killed
     timeout_s: float = 30.0
     #: private per-lab scratch (ssh keys, scp payload); never part of results.

@@ -55,6 +55,12 @@ class MtuTest(Test):
             check=_ipv6_literal,
             doc="also probe this IPv6 address of the server",
         ),
+        "ipv6": Param(
+            bool,
+            False,
+            doc="also probe the server's IPv6 traffic address (the tunnel's for a VPN, the "
+            "underlay's for the baseline); a lab without one records a failed IPv6 probe",
+        ),
         "upper_mtu": Param(
             int, 1500, min=576, max=65535, doc="search ceiling when the context names no interface"
         ),
@@ -67,7 +73,7 @@ class MtuTest(Test):
     primary = Primary("path_mtu", "bytes", 1.0, True)
 
     def estimate_s(self, params: Mapping[str, Any]) -> float:
-        return 1.5 * (2 if params.get("addr6") else 1)
+        return 1.5 * (2 if params.get("addr6") or params.get("ipv6") else 1)
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         files: list[Path] = []
@@ -89,6 +95,8 @@ class MtuTest(Test):
         upper = iface_mtu or params["upper_mtu"]
         targets = [ctx.server_addr] + ([params["addr6"]] if params["addr6"] else [])
         records = []
+        if params["ipv6"] and ctx.server_addr6 and ctx.server_addr6 not in targets:
+            targets.append(ctx.server_addr6)
         for addr in targets:
             fam = family_of(addr) or 4
             rec = self._probe_family(ctx, addr, fam, upper, params["attempts"])
@@ -97,6 +105,15 @@ class MtuTest(Test):
             if iface_mtu and rec.get("path_mtu"):
                 rec["matches_iface"] = rec["path_mtu"] == iface_mtu
             records.append(rec)
+        if params["ipv6"] and not ctx.server_addr6:
+            records.append(
+                self.record(
+                    ok=False,
+                    family=6,
+                    error="ipv6 = true: the lab has no IPv6 traffic address (the profile or the "
+                    "topology carries no IPv6)",
+                )
+            )
         return records
 
     def _probe_family(self, ctx: Context, addr: str, fam: int, upper: int, attempts: int) -> Record:
