@@ -65,7 +65,17 @@ OS_SYSCTLS = {
     "tcp_wmem": "net.ipv4.tcp_wmem",
 }
 
+#: the board's link model ([link] table): one-way time a frame spends in ONE traversal of the
+#: board's NIC (MAC, DMA, interrupt and softirq hand-off, PHY), added per hop by the lab where
+#: the VPN path crosses that board (lab.cpuplan.nic_path; docs/cpu.md "A board model")
+LINK_FIELDS = ("nic_latency_us", "source", "derivation")
+#: accepted range of nic_latency_us: 0 (no NIC latency) to 10 ms, far above any Ethernet NIC
+NIC_LATENCY_MAX_US = 10_000.0
+#: `nic_latency` lab option (`-p nic_latency=`, a plan's [topology] nic_latency)
+NIC_LATENCY_MODES = ("auto", "on", "off")
+
 _TOP_FIELDS = {
+    "link",
     "os",
     "name",
     "description",
@@ -136,6 +146,10 @@ class CpuProfile:
     #: the board OS's network defaults, sysctl -> value ([os], OS_SYSCTLS), and their source
     os: dict[str, str] = field(default_factory=dict)
     os_source: str = ""
+    #: one-way latency of one traversal of the board's NIC, us ([link]; 0 = none stated)
+    nic_latency_us: float = 0.0
+    nic_source: str = ""
+    nic_derivation: str = ""
 
     @property
     def capped(self) -> bool:
@@ -321,6 +335,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
     }
     if os_sysctls and not os_table.get("source"):
         raise ConfigError("say where the values come from (source = ...)", source=src, field="os")
+    nic = _link_table(data.get("link", {}), src)
     return CpuProfile(
         name=name,
         cores=cores,
@@ -328,6 +343,9 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         calibrated=calibrated,
         os=os_sysctls,
         os_source=_str(os_table.get("source", ""), src, "os.source"),
+        nic_latency_us=nic["nic_latency_us"],
+        nic_source=nic["source"],
+        nic_derivation=nic["derivation"],
         env={str(k): v for k, v in env.items()},
         description=_str(data.get("description", ""), src, "description"),
         emulated_cores=emulated,
@@ -337,6 +355,58 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         references=refs,
         assumptions=list(assumptions),
         path=src,
+    )
+
+
+def _link_table(table: Any, src: str) -> dict:
+    """The [link] table: nic_latency_us in [0, NIC_LATENCY_MAX_US], with its source and
+    derivation (a figure without a source is refused, as for [reference.*] and [os])."""
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"must be a table with {', '.join(LINK_FIELDS)}", source=src, field="link"
+        )
+    bad = sorted(set(table) - set(LINK_FIELDS))
+    if bad:
+        raise ConfigError(
+            f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(LINK_FIELDS)}",
+            source=src,
+            field=f"link.{bad[0]}",
+        )
+    out = {"nic_latency_us": 0.0, "source": "", "derivation": ""}
+    if not table:
+        return out
+    if "nic_latency_us" not in table:
+        raise ConfigError(
+            f"missing; accepted: microseconds from 0 to {NIC_LATENCY_MAX_US:g}",
+            source=src,
+            field="link.nic_latency_us",
+        )
+    v = table["nic_latency_us"]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= NIC_LATENCY_MAX_US:
+        raise ConfigError(
+            f"got {v!r}; accepted: microseconds from 0 to {NIC_LATENCY_MAX_US:g}",
+            source=src,
+            field="link.nic_latency_us",
+        )
+    for f in ("source", "derivation"):
+        if not table.get(f):
+            raise ConfigError(
+                "missing: say where the figure comes from and how it was derived",
+                source=src,
+                field=f"link.{f}",
+            )
+        out[f] = _str(table[f], src, f"link.{f}")
+    out["nic_latency_us"] = float(v)
+    return out
+
+
+def parse_nic_latency(value: Any, *, source: str, field: str = "nic_latency") -> str:
+    """The lab's `nic_latency` option: "auto", "on" or "off" (case-insensitive); anything else
+    is refused naming `source`, `field` and the accepted values."""
+    if isinstance(value, str) and value.strip().lower() in NIC_LATENCY_MODES:
+        return value.strip().lower()
+    raise ConfigError(
+        f"got {value!r}; accepted: {', '.join(NIC_LATENCY_MODES)}", source=source, field=field
     )
 
 

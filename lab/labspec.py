@@ -71,6 +71,9 @@ class LabSpec:
     #: time dilation (lab.dilation): a factor >= 1 or "auto" as asked (`-p dilation=`, a plan's
     #: [topology] dilation); lab.cpuplan.cpu_plan resolves "auto" to the factor in force
     dilation: float | str = 1.0
+    #: per-hop NIC latency of the boards' profiles ([link]): "auto" | "on" | "off" (`-p
+    #: nic_latency=`, a plan's [topology] nic_latency; lab.cpuplan.nic_decision, docs/cpu.md)
+    nic_latency: str = "auto"
 
     def hosts(self) -> list[NodeSpec]:
         return [n for n in self.nodes.values() if n.kind == "host"]
@@ -93,6 +96,7 @@ class LabSpec:
             links=[LinkSpec(**lk) for lk in d["links"]],
             segments=[Segment(**s) for s in d["segments"]],
             dilation=d.get("dilation", 1.0),
+            nic_latency=d.get("nic_latency", "auto"),
         )
 
     def endpoints(self, role: str) -> tuple[str, str]:

@@ -12,6 +12,7 @@ A plan is a TOML file (see plans/ and docs/results.md):
     file = "topologies/pi_pair.py"
     cpu = "pi4"              # the topology's cpu parameter: a CPU profile name
     dilation = 1             # time dilation factor, or "auto" (docs/cpu.md "Time dilation")
+    nic_latency = "auto"     # the boards' per-hop NIC latency: auto, on, off (docs/cpu.md)
     params = { bw = 1000 }   # the other -p parameters
     [defaults]               # parameters given to every test that accepts them
     omit_s = 1
@@ -64,7 +65,7 @@ TOP_KEYS: dict[str, str] = {
     "description": "free text",
     "study": "which study the plan reproduces (free text)",
     "notes": "free text or a list of strings (gaps, stand-ins), copied into the report",
-    "topology": "table: file, topo, cpu, dilation, params",
+    "topology": "table: file, topo, cpu, dilation, nic_latency, params",
     "profiles": "list of VPN profile specs (NAME or NAME:key=value,...)",
     "impairments": "list of: 'none', a preset, tc-netem words, {name, spec} or a sweep table",
     "placement": "where impairment goes: egress, ingress or middlebox (default: the lab's)",
@@ -90,6 +91,7 @@ TOPOLOGY_KEYS = {
     "cpu": "CPU profile name given as the topology's cpu parameter",
     "params": "table of other topology parameters (the -p of `lab up`)",
     "dilation": 'time dilation: a factor >= 1 or "auto" (docs/cpu.md "Time dilation")',
+    "nic_latency": 'the boards\' per-hop NIC latency: "auto", "on" or "off" (docs/cpu.md)',
 }
 
 
@@ -116,6 +118,7 @@ OVERRIDE_KEYS = {
     "topology.topo": "topology entry",
     "topology.cpu": "CPU profile",
     "topology.dilation": 'time dilation factor (>= 1) or "auto"',
+    "topology.nic_latency": '"auto", "on" or "off"',
     "topology.params.KEY": "one topology parameter",
 }
 
@@ -255,7 +258,7 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
             topo = raw.setdefault("topology", {})
             if not isinstance(topo, dict):
                 raise ConfigError("[topology] must be a table", source=source, field="topology")
-            if len(parts) == 2 and parts[1] in ("file", "topo", "cpu", "dilation"):
+            if len(parts) == 2 and parts[1] in ("file", "topo", "cpu", "dilation", "nic_latency"):
                 topo[parts[1]] = value
             elif len(parts) == 3 and parts[1] == "params":
                 topo.setdefault("params", {})[parts[2]] = value
@@ -350,6 +353,7 @@ def validate(
 
 def _topology(raw: dict, source: str, base_dir: Path):
     from .cpuprofile import known_profiles as known_cpu
+    from .cpuprofile import parse_nic_latency
     from .dilation import parse_dilation
     from .topology import load_topology
 
@@ -399,6 +403,10 @@ def _topology(raw: dict, source: str, base_dir: Path):
         params["cpu"] = cpu
     if "dilation" in t:
         params["dilation"] = parse_dilation(t["dilation"], source=source, field="topology.dilation")
+    if "nic_latency" in t:
+        params["nic_latency"] = parse_nic_latency(
+            t["nic_latency"], source=source, field="topology.nic_latency"
+        )
     try:
         spec = load_topology(path, topo, params)
     except ConfigError as e:

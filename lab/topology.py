@@ -16,6 +16,7 @@ from typing import Any
 from .addressing import assign, check_default_route, compute_routes
 from .arch import ARCHES
 from .cpuprofile import known_profiles
+from .cpuprofile import parse_nic_latency
 from .dilation import parse_dilation
 from .errors import ConfigError
 from .labspec import Interface, LabSpec, LinkSpec, NodeSpec, Segment
@@ -204,9 +205,11 @@ def load_topology(path: str | Path, topo: str | None = None, params: dict | None
     params = dict(params or {})
     # a lab parameter, not the topology's: its build() never sees it (docs/cpu.md "Time dilation")
     dilation = parse_dilation(params.pop("dilation", 1.0), source=str(path), field="dilation")
+    nic = parse_nic_latency(params.pop("nic_latency", "auto"), source=str(path))
     obj, topo = build_topo(path, topo, params)
     spec = resolve(obj, source=str(path), topo_name=topo, params=params)
     spec.dilation = dilation
+    spec.nic_latency = nic
     return spec
 
 
