@@ -30,11 +30,13 @@ from .shard import case_id, case_seed, shard_cases, shard_record, source_hash
 from .runsetup import (  # noqa: F401
     MEASURE_TOOL_VERSIONS,
     TOOL_VERSIONS,
+    arch_tool_versions,
     create_run_dir,
     git_revision,
     kernel_info,
     preflight,
     resume_plan,
+    node_tool_versions,
     tool_versions,
 )
 from .localtarget import LocalTarget, apply_impairment, impairment_runtime, up_lab  # noqa: F401
@@ -189,9 +191,25 @@ class Runner:
         self.manifest["cpu"] = {n: rt.get("cpu") for n, rt in lab.info.get("nodes", {}).items()}
         if "boards" in lab.info:
             self.manifest["boards"] = lab.info["boards"]
+        self._record_node_tools(lab)
         self.manifest["lab_warnings"] = lab.info.get("warnings", [])
         self.manifest["dilation"] = dilation.factor(lab.spec.dilation)
         self._write_manifest()
+
+    def _record_node_tools(self, lab) -> None:
+        """`tool_versions` is this machine's; a board over SSH or a node of another architecture
+        runs its own binaries: their versions, asked on each such node once per run."""
+        if "boards" in lab.info:  # a board lab's nodes are its boards: every tool is theirs
+            names, probe = list(lab.info["boards"]), node_tool_versions
+        else:  # an arch node runs the board tools from its root, the rest from this machine
+            names = [n for n, rt in lab.info.get("nodes", {}).items() if rt.get("arch")]
+            probe = arch_tool_versions
+        seen = self.manifest.setdefault("node_tool_versions", {})
+        for name in names:
+            if name not in seen:
+                seen[name] = probe(lab.node(name))
+        if not seen:
+            del self.manifest["node_tool_versions"]
 
     # ------------------------------------------------------------------ lab lifecycle
     def _up(self, profile: str, first: ImpairmentPoint | None):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import platform
+import shlex
 import socket
 import time
 from pathlib import Path
@@ -118,6 +119,60 @@ def tool_versions() -> dict[str, str | None]:
             continue
         text = (cp.stdout or cp.stderr or "").strip().splitlines()
         out[name] = text[0].strip() if text else None
+    return out
+
+
+def node_tool_versions(node) -> dict[str, str | None]:
+    """tool_versions() asked on `node` (lab.node.Node) rather than this machine: what a board
+    over SSH or a node of another architecture (its own binaries under qemu-user) runs. One
+    shell round trip per node; a tool the node lacks, or whose version command prints nothing,
+    is None."""
+    names = list(TOOL_VERSIONS)
+    lines = []
+    for i, name in enumerate(names):
+        argv = TOOL_VERSIONS[name]
+        cmd = " ".join(shlex.quote(a) for a in argv)
+        # each tool's first output line behind a marker; nothing when the tool is not on PATH
+        lines.append(
+            f"command -v {shlex.quote(argv[0])} >/dev/null 2>&1 && "
+            f"v=$( ({cmd}) 2>/dev/null </dev/null | grep -m 1 . || ({cmd}) 2>&1 </dev/null | "
+            f"grep -m 1 .) && printf '@@%d %s\\n' {i} \"$v\""
+        )
+    out: dict[str, str | None] = dict.fromkeys(names)
+    try:
+        cp = node.run(["sh", "-c", "; ".join(lines) + "; true"], check=False, timeout=60)
+    except LabError:
+        return out
+    for line in (cp.stdout or "").splitlines():
+        if line.startswith("@@"):
+            idx, _, text = line[2:].partition(" ")
+            if idx.isdigit() and int(idx) < len(names) and text.strip():
+                out[names[int(idx)]] = text.strip()
+    return out
+
+
+def _first_line(cp) -> str | None:
+    for text in (cp.stdout or "", cp.stderr or ""):
+        for line in text.splitlines():
+            if line.strip():
+                return line.strip()
+    return None
+
+
+def arch_tool_versions(node) -> dict[str, str | None]:
+    """The versions of the board tools (lab.arch.emulate.BOARD_TOOLS) that a node of another
+    architecture runs from its root under qemu-user, each asked through the node's own wrapper;
+    the rest run this machine's binaries, whose versions are in tool_versions()."""
+    from .arch.emulate import BOARD_TOOLS
+
+    out: dict[str, str | None] = {}
+    for name, argv in TOOL_VERSIONS.items():
+        if os.path.basename(argv[0]) not in BOARD_TOOLS:
+            continue
+        try:
+            out[name] = _first_line(node.run(argv, check=False, timeout=60))
+        except LabError:
+            out[name] = None
     return out
 
 

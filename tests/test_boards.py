@@ -284,6 +284,10 @@ def test_lab_check_runs_its_plan_on_the_boards(farm, tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["substrate"]["kind"] == "boards"
     assert manifest["substrate"]["boards"] == sorted(rec["boards"]), (manifest["substrate"], rec)
+    # the tools' versions asked on each board, not only on the controller
+    tools = manifest["node_tool_versions"]
+    assert set(tools) == {"client", "router", "server"}, tools
+    assert all((v.get("iperf3") or "").startswith("iperf 3.") for v in tools.values()), tools
     assert board_state(inv, tmp_path) == before
     # judging a finished run takes no boards
     j = run_lab("check", "--run", out, "--boards", inv)
