@@ -196,7 +196,7 @@ def merge(dirs: list[Path], out: Path) -> dict:
     """Check the shards, write the merged run directory at `out`, and its report (the
     summary lab.report.generate returns)."""
     out = Path(out)
-    check_run_dir(out)
+    check_run_dir(out, resumable=False)  # a merge is written whole: nothing to resume
     shards = load_shards(dirs)
     order = sorted(range(len(shards)), key=lambda i: _shard_index(shards[i]))
     shards = [shards[i] for i in order]

@@ -50,15 +50,17 @@ TOOL_VERSIONS: dict[str, list[str]] = _tool_version_table()
 # ---------------------------------------------------------------------- run directory
 
 
-def check_run_dir(path: Path) -> None:
-    """`--out RUN_DIR`: a directory that does not exist yet or is empty, else a ConfigError."""
+def check_run_dir(path: Path, *, resumable: bool = True) -> None:
+    """`--out RUN_DIR`: a directory that does not exist yet or is empty, else a ConfigError.
+    `resumable`: the command can continue a directory with --resume (lab run), so say so."""
     if path.exists() and not path.is_dir():
         raise ConfigError(
             "exists and is not a directory; choose a new directory", source=str(path), field="--out"
         )
     if path.is_dir() and any(path.iterdir()):
         raise ConfigError(
-            "exists and is not empty; choose a new directory or resume it with --resume",
+            "exists and is not empty; choose a new directory"
+            + (" or resume it with --resume" if resumable else ""),
             source=str(path),
             field="--out",
         )

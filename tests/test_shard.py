@@ -263,8 +263,9 @@ def test_merge_refuses_before_anything_exists(tmp_path):
     out = tmp_path / "full"
     out.mkdir()
     (out / "x").write_text("")
-    with pytest.raises(ConfigError, match="exists and is not empty"):
+    with pytest.raises(ConfigError, match="exists and is not empty") as e:
         merge([tmp_path / "notarun"], out)
+    assert "--resume" not in str(e.value)  # lab merge has no --resume to suggest
 
 
 def test_resume_keeps_the_shard(tmp_path):
