@@ -207,6 +207,8 @@ def cmd_impair(args) -> int:
         markup=False,
         highlight=False,
     )
+    for where, base in (res.get("base") or {}).items():  # kept under every spec
+        out.print(f"  base {where}: {base}", markup=False, highlight=False)
     for where, req in (res.get("requested") or {}).items():
         out.print(f"  requested {where}: {req}", markup=False, highlight=False)
     for where, applied in (res.get("applied") or {}).items():

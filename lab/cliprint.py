@@ -52,6 +52,14 @@ def status_lines(s: dict) -> list[str]:
             f"impairment: backend {imp.get('backend')}, placement {imp.get('placement')}; "
             "a symmetric spec applies to each direction (each point is one egress)"
         )
+    nic = s.get("nic_latency") or {}
+    if nic.get("directions"):  # the boards' NICs (lab.cpuplan.nic_decision)
+        each = ", ".join(f"{k} {v['us']:g} us" for k, v in nic["directions"].items())
+        lines.append(
+            f"boards' NIC latency ({each}): "
+            + (f"applied ({nic.get('backend')})" if nic.get("applied") else "not applied")
+            + f", {nic.get('why')}"
+        )
     return lines
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from . import cgroups, proc
 from .cpuprofile import MASK_VARS, CpuProfile, load_profile
 from .dilation import MAX_DILATION, auto_factor, cfs_period_us
-from .errors import PreconditionError
+from .errors import ConfigError, PreconditionError
+from .graph import shortest_path
 from .labspec import LabSpec
 from .state import lab_dir, write_json_atomic
 
@@ -152,6 +153,9 @@ def plan_entry(prof: CpuProfile) -> dict:
         "env": {**{v: None for v in MASK_VARS if v not in prof.env}, **prof.env},
         "coverage": coverage(prof),
     }
+    if prof.nic_latency_us:
+        # one traversal of the board's NIC; lab.lab adds it per hop of the VPN path (nic_path)
+        entry["nic_latency_us"] = prof.nic_latency_us
     if prof.os:
         entry["os"] = dict(prof.os)
         entry["os_source"] = prof.os_source
@@ -319,3 +323,101 @@ def start_core_balancer(lab_id, layout, info, ledger) -> None:
     st = proc.proc_start_time(p.pid)
     ledger.record("process", node=None, name="coreslots", pid=p.pid, start_time=st)
     info["core_balancer"] = {"pid": p.pid, "start_time": st, "config": str(cfg)}
+
+
+# ---------------------------------------------------------------------- the boards' NICs
+
+
+#: why "auto" leaves the NIC latency out on a kernel without netem (docs/cpu.md "A board model")
+NO_NETEM = (
+    "this kernel has no sch_netem ({reason}); `-p nic_latency=on` applies it with the lab's "
+    "userspace engine (one bump per link, ~0.2 engine cores per Gbit/s)"
+)
+
+
+def nic_path(spec: LabSpec, cpu: dict[str, dict]) -> dict[str, dict]:
+    """Per direction of the VPN path ("client->server", "server->client"): the one-way latency
+    the boards' NICs add, the sum over the path's hops of the sending and the receiving node's
+    `nic_latency_us` (their profile's [link]). A node without one (a router standing for another
+    machine, `cpu=host`, a fraction of a core, a switch) adds 0: its real counterpart's NIC is
+    not the boards' and is not modelled. `cpu`: cpu_plan's per-node dicts (plan_entry)."""
+    a, b = spec.endpoints("vpn")
+    path = shortest_path(spec.nodes, spec.links, a, b) or []
+
+    def nic(node: str) -> float:
+        return float((cpu.get(node) or {}).get("nic_latency_us") or 0.0)
+
+    out = {}
+    for name, hops in ((f"{a}->{b}", path), (f"{b}->{a}", [(i, t, f) for i, f, t in path[::-1]])):
+        rows = [{"from": f, "to": t, "us": nic(f) + nic(t)} for _i, f, t in hops]
+        out[name] = {"us": round(sum(r["us"] for r in rows), 3), "hops": rows}
+    return out
+
+
+def nic_decision(mode: str, path: dict[str, dict], netem=None) -> tuple[dict, list[str]]:
+    """Whether the boards' NIC latency is applied, recorded for lab.json and run manifests:
+    (record, warnings). `mode`: the lab's nic_latency ("auto" | "on" | "off"); `path`:
+    nic_path(); `netem`: a callable returning (sch_netem usable, why not), asked only when
+    "auto" needs it. "auto" applies it where kernel netem is present and leaves it out, with a
+    warning, where the lab would need its engine on every link for it; "on" applies it with
+    whichever backend the lab's impairment uses; "off" never. lab.lab adds `backend`."""
+    rec: dict = {"mode": mode, "applied": False, "directions": path, "backend": None}
+    total = sum(d["us"] for d in path.values())
+    if not total:
+        rec["why"] = "no node on the VPN path has a CPU profile with a [link] nic_latency_us"
+        return rec, []
+    if mode == "off":
+        rec["why"] = "nic_latency=off"
+        return rec, []
+    if mode == "on":
+        rec.update(applied=True, why="nic_latency=on: applied by the lab's impairment backend")
+        return rec, []
+    ok, reason = netem() if netem is not None else (False, "not probed")
+    if ok:
+        rec.update(applied=True, why="nic_latency=auto: kernel netem present")
+        return rec, []
+    rec["why"] = NO_NETEM.format(reason=reason)
+    each = ", ".join(f"{k} {v['us']:g} us" for k, v in path.items())
+    return rec, [f"the boards' per-hop NIC latency ({each}) is not applied: {rec['why']}"]
+
+
+def nic_point_delays(record: dict, points: list[dict], backend: str) -> dict[str, int]:
+    """Microseconds each impairment point ("NODE:IFNAME") adds for the boards' NICs, so that
+    each direction of the path gets its total once: split evenly over the direction's kernel
+    netem points (each delays the packet), whole on each point of the engine (a middlebox
+    engine's points of one direction all set that one engine direction, lab.impair.runtime
+    _apply; an egress/ingress one has one point per direction). `record`: nic_decision's."""
+    if not record.get("applied"):
+        return {}
+    totals = [d["us"] for d in record["directions"].values()]  # client->server, then back
+    out = {}
+    for way, total in zip(("fwd", "rev"), totals, strict=True):
+        pts = [p for p in points if p["way"] == way]
+        share = total / len(pts) if pts and backend == "kernel-netem" else total
+        for p in pts:
+            out[f"{p['node']}:{p['ifname']}"] = round(share)
+    return out
+
+
+def nic_latency_plan(spec: LabSpec, cpu: dict[str, dict], netem) -> tuple[dict, list[str]]:
+    """nic_decision for `spec`'s nic_latency on its VPN path (lab.lab._build calls it once the
+    nodes exist, so that `netem` can probe one)."""
+    if not any((p or {}).get("nic_latency_us") for p in cpu.values()):
+        return nic_decision(spec.nic_latency, {}, netem)
+    try:
+        path = nic_path(spec, cpu)
+    except ConfigError as e:  # no VPN path to put it on (ends not marked): said, not fatal
+        rec, _ = nic_decision(spec.nic_latency, {}, netem)
+        rec["why"] = f"no VPN path to add it to: {e}"
+        return rec, [f"the boards' per-hop NIC latency is not applied: {rec['why']}"]
+    return nic_decision(spec.nic_latency, path, netem)
+
+
+def nic_to_points(record: dict, impair_state: dict) -> None:
+    """Put the applied NIC latency on the lab's impairment points (lab.json's impair record:
+    `nic_us`, kept under every spec by lab.impair.runtime) and record the backend."""
+    if record.get("applied"):
+        record["backend"] = impair_state["backend"]
+        impair_state["nic_us"] = nic_point_delays(
+            record, impair_state["points"], impair_state["backend"]
+        )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import cgroups, dilation, netops
-from .cpuplan import cpu_plan, start_core_balancer
+from .cpuplan import cpu_plan, nic_latency_plan, nic_to_points, start_core_balancer
 from .errors import ConfigError, LabError, PreconditionError
 from .arch.emulate import ArchRoot
 from .localnode import LocalNode
@@ -145,7 +145,7 @@ def lab_status(lab_id: str, info: dict, spec: LabSpec, where: dict[str, dict]) -
                 for i in n.interfaces
             ],
         }
-    for k in ("vpn", "impair", "warnings", "substrate"):
+    for k in ("vpn", "impair", "nic_latency", "warnings", "substrate"):
         if k in info:
             out[k] = info[k]
     return out
@@ -315,6 +315,14 @@ def _impair_plan(spec, lab_id, info, impair, placement, backend):
     return runtime.plan_for(spec, placement, impair, backend, why)
 
 
+def _netem_here(spec, lab_id, info) -> tuple[bool, str]:
+    """(kernel netem usable, why not), probed in the lab's first host."""
+    from .impair.kernel import probe_netem
+
+    pr = probe_netem(Lab(lab_id, info).node(spec.hosts()[0].name))
+    return pr.ok, pr.reason
+
+
 def _build_bump(lab_id, lk, layout, ledger, info, all_cpus) -> None:
     """Splice a bump-in-the-wire namespace into link `lk`: node1 <-> [imp-a engine imp-b] <-> node2."""
     from .impair import runtime
@@ -432,12 +440,20 @@ def _build(
     write_json_atomic(d / "lab.json", info)
     start_core_balancer(lab_id, layout, info, ledger)
 
+    # the boards' NICs: a delay on the VPN path's impairment points (docs/cpu.md "A board model")
+    nic, nic_warnings = nic_latency_plan(spec, cpu, lambda: _netem_here(spec, lab_id, info))
+    info["nic_latency"] = nic
+    info["warnings"] += nic_warnings
+    if nic["applied"] and impair is None:
+        impair = "none"
+
     iplan = None
     if impair is not None:
         from .impair import runtime
 
         iplan = _impair_plan(spec, lab_id, info, impair, placement, impair_backend)
         info["impair"] = runtime.plan_json(iplan)
+        nic_to_points(nic, info["impair"])
         write_json_atomic(d / "lab.json", info)
 
     for lk in spec.links:

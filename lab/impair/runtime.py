@@ -223,7 +223,8 @@ def set_point(lab, spec: str, *, seed: int | None = None) -> dict:
 
     Nothing of what earlier points or `lab impair set` left survives: each point gets the
     topology's own link impairment (its `impair=` option, none for most) with `spec` on top,
-    and an empty spec leaves just that. Returns show_impairment() plus `expected` (the effective
+    and an empty spec leaves just that; the boards' NIC latency, where the lab applies it, is
+    added to every point's delay (_apply). Returns show_impairment() plus `expected` (the effective
     spec of every point) and `in_force` (whether what the engine or qdisc reports, read back
     after setting, is exactly that).
     """
@@ -367,9 +368,17 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> dict[str, 
     # a time-dilated lab gets every impairment in slow motion here, the one place all of them
     # pass (plan points, `lab impair set`, a link's own impair=): delays x d, rates / d. The
     # queue limit is reckoned undilated (its packets are the same: rate / d x delay x d)
+    # the boards' NICs (lab.cpuplan.nic_point_delays, recorded at `lab up` as `nic_us`) are
+    # added here too, under every spec, `clear` included: part of the board, not an impairment
+    nic = st.get("nic_us") or {}
     d = dilation.factor(lab.spec.dilation)
     changes = [
-        (p, dilation.impairment(with_queue_limit(imp, line_rate_bps(lab, p)), d))
+        (
+            p,
+            dilation.impairment(
+                with_queue_limit(with_nic(imp, nic.get(_key(p), 0)), line_rate_bps(lab, p)), d
+            ),
+        )
         for p, imp in changes
     ]
     sent: dict[str, Impairment] = {}
@@ -404,6 +413,14 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> dict[str, 
                 engine_client(lab, eng).set(d, imp.to_json())
                 sent[f"{eng['name']}:{d}"] = imp
     return sent
+
+
+def with_nic(imp: Impairment, us: int) -> Impairment:
+    """`imp` with the boards' NIC latency `us` added to its delay (added, not replacing it: a
+    `delay 20ms` point on a path of two boards is 20 ms plus the NICs; jitter stays the spec's)."""
+    if not us:
+        return imp
+    return replace(imp, delay_us=(imp.delay_us or 0) + int(us))
 
 
 def engine_client(lab, eng: dict):
@@ -447,6 +464,8 @@ def show_impairment(lab) -> dict:
         k: str(Impairment.from_json(v)) for k, v in (st.get("applied") or {}).items()
     }
     out["points"] = [f"{p['node']}:{p['ifname']} ({p['way']})" for p in st["points"]]
+    if st.get("base") or st.get("nic_us"):
+        out["base"] = base_text(st)
     if st["backend"] == "kernel-netem":
         real = {}
         for p in st["points"]:
@@ -479,6 +498,21 @@ def show_impairment(lab) -> dict:
             }
             for name, e in eng_out.items()
         }
+    return out
+
+
+def base_text(st: dict) -> dict[str, str]:
+    """What each point keeps under every spec: the link's own `impair=` (replaced field by
+    field by a point's words) and the boards' NIC latency (added to the point's delay)."""
+    base, nic = st.get("base") or {}, st.get("nic_us") or {}
+    out = {}
+    for p in st["points"]:
+        k = f"{p['node']}:{p['ifname']}"
+        parts = [str(Impairment.from_json(base[k]))] if base.get(k) else []
+        if nic.get(k):
+            parts.append(f"+{nic[k]}us delay (the boards' NICs, added to the point's own delay)")
+        if parts:
+            out[k] = "; ".join(parts)
     return out
 
 
