@@ -194,6 +194,8 @@ class Runner:
         self._record_node_tools(lab)
         self.manifest["lab_warnings"] = lab.info.get("warnings", [])
         self.manifest["dilation"] = dilation.factor(lab.spec.dilation)
+        # the boards' per-hop NIC latency per direction: applied or why not (lab.cpuplan)
+        self.manifest["nic_latency"] = lab.info.get("nic_latency")
         self._write_manifest()
 
     def _record_node_tools(self, lab) -> None:
