@@ -6,6 +6,10 @@ lab's private state, never into results; keys are generated per run and removed 
 client pins the host key (StrictHostKeyChecking=yes with its own known_hosts) and ignores every
 user or system ssh config (-F /dev/null), so the same cipher negotiation happens everywhere
 unless `cipher` is set. The time includes the SSH handshake, as a user's scp does.
+
+A copy that cannot finish before its time-out is stopped once that is clear (`stop_early`,
+on by default; lab.measure.progress has the rule): its record fails as a timed-out one does,
+with the partial figures in their own fields, never in `rate_bps`/`seconds`.
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ from .base import (
     Test,
     describe_failure,
     family_of,
-    invoke,
     wait_listening,
 )
+from .progress import watch_copy
 
 MIB = 1024 * 1024
 #: OpenSSH >= 9.0 speaks SFTP underneath scp; -O forces the legacy protocol that older
@@ -102,6 +106,12 @@ class ScpTest(Test):
         "cipher": Param(str, None, optional=True, doc="scp -c, e.g. aes128-gcm@openssh.com"),
         "dest": Param(str, "/dev/null", doc="path written on the server"),
         "protocol": Param(str, "default", choices=tuple(PROTOCOL_FLAGS), doc="scp -O / -s"),
+        "stop_early": Param(
+            bool,
+            True,
+            doc="stop a copy once even twice its rate cannot finish it before its time-out "
+            "(lab.measure.progress); false: run to the time-out as before",
+        ),
     }
     metrics = (
         Metric(
@@ -111,6 +121,32 @@ class ScpTest(Test):
             source="rate_bps",
         ),
         Metric("seconds", unit="s", description="transfer time, SSH handshake included"),
+        # a copy stopped early (failed record): its partial figures, never throughput/seconds
+        Metric(
+            "stopped_after_s",
+            unit="s",
+            description="a copy stopped early (stopped_early): seconds it ran",
+            summarised=False,
+        ),
+        Metric(
+            "partial_bytes",
+            unit="B",
+            description="a copy stopped early: bytes its interface sent (headers included)",
+            summarised=False,
+        ),
+        Metric(
+            "partial_rate_bps",
+            unit="bit/s",
+            description="a copy stopped early: the rate the rule used (best of the last 10 s "
+            "and the average)",
+            summarised=False,
+        ),
+        Metric(
+            "projected_s",
+            unit="s",
+            description="a copy stopped early: when it would have ended at that rate",
+            summarised=False,
+        ),
     )
     primary = Primary("throughput_bps", "Mbit/s", 1e-6, True)
 
@@ -130,6 +166,7 @@ class ScpTest(Test):
             "cipher": params["cipher"],
             "dest": params["dest"],
             "protocol": params["protocol"],
+            "stop_early": params["stop_early"],
         }
         try:
             host_key, client_key = state / "ssh_host_ed25519_key", state / "id_ed25519"
@@ -184,14 +221,43 @@ class ScpTest(Test):
                 protocol=params["protocol"],
             )
             # a Pi moves ~10-40 MB/s through scp; allow 1 MiB/s before calling it hung
-            inv = invoke(
-                ctx, ctx.client, argv, label="scp", timeout=params["size_mb"] + ctx.timeout_s
+            timeout = params["size_mb"] + ctx.timeout_s
+            inv, watch = watch_copy(
+                ctx,
+                ctx.client,
+                argv,
+                label="scp",
+                timeout=timeout,
+                size=size,
+                addr=host,
+                enabled=params["stop_early"],
             )
             files += inv.raw_files
+            if params["stop_early"]:
+                base["early_stop"] = watch.info(timeout)
+            v = watch.stopped
+            if v is not None:
+                return [
+                    self.record(
+                        ok=False,
+                        error=f"scp {v.why}",
+                        raw_files=files,
+                        stopped_early=True,
+                        stopped_after_s=watch.elapsed_s,
+                        partial_bytes=watch.sent,
+                        partial_rate_bps=v.rate * 8 if v.rate is not None else None,
+                        projected_s=v.projected_s,
+                        **base,
+                    )
+                ]
             if inv.timed_out or inv.returncode != 0:
                 return [
                     self.record(
-                        ok=False, error=describe_failure(inv, "scp"), raw_files=files, **base
+                        ok=False,
+                        error=describe_failure(inv, "scp"),
+                        raw_files=files,
+                        stopped_early=False,
+                        **base,
                     )
                 ]
             return [
@@ -200,6 +266,7 @@ class ScpTest(Test):
                     seconds=inv.seconds,
                     rate_bps=size * 8 / inv.seconds,
                     handshake_included=True,
+                    stopped_early=False,
                     **base,
                 )
             ]

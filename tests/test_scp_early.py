@@ -1,0 +1,222 @@
+"""scp stops early when it cannot finish before its time-out (issue 17; lab.measure.progress).
+
+The rule on hand-computed numbers, then real copies through a lab whose one link is shaped to
+1 Mbit/s (topology `bw`, tbf on both ends): 16 MiB cannot cross it before the time-out and is
+stopped well before it, with nothing of the copy left; 1 MiB can and is not stopped although
+the rule looked at it several times; with `stop_early = false` the copy runs to its time-out as
+before. The rule's 20-s minimum is lowered to 4 s here (progress.MIN_S) so the copies stay
+short; the counter, the decision and the kill are the ones a campaign runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from lab import cgroups, proc
+from lab.measure import Context, get_test
+from lab.measure import progress
+from lab.measure.progress import MIB, decide, min_watch_s
+
+REPO = Path(__file__).resolve().parent.parent
+
+# --- the rule, by hand ------------------------------------------------------------------------
+
+#: study A: 256 MiB, time-out 256 + 30 s; its minimum is max(20, 28.6) s
+SIZE, T = 256 * MIB, 286.0
+
+
+def test_minimum_is_20_s_or_a_tenth_of_the_timeout():
+    assert min_watch_s(T) == pytest.approx(28.6)
+    assert min_watch_s(100) == 20.0
+    assert min_watch_s(1000) == 100.0
+
+
+def test_hopeless_copy_is_stopped():
+    # baseline at jitter 9 ms: 2.6 Mbit/s = 325 000 B/s, steady; after 30 s 9 750 000 B sent,
+    # 258 685 456 B left: 795.96 s at that rate, 397.98 s at twice it; 30 + 397.98 > 286
+    v = decide(
+        elapsed_s=30, sent=9_750_000, size=SIZE, timeout_s=T, window_bytes=3_250_000, window_s=10
+    )
+    assert v.stop
+    assert v.rate == 325_000
+    assert v.projected_s == pytest.approx(30 + 258_685_456 / 325_000)
+    assert "stopped after 30 s: at 2.6 Mbit/s the remaining 247 MiB need 796 s" in v.why
+    assert "past the 286 s timeout" in v.why
+
+
+def test_copy_that_finishes_is_not_stopped():
+    # 8 Mbit/s: 238 435 456 B left after 30 s need 238.4 s; 268.4 s < 286
+    v = decide(
+        elapsed_s=30, sent=30_000_000, size=SIZE, timeout_s=T, window_bytes=10_000_000, window_s=10
+    )
+    assert not v.stop and v.projected_s == pytest.approx(268.435456)
+
+
+def test_a_copy_late_at_its_rate_but_not_at_twice_it_goes_on():
+    # 0.8 MB/s: 244 435 456 B left need 305.5 s (30 + 305.5 > 286) but 152.8 s at twice it
+    v = decide(
+        elapsed_s=30, sent=24_000_000, size=SIZE, timeout_s=T, window_bytes=8_000_000, window_s=10
+    )
+    assert not v.stop and v.projected_s > T
+
+
+def test_boundary():
+    # timeout 100 (minimum 20), 40 s at 5 B/s: 600 B left take 60 s at 10 B/s, ending at
+    # exactly 100 s: not stopped; one byte more ends at 100.1 s: stopped
+    at = {"elapsed_s": 40, "sent": 200, "timeout_s": 100, "window_bytes": 50, "window_s": 10}
+    assert not decide(size=800, **at).stop
+    v = decide(size=801, **at)
+    assert v.stop and v.projected_s == pytest.approx(40 + 601 / 5)
+
+
+def test_before_the_minimum_nothing_is_stopped():
+    hopeless = {"sent": 10_000, "size": SIZE, "timeout_s": T, "window_bytes": 5_000, "window_s": 10}
+    assert not decide(elapsed_s=28.5, **hopeless).stop
+    assert decide(elapsed_s=28.6, **hopeless).stop
+    # a longer copy waits for a tenth of its time-out: 100 s of 1000
+    assert not decide(elapsed_s=99.9, **{**hopeless, "timeout_s": 1000}).stop
+    assert decide(elapsed_s=100, **{**hopeless, "timeout_s": 1000}).stop
+
+
+def test_the_best_of_window_and_average_is_used():
+    at = {"elapsed_s": 40, "sent": 200, "size": 2000, "timeout_s": 100}
+    # sped up: 15 B/s in the last 10 s, 5 B/s on average; 1800 B at 30 B/s: 40 + 60 = 100
+    assert not decide(window_bytes=150, window_s=10, **at).stop
+    # stalled: nothing in the last 10 s, the average (5 B/s) still counts; 600 B end at 100 s
+    assert not decide(window_bytes=0, window_s=10, **{**at, "size": 800}).stop
+    assert decide(window_bytes=0, window_s=10, **{**at, "size": 900}).stop
+
+
+def test_nothing_sent_is_not_projected():
+    v = decide(elapsed_s=60, sent=0, size=SIZE, timeout_s=T, window_bytes=0, window_s=10)
+    assert not v.stop and v.rate is None and v.projected_s is None
+
+
+def test_schema_default_and_opt_out():
+    scp = get_test("scp")
+    assert scp.validate({}, source="t")["stop_early"] is True
+    assert scp.validate({"stop_early": False}, source="t")["stop_early"] is False
+
+
+# --- real copies through a 1 Mbit/s link ---------------------------------------------------------
+
+
+class Recording:
+    """The lab's client node, keeping every Popen it hands out (the test's own view of the scp
+    process, by its PID)."""
+
+    def __init__(self, node):
+        self.node = node
+        self.popens = []
+
+    def __getattr__(self, name):
+        return getattr(self.node, name)
+
+    def popen(self, argv, **kw):
+        p = self.node.popen(argv, **kw)
+        self.popens.append((argv, p))
+        return p
+
+
+@pytest.fixture(scope="module")
+def slow_lab():
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces")
+    for tool in ("sshd", "scp", "ssh-keygen", "tc", "ss"):
+        if not proc.which(tool):
+            pytest.skip(f"{tool} missing (./setup.sh installs it)")
+    from lab.lab import up
+    from lab.teardown import teardown
+    from lab.topology import load_topology
+
+    lid = "se" + os.urandom(3).hex()
+    spec = load_topology(REPO / "topologies" / "pi_pair.py", params={"cpu": None, "bw": 1})
+    lab = up(spec, lid)
+    try:
+        yield lab
+    finally:
+        teardown(lid)
+
+
+def _run(lab, tmp_path, monkeypatch, *, timeout_s, **params):
+    monkeypatch.setattr(progress, "MIN_S", 4.0)
+    client = Recording(lab.node("client"))
+    ctx = Context(
+        client, lab.node("server"), "10.0.1.2", tmp_path / "raw", timeout_s=timeout_s,
+        state_dir=tmp_path / "st",
+    )  # fmt: skip
+    scp = get_test("scp")
+    t0 = time.monotonic()
+    [rec] = scp.run(ctx, scp.validate(params, source="test"))
+    wall = time.monotonic() - t0
+    [(argv, p)] = [(a, p) for a, p in client.popens if a[0] == "scp"]
+    return rec, wall, p
+
+
+def _left(lab, node: str) -> list[int]:
+    return cgroups.pids(lab.cg, lab.runtime[node].cgroup)
+
+
+def _until_empty(lab, node: str, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := _left(lab, node)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.mark.root
+def test_hopeless_copy_stops_early_and_leaves_nothing(slow_lab, tmp_path, monkeypatch):
+    # 16 MiB at 1 Mbit/s need 134 s; the time-out is 16 + 30 = 46 s
+    rec, wall, p = _run(slow_lab, tmp_path, monkeypatch, timeout_s=30, size_mb=16, port=2301)
+    assert not rec["ok"] and rec["stopped_early"], rec
+    assert rec["error"].startswith("scp stopped after "), rec["error"]
+    assert "past the 46 s timeout" in rec["error"]
+    assert wall < 20, wall  # stopped at its first checks (minimum 4.6 s), not at 46 s
+    assert 4.6 <= rec["stopped_after_s"] < 20
+    # the partial figures are their own, not the copy's
+    assert rec.get("rate_bps") is None and rec.get("seconds") is None
+    assert rec["projected_s"] > 46
+    # what the counter saw is what a 1 Mbit/s link lets through (+ tbf's burst, headers)
+    assert 0 < rec["partial_bytes"] < 1e6 / 8 * rec["stopped_after_s"] + 256 * 1024
+    progress_file = [f for f in rec["raw_files"] if "scp-progress" in f]
+    assert (
+        progress_file
+        and Path(progress_file[0]).read_text().count("\n") == rec["early_stop"]["checks"]
+    )
+    # the scp process the test saw was ended and reaped; nothing of the copy (its ssh child,
+    # sshd's session on the server) is left in the nodes' cgroups
+    assert p.returncode is not None and not Path(f"/proc/{p.pid}").exists()
+    assert _until_empty(slow_lab, "client") == []
+    assert _until_empty(slow_lab, "server") == []
+    assert list((tmp_path / "st").iterdir()) == []
+
+
+@pytest.mark.root
+def test_copy_that_can_finish_is_watched_and_not_stopped(slow_lab, tmp_path, monkeypatch):
+    # 1 MiB at 1 Mbit/s take ~8.5 s; time-out 1 + 20 = 21 s; checks from 4 s on
+    rec, wall, p = _run(slow_lab, tmp_path, monkeypatch, timeout_s=20, size_mb=1, port=2302)
+    assert rec["ok"], rec["error"]
+    assert not rec["stopped_early"] and rec["early_stop"]["checks"] >= 1
+    assert rec.get("partial_bytes") is None
+    # the copy really crossed the shaped link: at most 1 Mbit/s (+ tbf's burst)
+    assert rec["seconds"] > (MIB - 256 * 1024) * 8 / 1e6
+    assert _until_empty(slow_lab, "client") == []
+
+
+@pytest.mark.root
+def test_opt_out_runs_to_the_timeout(slow_lab, tmp_path, monkeypatch):
+    # 2 MiB need 17 s; time-out 2 + 3 = 5 s; not watched, so it is killed at 5 s as before
+    rec, wall, p = _run(
+        slow_lab, tmp_path, monkeypatch, timeout_s=3, size_mb=2, port=2303, stop_early=False
+    )
+    assert not rec["ok"] and not rec["stopped_early"] and "early_stop" not in rec
+    assert re.fullmatch(r"scp timed out after \d+\.\ds and was killed", rec["error"]), rec["error"]
+    assert wall >= 5
+    assert not any("scp-progress" in f for f in rec["raw_files"])
+    assert p.returncode is not None
+    assert _until_empty(slow_lab, "client") == []
