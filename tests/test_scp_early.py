@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from lab import cgroups, proc
 from lab.measure import Context, get_test
 from lab.measure import progress
 from lab.measure.progress import MIB, decide, min_watch_s
+from tests.fakenode import Answer, RecordingNode
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -101,6 +103,79 @@ def test_schema_default_and_opt_out():
     scp = get_test("scp")
     assert scp.validate({}, source="t")["stop_early"] is True
     assert scp.validate({"stop_early": False}, source="t")["stop_early"] is False
+
+
+# --- the watcher's loop, on a fake node running a local process ---------------------------------
+
+
+class CountingNode(RecordingNode):
+    """Answers `ip -j route get` and the device's tx_bytes (growing `bps` bytes/s from the
+    first reading); popen runs argv on this machine (a stand-in process, not a copy)."""
+
+    def __init__(self, bps: float, route: Answer = (0, '[{"dev": "eth9"}]', "")):
+        self.t0: float | None = None
+
+        def counter(argv):
+            self.t0 = self.t0 or time.monotonic()
+            return (0, f"{1000 + int(bps * (time.monotonic() - self.t0))}\n", "")
+
+        super().__init__(
+            {
+                ("ip", "-j", "route", "get"): route,
+                ("cat", "/sys/class/net/eth9/statistics/tx_bytes"): counter,
+            }
+        )
+
+    def popen(self, argv, *, stdout=None, stderr=None, env=None):
+        return proc.spawn(argv, stdout=stdout, stderr=stderr)
+
+
+def _watch(tmp_path, monkeypatch, node, argv, **kw):
+    monkeypatch.setattr(progress, "MIN_S", 0.5)
+    monkeypatch.setattr(progress, "TERM_GRACE_S", 0.5)
+    ctx = Context(node, node, "198.18.0.2", tmp_path / "raw")
+    kw = {"label": "scp", "timeout": 5.0, "size": MIB, "addr": "198.18.0.2", "poll_s": 0.2} | kw
+    t0 = time.monotonic()
+    inv, watch = progress.watch_copy(ctx, node, argv, **kw)
+    return inv, watch, time.monotonic() - t0
+
+
+def test_watcher_stops_a_hopeless_process_and_reaps_it(tmp_path, monkeypatch):
+    # 1 kB/s against 1 MiB in 5 s: stopped at the first check past 0.5 s, SIGTERM ends it
+    inv, watch, wall = _watch(tmp_path, monkeypatch, CountingNode(1000), ["sleep", "30"])
+    assert watch.stopped is not None and watch.stopped.stop
+    assert 0.5 <= watch.elapsed_s < 1.5 and wall < 2.5
+    assert inv.returncode == -signal.SIGTERM and not inv.timed_out
+    lines = [f for f in inv.raw_files if f.name.endswith("scp-progress.txt")][0].read_text()
+    assert len(lines.splitlines()) == watch.checks >= 2
+    assert watch.sent == int(lines.split()[-1])
+
+
+def test_watcher_kills_what_ignores_sigterm(tmp_path, monkeypatch):
+    argv = ["sh", "-c", 'trap "" TERM; exec sleep 30']
+    inv, watch, wall = _watch(tmp_path, monkeypatch, CountingNode(1000), argv)
+    assert watch.stopped is not None and inv.returncode == -signal.SIGKILL and wall < 3.5
+
+
+def test_watcher_leaves_a_fast_copy_alone(tmp_path, monkeypatch):
+    # 1 MB/s: 1 MiB in ~1 s, well inside 5 s; the process ends by itself (exit 0)
+    inv, watch, _ = _watch(tmp_path, monkeypatch, CountingNode(1e6), ["sleep", "1.5"])
+    assert watch.stopped is None and watch.checks >= 4 and inv.returncode == 0
+
+
+def test_unwatchable_copy_runs_to_its_timeout(tmp_path, monkeypatch):
+    node = CountingNode(1000, route=(2, "", "RTNETLINK answers: Network is unreachable"))
+    inv, watch, wall = _watch(tmp_path, monkeypatch, node, ["sleep", "30"], timeout=1.0)
+    assert watch.stopped is None and watch.dev is None and watch.checks == 0
+    assert "Network is unreachable" in watch.unwatchable
+    assert inv.timed_out and 1.0 <= wall < 2.5
+    assert not any("progress" in f.name for f in inv.raw_files)
+
+
+def test_opted_out_watcher_reads_nothing(tmp_path, monkeypatch):
+    node = CountingNode(1000)
+    inv, watch, _ = _watch(tmp_path, monkeypatch, node, ["true"], enabled=False)
+    assert node.calls == [] and watch.checks == 0 and inv.returncode == 0
 
 
 # --- real copies through a 1 Mbit/s link ---------------------------------------------------------
