@@ -4,8 +4,9 @@ The rule on hand-computed numbers, then real copies through a lab whose one link
 1 Mbit/s (topology `bw`, tbf on both ends): 16 MiB cannot cross it before the time-out and is
 stopped well before it, with nothing of the copy left; 1 MiB can and is not stopped although
 the rule looked at it several times; with `stop_early = false` the copy runs to its time-out as
-before. The rule's 20-s minimum is lowered to 4 s here (progress.MIN_S) so the copies stay
-short; the counter, the decision and the kill are the ones a campaign runs.
+before. The rule's 20-s minimum and 10-s windows are lowered to 4 s and 2 s here
+(progress.MIN_S, WINDOW_S) so the copies stay short; the counter, the decision and the kill
+are the ones a campaign runs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 from lab import cgroups, proc
 from lab.measure import Context, get_test
 from lab.measure import progress
-from lab.measure.progress import MIB, decide, min_watch_s
+from lab.measure.progress import MIB, decide, min_watch_s, window_rates
 from tests.fakenode import Answer, RecordingNode
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,20 +42,31 @@ def test_minimum_is_20_s_or_a_tenth_of_the_timeout():
 def test_hopeless_copy_is_stopped():
     # baseline at jitter 9 ms: 2.6 Mbit/s = 325 000 B/s, steady; after 30 s 9 750 000 B sent,
     # 258 685 456 B left: 795.96 s at that rate, 397.98 s at twice it; 30 + 397.98 > 286
-    v = decide(
-        elapsed_s=30, sent=9_750_000, size=SIZE, timeout_s=T, window_bytes=3_250_000, window_s=10
-    )
+    steady = {"window_rate": 325_000, "prev_rate": 325_000}
+    v = decide(elapsed_s=30, sent=9_750_000, size=SIZE, timeout_s=T, **steady)
     assert v.stop
     assert v.rate == 325_000
     assert v.projected_s == pytest.approx(30 + 258_685_456 / 325_000)
-    assert "stopped after 30 s: at 2.6 Mbit/s the remaining 247 MiB need 796 s" in v.why
-    assert "past the 286 s timeout" in v.why
+    assert v.why.startswith(
+        "stopped after 30 s: at 2.6 Mbit/s, not rising, the remaining 247 MiB need 796 s "
+        "(at 2x that rate 398 s), past the 286 s timeout"
+    ), v.why
+
+
+def test_a_rising_copy_is_not_stopped():
+    # the same copy whose last 10 s ran more than 1.1 x the 10 s before: it may still speed up
+    at = {"elapsed_s": 30, "sent": 9_750_000, "size": SIZE, "timeout_s": T}
+    assert not decide(window_rate=325_000, prev_rate=250_000, **at).stop
+    assert not decide(window_rate=110_001, prev_rate=100_000, **at).stop
+    assert decide(window_rate=109_999, prev_rate=100_000, **at).stop
+    # no earlier window yet: nothing to compare with, so it goes on
+    assert not decide(window_rate=325_000, prev_rate=None, **at).stop
 
 
 def test_copy_that_finishes_is_not_stopped():
     # 8 Mbit/s: 238 435 456 B left after 30 s need 238.4 s; 268.4 s < 286
     v = decide(
-        elapsed_s=30, sent=30_000_000, size=SIZE, timeout_s=T, window_bytes=10_000_000, window_s=10
+        elapsed_s=30, sent=30_000_000, size=SIZE, timeout_s=T, window_rate=1e6, prev_rate=1e6
     )
     assert not v.stop and v.projected_s == pytest.approx(268.435456)
 
@@ -62,7 +74,7 @@ def test_copy_that_finishes_is_not_stopped():
 def test_a_copy_late_at_its_rate_but_not_at_twice_it_goes_on():
     # 0.8 MB/s: 244 435 456 B left need 305.5 s (30 + 305.5 > 286) but 152.8 s at twice it
     v = decide(
-        elapsed_s=30, sent=24_000_000, size=SIZE, timeout_s=T, window_bytes=8_000_000, window_s=10
+        elapsed_s=30, sent=24_000_000, size=SIZE, timeout_s=T, window_rate=8e5, prev_rate=8e5
     )
     assert not v.stop and v.projected_s > T
 
@@ -70,14 +82,14 @@ def test_a_copy_late_at_its_rate_but_not_at_twice_it_goes_on():
 def test_boundary():
     # timeout 100 (minimum 20), 40 s at 5 B/s: 600 B left take 60 s at 10 B/s, ending at
     # exactly 100 s: not stopped; one byte more ends at 100.1 s: stopped
-    at = {"elapsed_s": 40, "sent": 200, "timeout_s": 100, "window_bytes": 50, "window_s": 10}
+    at = {"elapsed_s": 40, "sent": 200, "timeout_s": 100, "window_rate": 5, "prev_rate": 5}
     assert not decide(size=800, **at).stop
     v = decide(size=801, **at)
     assert v.stop and v.projected_s == pytest.approx(40 + 601 / 5)
 
 
 def test_before_the_minimum_nothing_is_stopped():
-    hopeless = {"sent": 10_000, "size": SIZE, "timeout_s": T, "window_bytes": 5_000, "window_s": 10}
+    hopeless = {"sent": 10_000, "size": SIZE, "timeout_s": T, "window_rate": 500, "prev_rate": 500}
     assert not decide(elapsed_s=28.5, **hopeless).stop
     assert decide(elapsed_s=28.6, **hopeless).stop
     # a longer copy waits for a tenth of its time-out: 100 s of 1000
@@ -86,17 +98,25 @@ def test_before_the_minimum_nothing_is_stopped():
 
 
 def test_the_best_of_window_and_average_is_used():
-    at = {"elapsed_s": 40, "sent": 200, "size": 2000, "timeout_s": 100}
+    at = {"elapsed_s": 40, "sent": 200, "size": 2000, "timeout_s": 100, "prev_rate": 15}
     # sped up: 15 B/s in the last 10 s, 5 B/s on average; 1800 B at 30 B/s: 40 + 60 = 100
-    assert not decide(window_bytes=150, window_s=10, **at).stop
+    assert not decide(window_rate=15, **at).stop
     # stalled: nothing in the last 10 s, the average (5 B/s) still counts; 600 B end at 100 s
-    assert not decide(window_bytes=0, window_s=10, **{**at, "size": 800}).stop
-    assert decide(window_bytes=0, window_s=10, **{**at, "size": 900}).stop
+    assert not decide(window_rate=0, **{**at, "size": 800}).stop
+    assert decide(window_rate=0, **{**at, "size": 900}).stop
 
 
 def test_nothing_sent_is_not_projected():
-    v = decide(elapsed_s=60, sent=0, size=SIZE, timeout_s=T, window_bytes=0, window_s=10)
+    v = decide(elapsed_s=60, sent=0, size=SIZE, timeout_s=T, window_rate=0, prev_rate=0)
     assert not v.stop and v.rate is None and v.projected_s is None
+
+
+def test_window_rates():
+    # 10 B/s to 20 s, then 20 B/s; windows of 10 s
+    s = [(0.0, 0), (5.0, 50), (10.0, 100), (15.0, 150), (20.0, 200), (25.0, 300), (30.0, 400)]
+    assert window_rates(s) == (20.0, 10.0)  # 20..30 s and 10..20 s
+    assert window_rates(s[:4]) == (10.0, None)  # 5..15 s; nothing whole before it
+    assert window_rates([(0.0, 0), (5.0, 50), (8.0, 80)]) == (10.0, None)  # since the start
 
 
 def test_schema_default_and_opt_out():
@@ -132,6 +152,7 @@ class CountingNode(RecordingNode):
 
 def _watch(tmp_path, monkeypatch, node, argv, **kw):
     monkeypatch.setattr(progress, "MIN_S", 0.5)
+    monkeypatch.setattr(progress, "WINDOW_S", 0.2)
     monkeypatch.setattr(progress, "TERM_GRACE_S", 0.5)
     ctx = Context(node, node, "198.18.0.2", tmp_path / "raw")
     kw = {"label": "scp", "timeout": 5.0, "size": MIB, "addr": "198.18.0.2", "poll_s": 0.2} | kw
@@ -220,6 +241,7 @@ def slow_lab():
 
 def _run(lab, tmp_path, monkeypatch, *, timeout_s, **params):
     monkeypatch.setattr(progress, "MIN_S", 4.0)
+    monkeypatch.setattr(progress, "WINDOW_S", 2.0)
     client = Recording(lab.node("client"))
     ctx = Context(
         client, lab.node("server"), "10.0.1.2", tmp_path / "raw", timeout_s=timeout_s,
