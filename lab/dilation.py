@@ -76,13 +76,30 @@ def auto_factor(want_cores: float, room_cores: float, step: float = AUTO_STEP) -
 MAX_CFS_PERIOD_US = 1_000_000
 
 
-def cfs_period_us(d: float, base_us: int = 100_000) -> int:
-    """The CFS period of a dilated node's quotas: the usual 100 ms x d, so that a node runs and
-    is throttled in the same pattern in dilated time as undilated in real time (a quota is
-    handed out per period: a thread at its cap runs share x period, then waits); at most the
-    kernel's 1 s (d > 10 keeps 1 s, and a throttled thread's waits are then relatively
-    shorter)."""
-    return min(MAX_CFS_PERIOD_US, round(base_us * d))
+#: the CFS period a capped node's quotas are handed out in, undilated (docs/cpu.md "The CFS
+#: period"). A board core runs all the time at its own speed; a capped group runs at this host's
+#: speed for share x period, then waits the rest. At 10 ms one Pi core (share ~0.23) waits at most
+#: ~7.7 ms, a few hundred packets at these rates, within a TUN queue and socket buffers; at the
+#: kernel's default 100 ms it waited ~77 ms, which overflowed them and showed in ping RTT under
+#: load (OpenVPN: p90 65 against 17-25 ms) and in per-second TCP rates
+BASE_CFS_PERIOD_US = 10_000
+#: no group gets less than this quota per period (the kernel's minimum is 1 ms, and a quota near
+#: it runs in slivers): a group with a smaller share gets a longer period
+MIN_QUOTA_US = 2_000
+
+
+def cfs_period_us(
+    d: float, base_us: int = BASE_CFS_PERIOD_US, *, min_share: float | None = None
+) -> int:
+    """The CFS period of a capped node's quotas: BASE_CFS_PERIOD_US x d, so that a dilated node
+    runs and is throttled in the same pattern in dilated time as undilated in real time (a
+    quota is handed out per period: a thread at its cap runs share x period, then waits);
+    long enough that `min_share` (the node's smallest group, host cores) gets MIN_QUOTA_US per
+    period; at most the kernel's 1 s."""
+    period = base_us * d
+    if min_share:
+        period = max(period, MIN_QUOTA_US / min_share)
+    return min(MAX_CFS_PERIOD_US, round(period))
 
 
 def factor(value: float | str | None) -> float:

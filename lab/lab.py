@@ -419,8 +419,15 @@ def _build(
         info["nodes"][n.name]["arch"] = n.arch
         ledger.record("cgroup", rel=rel, node=n.name)
         cgroups.ensure_dir(layout, rel)
-        # a time-dilated lab hands its quotas out over a stretched period (lab.dilation)
-        period = plan.get("period_us") or cgroups.PERIOD_US
+        # the CFS period of the node's quotas (lab.dilation.cfs_period_us: 10 ms, stretched
+        # for a time-dilated lab and for small shares), recorded with the node's cpu plan
+        period = cgroups.PERIOD_US
+        shares = [c for c in (plan.get("cores"), plan.get("slot_cores")) if c]
+        if shares:
+            period = dilation.cfs_period_us(
+                dilation.factor(plan.get("dilation")), min_share=min(shares)
+            )
+            plan["period_us"] = period
         cgroups.set_cpu(layout, rel, plan.get("cores"), all_cpus, period_us=period)
         for i in range(plan.get("slots") or 0):
             # one group per board core under the node's quota (lab/coreslots.py)

@@ -109,15 +109,25 @@ def test_auto_gives_every_node_all_its_cores_at_board_speed():
         assert p["cores_undilated"] == pytest.approx(1.0)
         assert p["slot_cores"] == pytest.approx(0.25 / 1.5, abs=1e-6)
         assert (p["scale"], p["board_cores_emulated"], p["single_thread_vs_board"]) == (1, 4, 1)
-        assert p["dilation"] == 1.5 and p["period_us"] == 150_000
+        assert p["dilation"] == 1.5 and p["period_us"] == 15_000
     assert plan["r"]["cores"] is None and "dilation" not in plan["r"]
 
 
 def test_cfs_period_stretched_up_to_the_kernels_limit():
-    assert dilation.cfs_period_us(1.0) == 100_000
-    assert dilation.cfs_period_us(2.0) == 200_000
-    assert dilation.cfs_period_us(2.5) == 250_000
-    assert dilation.cfs_period_us(20.0) == 1_000_000  # the kernel's maximum
+    assert dilation.cfs_period_us(1.0) == 10_000
+    assert dilation.cfs_period_us(2.0) == 20_000
+    assert dilation.cfs_period_us(2.5) == 25_000
+    assert dilation.cfs_period_us(200.0) == 1_000_000  # the kernel's maximum
+
+
+def test_cfs_period_long_enough_for_the_smallest_quota():
+    # one Pi core's 0.229 host cores: 2.29 ms of every 10 ms, above the 2 ms floor
+    assert dilation.cfs_period_us(1.0, min_share=0.229) == 10_000
+    # a 0.05-core group would get 0.5 ms of 10 ms (the kernel's minimum is 1 ms): 40 ms
+    assert dilation.cfs_period_us(1.0, min_share=0.05) == 40_000
+    # dilated x2 with 0.1-core groups: 20 ms either way
+    assert dilation.cfs_period_us(2.0, min_share=0.1) == 20_000
+    assert dilation.cfs_period_us(1.0, min_share=0.0001) == 1_000_000
 
 
 def test_undilated_shortfall_warns_naming_the_factor_that_fits():
@@ -308,7 +318,8 @@ def test_dilated_lab_quotas_shaper_and_delay(tmp_path, monkeypatch, lab_id):
     if lab.cg.version == 1:  # the quota is handed out over a period stretched x2 as well
         d = lab.cg.root / "cpu" / lab.runtime["client"].cgroup
         for g in (d, d / "core0"):
-            assert (g / "cpu.cfs_period_us").read_text().strip() == "200000"
+            assert (g / "cpu.cfs_period_us").read_text().strip() == "20000"
+        assert lab.info["nodes"]["client"]["cpu"]["period_us"] == 20_000
     assert lab.spec.dilation == 2.0
     ping = TESTS["ping"]
     ctx = Context(lab.node("client"), lab.node("server"), "10.0.1.2", tmp_path / "raw")
