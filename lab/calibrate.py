@@ -441,7 +441,13 @@ def verify_in_cgroup(
     try:
         cgroups.ensure_dir(layout, "lab")  # shared parent of every lab; left in place
         cgroups.ensure_dir(layout, rel)
-        cgroups.set_cpu(layout, rel, share, cgroups.all_cpus(layout))
+        # the CFS period a lab's nodes get (docs/cpu.md "The CFS period"), so the check runs
+        # as the nodes will
+        from .dilation import cfs_period_us
+
+        period = cfs_period_us(1.0, min_share=share)
+        out["period_us"] = period
+        cgroups.set_cpu(layout, rel, share, cgroups.all_cpus(layout), period_us=period)
         files = cgroups.procs_files(layout, rel)
         for p in prims:
             m = measure_openssl(p, env, seconds, preexec=lambda: cgroups.join(files))
