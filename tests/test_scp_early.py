@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from lab import cgroups, proc
+from lab.errors import CommandError
 from lab.measure import Context, get_test
 from lab.measure import progress
 from lab.measure.progress import MIB, decide, min_watch_s, window_rates
@@ -191,6 +192,22 @@ def test_unwatchable_copy_runs_to_its_timeout(tmp_path, monkeypatch):
     assert "Network is unreachable" in watch.unwatchable
     assert inv.timed_out and 1.0 <= wall < 2.5
     assert not any("progress" in f.name for f in inv.raw_files)
+
+
+def test_a_counter_lost_mid_copy_stops_the_decisions_not_the_copy(tmp_path, monkeypatch):
+    node = CountingNode(1000)
+    calls = []
+
+    def lost(argv):
+        calls.append(argv)
+        if len(calls) > 2:  # the base reading and one check, then the session hangs
+            raise CommandError(argv, -1, "timed out after 30s", where="node fake")
+        return (0, f"{1000 * len(calls)}\n", "")
+
+    node.answers[("cat", "/sys/class/net/eth9/statistics/tx_bytes")] = lost
+    inv, watch, _ = _watch(tmp_path, monkeypatch, node, ["sleep", "1"])
+    assert watch.stopped is None and watch.checks == 1 and inv.returncode == 0
+    assert watch.dev is None and "timed out after 30s" in watch.unwatchable
 
 
 def test_opted_out_watcher_reads_nothing(tmp_path, monkeypatch):

@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import LabError
 from ..node import Node
 from .base import Context, Invocation, collected
 
@@ -137,9 +138,16 @@ class Unwatchable(Exception):
     """The copy's progress cannot be read on this node (the copy then runs to its time-out)."""
 
 
+def _ask(node: Node, argv: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return node.run(argv, check=False, timeout=30)
+    except LabError as e:  # the tool missing, a hung or lost session: no decisions, no stop
+        raise Unwatchable(f"{' '.join(argv)}: {e}") from None
+
+
 def copy_device(node: Node, addr: str) -> str:
     """The interface the node sends to `addr` by (`ip -j route get`)."""
-    cp = node.run(["ip", "-j", "route", "get", addr.strip("[]")], check=False, timeout=30)
+    cp = _ask(node, ["ip", "-j", "route", "get", addr.strip("[]")])
     try:
         return json.loads(cp.stdout)[0]["dev"]
     except (ValueError, LookupError, TypeError):
@@ -149,7 +157,7 @@ def copy_device(node: Node, addr: str) -> str:
 
 def tx_bytes(node: Node, dev: str) -> int:
     path = f"/sys/class/net/{dev}/statistics/tx_bytes"
-    cp = node.run(["cat", path], check=False, timeout=30)
+    cp = _ask(node, ["cat", path])
     try:
         return int(cp.stdout.strip())
     except ValueError:
