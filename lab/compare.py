@@ -161,7 +161,19 @@ def _cpu_text(c: dict | None) -> str:
         text += f", {c['emulated_cores']:g} of {c.get('board_cores') or '?'} board cores"
     if (c.get("dilation") or 1.0) != 1.0:  # lab.dilation: the run slowed down, figures back
         text += f", time-dilated x{c['dilation']:g}"
+    if c.get("period_us"):  # the CFS period the quotas were handed out in (docs/cpu.md)
+        text += f", CFS period {c['period_us'] / 1000:g} ms"
     return text
+
+
+def _nic_text(rec: dict | None) -> str:
+    """The boards' per-hop NIC latency as the run applied it (manifest nic_latency)."""
+    if not rec:
+        return NOT_RECORDED
+    each = ", ".join(f"{k} {v.get('us', 0):g} us" for k, v in sorted((rec.get("directions") or
+                     {}).items()))  # fmt: skip
+    state = f"applied ({rec.get('backend')})" if rec.get("applied") else "not applied"
+    return f"{rec.get('mode')}: {each or 'none'}, {state}"
 
 
 def _link_text(link: dict) -> str:
@@ -189,6 +201,7 @@ def aspects(m: dict, plan: dict) -> dict[str, dict[str, str]]:
             },
         },  # fmt: skip
         "CPU profile": {f"node {n}": _cpu_text(c) for n, c in sorted((m.get("cpu") or {}).items())},
+        "boards' NICs": {"per-hop latency": _nic_text(m.get("nic_latency"))},
         "versions": {},
         "data plane": {},
         "impairment backend": {},
@@ -211,6 +224,10 @@ def aspects(m: dict, plan: dict) -> dict[str, dict[str, str]]:
     v["kernel"] = _text(kernel.get("release") if isinstance(kernel, dict) else kernel)
     for tool, ver in sorted((m.get("tool_versions") or {}).items()):
         v[tool] = _text(ver)
+    # what boards and nodes of another architecture ran (lab.runsetup.node_tool_versions)
+    for node, tools in sorted((m.get("node_tool_versions") or {}).items()):
+        for tool, ver in sorted((tools or {}).items()):
+            v[f"{tool} on {node}"] = _text(ver)
     for prof, e in sorted((m.get("profiles") or {}).items()):
         d = e.get("describe") or {}
         if d.get("version"):

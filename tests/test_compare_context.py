@@ -129,3 +129,27 @@ def test_report_warnings_come_first(tmp_path):
     doc = Doc("report")
     _warnings(doc, [r for r in good.load_results() if r["ok"]], m)
     assert doc.warnings == ["1 test(s) ran throttled by the Pi firmware (see Set-up)."]
+
+
+def test_differs_names_nic_latency_period_and_a_boards_tool_versions(tmp_path):
+    a = make_run(tmp_path / "a")
+    b = make_run(tmp_path / "b")
+    nic = {"mode": "auto", "applied": False, "backend": None,
+           "directions": {"client->server": {"us": 80.0}, "server->client": {"us": 80.0}}}  # fmt: skip
+    _edit_manifest(a, nic_latency=nic, node_tool_versions={"client": {"openvpn": "OpenVPN 2.6.14 x86_64"}},
+                   cpu={"client": {"profile": "pi4", "calibrated": True, "period_us": 100_000}})  # fmt: skip
+    _edit_manifest(b, nic_latency={**nic, "mode": "on", "applied": True, "backend": "userspace"},
+                   node_tool_versions={"client": {"openvpn": "OpenVPN 2.6.14 aarch64"}},
+                   cpu={"client": {"profile": "pi4", "calibrated": True, "period_us": 10_000}})  # fmt: skip
+    compare(a.path, b.path)
+    d = _differs(b.path / "compare-a")
+    assert d[("boards' NICs", "per-hop latency")] == (
+        "auto: client->server 80 us, server->client 80 us, not applied",
+        "on: client->server 80 us, server->client 80 us, applied (userspace)",
+    )
+    assert d[("versions", "openvpn on client")] == (
+        "OpenVPN 2.6.14 x86_64",
+        "OpenVPN 2.6.14 aarch64",
+    )
+    was, now = d[("CPU profile", "node client")]
+    assert was.endswith("CFS period 100 ms") and now.endswith("CFS period 10 ms")
