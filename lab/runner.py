@@ -196,6 +196,15 @@ class Runner:
         self.manifest["dilation"] = dilation.factor(lab.spec.dilation)
         # the boards' per-hop NIC latency per direction: applied or why not (lab.cpuplan)
         self.manifest["nic_latency"] = lab.info.get("nic_latency")
+        if "boards" in lab.info and not self.manifest["nic_latency"]:
+            # real boards: their own NICs carry the packets, nothing to emulate
+            self.manifest["nic_latency"] = {
+                "mode": "boards",
+                "applied": False,
+                "directions": {},
+                "backend": None,
+                "why": "real boards: each board's own NIC is on the path",
+            }
         self._write_manifest()
 
     def _record_node_tools(self, lab) -> None:

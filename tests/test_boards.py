@@ -288,6 +288,7 @@ def test_lab_check_runs_its_plan_on_the_boards(farm, tmp_path):
     tools = manifest["node_tool_versions"]
     assert set(tools) == {"client", "router", "server"}, tools
     assert all((v.get("iperf3") or "").startswith("iperf 3.") for v in tools.values()), tools
+    assert manifest["nic_latency"]["mode"] == "boards"  # their own NICs, nothing emulated
     assert board_state(inv, tmp_path) == before
     # judging a finished run takes no boards
     j = run_lab("check", "--run", out, "--boards", inv)
