@@ -16,6 +16,12 @@ def slug(text: str) -> str:
     return s or "none"
 
 
+def _inner(e: ConfigError) -> str:
+    """The message of an error raised with this point's source and field as its source: its own
+    field and message, without the prefix that _bad adds again."""
+    return f"{e.field}: {e.message}" if e.field else e.message
+
+
 def _impairments(raw: dict, source: str) -> list[ImpairmentPoint]:
     from .impair.presets import PRESETS, SWEEP_PARAMETERS, preset, sweep
     from .impair.spec import parse_directional
@@ -64,7 +70,7 @@ def _impairments(raw: dict, source: str) -> list[ImpairmentPoint]:
                     source=f"{source}: {fld}",
                 )
             except ConfigError as e:
-                raise _bad(str(e), source, fld) from None
+                raise _bad(_inner(e), source, fld) from None
             group = prefix or par
             points += [
                 ImpairmentPoint(
@@ -102,7 +108,10 @@ def _impairments(raw: dict, source: str) -> list[ImpairmentPoint]:
                 imp = parse_directional(words, source=f"{source}: {fld}")
             canonical = "" if imp.is_empty() else str(imp)
         except ConfigError as e:
-            raise _bad(f"{e}; presets: {', '.join(PRESETS)}", source, fld) from None
+            msg = _inner(e)
+            if "presets:" not in msg:
+                msg += f"; presets: {', '.join(PRESETS)}"
+            raise _bad(msg, source, fld) from None
         name = item.get("name") or (words if words in PRESETS else slug(words))
         if not canonical:
             name = item.get("name") or "none"

@@ -222,3 +222,17 @@ def test_ip_6_is_recorded_and_only_then_in_the_digest(tmp_path):
     assert [t.ip for t in b.tests if t.test == "ping"][0] == 6
     assert '"ip":' not in json.dumps([t.to_json() for t in a.tests])
     assert a.digest() == c.digest() != b.digest()
+
+
+def test_a_bad_impairment_names_file_point_and_keyword_once(tmp_path):
+    p = write(tmp_path, GOOD.replace('"network1"', '"nosuch 3"'))
+    with pytest.raises(ConfigError) as e:
+        load_plan(p)
+    msg = str(e.value)
+    assert msg.count(str(p)) == 1 and msg.count("impairments[1]") == 1, msg
+    assert "unknown keyword 'nosuch'" in msg and msg.count("presets:") == 1, msg
+    bad_sweep = GOOD.replace('{sweep = "delay", from = 0, to = 20, step = 10}',
+                             '{sweep = "delay", from = 0, to = 20, step = 10, base = "jitter 5"}')  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        load_plan(write(tmp_path, bad_sweep, "sweep.toml"))
+    assert str(e.value).count("impairments[2]") == 1, str(e.value)
