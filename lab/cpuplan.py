@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import cgroups, proc
 from .cpuprofile import MASK_VARS, CpuProfile, load_profile
-from .dilation import MAX_DILATION, auto_factor, cfs_period_us
+from .dilation import MAX_DILATION, auto_factor
 from .errors import ConfigError, PreconditionError
 from .graph import shortest_path
 from .labspec import LabSpec
@@ -131,9 +131,7 @@ def dilate(plan: dict[str, dict], requested: float | str, host_cores: int) -> fl
     for p in capped:
         p["cores_undilated"] = p["cores"]
         p["cores"] = p["cores"] / d
-        p["dilation"] = d
-        if d != 1.0:
-            p["period_us"] = cfs_period_us(d)
+        p["dilation"] = d  # lab._build stretches the CFS period by it (dilation.cfs_period_us)
     return d
 
 

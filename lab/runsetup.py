@@ -119,8 +119,7 @@ def tool_versions() -> dict[str, str | None]:
         except LabError:
             out[name] = None
             continue
-        text = (cp.stdout or cp.stderr or "").strip().splitlines()
-        out[name] = text[0].strip() if text else None
+        out[name] = _first_line(cp)
     return out
 
 
