@@ -1,7 +1,7 @@
 """Adaptive length against a fixed-length run (issue 17, "must show" 2).
 
 For each case (profile x condition x test, between two Pi 4 emulations as study A) the test runs
-once at a fixed length and once adaptively (lab.stoprule, default 5 % at 95 %, the same length
+once at a fixed length and once adaptively (lab.model.stoprule, default 5 % at 95 %, the same length
 as its cap), in the same lab one after the other (the order alternates between cases). The
 fixed run's 95 % interval is its primary figure +- the half-width of the batch-means t interval
 of its own per-second rates (ping: per-echo RTTs), after MSER-5's warm-up, the same arithmetic
@@ -29,12 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.errors import LabError
+from lab.core.errors import LabError
 from lab.measure import TESTS, Context
-from lab.plan import load_plan
-from lab.localtarget import LocalTarget, apply_impairment, up_lab
-from lab.runsetup import preflight
-from lab.state import new_lab_id
+from lab.campaign.load import load_plan
+from lab.substrate.local.target import LocalTarget, apply_impairment, up_lab
+from lab.substrate.local.preflight import preflight
+from lab.core.state import new_lab_id
 from lab.vpn.record import TunnelRecord
 
 TCP = ("tcp", {"duration_s": 30.0})

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-LAB = [sys.executable, "-m", "lab.cli"]
+LAB = [sys.executable, "-m", "lab.cli.main"]
 
 
 def timed(argv) -> float:

@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lab import cgroups  # noqa: E402
-from lab.calibrate import (  # noqa: E402
+from lab.core import cgroups  # noqa: E402
+from lab.campaign.calibrate import (
     MSG_BYTES,
     RESIDUAL_GOAL,
     SECONDS_GOAL,
@@ -40,10 +40,10 @@ from lab.calibrate import (  # noqa: E402
     measure_openssl,
     parse_openssl_mr,
 )
-from lab.cpuprofile import PRIMITIVES, load_profile  # noqa: E402
-from lab.lab import up  # noqa: E402
-from lab.teardown import teardown  # noqa: E402
-from lab.topology import load_topology  # noqa: E402
+from lab.model.cpuprofile import PRIMITIVES, load_profile  # noqa: E402
+from lab.substrate.local.lab import up  # noqa: E402
+from lab.core.teardown import teardown  # noqa: E402
+from lab.model.topology import load_topology  # noqa: E402
 
 SPEED_BAND = 0.3
 CAP_GOAL = 0.8

@@ -187,7 +187,7 @@ def describe_nic(run: Path) -> str:
     """The boards' per-hop NIC latency of the run (manifest nic_latency), in words."""
     rec = json.loads((run / "manifest.json").read_text()).get("nic_latency")
     if not rec:
-        return "not recorded (a run from before lab.cpuplan.nic_decision)"
+        return "not recorded (a run from before lab.substrate.local.cpuplan.nic_decision)"
     each = ", ".join(f"{k} {v['us']:g} us" for k, v in (rec.get("directions") or {}).items())
     state = f"applied ({rec.get('backend')})" if rec.get("applied") else "NOT applied"
     return f"nic_latency={rec.get('mode')}: {each or 'none'}; {state}: {rec.get('why')}"

@@ -5,7 +5,7 @@
 
 Every name starts with a unique prefix `eng<hex>-`; everything created is recorded and removed in
 reverse order by close() (namespaces take their veths with them). Processes are started through
-lab.proc.spawn and stopped by PID. Needs root.
+lab.core.proc.spawn and stopped by PID. Needs root.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab.impair.engine import EngineClient, engine_argv, probe_binary
-from lab.proc import proc_start_time, run, spawn, stop_pid
+from lab.core.proc import proc_start_time, run, spawn, stop_pid
 
 A_IP, B_IP = "10.77.0.1", "10.77.0.2"
 DA_IP, DB_IP = "10.78.0.1", "10.78.0.2"

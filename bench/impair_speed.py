@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from impair_netns import B_IP, DB_IP, EngineLab, cpu_seconds, percentile
 
-# network1 from lab/impair/presets.py. limit is raised from netem's default 1000: at 1 Gbit/s
+# network1 from lab/model/impairment/presets.py. limit is raised from netem's default 1000: at 1 Gbit/s
 # 45 ms of delay holds ~4300 packets of 1300 bytes, so limit 1000 would drop ~75 % (kernel
 # netem does the same); the preset alone is not meant for line-rate UDP.
 NETWORK1 = {
@@ -90,11 +90,11 @@ SPLICE_PING_INTERVAL_S, SPLICE_PING_COUNT = 0.001, 3000
 
 def splice_cost(reps: int) -> list[tuple[str, str, str, str]]:
     """5.: `lab up` with and without a bump, and the cost of splicing one into the live link."""
-    from lab.lab import up
-    from lab.labimpair import ensure_points
-    from lab.state import new_lab_id
-    from lab.teardown import teardown
-    from lab.topology import load_topology
+    from lab.substrate.local.lab import up
+    from lab.substrate.local.impair import ensure_points
+    from lab.core.state import new_lab_id
+    from lab.core.teardown import teardown
+    from lab.model.topology import load_topology
 
     spec = load_topology(REPO / "topologies" / "pi_pair_middlebox.py", params={"cpu": None})
     up_plain, up_bump, splice_s, lost, left = [], [], [], [], []

@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python bench/impair_sweep.py [--quick]
 
-For every point of lab.impair.presets.study_a_sweeps() (delay 0-100 ms step 10; jitter 0-10 ms
+For every point of lab.model.impairment.presets.study_a_sweeps() (delay 0-100 ms step 10; jitter 0-10 ms
 step 1 at delay 20 ms, normal; loss 0-5 % step 0.5; network1-3) the spec goes through the lab's
 own parser into the engine, and lab-probe datagrams measure what one direction really does:
   delay  -> median one-way delay within max(2 %, 50 us) of the configured delay (+ path p50)
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from impair_netns import EngineLab, binom_interval, percentile
 
-from lab.impair.presets import study_a_sweeps
+from lab.model.impairment.presets import study_a_sweeps
 
 PORT = [7600]
 

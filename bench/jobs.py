@@ -25,11 +25,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lab.jobs import Budget, interference, lab_quota, max_labs, probe_margin
-from lab.plan import load_plan
-from lab.reportdoc import primary
-from lab.results import read_jsonl, rows
-from lab.runsetup import preflight
+from lab.campaign.jobs import Budget, interference, lab_quota, max_labs, probe_margin
+from lab.campaign.load import load_plan
+from lab.results.doc import primary
+from lab.core.state import read_jsonl
+from lab.results.rundir import rows
+from lab.substrate.local.preflight import preflight
 
 
 def decision_only(plan_name: str) -> str:
@@ -61,7 +62,7 @@ def values(run: Path) -> dict[tuple[str, str, str, str], list[float]]:
 
 def compare(one: Path, par: Path, plan) -> None:
     """Every test's mean in both runs, the ratio, and where both have repetitions the verdict
-    of lab.jobs.interference (two-sided Welch p against both runs' spread, and the test's
+    of lab.campaign.jobs.interference (two-sided Welch p against both runs' spread, and the test's
     margin)."""
     v1, va = values(one), values(par)
     margins = {t.label: probe_margin(t)[0] for t in plan.tests}
@@ -100,7 +101,7 @@ def main() -> None:
     lab = [
         sys.executable,
         "-m",
-        "lab.cli",
+        "lab.cli.main",
         "run",
         a.plan,
         *(x for o in overrides for x in ("-o", o)),

@@ -30,10 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.lab import up
+from lab.substrate.local.lab import up
 from lab.measure import Context, get_test, progress
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 from lab.vpn.tunnel import prepare
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ changes made since the run). The extrapolation, printed with every input:
   impairment (or without, as the missing group's point), and is marked so: the figure is
   then only as good as that stand-in.
 - **bring-ups and teardowns**: their mean (timeline `up`/`down`) times the plan's count (a
-  lab per profile and point group kind, lab.plancases.Plan.groups: at most two per profile).
+  lab per profile and point group kind, lab.campaign.plan.Plan.groups: at most two per profile).
 - **impairment changes**: their mean times one per (profile, point).
 - **other** (gaps between cases: monitors, result files, progress): the run's per-case mean
   times the plan's cases.
@@ -40,9 +40,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from lab.measure.adaptive import FIRST_EXTRA_S  # noqa: E402
-from lab.plan import load_plan  # noqa: E402
-from lab.results import RunDir, time_budget  # noqa: E402
-from lab.shard import plan_from_json  # noqa: E402
+from lab.campaign.load import load_plan  # noqa: E402
+from lab.results.rundir import RunDir, time_budget  # noqa: E402
+from lab.campaign.shard import plan_from_json  # noqa: E402
 
 
 def _group(point: dict) -> str:

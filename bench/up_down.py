@@ -33,7 +33,7 @@ def main():
     ap.add_argument("--topology", default="topologies/pi_pair_middlebox.py")
     ap.add_argument("--id", default="benchud")
     a = ap.parse_args()
-    lab = [sys.executable, "-m", "lab.cli"]
+    lab = [sys.executable, "-m", "lab.cli.main"]
     ups, downs = [], []
     for _ in range(a.n):
         ups.append(timed([*lab, "up", a.topology, "--id", a.id]))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lab.vm import boot, find_kernel, probe_accel
+from lab.substrate.vm import boot, find_kernel, probe_accel
 
 
 def main() -> None:

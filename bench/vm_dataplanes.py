@@ -179,9 +179,9 @@ def guest(
     `stop_vpn`: stop the tunnel (lab.vpn.tunnel.tear_down) before the lab goes down and record
     in `vpn_left` whatever XFRM state or policy is left in the VPN nodes. Both also record
     `capture_protocols` (the IP protocol chains seen on the wire)."""
-    from lab.lab import up
-    from lab.teardown import teardown
-    from lab.topology import load_topology
+    from lab.substrate.local.lab import up
+    from lab.core.teardown import teardown
+    from lab.model.topology import load_topology
 
     res: dict = {"profile": profile, "topology": topology, "kernel": os.uname().release}
     spec = load_topology(ROOT / "topologies" / f"{topology}.py", params={"cpu": None})
@@ -260,7 +260,7 @@ def guest(
 def capture_existing(lab_id: str) -> dict:
     """The capture check on a lab that is already up (`lab up --vm`): marker to the traffic
     target, captured on the server's wire interface."""
-    from lab.lab import Lab
+    from lab.substrate.local.lab import Lab
 
     lab = Lab.open(lab_id)
     node, ifname = wire_point(lab)
@@ -289,7 +289,7 @@ def wire_point(lab) -> tuple[str, str]:
 
 
 def host(profiles: list[str], seconds: float) -> None:
-    from lab.vm import boot
+    from lab.substrate.vm import boot
 
     with tempfile.TemporaryDirectory(prefix="lab-vm-dp-") as d:
         vm = boot(Path(d) / "vm")

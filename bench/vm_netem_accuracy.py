@@ -229,10 +229,10 @@ def guest(backends: list[str], quick: bool, lab_id: str) -> dict:
         set_point,
         with_queue_limit,
     )
-    from lab.impair.spec import parse_spec
-    from lab.lab import up
-    from lab.teardown import teardown
-    from lab.topology import load_topology
+    from lab.model.impairment.model import parse_spec
+    from lab.substrate.local.lab import up
+    from lab.core.teardown import teardown
+    from lab.model.topology import load_topology
 
     spec = load_topology(ROOT / "topologies" / "pi_pair_middlebox.py", params={"cpu": None})
     rows = {
@@ -309,7 +309,7 @@ def main() -> int:
     if a.guest:
         print(json.dumps(guest(backends, a.quick, a.id)))
         return 0
-    from lab.vm import boot
+    from lab.substrate.vm import boot
 
     with tempfile.TemporaryDirectory(prefix="lab-vm-netem-") as d:
         vm = boot(Path(d) / "vm")

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-LAB = [sys.executable, "-m", "lab.cli"]
+LAB = [sys.executable, "-m", "lab.cli.main"]
 GOALS = {"wireguard": 2.0, "openvpn": 3.0, "strongswan": 3.0}
 DEFAULT = [
     "baseline",

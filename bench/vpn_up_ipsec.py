@@ -21,9 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lab import lab as labmod
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.substrate.local import lab as labmod
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 from lab.vpn import tunnel
 
 PROFILES = "ipsec-aes128gcm,ipsec-aes256gcm,ipsec-chacha20poly1305,ipsec-modern"

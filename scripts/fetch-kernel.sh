@@ -1,11 +1,11 @@
 #!/bin/sh
 # Fetch a stock Debian kernel and a static busybox into the lab's cache, for the full-kernel VM
-# (lab/vm). Nothing is installed on the host: the .debs are only unpacked (dpkg-deb -x) and the
+# (lab/substrate/vm). Nothing is installed on the host: the .debs are only unpacked (dpkg-deb -x) and the
 # module index is built with `depmod -b` inside the cache.
 #
 #   ${LAB_CACHE:-/var/cache/lab}/kernel/
 #     <kver>/boot/vmlinuz-<kver>, <kver>/lib/modules/<kver>/...   the unpacked linux-image
-#     current -> <kver>                                            what lab/vm boots
+#     current -> <kver>                                            what lab/substrate/vm boots
 #     busybox                                                      static busybox (initramfs)
 #
 # Idempotent: when `current` is complete and busybox is present, it does nothing.

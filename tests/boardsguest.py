@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.test_boards import board_state  # noqa: E402
 
-LAB = [sys.executable, "-m", "lab.cli"]
+LAB = [sys.executable, "-m", "lab.cli.main"]
 #: seconds each step took (printed with the result: where the test's time goes under TCG)
 SECONDS: dict[str, float] = {}
 
@@ -47,8 +47,8 @@ def lab(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 def readings(inv_path: Path, tmp: Path, peer: str) -> dict[str, str]:
     """Ping through the tunnel and the tunnel link on the client board, the qdiscs on the
     router board, over a connection of this test's own to each."""
-    from lab.boards.inventory import load_inventory
-    from lab.boards.sshnode import BoardConnection, BoardNode
+    from lab.substrate.boards.inventory import load_inventory
+    from lab.substrate.boards.node import BoardConnection, BoardNode
 
     boards = load_inventory(inv_path).boards
     conns = {}

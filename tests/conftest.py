@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOS = REPO / "topologies"
-LAB = [sys.executable, "-m", "lab.cli"]
+LAB = [sys.executable, "-m", "lab.cli.main"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,7 +31,7 @@ def lab_id():
     """A fresh lab id for one test; the lab is always torn down afterwards."""
     lid = "t" + secrets.token_hex(3)
     yield lid
-    from lab.teardown import teardown
+    from lab.core.teardown import teardown
 
     teardown(lid)
 
@@ -91,8 +91,8 @@ def board_farm(
 
 def lab_traces(lab_id: str) -> list[str]:
     """Everything of lab `lab_id` still on the machine (empty when fully removed)."""
-    from lab import cgroups
-    from lab.state import lab_dir, run_root
+    from lab.core import cgroups
+    from lab.core.state import lab_dir, run_root
 
     found = []
     for ns in Path("/var/run/netns").glob(f"{lab_id}-*") if Path("/var/run/netns").exists() else []:
@@ -134,7 +134,7 @@ def kernel_quota_cores(layout, rel: str) -> float | None:
 
 def machine_snapshot() -> dict:
     """What `lab down` must leave as it found: netns list, links, cgroup tree, mounts, processes."""
-    from lab import cgroups
+    from lab.core import cgroups
 
     layout = cgroups.probe()
     cg = sorted(str(p) for d in layout.dirs("") for p in d.rglob("*") if p.is_dir())
@@ -148,12 +148,12 @@ def machine_snapshot() -> dict:
 
 
 def vm_kernel_or_skip():
-    """The VM kernel (lab.vm.Kernel), or skip naming what is missing: QEMU, or the kernel cache
+    """The VM kernel (lab.substrate.vm.Kernel), or skip naming what is missing: QEMU, or the kernel cache
     that scripts/fetch-kernel.sh fills."""
-    from lab.errors import PreconditionError
-    from lab.proc import which
-    from lab.vm import find_kernel
-    from lab.vm.qemu import QEMU
+    from lab.core.errors import PreconditionError
+    from lab.core.proc import which
+    from lab.substrate.vm import find_kernel
+    from lab.substrate.vm.qemu import QEMU
 
     if not which(QEMU):
         pytest.skip(f"{QEMU} not installed (apt-get install qemu-system-x86)")

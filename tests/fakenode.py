@@ -15,8 +15,8 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Mapping
 
-from lab.errors import CommandError
-from lab.node import Node
+from lab.core.errors import CommandError
+from lab.core.node import Node
 
 Answer = tuple[int, str, str]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import proc
+from lab.core import proc
 from lab.measure import Context, get_test
 from lab.measure.adaptive import watch
 from lab.measure.ping import parse_ping, parse_ping_replies, ping_argv
@@ -35,7 +35,7 @@ pytestmark = [
 ]
 
 C4, S4 = "198.18.7.1", "198.18.7.2"
-#: Student's t, two-sided 95 %, by degrees of freedom (tables; not lab.stoprule's own)
+#: Student's t, two-sided 95 %, by degrees of freedom (tables; not lab.model.stoprule's own)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 T975.update({9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131})
 

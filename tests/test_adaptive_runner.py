@@ -12,11 +12,13 @@ import pandas as pd
 import pytest
 
 from lab import measure
-from lab.measure.base import Param, Primary, Test, invoke
+from lab.model.params import Param
+from lab.measure.base import Primary, Test, invoke
 from lab.measure.adaptive import ADAPTIVE_SCHEMA
-from lab.plan import load_plan
-from lab.results import read_jsonl
-from lab.runner import Runner, create_run_dir
+from lab.campaign.load import load_plan
+from lab.core.state import read_jsonl
+from lab.campaign.runner import Runner
+from lab.campaign.setup import create_run_dir
 
 from .conftest import lab_traces
 
@@ -69,7 +71,7 @@ def test_repetitions_stop_when_they_agree(tmp_path, monkeypatch):
         info = lines[rep]["repetitions"]
         assert lines[rep]["ok"] and info["reason"] == "ci" and info["values"] == [42.0, 42.0]
         assert lines[rep]["records"][0]["stop_reason"] == "reps"
-    from lab.results import write_tables
+    from lab.results.rundir import write_tables
 
     table, summary = write_tables(run)
     df = pd.read_csv(run.file("results.csv"))

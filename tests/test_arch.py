@@ -1,7 +1,7 @@
 """Nodes of another architecture (issue 19): the board's own arm64 binaries under qemu-user.
 
 Unit tests: the fetch plan (apt with a private configuration, never the host's), which binary
-runs a command (lab.arch.emulate.ArchRoot.wrap), bad input. Integration tests (root, the arm64
+runs a command (lab.core.arch.emulate.ArchRoot.wrap), bad input. Integration tests (root, the arm64
 root of `lab arch fetch arm64` and qemu-aarch64-static): WireGuard (wireguard-go), OpenVPN and
 strongSwan (kernel-libipsec) between an arm64 node and an x86 one, arm64 ping and iperf3
 through them, and OpenSSL's Pi 4 mask.
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from lab import cgroups
-from lab.arch import ARCHES, MANIFEST, get
-from lab.arch import fetch as archfetch
-from lab.arch.emulate import ArchRoot
-from lab.errors import ConfigError, PreconditionError
+from lab.core import cgroups
+from lab.core.arch import ARCHES, MANIFEST, get
+from lab.core.arch import fetch as archfetch
+from lab.core.arch.emulate import ArchRoot
+from lab.core.errors import ConfigError, PreconditionError
 from tests.conftest import TOPOS, kernel_quota_cores, lab_traces, run_lab
 
 ARM64 = ARCHES["arm64"]
@@ -91,7 +91,7 @@ def test_unknown_architecture_names_the_accepted_ones(tmp_path):
         "        self.addLink(a, self.addHost('b'))\n"
         "topos = {'t': T}\n"
     )
-    from lab.topology import load_topology
+    from lab.model.topology import load_topology
 
     with pytest.raises(ConfigError) as ei:
         load_topology(topo)
@@ -233,9 +233,9 @@ def test_openssl_mask_leaves_out_the_armv8_crypto_instructions(arm64, tmp_path):
     ],
 )
 def test_tunnel_from_an_arm64_node(arm64, lab_id, profile, daemon, server_arch):
-    from lab.lab import Lab
-    from lab.proc import is_same_process
-    from lab.teardown import teardown
+    from lab.substrate.local.lab import Lab
+    from lab.core.proc import is_same_process
+    from lab.core.teardown import teardown
 
     r = run_lab(
         "up", TOPOS / "pi_pair.py", "--id", lab_id, "-p", "client_arch=arm64", "-p", "cpu=0.5",
@@ -368,8 +368,8 @@ def test_an_arm64_tunnel_end_refuses_a_kernel_data_plane(arm64, lab_id):
     """Where the kernel has WireGuard (or ESP), `auto` would pick it: no board binary would run
     the tunnel, so an arm64 end refuses it before anything is created (this kernel lacks both:
     the plan says 'kernel' as such a machine's check would)."""
-    from lab.lab import up
-    from lab.topology import load_topology
+    from lab.substrate.local.lab import up
+    from lab.model.topology import load_topology
     from lab.vpn.base import Availability
     from lab.vpn.tunnel import plan
 

@@ -54,10 +54,10 @@ def board_state(inv_path, tmp_path) -> dict:
     board and call; the boards are read at once, as they are independent)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lab.boards.boardstate import snapshot
-    from lab.boards.inventory import load_inventory
-    from lab.boards.sshnode import BoardConnection, BoardNode
-    from lab.state import state_root
+    from lab.substrate.boards.snapshot import snapshot
+    from lab.substrate.boards.inventory import load_inventory
+    from lab.substrate.boards.node import BoardConnection, BoardNode
+    from lab.core.state import state_root
 
     def one(name, b) -> dict:
         conn = BoardConnection.open(b, log_path=tmp_path / f"ssh-{name}.log")
@@ -154,7 +154,7 @@ def test_topology_on_the_management_subnet_is_refused(farm, tmp_path):
 
 
 def test_controller_sigkilled_during_up_then_clean_restores_every_board(farm, tmp_path):
-    from lab.state import Ledger, lab_dir
+    from lab.core.state import Ledger, lab_dir
 
     inv, rec = farm
     before = board_state(inv, tmp_path)
@@ -218,7 +218,7 @@ def test_unreachable_board_is_reported_and_finished_by_the_next_clean(farm, tmp_
     """The router board's management port goes down while a lab is up on the boards: `lab down`
     restores the two others, names the router as unreachable and keeps its ledger; once the
     port is back, `lab clean` finishes it."""
-    from lab.state import lab_dir
+    from lab.core.state import lab_dir
 
     inv, rec = farm
     before = board_state(inv, tmp_path)
@@ -242,7 +242,7 @@ def test_unreachable_board_is_reported_and_finished_by_the_next_clean(farm, tmp_
 def test_removing_a_farm_restores_the_labs_still_up_on_it(farm, tmp_path):
     """`lab boards emulate --down` with a lab still up on the farm's boards: the lab is restored
     first (afterwards nothing could reach it, and `lab clean` would report it for ever)."""
-    from lab.state import lab_dir
+    from lab.core.state import lab_dir
 
     inv2 = tmp_path / "farm2.toml"
     r = run_lab("boards", "emulate", TOPOS / "pi_pair.py", "--out", inv2, "--json")

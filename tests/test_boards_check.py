@@ -1,4 +1,4 @@
-"""`lab boards check` and `lab boards prepare` (lab/boards/check.py, lab/cliboards.py).
+"""`lab boards check` and `lab boards prepare` (lab/substrate/boards/check.py, lab/cli/boards.py).
 
 Unit tests parse what a board prints (golden text of a Raspberry Pi) and check the packages and
 the apt-get command prepare would run, with a fake node. On an emulated farm (root): every board
@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from lab.boards import check as bc
+from lab.substrate.boards import check as bc
 from lab.vpn.base import Tool
 
 from .conftest import board_farm, run_lab
@@ -262,7 +262,7 @@ def pretend_missing(monkeypatch):
 
 @pytest.mark.root
 def test_prepare_refuses_without_a_terminal_or_a_yes(farm, pretend_missing, monkeypatch, capsys):
-    from lab.cli import main
+    from lab.cli.main import main
 
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     assert main(["boards", "prepare", str(farm), "--profiles", "wireguard"]) == 3

@@ -27,8 +27,8 @@ def farm(tmp_path_factory):
 def _expected_backend(inv, tmp_path) -> str:
     """kernel-netem where the router board's kernel has netem, else the engine (the path this
     machine's kernel takes)."""
-    from lab.boards.inventory import load_inventory
-    from lab.boards.sshnode import BoardConnection, BoardNode
+    from lab.substrate.boards.inventory import load_inventory
+    from lab.substrate.boards.node import BoardConnection, BoardNode
     from lab.impair.kernel import probe_netem
 
     b = load_inventory(inv).boards["router"]
@@ -53,7 +53,7 @@ def _procs(state: dict, board: str, name: str) -> list[str]:
 def test_up_with_delay_on_a_board_without_netem_then_down(farm, tmp_path):
     """Then the same `lab up` SIGKILLed right after the engine's PID is recorded (bump made,
     port spliced, engine running): `lab clean` alone restores the router board."""
-    from lab.state import Ledger, lab_dir
+    from lab.core.state import Ledger, lab_dir
 
     inv, rec = farm
     backend = _expected_backend(inv, tmp_path)

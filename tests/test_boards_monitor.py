@@ -1,6 +1,6 @@
-"""BoardMonitor (lab/boards/monitor.py): the parsers of the board-side reader's output, and, on an
+"""BoardMonitor (lab/substrate/boards/monitor.py): the parsers of the board-side reader's output, and, on an
 emulated board farm, a real monitor over the boards' SSH sessions: CPU rises while a board burns
-CPU, the summary has lab.monitor.Monitor's keys, readings the farm lacks are explained, and one
+CPU, the summary has lab.substrate.local.monitor.Monitor's keys, readings the farm lacks are explained, and one
 sample costs milliseconds.
 
 The emulated boards are namespaces of this machine, so their /proc/stat is this machine's: the
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from lab.boards.monitor import (
+from lab.substrate.boards.monitor import (
     READER,
     parse_answer,
     parse_measure_temp,
@@ -118,8 +118,8 @@ def farm(tmp_path_factory):
 
 
 def _nodes(inv, logs):
-    from lab.boards.inventory import load_inventory
-    from lab.boards.sshnode import BoardConnection, BoardNode
+    from lab.substrate.boards.inventory import load_inventory
+    from lab.substrate.boards.node import BoardConnection, BoardNode
 
     conns = []
     try:
@@ -140,7 +140,7 @@ def _mean_total(samples, node, t0, t1):
 def _idle_then_burn(farm) -> tuple[float, float, dict, dict]:
     """Monitor 2 s idle, then 2 s with a shell spinning on the router board: (idle mean, burn
     mean) of the router node's CPU, the whole summary, and the burner's daemon summary."""
-    from lab.boards.monitor import BoardMonitor
+    from lab.substrate.boards.monitor import BoardMonitor
 
     router = farm["router"]
     mon = BoardMonitor(farm, [], interval=0.25)
@@ -191,8 +191,8 @@ def test_cpu_rises_while_a_board_burns(farm):
 
 @pytest.mark.root
 def test_summary_has_the_local_monitors_keys_and_explains_what_is_missing(farm):
-    from lab.boards.monitor import BoardMonitor
-    from lab.monitor import Monitor
+    from lab.substrate.boards.monitor import BoardMonitor
+    from lab.substrate.local.monitor import Monitor
 
     mon = BoardMonitor(farm, [{"node": "client", "name": "gone", "pid": 2**22 + 7}], interval=0.2)
     mon.start()

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from lab import proc
+from lab.core import proc
 
 from .conftest import REPO, vm_kernel_or_skip
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 @pytest.mark.timeout(600)
 def test_kernel_wireguard_and_netem_on_vm_boards_over_ssh(tmp_path):
-    from lab.vm import boot
+    from lab.substrate.vm import boot
 
     vm_kernel_or_skip()
     vm = boot(tmp_path / "state", mem_mb=2048)

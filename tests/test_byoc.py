@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from lab import proc
-from lab.errors import ConfigError, LabError, StartupError
-from lab.lab import up
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.core import proc
+from lab.core.errors import ConfigError, LabError, StartupError
+from lab.substrate.local.lab import up
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 from lab.vpn import byocimport, tunnel
 from lab.vpn.charon import CHARON
 from lab.vpn.profiles import load_profile

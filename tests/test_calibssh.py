@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from lab import calibrate as calibrate_mod
-from lab import calibssh
-from lab.calibrate import Measurement, implementation_coverage
-from lab.cpuprofile import PRIMITIVES, load_profile
+from lab.campaign import calibrate as calibrate_mod
+from lab.campaign import calibssh
+from lab.campaign.calibrate import Measurement, implementation_coverage
+from lab.model.cpuprofile import PRIMITIVES, load_profile
 
 
 def test_rate_per_cpu_second_subtracts_the_handshake():

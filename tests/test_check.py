@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from lab import expect
-from lab.cicheck import CI_FILES
-from lab.cli import main
-from lab.errors import ConfigError
-from lab.expect import parse_expectations, regressed, regressed_runs, t_sf
+from lab.results import expect
+from lab.campaign.check import CI_FILES
+from lab.cli.main import main
+from lab.core.errors import ConfigError
+from lab.results.expect import parse_expectations
+from lab.model.stats import regressed, regressed_runs, t_sf
 
 REPO = Path(__file__).resolve().parent.parent
 PLAN = REPO / "docs/examples/ci/check.toml"
@@ -317,7 +318,7 @@ def test_ci_init_writes_and_refuses_to_overwrite(tmp_path):
 
 
 def test_example_plan_loads_with_its_expectations():
-    from lab.cicheck import load_check
+    from lab.campaign.check import load_check
 
     plan, es = load_check(str(PLAN))
     assert plan.name == "ci-check" and {e.kind for e in es} == {"bound", "regression"}
@@ -354,14 +355,14 @@ def test_actionlint(wf):
 
 
 def test_module_is_pure():
-    """lab.expect judges; it runs and prints nothing."""
+    """lab.results.expect judges; it runs and prints nothing."""
     src = Path(expect.__file__).read_text()
     assert "print(" not in src and "subprocess" not in src
 
 
 def test_junit_has_a_suite_per_profile(tmp_path):
-    from lab.expect import Verdict
-    from lab.junit import junit_xml
+    from lab.results.expect import Verdict
+    from lab.results.junit import junit_xml
 
     vs = [
         Verdict("wireguard", "none", "tcp", 0, "ok", "pass", "3 repetitions ran", n=3),

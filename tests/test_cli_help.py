@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.cli import build_parser
-from lab.clihelp import EXAMPLES, subparsers
+from lab.cli.main import build_parser
+from lab.cli.help import EXAMPLES, subparsers
 from lab.vpn.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import lab.cliprofiles as cliprofiles
-from lab.cli import main
+import lab.cli.profiles as cliprofiles
+from lab.cli.main import main
 from lab.vpn.profiles import known_profiles, load_profile
 
 PI_PAIR = str(Path(__file__).resolve().parent.parent / "topologies" / "pi_pair.py")

@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-import lab.cliprint as cliprint
-from lab.cli import main
+import lab.cli.printing as cliprint
+from lab.cli.main import main
 
 STATUS = {
     "id": "t21",

@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
-from lab.compare import compare
-from lab.report import _warnings
-from lab.reportdoc import Doc
+from lab.results.compare import compare
+from lab.results.report import _warnings
+from lab.results.doc import Doc
 
 from .test_results import make_run
 

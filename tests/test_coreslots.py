@@ -1,4 +1,4 @@
-"""Board cores as capped cgroups (lab/coreslots.py): the balancer's decision by hand, then a pi4
+"""Board cores as capped cgroups (lab/substrate/local/coreslots.py): the balancer's decision by hand, then a pi4
 node on this machine: four per-core groups capped at one board core each under the node's
 quota, a new process started on the emptiest core, two busy processes spread onto different
 cores by the lab's balancer, a single busy thread never above one core's quota, and teardown
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from lab import cgroups, proc
-from lab.coreslots import BUSY_FRACTION, assign
-from lab.lab import up
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.core import cgroups, proc
+from lab.substrate.local.coreslots import BUSY_FRACTION, assign
+from lab.substrate.local.lab import up
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 
 from .conftest import TOPOS, kernel_quota_cores
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from lab import cgroups
-from lab.lab import up
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.core import cgroups
+from lab.substrate.local.lab import up
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 
 from .conftest import TOPOS, kernel_quota_cores
 
@@ -59,8 +59,8 @@ def test_pi4_nodes_run_the_board_os_tcp_defaults(lab_id):
     machine's; lab.json records what each node got."""
     from pathlib import Path
 
-    from lab.cpuprofile import load_profile
-    from lab.cpuplan import congestion_control_refused
+    from lab.model.cpuprofile import load_profile
+    from lab.substrate.local.cpuplan import congestion_control_refused
 
     want = dict(load_profile("pi4").os)
     refused = congestion_control_refused(want["net.ipv4.tcp_congestion_control"])

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import cgroups
-from lab.calibrate import calibrate, measure_openssl, parse_openssl_mr
-from lab.cpuprofile import CORE_SHARE_MAX, PRIMITIVES, RESIDUAL_THRESHOLD, load_profile
+from lab.core import cgroups
+from lab.campaign.calibrate import calibrate, measure_openssl, parse_openssl_mr
+from lab.model.cpuprofile import CORE_SHARE_MAX, PRIMITIVES, RESIDUAL_THRESHOLD, load_profile
 
 from .conftest import REPO, kernel_quota_cores, lab_traces, run_lab
 
@@ -135,8 +135,8 @@ def test_capped_pi4_node_holds_its_quota_and_masks_reach_daemons(calibrated, lab
     """The calibrated quota is the node's, the kernel throttles crypto in the node to it (its
     CPU time per elapsed second never above the quota), and the masks reach a daemon. How close
     the node's rate comes to the Pi figure moves with the host: bench/cpu_calibrate.py."""
-    from lab.lab import Lab, up
-    from lab.topology import load_topology
+    from lab.substrate.local.lab import Lab, up
+    from lab.model.topology import load_topology
 
     lab = up(load_topology(REPO / "topologies" / "pi_pair.py"), lab_id)
     try:
@@ -217,7 +217,7 @@ def test_capped_pi4_node_holds_its_quota_and_masks_reach_daemons(calibrated, lab
         finally:
             node.stop(d)
     finally:
-        from lab.teardown import teardown
+        from lab.core.teardown import teardown
 
         teardown(lab_id)
     assert lab_traces(lab_id) == []

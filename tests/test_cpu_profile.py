@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from lab import calibrate as calibrate_mod
-from lab import cgroups
-from lab.calibrate import Measurement, fit_core_share, parse_openssl_mr
-from lab.cpuprofile import (
+from lab.campaign import calibrate as calibrate_mod
+from lab.core import cgroups
+from lab.campaign.calibrate import Measurement, fit_core_share, parse_openssl_mr
+from lab.model.cpuprofile import (
     CORE_SHARE_MAX,
     PRIMITIVES,
     RESIDUAL_THRESHOLD,
@@ -20,8 +20,8 @@ from lab.cpuprofile import (
     known_profiles,
     load_profile,
 )
-from lab.cpuplan import coverage, plan_entry, scale_to_host
-from lab.errors import ConfigError, PreconditionError
+from lab.substrate.local.cpuplan import coverage, plan_entry, scale_to_host
+from lab.core.errors import ConfigError, PreconditionError
 
 HOST = {"kind": "host"}  # the substrate cpu_plan is told the lab runs on
 
@@ -304,8 +304,8 @@ def _expected_fit(rates: dict[str, float]) -> tuple[float, dict[str, float]]:
 
 
 def test_poor_fit_is_recorded_merged_and_warned_at_up(fake_measurements, tmp_path):
-    from lab.cpuplan import cpu_plan
-    from lab.topology import load_topology
+    from lab.substrate.local.cpuplan import cpu_plan
+    from lab.model.topology import load_topology
     from tests.conftest import TOPOS
 
     fake_measurements.update(_fake_rates(1.6))
@@ -332,8 +332,8 @@ def test_poor_fit_is_recorded_merged_and_warned_at_up(fake_measurements, tmp_pat
 
 
 def test_good_fit_is_not_warned(fake_measurements):
-    from lab.cpuplan import cpu_plan
-    from lab.topology import load_topology
+    from lab.substrate.local.cpuplan import cpu_plan
+    from lab.model.topology import load_topology
     from tests.conftest import TOPOS
 
     fake_measurements.update(_fake_rates(1.1))
@@ -344,7 +344,7 @@ def test_good_fit_is_not_warned(fake_measurements):
 
 
 def test_calibrate_cli_tells_a_poor_fit_plainly(fake_measurements, capsys):
-    from lab.cli import main
+    from lab.cli.main import main
 
     fake_measurements.update(_fake_rates(1.6))
     _, res = _expected_fit(fake_measurements)
@@ -529,9 +529,9 @@ def test_profile_quota_on_fake_cgroup_v1(tmp_path):
 def test_tcg_vm_substrate_applies_masks_but_no_caps(monkeypatch):
     """Inside a TCG VM a host-calibrated quota would make nodes far slower than a board: caps
     are left off (stated as a warning and in each node's cpu record), the masks stay."""
-    from lab.cpuplan import cpu_plan
-    from lab.lab import current_substrate
-    from lab.topology import load_topology
+    from lab.substrate.local.cpuplan import cpu_plan
+    from lab.substrate.local.lab import current_substrate
+    from lab.model.topology import load_topology
     from tests.conftest import TOPOS
 
     spec = load_topology(TOPOS / "pi_pair.py", params={"cpu": "pi4"})
@@ -556,9 +556,9 @@ def test_tcg_vm_substrate_applies_masks_but_no_caps(monkeypatch):
 
 def test_a_profile_defines_the_mask_environment_entirely(monkeypatch):
     """A `host` node must not inherit a mask the caller exported; pi4 gets exactly its own."""
-    from lab.cpuplan import plan_entry
-    from lab.cpuprofile import load_profile
-    from lab.node import merged_env
+    from lab.substrate.local.cpuplan import plan_entry
+    from lab.model.cpuprofile import load_profile
+    from lab.core.node import merged_env
 
     monkeypatch.setenv("OPENSSL_ia32cap", "~0x2")
     monkeypatch.setenv("GODEBUG", "cpu.all=off")

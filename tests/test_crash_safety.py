@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from lab.lab import up
-from lab.state import Ledger, lab_dir
-from lab.topology import load_topology
+from lab.substrate.local.lab import up
+from lab.core.state import Ledger, lab_dir
+from lab.model.topology import load_topology
 
 from .conftest import LAB, REPO, TOPOS, lab_traces, run_lab
 

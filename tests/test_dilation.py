@@ -1,4 +1,4 @@
-"""Time dilation (lab.dilation, issue 16): the arithmetic by hand, bad factors refused, and one
+"""Time dilation (lab.model.dilation, issue 16): the arithmetic by hand, bad factors refused, and one
 real dilated lab whose kernel quotas and shaper are 1/D of the undilated lab's and whose
 impairment delays a real ping D times as long.
 
@@ -14,13 +14,15 @@ from typing import ClassVar
 
 import pytest
 
-from lab import cpuplan, dilation
-from lab.errors import ConfigError, PreconditionError
-from lab.impair.spec import parse_spec
+from lab.substrate.local import cpuplan
+from lab.model import dilation
+from lab.core.errors import ConfigError, PreconditionError
+from lab.model.impairment.model import parse_spec
 from lab.measure import TESTS
-from lab.measure.base import Metric, Param, Test, invoke
-from lab.plan import load_plan
-from lab.topology import load_topology
+from lab.measure.base import Metric, Test, invoke
+from lab.model.params import Param
+from lab.campaign.load import load_plan
+from lab.model.topology import load_topology
 
 from .conftest import REPO, kernel_quota_cores
 
@@ -179,7 +181,7 @@ def test_impairment_delays_times_rates_divided_probabilities_kept():
 
 
 def test_shaper_rate_divided_queue_time_multiplied_bucket_kept(monkeypatch):
-    from lab import netops, proc
+    from lab.core import netops, proc
 
     seen = []
     monkeypatch.setattr(proc, "run", lambda argv, **kw: seen.append(argv))
@@ -283,9 +285,9 @@ def test_dilated_lab_quotas_shaper_and_delay(tmp_path, monkeypatch, lab_id):
     node and core-group quotas and the link's tbf rate of the dilated lab are half the
     undilated one's, and a 20 ms impairment delays a real ping by 2 x 20 ms each way, which
     scales back to at least 40 ms (a delay is a floor whatever the host's load)."""
-    from lab.lab import up
+    from lab.substrate.local.lab import up
     from lab.measure import Context
-    from lab.teardown import teardown
+    from lab.core.teardown import teardown
 
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "tboard.toml").write_text(PROFILE)
@@ -367,9 +369,10 @@ def test_lab_run_dilated_end_to_end(tmp_path, monkeypatch):
     2 x 10 x 2 ms or more in the lab and scales back to 20 ms or more, and the manifest and the
     report say x2."""
     from lab import measure
-    from lab.report import generate
-    from lab.results import read_jsonl
-    from lab.runner import Runner, create_run_dir
+    from lab.results.report import generate
+    from lab.core.state import read_jsonl
+    from lab.campaign.runner import Runner
+    from lab.campaign.setup import create_run_dir
 
     spy = SpyTest()
     monkeypatch.setitem(measure.TESTS, "spy", spy)

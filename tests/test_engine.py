@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.errors import ConfigError, PreconditionError, StartupError
+from lab.core.errors import ConfigError, PreconditionError, StartupError
 from lab.impair import engine as eng
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -125,7 +125,7 @@ def built():
     try:
         return eng.engine_binary(), eng.probe_binary()
     except PreconditionError:
-        from lab.proc import run, which
+        from lab.core.proc import run, which
 
         if not which("cargo") and not os.path.exists("/root/.cargo/bin/cargo"):
             pytest.skip(f"engine not built and no cargo; run {eng.BUILD_COMMAND}")
@@ -224,7 +224,7 @@ def test_duplicate_and_reorder_counters(lab):
 @pytest.mark.root
 @root
 def test_missing_interface_and_clean_exit(built, tmp_path):
-    from lab.proc import run
+    from lab.core.proc import run
 
     cp = run(eng.engine_argv("nonexist0", "nonexist1", str(tmp_path / "c.sock")), check=False)
     assert cp.returncode != 0

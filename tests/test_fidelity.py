@@ -32,10 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from lab.compare import compare
-from lab.errors import ConfigError
-from lab.fidelity import analyse, kendall_tau_b, ranking
-from lab.importer import COLUMNS, import_table
+from lab.results.compare import compare
+from lab.core.errors import ConfigError
+from lab.results.fidelity import analyse, kendall_tau_b, ranking
+from lab.results.importer import COLUMNS, import_table
 
 REPO = Path(__file__).resolve().parent.parent
 HEADER = ",".join(COLUMNS)
@@ -267,7 +267,7 @@ def test_an_existing_run_directory_is_refused_and_left_alone(tmp_path):
 
 def _lab(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "lab.cli", *args], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "lab.cli.main", *args], cwd=REPO, capture_output=True, text=True
     )
 
 
@@ -298,7 +298,7 @@ def test_cli_import_and_compare(tmp_path):
 def test_published_example_imports():
     """docs/examples/pi4-published.csv is a valid table with every source filled in."""
     table = REPO / "docs" / "examples" / "pi4-published.csv"
-    from lab.importer import read_table
+    from lab.results.importer import read_table
 
     cases = read_table(table)
     assert cases and all(f["source"] for c in cases for f in c.figures.values())

@@ -9,10 +9,10 @@ CLI argument vectors), seeded, so a failure reproduces. Every input must give:
 - nothing created: no entry under LAB_STATE_DIR / LAB_RUN_DIR, no run directory, no rendered
   file, no network namespace (the subprocess sample compares `ip netns list`).
 
-The bulk runs in-process through lab.cli.main(argv) with the functions that create things
+The bulk runs in-process through lab.cli.main.main(argv) with the functions that create things
 (lab directory, run directory, rendered files, VM, boards, farm) replaced by a tripwire, so an
 input that would be accepted is caught before it builds anything; a sample runs through the
-real entry point (`python -m lab.cli`) as a subprocess. `python tests/test_fuzz_inputs.py`
+real entry point (`python -m lab.cli.main`) as a subprocess. `python tests/test_fuzz_inputs.py`
 prints the cases per class and how many gave a clear error.
 """
 
@@ -725,7 +725,7 @@ class Gen:
     # --- every command, also ones added after this file: an unknown option; and `lab check`,
     # `lab ci` with their own inputs
     def every_command(self):
-        from lab.cli import COMMANDS
+        from lab.cli.main import COMMANDS
 
         for cmd in sorted(COMMANDS):
             # argparse names the option, or the arguments still missing before it
@@ -979,14 +979,14 @@ def _tree(*dirs: Path) -> set[str]:
 @contextlib.contextmanager
 def tripwires():
     """Replace every function that creates something an input could reach with WouldCreate."""
-    import lab.boards.farm as farm
-    import lab.lab as lablab
-    import lab.runner as runner
-    import lab.runsetup as runsetup
-    import lab.state as state
-    import lab.vmlab as vmlab
+    import lab.substrate.boards.farm as farm
+    import lab.substrate.local.lab as lablab
+    import lab.campaign.runner as runner
+    import lab.campaign.setup as runsetup
+    import lab.core.state as state
+    import lab.substrate.vm.lab as vmlab
     import lab.vpn.tunnel as tunnel
-    from lab.boards import boardlab
+    from lab.substrate.boards import lab as boardlab
 
     def trip(what):
         def f(*a, **k):
@@ -1016,8 +1016,8 @@ def tripwires():
 
 
 def run_inprocess(argv: list[str]) -> tuple[int | str, str]:
-    """lab.cli.main(argv) -> (exit code or 'created: ...', stderr)."""
-    from lab.cli import main
+    """lab.cli.main.main(argv) -> (exit code or 'created: ...', stderr)."""
+    from lab.cli.main import main
 
     buf_err, buf_out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(buf_err), contextlib.redirect_stdout(buf_out):
@@ -1098,7 +1098,7 @@ NO_INPUT = {"profiles", "clean"}
 
 
 def test_every_subcommand_is_fuzzed(tmp_path):
-    from lab.cli import COMMANDS
+    from lab.cli.main import COMMANDS
 
     cases = generate(tmp_path)
     seen = {c.argv[0] for c in cases if c.argv}
@@ -1197,7 +1197,7 @@ def _netns() -> set[str]:
 
 
 def test_real_entry_point_sample(fuzz_env):
-    """A sample through `python -m lab.cli` itself: exit code, no traceback, named input,
+    """A sample through `python -m lab.cli.main` itself: exit code, no traceback, named input,
     nothing created on this machine (state, run dirs, network namespaces)."""
     cases = generate(fuzz_env)
     rng = random.Random(SEED)
@@ -1222,7 +1222,7 @@ def test_real_entry_point_sample(fuzz_env):
     for case in picked:
         ns0, tree0 = _netns(), _tree(*watched)
         cp = subprocess.run(
-            [sys.executable, "-m", "lab.cli", *case.argv],
+            [sys.executable, "-m", "lab.cli.main", *case.argv],
             capture_output=True,
             text=True,
             env=env,

@@ -1,11 +1,11 @@
-"""lab.graph: the one graph search over a topology (adjacency, shortest path, reachable segments)."""
+"""lab.model.graph: the one graph search over a topology (adjacency, shortest path, reachable segments)."""
 
 from __future__ import annotations
 
 from mininet.topo import Topo
 
-from lab.graph import adjacency, reachable_segments, segment_members, shortest_path
-from lab.topology import load_topology, resolve
+from lab.model.graph import adjacency, reachable_segments, segment_members, shortest_path
+from lab.model.topology import load_topology, resolve
 
 from .conftest import TOPOS
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.errors import PreconditionError
+from lab.core.errors import PreconditionError
 from lab.impair.kernel import (
     Probe,
     apply_argvs,
@@ -27,8 +27,9 @@ from lab.impair.kernel import (
     probe_netem,
     show_argv,
 )
-from lab.impair.presets import preset
-from lab.impair.spec import GELoss, Impairment, StateLoss, parse_spec
+from lab.model.impairment.presets import preset
+from lab.model.impairment.loss import GELoss, StateLoss
+from lab.model.impairment.model import Impairment, parse_spec
 
 DATA = Path(__file__).parent / "data"
 

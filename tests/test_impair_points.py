@@ -17,14 +17,16 @@ from pathlib import Path
 import pytest
 
 from lab.impair import runtime
-from lab.shard import case_seed
-from lab.impair.spec import parse_directional, parse_spec
-from lab.lab import up
-from lab.plan import load_plan
-from lab.results import read_jsonl
-from lab.runner import Runner, create_run_dir
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.campaign.shard import case_seed
+from lab.model.impairment.directional import parse_directional
+from lab.model.impairment.model import parse_spec
+from lab.substrate.local.lab import up
+from lab.campaign.load import load_plan
+from lab.core.state import read_jsonl
+from lab.campaign.runner import Runner
+from lab.campaign.setup import create_run_dir
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 
 from .conftest import REPO, TOPOS, lab_traces
 
@@ -115,7 +117,7 @@ def test_delay_then_loss_then_none(tmp_path):
     assert by["none"]["impairment_applied"]["applied"].startswith("none")
     assert "wire packets" in by[loss]["impairment_applied"]["wire_packets"]
     # the report shows what was in force, queue limit included
-    from lab.report import generate
+    from lab.results.report import generate
 
     generate(run.path)
     section = run.file("report.md").read_text().split("## Network conditions in force")[1]

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab.errors import ConfigError
+from lab.core.errors import ConfigError
 from lab.impair import runtime
-from lab.lab import Lab, up
-from lab.labimpair import splice_side
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.substrate.local.lab import Lab, up
+from lab.substrate.local.impair import splice_side
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 
 from .conftest import TOPOS, lab_traces, run_lab
 

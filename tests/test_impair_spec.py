@@ -6,24 +6,13 @@ import json
 
 import pytest
 
-from lab.errors import ConfigError
-from lab.impair.presets import (
-    PRESETS,
-    parse_placement,
-    preset,
-    study_a_sweeps,
-    sweep,
-)
-from lab.impair.spec import (
-    DirectionalImpairment,
-    GELoss,
-    Impairment,
-    RandomLoss,
-    StateLoss,
-    from_link_options,
-    parse_directional,
-    parse_spec,
-)
+from lab.core.errors import ConfigError
+from lab.model.impairment.words import PRESETS
+from lab.model.impairment.presets import parse_placement, preset, study_a_sweeps, sweep
+from lab.model.impairment.directional import DirectionalImpairment, parse_directional
+from lab.model.impairment.loss import GELoss, RandomLoss, StateLoss
+from lab.model.impairment.model import Impairment, parse_spec
+from lab.model.impairment.linkopts import from_link_options
 
 # --------------------------------------------------------------------------------------------
 # Accepted specs

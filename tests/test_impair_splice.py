@@ -13,13 +13,13 @@ import time
 
 import pytest
 
-from lab import proc
-from lab.lab import Lab, up
-from lab.labimpair import splice_side
-from lab.proc import is_same_process
-from lab.substrates import LocalLab
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.core import proc
+from lab.substrate.local.lab import Lab, up
+from lab.substrate.local.impair import splice_side
+from lab.core.proc import is_same_process
+from lab.substrate.registry import LocalLab
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 
 from .conftest import TOPOS, lab_traces, run_lab
 

@@ -30,12 +30,12 @@ from pathlib import Path
 
 import pytest
 
-from lab.errors import PreconditionError
+from lab.core.errors import PreconditionError
 from lab.impair import runtime
 from lab.impair.engine import engine_binary
-from lab.lab import up
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.substrate.local.lab import up
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 
 from .conftest import TOPOS, lab_traces
 from .pcapwire import (

@@ -1,4 +1,4 @@
-"""lab.boards.inventory: reading and validating board inventories, mapping topologies onto boards.
+"""lab.substrate.boards.inventory: reading and validating board inventories, mapping topologies onto boards.
 
 Pure unit tests (no root, no board). Ansible inventories are parsed by the real ansible-inventory.
 """
@@ -12,17 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from lab.boards import inventory as invmod
-from lab.boards.inventory import (
-    board_spec,
-    check_management,
-    load_inventory,
-    map_nodes,
-    parse_map_option,
-)
-from lab.boards.types import Board, BoardMap, Cable
-from lab.errors import ConfigError, PreconditionError
-from lab.topology import load_topology
+from lab.substrate.boards import inventory as invmod
+from lab.substrate.boards.mapping import board_spec, check_management, map_nodes, parse_map_option
+from lab.substrate.boards.inventory import load_inventory
+from lab.substrate.boards.types import Board, BoardMap, Cable
+from lab.core.errors import ConfigError, PreconditionError
+from lab.model.topology import load_topology
 
 from .conftest import TOPOS
 

@@ -1,5 +1,5 @@
 """`lab run --jobs N|auto` without root: the CPU budget, the labs a plan can keep busy, the
-overhead and the interference verdict, all against hand-computed figures (lab.jobs)."""
+overhead and the interference verdict, all against hand-computed figures (lab.campaign.jobs)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab.cpuprofile import load_profile
-from lab.errors import ConfigError
-from lab.jobs import (
+from lab.model.cpuprofile import load_profile
+from lab.core.errors import ConfigError
+from lab.campaign.jobs import (
     FIXED_MARGIN,
     Budget,
     choose_probe,
@@ -23,8 +23,8 @@ from lab.jobs import (
     probe_margin,
     probe_overrides,
 )
-from lab.plancases import TestEntry as Entry
-from lab.shard import Shard, shard_cases
+from lab.campaign.plan import TestEntry as Entry
+from lab.campaign.shard import Shard, shard_cases
 
 from .test_shard import NONE, make_plan
 
@@ -242,8 +242,8 @@ def _line(rep, ok=True, bps=9e8):
 def test_probe_values_are_the_reports_primary_column(tmp_path):
     import json
 
-    from lab.errors import PreconditionError
-    from lab.parallel import probe_values
+    from lab.core.errors import PreconditionError
+    from lab.campaign.parallel import probe_values
 
     (tmp_path / "results.jsonl").write_text(
         "".join(json.dumps(_line(r, bps=b)) + "\n" for r, b in enumerate((8e8, 9e8, 1e9)))
@@ -260,7 +260,7 @@ def test_probe_values_are_the_reports_primary_column(tmp_path):
 def test_screen_cores_per_profile_from_the_monitor_files(tmp_path):
     import json
 
-    from lab.parallel import screen_cores
+    from lab.campaign.parallel import screen_cores
 
     lines = [_line(0), {**_line(0), "case": "wireguard|none|tcp|0", "profile": "wireguard"}]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))

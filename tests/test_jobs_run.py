@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lab.results import read_jsonl
+from lab.core.state import read_jsonl
 
 from .conftest import lab_traces, run_lab
 
@@ -189,7 +189,7 @@ def test_sigterm_stops_every_worker_and_its_lab(env):
     slow.write_text(PLAN.replace("count = 5", "count = 400"))  # 20 s a case
     run = d / "stopped"
     p = subprocess.Popen(
-        [sys.executable, "-m", "lab.cli", "run", slow, "--jobs", "2", "--force", "--out", run],
+        [sys.executable, "-m", "lab.cli.main", "run", slow, "--jobs", "2", "--force", "--out", run],
         env={**os.environ, **e},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from lab.lab import Lab, up
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.substrate.local.lab import Lab, up
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 
 from .conftest import TOPOS, lab_traces, machine_snapshot, run_lab
 

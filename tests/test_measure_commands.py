@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from lab import proc
+from lab.core import proc
 from lab.measure import TESTS, Context
 from lab.measure.base import invoke
 from lab.measure.iperf3 import client_argv
 from lab.measure.ping import ping_argv
 from lab.measure.rr import RR_PROGRAM, rr_argv
 from lab.measure.scp import scp_argv, sshd_config
-from lab.node import Daemon, Node
+from lab.core.node import Daemon, Node
 
 DATA = Path(__file__).parent / "data"
 # sh, not python: it starts in milliseconds and the mtu bisection spawns dozens

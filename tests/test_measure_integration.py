@@ -1,6 +1,6 @@
 """Real iperf3/ping/sshd/rr runs between two network namespaces this test creates.
 
-Uses a tiny local Node (``ip netns exec`` through lab.proc) so the tests need nothing but root
+Uses a tiny local Node (``ip netns exec`` through lab.core.proc) so the tests need nothing but root
 and the tools; the lab's real LocalNode can replace it later. Addresses are from the
 benchmarking ranges (198.18.0.0/15, 2001:2::/48) inside namespaces named ``meas<random>-*``,
 which are removed in finally; no packet leaves them.
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import proc
+from lab.core import proc
 from lab.measure import TESTS, Context, get_test
-from lab.node import Daemon, Node, merged_env
+from lab.core.node import Daemon, Node, merged_env
 
 pytestmark = [
     pytest.mark.root,

@@ -9,11 +9,11 @@ import os
 import pandas as pd
 import pytest
 
-from lab import proc
+from lab.core import proc
 from lab.measure import TESTS
 from lab.measure.base import MeasurementFailed
 from lab.measure.pingflood import parse_ping_flood, ping_flood_argv
-from lab.results import COLUMN_NAMES
+from lab.results.rundir import COLUMN_NAMES
 
 from .conftest import lab_traces
 from .test_measure_commands import golden, make, run
@@ -126,9 +126,10 @@ size = 1000
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for the lab and ping -f")
 @pytest.mark.skipif(not proc.which("ping"), reason="needs iputils ping")
 def test_flood_runs_through_a_tiny_plan(tmp_path):
-    from lab.plan import load_plan
-    from lab.report import generate
-    from lab.runner import Runner, create_run_dir
+    from lab.campaign.load import load_plan
+    from lab.results.report import generate
+    from lab.campaign.runner import Runner
+    from lab.campaign.setup import create_run_dir
 
     path = tmp_path / "tiny.toml"
     path.write_text(TINY)

@@ -14,12 +14,12 @@ from typing import ClassVar
 
 import pytest
 
-from lab.errors import ConfigError
+from lab.core.errors import ConfigError
 from lab.measure import TESTS, Metric, Param, Primary, Test, get_test, metric_columns
 from lab.measure.base import REGISTRY
-from lab.plan import estimate_s
-from lab.report import DEFAULT_PRIMARY, primary
-from lab.results import COLUMN_NAMES
+from lab.campaign.plan import estimate_s
+from lab.results.doc import DEFAULT_PRIMARY, primary
+from lab.results.rundir import COLUMN_NAMES
 
 from .conftest import REPO
 
@@ -162,10 +162,10 @@ class ProbeTest(Test):
 CHECK = """
 import json
 from lab.measure import TESTS, get_test
-from lab.plan import estimate_s
-from lab.report import primary
-from lab.results import COLUMN_NAMES, CSV_COLUMNS, SUMMARY_METRICS, rows
-from lab.errors import ConfigError
+from lab.campaign.plan import estimate_s
+from lab.results.doc import primary
+from lab.results.rundir import COLUMN_NAMES, CSV_COLUMNS, SUMMARY_METRICS, rows
+from lab.core.errors import ConfigError
 
 try:
     get_test("nope")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.errors import ConfigError
+from lab.core.errors import ConfigError
 from lab.measure import TESTS, get_test
 from lab.measure.udp import UdpSweepTest
 

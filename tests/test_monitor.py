@@ -1,4 +1,4 @@
-"""lab.monitor: clock, temperature, memory and Pi firmware readings on fake sysfs trees and captured
+"""lab.substrate.local.monitor: clock, temperature, memory and Pi firmware readings on fake sysfs trees and captured
 vcgencmd output, their summaries, and one real run on this machine (no root needed)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import cgroups
-from lab.monitor import (
-    Monitor,
+from lab.core import cgroups
+from lab.substrate.local.monitor import Monitor
+from lab.core.hostreadings import (
     flatten_sensors,
     node_memory_bytes,
     parse_measure_clock,

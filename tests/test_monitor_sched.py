@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import cgroups
-from lab.hostreadings import node_thread_sched, node_throttling
-from lab.monitor import Monitor, host_contention_warning, host_held_nodes
+from lab.core import cgroups
+from lab.core.hostreadings import node_thread_sched, node_throttling
+from lab.substrate.local.monitor import Monitor, host_contention_warning, host_held_nodes
 
 
 def _write(p: Path, text: str) -> None:

@@ -1,4 +1,4 @@
-"""lab.netops.splice_veth_end on throw-away namespaces (root): a namespace spliced into a live
+"""lab.core.netops.splice_veth_end on throw-away namespaces (root): a namespace spliced into a live
 veth, the re-created end keeps its name, MAC, MTU, addresses and every route through it, and the
 peer's end is not touched (issue 20: runtime impairment under a running tunnel)."""
 
@@ -8,7 +8,7 @@ import secrets
 
 import pytest
 
-from lab import netops, proc
+from lab.core import netops, proc
 
 pytestmark = pytest.mark.root
 
@@ -30,7 +30,7 @@ def test_splice_keeps_the_interface_and_its_routes(names):
     x, y, bump = names["x"], names["y"], names["bump"]
     for n in names.values():
         netops.create_netns(n)
-    # as in every lab node (lab.lab.NODE_SYSCTLS): IPv6 addresses usable at once, no DAD
+    # as in every lab node (lab.substrate.local.lab.NODE_SYSCTLS): IPv6 addresses usable at once, no DAD
     for n in (x, y):
         _run(n, ["sysctl", "-q", "-w", "net.ipv6.conf.default.accept_dad=0"])
     netops.create_veth(x, "x-eth0", y, "y-eth0", 1400)

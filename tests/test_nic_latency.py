@@ -13,13 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab import cpuplan
-from lab.cpuprofile import PROFILE_DIR, load_profile, parse_nic_latency, parse_profile
-from lab.errors import ConfigError
+from lab.substrate.local import cpuplan
+from lab.model.cpuprofile import PROFILE_DIR, load_profile, parse_nic_latency, parse_profile
+from lab.core.errors import ConfigError
 from lab.impair import runtime
-from lab.impair.model import Impairment
-from lab.plan import load_plan
-from lab.topology import load_topology
+from lab.model.impairment.model import Impairment
+from lab.campaign.load import load_plan
+from lab.model.topology import load_topology
 
 from .conftest import TOPOS, run_lab
 
@@ -262,8 +262,8 @@ def test_pi_pair_with_nic_latency_on_carries_four_nic_traversals(lab_id):
     """Two pi4 nodes, nic_latency=on (the engine here, kernel netem where present): a ping's
     round trip crosses four NICs, so its minimum cannot be below 4 x nic_latency_us whatever
     the host's speed or load (load only adds); a 2 ms point keeps the NICs on top of it."""
-    from lab.lab import Lab
-    from lab.teardown import teardown
+    from lab.substrate.local.lab import Lab
+    from lab.core.teardown import teardown
 
     up = run_lab(
         "up", TOPOS / "pi_pair.py", "-p", "cpu=pi4", "-p", "nic_latency=on", "--id", lab_id

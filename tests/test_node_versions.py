@@ -1,12 +1,12 @@
 """Tool versions asked on a node (a board over SSH, a node of another architecture) rather than
-on this machine: lab.runsetup.node_tool_versions / arch_tool_versions."""
+on this machine: lab.campaign.setup.node_tool_versions / arch_tool_versions."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 
-from lab import runsetup
+from lab.campaign import setup as runsetup
 
 
 class ShellNode:

@@ -1,4 +1,4 @@
-"""lab.params: the one parameter schema of VPN profiles, tests and topology options.
+"""lab.model.params: the one parameter schema of VPN profiles, tests and topology options.
 
 The callers' own tests pin their messages (test_measure_validate, test_vpn_profiles,
 test_topology); these pin the rules every caller shares.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab.errors import ConfigError
-from lab.params import Param, validate
+from lab.core.errors import ConfigError
+from lab.model.params import Param, validate
 
 SCHEMA = {
     "rate": Param(float, 1.0, "Mbit/s", min=0.001),

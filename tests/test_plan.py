@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from lab.errors import ConfigError
-from lab.plan import PLAN_DIR, load_plan
+from lab.core.errors import ConfigError
+from lab.campaign.load import PLAN_DIR, load_plan
 
 SHIPPED = sorted(p.stem for p in PLAN_DIR.glob("*.toml"))
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab.cpuprofile import known_profiles
-from lab.plan import load_plan
+from lab.model.cpuprofile import known_profiles
+from lab.campaign.load import load_plan
 
 from .conftest import REPO
 

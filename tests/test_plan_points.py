@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from lab.errors import ConfigError
-from lab.plan import load_plan
-from lab.shard import plan_from_json
+from lab.core.errors import ConfigError
+from lab.campaign.load import load_plan
+from lab.campaign.shard import plan_from_json
 
 PLAN = """
 name = "pts"

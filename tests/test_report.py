@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from lab.compare import compare
-from lab.errors import ConfigError
-from lab.report import generate
+from lab.results.compare import compare
+from lab.core.errors import ConfigError
+from lab.results.report import generate
 
 from .test_results import make_run
 
@@ -41,7 +41,7 @@ def test_report_tables_plots_and_time_share(tmp_path):
 def test_report_states_a_vm_substrate_and_its_evidence_class(tmp_path):
     import json
 
-    from lab.vmlab import TCG_NOTE
+    from lab.substrate.vm.lab import TCG_NOTE
 
     run = make_run(tmp_path / "run")
     m = run.manifest()
@@ -102,7 +102,7 @@ def test_report_states_the_cpu_calibration_fit(tmp_path):
     primitive against the threshold, and the poor-fit warning in plain words."""
     import json
 
-    from lab.cpuprofile import fit_quality
+    from lab.model.cpuprofile import fit_quality
 
     def with_calibration(name, residuals, fit=True):
         run = make_run(tmp_path / name)

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from lab.report import generate
+from lab.results.report import generate
 
 from .test_results import make_run
 
@@ -145,8 +145,8 @@ def test_cpu_in_board_cores_and_host_shares_as_in_the_table(run):
 
 
 def test_axes_are_linear_unless_the_range_demands_log():
-    from lab.plots import _plt
-    from lab.plotseries import style_axis
+    from lab.results.plots import _plt
+    from lab.results.series import style_axis
 
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2)
@@ -187,8 +187,8 @@ def test_recommendation_never_ranks_the_baseline(run, tmp_path):
 
 
 def test_a_profile_keeps_its_colour_and_its_repetitions_differ_by_line_style():
-    from lab.plots import _plt
-    from lab.plotseries import _lines
+    from lab.results.plots import _plt
+    from lab.results.series import _lines
 
     plt = _plt()
     line = {"x": [1.0, 2.0], "y": [1.0, 2.0]}
@@ -206,8 +206,8 @@ def test_a_profile_keeps_its_colour_and_its_repetitions_differ_by_line_style():
 
 
 def test_a_condition_whose_pings_all_failed_is_marked_not_left_blank(run):
-    from lab.plots import _plt
-    from lab.plotseries import _bars, rtt_by_condition
+    from lab.results.plots import _plt
+    from lab.results.series import _bars, rtt_by_condition
 
     results = _results(run)
     for e in results:
@@ -227,8 +227,8 @@ def test_a_condition_whose_pings_all_failed_is_marked_not_left_blank(run):
 
 
 def test_throughput_per_condition_marks_a_profile_whose_cases_all_failed(tmp_path):
-    from lab.plots import make_plots
-    from lab.results import rows
+    from lab.results.plots import make_plots
+    from lab.results.rundir import rows
 
     r = make_run(tmp_path / "run")
     plan = json.loads(r.file("plan.json").read_text())

@@ -11,18 +11,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab.results import (
+from lab.results.rundir import (
     COLUMN_NAMES,
     CSV_COLUMNS,
     SUMMARY_METRICS,
     RunDir,
-    read_jsonl,
     read_results_csv,
     rows,
     summarize,
     time_budget,
     write_tables,
 )
+from lab.core.state import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "results.md"

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from lab.report import generate
-from lab.runprogress import RunProgress
+from lab.results.report import generate
+from lab.cli.progress import RunProgress
 
 from .test_results import make_run
 
@@ -48,7 +48,7 @@ def test_on_a_terminal_there_is_a_bar_and_no_case_lines():
 
 
 def test_run_ends_with_the_headline_and_both_report_paths(tmp_path, monkeypatch):
-    import lab.cliprint as cliprint
+    import lab.cli.printing as cliprint
 
     run = make_run(tmp_path / "run")
     s = generate(run.path)

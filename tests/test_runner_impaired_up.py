@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.results import read_jsonl
+from lab.core.state import read_jsonl
 
 from .conftest import run_lab
 

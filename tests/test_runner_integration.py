@@ -19,10 +19,13 @@ import pandas as pd
 import pytest
 
 from lab import measure
-from lab.measure.base import Param, Test, describe_failure, invoke
-from lab.plan import load_plan
-from lab.results import RunDir, read_jsonl
-from lab.runner import Runner, create_run_dir
+from lab.model.params import Param
+from lab.measure.base import Test, describe_failure, invoke
+from lab.campaign.load import load_plan
+from lab.results.rundir import RunDir
+from lab.core.state import read_jsonl
+from lab.campaign.runner import Runner
+from lab.campaign.setup import create_run_dir
 
 from .conftest import REPO, lab_traces, run_lab
 
@@ -94,7 +97,7 @@ def test_failing_tool_keeps_the_run_going(tmp_path, monkeypatch):
     assert "the tool vanished" in (run.path / boom["raw_dir"] / "error.txt").read_text()
     # monitors ran during every test
     assert lines["baseline|none|ping|0"]["monitor"]["samples"] >= 1
-    from lab.report import generate
+    from lab.results.report import generate
 
     generate(run.path)
     md = run.file("report.md").read_text()
@@ -106,7 +109,7 @@ def test_failing_tool_keeps_the_run_going(tmp_path, monkeypatch):
 
 def _start(args, tmp_path):
     log = open(tmp_path / "lab-run.log", "w")  # noqa: SIM115 -- handed to the child
-    return subprocess.Popen([sys.executable, "-m", "lab.cli", *map(str, args)], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "lab.cli.main", *map(str, args)], cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
 
 
@@ -262,7 +265,7 @@ def test_ipv6_tests_target_the_ipv6_traffic_address(tmp_path):
             r = lines[f"{profile}|none|{label}|0"]
             assert (r["ip"], r["target"]) == (6, v6), r
         assert lines[f"{profile}|none|ping6|0"]["records"][0]["family"] == 6
-    from lab.report import generate
+    from lab.results.report import generate
 
     generate(run.path)
     df = pd.read_csv(run.file("results.csv"))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lab.runner import Interrupts
+from lab.core.interrupts import Interrupts
 
 
 def test_first_signal_raises_later_ones_only_note():

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import cgroups, proc
-from lab.errors import CommandError
+from lab.core import cgroups, proc
+from lab.core.errors import CommandError
 from lab.measure import Context, get_test
 from lab.measure import progress
 from lab.measure.progress import MIB, decide, min_watch_s, window_rates
@@ -243,9 +243,9 @@ def slow_lab():
     for tool in ("sshd", "scp", "ssh-keygen", "tc", "ss"):
         if not proc.which(tool):
             pytest.skip(f"{tool} missing (./setup.sh installs it)")
-    from lab.lab import up
-    from lab.teardown import teardown
-    from lab.topology import load_topology
+    from lab.substrate.local.lab import up
+    from lab.core.teardown import teardown
+    from lab.model.topology import load_topology
 
     lid = "se" + os.urandom(3).hex()
     spec = load_topology(REPO / "topologies" / "pi_pair.py", params={"cpu": None, "bw": 1})

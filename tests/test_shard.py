@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.errors import ConfigError
-from lab.merge import merge
-from lab import plancases
-from lab.plancases import ImpairmentPoint, Plan
-from lab.shard import (
+from lab.core.errors import ConfigError
+from lab.campaign.merge import merge
+from lab.campaign import plan as plancases
+from lab.campaign.plan import Plan
+from lab.model.impairment.points import ImpairmentPoint
+from lab.campaign.shard import (
     Shard,
     case_id,
     case_seed,
@@ -99,7 +100,7 @@ def test_case_id_from_plan_digest_and_key():
 def test_merge_reads_every_shipped_plan_back(overrides):
     """lab merge lists a plan's cases from plan.json alone: for every shipped plan the same
     cases and digest as the loaded plan."""
-    from lab.plan import PLAN_DIR, load_plan
+    from lab.campaign.load import PLAN_DIR, load_plan
 
     for f in sorted(PLAN_DIR.glob("*.toml")):
         plan = load_plan(f, overrides)

@@ -23,9 +23,9 @@ from unittest.mock import ANY
 
 import pytest
 
-from lab.plan import load_plan
-from lab.results import RunDir
-from lab.shard import case_id
+from lab.campaign.load import load_plan
+from lab.results.rundir import RunDir
+from lab.campaign.shard import case_id
 
 from .conftest import REPO, lab_traces
 
@@ -186,7 +186,7 @@ def _checkout(dest: Path) -> Path:
 
 def _lab(*args, env, cwd, timeout=60):
     return subprocess.run(
-        [sys.executable, "-m", "lab.cli", *map(str, args)],
+        [sys.executable, "-m", "lab.cli.main", *map(str, args)],
         env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -213,7 +213,7 @@ def test_slurm_array_then_merge(cluster, tmp_path):
     plan_file = tmp_path / "tiny.toml"
     plan_file.write_text(PLAN)
     shards, merged = tmp_path / "shards", tmp_path / "merged"
-    env = {**env, "LAB": f"{sys.executable} -m lab.cli"}
+    env = {**env, "LAB": f"{sys.executable} -m lab.cli.main"}
     snap = _checkout(tmp_path / "checkout")  # every run but the edited one: this code
     r = subprocess.run(
         [RECIPE / "submit.sh", plan_file, "3", shards, merged,

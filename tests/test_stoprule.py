@@ -1,4 +1,4 @@
-"""lab.stoprule on hand-computed series, the segment loop of lab.measure.adaptive with a fake
+"""lab.model.stoprule on hand-computed series, the segment loop of lab.measure.adaptive with a fake
 iperf3, the plan key `adaptive` and the repetition rule (issue 17). No root, no tools."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from lab.errors import ConfigError
+from lab.core.errors import ConfigError
 from lab.measure.adaptive import combine, receiver_rates, run_segments
-from lab.plan import load_plan
-from lab.repstop import converged
-from lab.stoprule import (
+from lab.campaign.load import load_plan
+from lab.campaign.repstop import converged
+from lab.model.stoprule import (
     Rule,
     batch_means,
     evaluate,

@@ -1,4 +1,4 @@
-"""The substrate layer (lab/substrates.py): one interface for local and VM labs (issue 14).
+"""The substrate layer (lab/substrate/registry.py): one interface for local and VM labs (issue 14).
 
 Unit tests record the command lines a VM lab sends into its guest (the VM itself is exercised by
 tests/test_vm_lab.py through the same CLI); the layer rule is checked on the imports.
@@ -13,24 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from lab import substrates, vmlab
-from lab.errors import CommandError
-from lab.substrates import LabHandle, LocalLab, VmLab, open_lab
+from lab.substrate import registry as substrates
+from lab.substrate.vm import lab as vmlab
+from lab.core.errors import CommandError
+from lab.substrate.registry import LabHandle, LocalLab, VmLab, open_lab
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
-#: the substrate layer: the only modules that may know which substrate a lab runs on
-LAYER = {"substrates.py", "vmlab.py"}
 
 
-def _imports_vmlab(path: Path) -> list[str]:
+def _imports_vm(path: Path) -> list[str]:
+    """Where `path` imports the VM substrate (lab.substrate.vm...) or asks is_vm_lab."""
     tree = ast.parse(path.read_text())
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            names = [a.name for a in node.names]
-            if (node.module or "").endswith("vmlab") or "vmlab" in names:
-                found.append(f"{path.name}:{node.lineno}")
-        elif isinstance(node, ast.Import) and any(a.name.endswith("vmlab") for a in node.names):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lab.substrate.vm"):
+            found.append(f"{path.name}:{node.lineno}")
+        elif isinstance(node, ast.Import) and any(
+            a.name.startswith("lab.substrate.vm") for a in node.names
+        ):
             found.append(f"{path.name}:{node.lineno}")
         elif isinstance(node, ast.Attribute) and node.attr == "is_vm_lab":
             found.append(f"{path.name}:{node.lineno}")
@@ -38,16 +38,15 @@ def _imports_vmlab(path: Path) -> list[str]:
 
 
 def test_no_substrate_test_outside_the_substrate_layer():
-    """Above lab/substrates.py nothing imports lab.vmlab or asks whether a lab is a VM lab."""
+    """Outside lab/substrate/ nothing imports the VM substrate or asks whether a lab is a VM lab."""
     offenders = []
     for path in sorted(LAB.rglob("*.py")):
-        rel = path.relative_to(LAB)
-        if rel.parts[0] == "vm" or str(rel) in LAYER:
+        if path.relative_to(LAB).parts[0] == "substrate":
             continue
-        offenders += _imports_vmlab(path)
+        offenders += _imports_vm(path)
     assert offenders == []
     # and the check can fail: the layer itself does import it
-    assert _imports_vmlab(LAB / "substrates.py")
+    assert _imports_vm(LAB / "substrate" / "registry.py")
 
 
 def test_every_substrate_implements_the_whole_interface():
@@ -110,7 +109,7 @@ def test_vm_lab_sends_the_guest_its_own_command_lines(tmp_path, monkeypatch):
 @pytest.mark.root
 def test_local_lab_through_the_interface(lab_id):
     """bring_up -> exec -> impair -> status -> down on this machine, all through LabHandle."""
-    from lab.topology import load_topology
+    from lab.model.topology import load_topology
 
     from .conftest import TOPOS, lab_traces
 

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from lab.errors import ConfigError
-from lab.topology import load_topology, parse_param
+from lab.core.errors import ConfigError
+from lab.model.topology import load_topology, parse_param
 
 from .conftest import TOPOS
 

@@ -41,9 +41,9 @@ def test_other_board_counts_are_refused(tmp_path):
 
 
 def test_three_boards_validate_and_their_inventory_maps_the_topology(tmp_path):
-    from lab.boards.inventory import load_inventory
-    from lab.boards.mapping import board_spec, map_nodes
-    from lab.topology import load_topology
+    from lab.substrate.boards.inventory import load_inventory
+    from lab.substrate.boards.mapping import board_spec, map_nodes
+    from lab.model.topology import load_topology
 
     r = vagrant(tmp_path, "validate", "--ignore-provider", boards="3")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from lab.errors import PreconditionError
-from lab.vm import agent, kernel, qemu
-from lab.vm.channel import Channel, ChannelClosed
-from lab.vm.initramfs import Entry, newc, render_config
-from lab.vm.booting import _emulator_panic, plan_shares
-from lab.vm.machine import PANIC_LOGS, STATE_FILES, VM
+from lab.core.errors import PreconditionError
+from lab.substrate.vm import agent, kernel, qemu
+from lab.substrate.vm.channel import Channel, ChannelClosed
+from lab.substrate.vm.initramfs import Entry, newc, render_config
+from lab.substrate.vm.booting import _emulator_panic, plan_shares
+from lab.substrate.vm.machine import PANIC_LOGS, STATE_FILES, VM
 
 
 # -- initramfs -------------------------------------------------------------------------------------

@@ -22,11 +22,11 @@ import pytest
 
 from .conftest import REPO
 
-from lab import proc
-from lab.errors import CommandError, StartupError
-from lab.vm import VM, boot
-from lab.vm.kernel import Kernel
-from lab.vm.qemu import AGENT_PORTS
+from lab.core import proc
+from lab.core.errors import CommandError, StartupError
+from lab.substrate.vm import VM, boot
+from lab.substrate.vm.kernel import Kernel
+from lab.substrate.vm.qemu import AGENT_PORTS
 from tests.conftest import vm_kernel_or_skip
 
 #: what boot() waits for a guest by default: a failure "at once" is one that does not wait it out
@@ -224,7 +224,9 @@ def test_project_venv_python_runs_in_the_vm(vm):
     venv_python = REPO / ".venv" / "bin" / "python"
     if not venv_python.exists():
         pytest.skip(f"{venv_python} missing (./setup.sh creates it)")
-    out = vm.run([str(venv_python), "-c", "import lab.vm, sys; print(sys.prefix)"], timeout=120)
+    out = vm.run(
+        [str(venv_python), "-c", "import lab.substrate.vm, sys; print(sys.prefix)"], timeout=120
+    )
     assert out.stdout.strip() == str(REPO / ".venv")
 
 
@@ -315,7 +317,7 @@ def test_stream_signal_and_hangup_on_disconnect(vm):
 
 
 def test_attach_in_pipe_mode(vm):
-    from lab.vm.terminal import attach
+    from lab.substrate.vm.terminal import attach
 
     out, err = io.BytesIO(), io.BytesIO()
     rc = attach(vm, ["sh", "-c", "tr a-z A-Z; echo e >&2"], stdin=io.BytesIO(b"x\n"),

@@ -22,11 +22,11 @@ import time
 
 import pytest
 
-from lab import proc
-from lab.errors import ConfigError, PreconditionError
-from lab.state import Ledger, lab_dir
-from lab.topology import load_topology
-from lab.vmlab import preflight
+from lab.core import proc
+from lab.core.errors import ConfigError, PreconditionError
+from lab.core.state import Ledger, lab_dir
+from lab.model.topology import load_topology
+from lab.substrate.vm.lab import preflight
 from tests.conftest import LAB, REPO, TOPOS, run_lab
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -96,7 +96,7 @@ def test_macsec_mka_in_vm_end_to_end(vm_ready, vm_lab_id):
     assert set(applied.values()) == {"delay 20ms limit 3334"}, applied
 
     # the MKA-keyed frames on the wire are encrypted: the plaintext marker is absent
-    from lab.vm import VM
+    from lab.substrate.vm import VM
 
     vm = VM.attach(lab_dir(lid) / "vm")
     try:

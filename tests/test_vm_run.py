@@ -19,9 +19,9 @@ import time
 
 import pytest
 
-from lab.errors import PreconditionError
-from lab.results import RunDir
-from lab.state import lab_dir
+from lab.core.errors import PreconditionError
+from lab.results.rundir import RunDir
+from lab.core.state import lab_dir
 from tests.conftest import LAB, REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -164,8 +164,8 @@ def test_vm_run_refuses_bad_input_before_booting(tmp_path):
     assert not qemu_processes(str(tmp_path))
     # a host run cannot be continued in a VM (or the reverse): the evidence would be mixed
     host_run = tmp_path / "h"
-    from lab.plan import load_plan
-    from lab.runner import create_run_dir
+    from lab.campaign.load import load_plan
+    from lab.campaign.setup import create_run_dir
 
     create_run_dir(load_plan("quick", ["reps=1"]), host_run)
     cp = subprocess.run(
@@ -183,7 +183,7 @@ def test_host_run_of_a_kernel_profile_says_use_vm_and_creates_nothing(tmp_path):
     from lab.vpn.profiles import load_profile
 
     prof = load_profile("gre")
-    from lab.vpn.tunnel import this_machine
+    from lab.core.hostnode import this_machine
 
     if prof.driver.check(prof.params, this_machine()).ok:
         pytest.skip("this kernel has ip_gre: nothing to refuse")

@@ -1,6 +1,6 @@
 """Streaming and interactive commands through the VM agent, without a VM.
 
-The real agent (lab/vm/agent.py, run as the guest runs it: the system python3, -I -S) serves one
+The real agent (lab/substrate/vm/agent.py, run as the guest runs it: the system python3, -I -S) serves one
 end of a socket pair; the other end is a real Channel inside a real VM object, so VM.start_stream,
 Stream and terminal.attach run unchanged against it. Commands run on this host.
 """
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.errors import CommandError
-from lab.vm import agent as agent_mod
-from lab.vm.channel import Channel, ChannelClosed
-from lab.vm.machine import VM
-from lab.vm.terminal import attach
+from lab.core.errors import CommandError
+from lab.substrate.vm import agent as agent_mod
+from lab.substrate.vm.channel import Channel, ChannelClosed
+from lab.substrate.vm.machine import VM
+from lab.substrate.vm.terminal import attach
 
 AGENT = Path(agent_mod.__file__)
 PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable

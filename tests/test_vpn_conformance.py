@@ -1,12 +1,12 @@
 """Every VPN driver honours the driver contract (issue 14, "drivers only through Node").
 
-Parametrised over the registry (lab.vpn.drivers()), so a new driver module is checked without
+Parametrised over the registry (lab.vpn.driver_classes()), so a new driver module is checked without
 touching this file. For each driver:
   - it implements lab.vpn.base.Driver (no abstract method left, the base's signatures, typed
     class declarations, check_topology declared by the base);
   - every tool it declares (Driver.requires) comes from a Debian package in setup.sh's
     APT_PACKAGES, every tool a profile needs is declared, and every version command is in the
-    run manifest's tool list (runner.TOOL_VERSIONS);
+    run manifest's tool list (preflight.TOOL_VERSIONS);
   - its check() asks the node it is given and nothing else: run with recording fake nodes while
     reading /proc, /sys, /dev, /lib/modules, /etc or /usr/lib/ipsec of the machine running the
     tests, or running any command here, fails the test;
@@ -29,16 +29,18 @@ from pathlib import Path
 
 import pytest
 
-from lab import proc, runner
-from lab.errors import KernelFeatureMissing, PreconditionError
-from lab.topology import load_topology
-from lab.vpn import _NOT_DRIVERS, declared_tools, drivers, kernelfeatures, tunnel
-from lab.vpn.base import NODE_TOOLS, Availability, Driver, Param, Tool
+from lab.core import proc
+from lab.campaign import setup as preflight
+from lab.core.errors import KernelFeatureMissing, PreconditionError
+from lab.model.topology import load_topology
+from lab.vpn import declared_tools, driver_classes, kernelfeatures, tunnel
+from lab.vpn.base import NODE_TOOLS, Availability, Driver, Tool
+from lab.model.params import Param
 from lab.vpn.profiles import PROFILE_DIR, load_profile
 from tests.conftest import REPO, TOPOS
 from tests.fakenode import RecordingNode
 
-DRIVERS = sorted(drivers())
+DRIVERS = sorted(driver_classes())
 VPN_DIR = REPO / "lab" / "vpn"
 #: what a driver must never read on the machine running the controller
 HOST_PATHS = ("/proc", "/sys", "/dev", "/lib/modules", "/etc", "/usr/lib/ipsec")
@@ -74,7 +76,7 @@ def profiles_of(driver: str) -> list:
 
 
 def declared_names(driver: str) -> set[str]:
-    return {t.name for t in drivers()[driver].requires} | {t.name for t in NODE_TOOLS}
+    return {t.name for t in driver_classes()[driver].requires} | {t.name for t in NODE_TOOLS}
 
 
 # ------------------------------------------------------------------------ fake nodes
@@ -83,7 +85,7 @@ def declared_names(driver: str) -> set[str]:
 def _every_config_symbol() -> str:
     """A kernel config with every CONFIG_* symbol the driver modules name, =y."""
     syms = set()
-    for f in VPN_DIR.glob("*.py"):
+    for f in VPN_DIR.rglob("*.py"):
         syms |= set(re.findall(r"\bCONFIG_[A-Z0-9_]*[A-Z0-9]\b", f.read_text()))
     return "".join(f"{s}=y\n" for s in sorted(syms))
 
@@ -172,14 +174,14 @@ def test_the_guard_catches_host_reads(no_host):
 
 
 def test_every_driver_module_registers_a_driver():
-    modules = {p.stem for p in VPN_DIR.glob("*.py")} - _NOT_DRIVERS - {"__init__"}
-    registered = {cls.__module__.rsplit(".", 1)[1] for cls in drivers().values()}
+    modules = {p.stem for p in (VPN_DIR / "drivers").glob("*.py")} - {"__init__"}
+    registered = {cls.__module__.rsplit(".", 1)[1] for cls in driver_classes().values()}
     assert modules == registered
 
 
 @pytest.mark.parametrize("name", DRIVERS)
 def test_implements_the_contract(name):
-    cls = drivers()[name]
+    cls = driver_classes()[name]
     assert issubclass(cls, Driver) and cls.name == name
     assert not inspect.isabstract(cls), f"{name}: abstract methods left: {cls.__abstractmethods__}"
     for meth in CONTRACT:
@@ -233,7 +235,7 @@ def test_has_a_profile(name):
 @pytest.mark.parametrize("name", DRIVERS)
 def test_declared_packages_are_installed_by_setup(name):
     apt = apt_packages()
-    missing = {t.package for t in drivers()[name].requires} - apt
+    missing = {t.package for t in driver_classes()[name].requires} - apt
     assert not missing, f"{name}: packages not in setup.sh APT_PACKAGES: {sorted(missing)}"
 
 
@@ -243,7 +245,7 @@ def test_node_tool_packages_are_installed_by_setup():
 
 @pytest.mark.parametrize("name", DRIVERS)
 def test_every_tool_a_profile_needs_is_declared(name):
-    drv = drivers()[name]()
+    drv = driver_classes()[name]()
     declared = {t.name for t in drv.requires}
     for prof in profiles_of(name):
         undeclared = set(drv.tools(prof.params)) - declared
@@ -252,17 +254,17 @@ def test_every_tool_a_profile_needs_is_declared(name):
 
 @pytest.mark.parametrize("name", DRIVERS)
 def test_version_commands_are_in_the_manifest(name):
-    for t in drivers()[name].requires:
+    for t in driver_classes()[name].requires:
         if t.version:
-            assert runner.TOOL_VERSIONS.get(t.key) == list(t.version), (name, t)
+            assert preflight.TOOL_VERSIONS.get(t.key) == list(t.version), (name, t)
 
 
 def test_manifest_records_the_daemons_of_every_technology():
     for key in ("tincd", "xl2tpd", "pppd", "wpa_supplicant", "openvpn", "charon", "wg"):
-        assert key in runner.TOOL_VERSIONS
-    assert runner.TOOL_VERSIONS["iperf3"] == ["iperf3", "--version"]  # measurement tools stay
+        assert key in preflight.TOOL_VERSIONS
+    assert preflight.TOOL_VERSIONS["iperf3"] == ["iperf3", "--version"]  # measurement tools stay
     keys = [t.key for t in declared_tools() if t.version]
-    assert set(keys) <= set(runner.TOOL_VERSIONS)
+    assert set(keys) <= set(preflight.TOOL_VERSIONS)
 
 
 # ------------------------------------------------------------------------ check() asks the node
@@ -379,7 +381,7 @@ def test_parse_start_time():
 
 def test_l2tp_refuses_to_mount_on_a_node_without_private_mounts(no_host):
     from lab.vpn.base import Endpoint
-    from lab.vpn.l2tp import _mount_ppp_dir
+    from lab.vpn.drivers.l2tp import _mount_ppp_dir
 
     node = RecordingNode(default=(0, "", ""))
     end = Endpoint("client", node, "10.0.1.2", None, "10.99.0.1/24", "fd99::1/64")
@@ -389,7 +391,8 @@ def test_l2tp_refuses_to_mount_on_a_node_without_private_mounts(no_host):
 
 
 def test_local_nodes_have_private_mounts_the_host_has_not():
-    from lab.localnode import HostNode, LocalNode, this_machine
+    from lab.core.hostnode import HostNode, this_machine
+    from lab.substrate.local.node import LocalNode
 
     n = LocalNode(
         "x", "client", netns="x-client", mntns=Path("/run/lab/x/ns/client"), procs_files=[]
@@ -461,7 +464,7 @@ def test_without_a_lab_this_machine_answers(monkeypatch, no_host):
 
 def test_render_uses_the_path_this_machine_would_run(monkeypatch):
     """strongSwan renders its data plane: `lab render` asks this machine for it."""
-    import lab.vpn.strongswan as sw
+    import lab.vpn.drivers.strongswan as sw
 
     spec = spec_of("pi_pair_middlebox")
     for node, want in ((full_node(), "kernel"), (_no_esp_node(), "kernel-libipsec")):

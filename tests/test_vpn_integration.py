@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from lab import proc
-from lab.errors import StartupError
-from lab.lab import up
-from lab.proc import is_same_process
-from lab.teardown import teardown
-from lab.topology import load_topology
-from lab.vpn.openvpn import OpenVPNDriver
+from lab.core import proc
+from lab.core.errors import StartupError
+from lab.substrate.local.lab import up
+from lab.core.proc import is_same_process
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
+from lab.vpn.drivers.openvpn import OpenVPNDriver
 from lab.vpn.tunnel import tear_down
 from tests.conftest import TOPOS, lab_traces, router_capture, run_lab
 

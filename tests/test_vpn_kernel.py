@@ -15,11 +15,12 @@ import sys
 
 import pytest
 
-from lab import proc
-from lab.errors import KernelFeatureMissing
-from lab.topology import load_topology
+from lab.core import proc
+from lab.core.errors import KernelFeatureMissing
+from lab.model.topology import load_topology
 from lab.vpn.profiles import load_profile
-from lab.vpn.tunnel import prepare, this_machine
+from lab.vpn.tunnel import prepare
+from lab.core.hostnode import this_machine
 from tests.conftest import REPO, TOPOS, vm_kernel_or_skip
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -41,7 +42,7 @@ PROFILES = {
 
 @pytest.fixture(scope="module")
 def vm(tmp_path_factory):
-    from lab.vm import boot
+    from lab.substrate.vm import boot
 
     vm_kernel_or_skip()
     machine = boot(tmp_path_factory.mktemp("vmk") / "state", mem_mb=2048)

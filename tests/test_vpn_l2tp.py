@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
 
-from lab.errors import ConfigError, KernelFeatureMissing  # noqa: E402
-from lab.topology import load_topology  # noqa: E402
-from lab.vpn import l2tp  # noqa: E402
+from lab.core.errors import ConfigError, KernelFeatureMissing  # noqa: E402
+from lab.model.topology import load_topology  # noqa: E402
+from lab.vpn.drivers import l2tp  # noqa: E402
 from lab.vpn.profiles import load_profile  # noqa: E402
 from lab.vpn.tunnel import (  # noqa: E402
     make_context,
@@ -35,8 +35,8 @@ from lab.vpn.tunnel import (  # noqa: E402
     redact,
     render,
     secret_values,
-    this_machine,
 )
+from lab.core.hostnode import this_machine  # noqa: E402
 from tests.fakenode import RecordingNode  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "data" / "vpn"
@@ -229,8 +229,8 @@ def test_host_without_ppp_or_l2tp_refuses_and_says_use_vm(profile):
 
 @pytest.fixture(scope="module")
 def vm(tmp_path_factory):
-    from lab import proc
-    from lab.vm import boot
+    from lab.core import proc
+    from lab.substrate.vm import boot
     from tests.conftest import vm_kernel_or_skip
 
     vm_kernel_or_skip()
@@ -278,7 +278,7 @@ def test_l2tp_in_vm(vm, profile):
 
 def _node_leftovers(lab, node: str, pids: list[int]) -> list[str]:
     """ppp links, the /etc/ppp mount, /run files and processes of the tunnel left in `node`."""
-    from lab import proc
+    from lab.core import proc
 
     # one process in the node (under TCG each costs seconds): links, mounts, files
     script = "ip -o link show type ppp; grep -c ' /etc/ppp ' /proc/self/mountinfo; ls -A /run"
@@ -297,8 +297,8 @@ def _node_leftovers(lab, node: str, pids: list[int]) -> list[str]:
 
 def guest(profile: str, lab_id: str, seconds: float) -> dict:
     from bench.vm_dataplanes import _capture, _iperf3, _rtt, wire_point
-    from lab.lab import up
-    from lab.teardown import teardown
+    from lab.substrate.local.lab import up
+    from lab.core.teardown import teardown
     from lab.vpn.tunnel import tear_down
 
     res: dict = {"profile": profile, "kernel": os.uname().release}

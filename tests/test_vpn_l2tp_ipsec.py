@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from lab.errors import ConfigError, KernelFeatureMissing
-from lab.vpn import l2tp_ipsec
+from lab.core.errors import ConfigError, KernelFeatureMissing
+from lab.vpn.drivers import l2tp_ipsec
 from lab.vpn.profiles import load_profile
-from lab.vpn.tunnel import make_context, plan, prepare, redact, render, secret_values, this_machine
+from lab.vpn.tunnel import make_context, plan, prepare, redact, render, secret_values
+from lab.core.hostnode import this_machine
 from tests.conftest import TOPOS
 from tests.fakenode import RecordingNode
-from lab.topology import load_topology
+from lab.model.topology import load_topology
 
 
 def spec_of(name: str):

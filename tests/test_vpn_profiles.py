@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from lab import proc
-from lab.errors import ConfigError
-from lab.topology import load_topology
-from lab.vpn import drivers, get_driver
+from lab.core import proc
+from lab.core.errors import ConfigError
+from lab.model.topology import load_topology
+from lab.vpn import driver_classes, get_driver
 from lab.vpn.profiles import known_profiles, load_profile, split_spec
 from lab.vpn.tunnel import TUNNEL_V4, plan, redact, render, tunnel_routes, write_rendered
-from lab.vpn.wireguard import genkey, setconf_text, x25519
+from lab.vpn.drivers.wireguard import genkey, setconf_text, x25519
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGIES = sorted((REPO / "topologies").glob("*.py"))
@@ -43,7 +43,7 @@ def spec_of(name: str):
 
 
 def test_registry_discovers_drivers():
-    assert {"none", "wireguard", "openvpn"} <= set(drivers())
+    assert {"none", "wireguard", "openvpn"} <= set(driver_classes())
     assert set(MINE) <= set(ALL)
 
 

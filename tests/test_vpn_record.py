@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from lab.node import Daemon
+from lab.core.node import Daemon
 from lab.vpn.record import DaemonRecord, TunnelRecord, daemons_of
 
 GOLDEN = Path(__file__).parent / "data" / "labjson_vpn_wireguard-go.json"

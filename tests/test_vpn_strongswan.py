@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from lab.errors import ConfigError
-from lab.topology import load_topology
-from lab.vpn import get_driver, tunnel
-from lab.vpn import strongswan as sw
+from lab.core.errors import ConfigError
+from lab.model.topology import load_topology
+from lab.vpn import charon, get_driver, tunnel
+from lab.vpn.drivers import strongswan as sw
 from lab.vpn.base import Endpoint, TunnelContext
 from lab.vpn.profiles import load_profile
 from tests.fakenode import RecordingNode
@@ -93,7 +93,7 @@ def test_secret_file_is_0600_in_0700_dir(tmp_path):
     drv = sw.StrongSwanDriver()
     ctx = _ctx(tmp_path)
     secret = drv.secrets(ctx, _params())["psk"]
-    path = ctx.secrets_dir / sw.PSK_FILE
+    path = ctx.secrets_dir / charon.PSK_FILE
     assert path.read_text().strip() == secret
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(ctx.secrets_dir.stat().st_mode) == 0o700
@@ -106,7 +106,7 @@ def test_strongswan_conf_loads_an_explicit_plugin_list(spec):
     assert "bypass-lan" not in load
     assert load.index("kernel-libipsec") < load.index("kernel-netlink")
     assert load.index("openssl") < load.index("kdf")
-    assert f"socket = {sw.VICI_URI}" in conf and sw.VICI_URI.startswith("unix:///run/")
+    assert f"socket = {charon.VICI_URI}" in conf and charon.VICI_URI.startswith("unix:///run/")
     assert sw.dataplane_of(conf) == "kernel-libipsec"
     kernel = tunnel.render(spec, "ipsec-aes128gcm:dataplane=kernel")
     if kernel["files"]:  # rendering never probes: kernel is what the profile asked for
@@ -178,7 +178,7 @@ def _node(config: str, plugins=("vici", "kernel-netlink", "socket-default", "ope
     listing = "".join(f"libstrongswan-{p}.so\n" for p in plugins)
     return RecordingNode(
         {
-            ("ls", "-1", str(sw.PLUGIN_DIR)): (0, listing, ""),
+            ("ls", "-1", str(charon.PLUGIN_DIR)): (0, listing, ""),
             ("gzip", "-dc", "/proc/config.gz"): (0, config, ""),
         }
     )
@@ -218,7 +218,7 @@ def test_kernel_esp_from_module_lists():
 
 
 def test_parse_list_sas():
-    msgs = sw.parse_vici_raw((DATA / "swanctl_list_sas_modern.raw").read_text())
+    msgs = charon.parse_vici_raw((DATA / "swanctl_list_sas_modern.raw").read_text())
     assert [m[0] for m in msgs] == ["list-sa event", "list-sas reply"]
     ike = msgs[0][1]["lab"]
     assert (ike["encr-alg"], ike["encr-keysize"], ike["dh-group"]) == (
@@ -233,12 +233,12 @@ def test_parse_list_sas():
 
 
 def test_parse_list_algs_and_version():
-    algs = sw.parse_vici_raw((DATA / "swanctl_list_algs.raw").read_text())[0][1]
+    algs = charon.parse_vici_raw((DATA / "swanctl_list_algs.raw").read_text())[0][1]
     assert sw._provider(algs, "AES_GCM_16") == "openssl"
     assert sw._provider(algs, "CURVE_25519") == "openssl"
     assert sw._provider(algs, "RNG_STRONG") == "random"
     assert algs["drbg"] == {}
-    ver = sw.parse_vici_raw((DATA / "swanctl_version_daemon.raw").read_text())
+    ver = charon.parse_vici_raw((DATA / "swanctl_version_daemon.raw").read_text())
     assert ver == [
         (
             "version reply",

@@ -20,22 +20,24 @@ from pathlib import Path
 
 import pytest
 
-from lab import lab as labmod
-from lab import proc
-from lab.errors import StartupError
+from lab.substrate.local import lab as labmod
+from lab.core import proc
+from lab.core.errors import StartupError
 from lab.measure.base import wait_listening
 from lab.measure.iperf3 import parse_iperf3_tcp
-from lab.teardown import teardown
-from lab.topology import load_topology
-from lab.vpn import strongswan as sw
-from lab.vpn import tunnel
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
+from lab.vpn.drivers import strongswan as sw
+from lab.vpn import charon, tunnel
 
 from .conftest import lab_traces
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(
-        not all(proc.which(t) for t in ("ip", "ping", "iperf3", "tcpdump", "swanctl", sw.CHARON)),
+        not all(
+            proc.which(t) for t in ("ip", "ping", "iperf3", "tcpdump", "swanctl", charon.CHARON)
+        ),
         reason="needs ip, ping, iperf3, tcpdump, swanctl and charon (./setup.sh)",
     ),
 ]
@@ -159,8 +161,8 @@ def test_tunnel_passes_traffic_encrypted_and_leaves_nothing(profile, sw_lab_id, 
         assert node.run(["ip", "xfrm", "state"]).stdout.strip() == ""
         assert node.run(["ip", "xfrm", "policy"]).stdout.strip() == ""
         assert node.run(["ip", "route", "show", "table", "220"], check=False).stdout.strip() == ""
-        assert node.run(["test", "-e", sw.RUN_DIR], check=False).returncode != 0
-        assert node.run(["test", "-e", sw.PID_FILE], check=False).returncode != 0
+        assert node.run(["test", "-e", charon.RUN_DIR], check=False).returncode != 0
+        assert node.run(["test", "-e", charon.PID_FILE], check=False).returncode != 0
         lo = node.run(["ip", "addr", "show", "dev", "lo"]).stdout
         assert "10.99.0." not in lo and "fd99::" not in lo
     client.run(["ping", "-n", "-q", "-c", "1", "-W", "2", "10.0.2.2"])  # underlay still fine
@@ -169,14 +171,14 @@ def test_tunnel_passes_traffic_encrypted_and_leaves_nothing(profile, sw_lab_id, 
 def test_charon_dying_at_startup_raises_with_its_log(sw_lab_id):
     lab = labmod.up(load_topology(TOPO), sw_lab_id)
     # charon refuses to start while its pid file names a live process ("already running")
-    lab.node("server").run(["sh", "-c", f"echo 1 > {sw.PID_FILE}"])
+    lab.node("server").run(["sh", "-c", f"echo 1 > {charon.PID_FILE}"])
     with pytest.raises(StartupError) as e:
         tunnel.bring_up(lab, "ipsec-aes128gcm")
     assert "charon" in str(e.value) and "already running" in str(e.value)
     tunnel.tear_down(lab)
     for node in (lab.node("client"), lab.node("server")):
         assert node.run(["ip", "link", "show", "dev", "ipsec0"], check=False).returncode != 0
-        assert node.run(["test", "-e", sw.RUN_DIR], check=False).returncode != 0
+        assert node.run(["test", "-e", charon.RUN_DIR], check=False).returncode != 0
 
 
 def _ctx(lab, profile):

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from lab import proc
-from lab.errors import ConfigError, StartupError
-from lab.lab import up
-from lab.teardown import teardown
-from lab.topology import load_topology
+from lab.core import proc
+from lab.core.errors import ConfigError, StartupError
+from lab.substrate.local.lab import up
+from lab.core.teardown import teardown
+from lab.model.topology import load_topology
 from lab.vpn.profiles import load_profile
-from lab.vpn.tinc import CIPHERS, TincDriver
+from lab.vpn.drivers.tinc import CIPHERS, TincDriver
 from lab.vpn.tunnel import make_context, plan, redact, render, secret_values, tear_down
 from tests.conftest import TOPOS, lab_traces, router_capture
 

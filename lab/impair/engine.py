@@ -3,11 +3,12 @@
 The engine forwards frames between two interfaces of a hidden "bump" namespace and applies the
 JSON impairment spec of docs/impairment-spec.md per direction (a2b, b2a). This module finds the
 binary, builds its argument list, and talks to its control socket (Unix stream, one JSON object
-per line each way). Starting it in the namespace is the caller's job (through lab.proc).
+per line each way). Starting it in the namespace is the caller's job (through lab.core.proc).
 """
 
 from __future__ import annotations
 
+from lab import REPO
 import json
 import os
 import socket
@@ -15,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import CommandError, ConfigError, PreconditionError, StartupError
-from ..proc import which
+from lab.core.errors import CommandError, ConfigError, PreconditionError, StartupError
+from lab.core.proc import which
 
-ENGINE_DIR = Path(__file__).resolve().parents[2] / "engine"
+ENGINE_DIR = REPO / "engine"
 BUILD_COMMAND = "cargo build --release --manifest-path engine/Cargo.toml"
 DIRECTIONS = ("a2b", "b2a", "both")
 
@@ -211,7 +212,7 @@ sys.stdout.write(buf.decode(errors="replace"))
 
 class NodeEngineClient(EngineClient):
     """An engine whose control socket is on another machine (a board): each request is one
-    command run on `node` (lab.node.Node) that talks to the socket there."""
+    command run on `node` (lab.core.node.Node) that talks to the socket there."""
 
     def __init__(self, node, control_path: str, *, timeout: float = 5.0):
         super().__init__(control_path, timeout=timeout)

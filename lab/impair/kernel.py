@@ -1,7 +1,7 @@
 """The kernel backend: Impairment -> `tc ... netem` argument lists, and `tc -j qdisc show` back.
 
 Argument builders are pure (unit-tested without root); the few functions that run commands take
-a Node and go through `Node.run` (lab/proc.py underneath). Decisions about existing state are
+a Node and go through `Node.run` (lab/core/proc.py underneath). Decisions about existing state are
 made on `tc -j` output, never on the English text of an error.
 
 Rate limiting uses netem's own `rate` (one qdisc, and serialisation delay after the packet's
@@ -15,9 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..errors import PreconditionError
-from ..node import Node
-from .spec import GELoss, Impairment, RandomLoss, StateLoss
+from lab.core.errors import PreconditionError
+from lab.core.node import Node
+from lab.model.impairment.loss import GELoss, RandomLoss, StateLoss
+from lab.model.impairment.model import Impairment
 
 #: iproute2 learned `netem seed` in 6.6 (commit a67cf9a2); older tc rejects the word.
 SEED_MIN_TC = (6, 6, 0)

@@ -5,7 +5,7 @@ of one link). Backends:
   kernel-netem — `tc qdisc replace ... netem` on that interface (ingress placement: via ifb);
   userspace    — the lab's engine (engine/, lab-impaird) in a hidden bump-in-the-wire namespace
                  spliced into the link at build time (`lab up --impair`) or, on a running lab,
-                 by the first `lab impair set` (lab.labimpair); one engine per link, one spec per
+                 by the first `lab impair set` (lab.substrate.local.impair); one engine per link, one spec per
                  direction.
 With the engine every placement acts as wire impairment: the endpoints' stacks never see drops
 (kernel egress netem reports them to the local stack). A middlebox placement with the engine
@@ -19,12 +19,13 @@ import json
 import math
 from dataclasses import asdict, dataclass, replace
 
-from .. import dilation
-from ..errors import ConfigError, PreconditionError
-from ..graph import shortest_path
-from ..topology import LabSpec
-from . import kernel
-from .spec import DirectionalImpairment, Impairment, parse_directional, parse_spec
+from lab.model import dilation
+from lab.core.errors import ConfigError, PreconditionError
+from lab.model.graph import shortest_path
+from lab.model.labspec import LabSpec
+from lab.impair import kernel
+from lab.model.impairment.directional import DirectionalImpairment, parse_directional
+from lab.model.impairment.model import Impairment, parse_spec
 
 DEFAULT = "default"
 BUMP_A, BUMP_B = "imp-a", "imp-b"
@@ -124,7 +125,7 @@ def bump_ns(lab_id: str, link: int) -> str:
 
 
 def choose_backend(probe_node) -> tuple[str, str]:
-    """("kernel-netem" | "userspace", why). probe_node: any node of the lab (lab.node(...))."""
+    """("kernel-netem" | "userspace", why). probe_node: any node of the lab (lab.core.node(...))."""
     pr = kernel.probe_netem(probe_node)
     if pr.ok:
         return "kernel-netem", "sch_netem available"
@@ -143,11 +144,11 @@ def _state(lab) -> dict:
     st = lab.info.get("impair")
     if not st:
         # no lab gets here from the CLI: `lab impair set` adds the points first
-        # (lab.labimpair.ensure_points; on boards, lab.boards.boardimpair.apply)
+        # (lab.substrate.local.impair.ensure_points; on boards, lab.substrate.boards.impair.apply)
         raise PreconditionError(
             f"lab {lab.id!r} has no impairment points: a lab gets them at `lab up --impair` or "
-            "at the first `lab impair set` (lab.labimpair.ensure_points, on boards "
-            "lab.boards.boardimpair.apply)"
+            "at the first `lab impair set` (lab.substrate.local.impair.ensure_points, on boards "
+            "lab.substrate.boards.impair.apply)"
         )
     return st
 
@@ -368,7 +369,7 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> dict[str, 
     # a time-dilated lab gets every impairment in slow motion here, the one place all of them
     # pass (plan points, `lab impair set`, a link's own impair=): delays x d, rates / d. The
     # queue limit is reckoned undilated (its packets are the same: rate / d x delay x d)
-    # the boards' NICs (lab.cpuplan.nic_point_delays, recorded at `lab up` as `nic_us`) are
+    # the boards' NICs (lab.substrate.local.cpuplan.nic_point_delays, recorded at `lab up` as `nic_us`) are
     # added here too, under every spec, `clear` included: part of the board, not an impairment
     nic = st.get("nic_us") or {}
     d = dilation.factor(lab.spec.dilation)
@@ -425,8 +426,8 @@ def with_nic(imp: Impairment, us: int) -> Impairment:
 
 def engine_client(lab, eng: dict):
     """The control client of engine `eng`: its socket here, or on the board that runs it
-    (lab.boards.boardimpair puts `board_node` in its record)."""
-    from .engine import EngineClient, NodeEngineClient
+    (lab.substrate.boards.impair puts `board_node` in its record)."""
+    from lab.impair.engine import EngineClient, NodeEngineClient
 
     if eng.get("board_node"):
         return NodeEngineClient(lab.node(eng["board_node"]), eng["control"])
@@ -435,7 +436,7 @@ def engine_client(lab, eng: dict):
 
 def netem_parent(node, ifname: str) -> str:
     """Where the netem of an egress point goes: the root, or -- when the link has a bandwidth
-    (a tbf root qdisc, lab.netops.set_tbf) -- the tbf's class, so that shaping and impairment
+    (a tbf root qdisc, lab.core.netops.set_tbf) -- the tbf's class, so that shaping and impairment
     stack instead of one replacing the other (tbf -> netem, as tc-tbf(8)/tc-netem(8) show)."""
     cp = node.run(kernel.show_argv(ifname), check=False)
     if cp.returncode == 0:

@@ -17,7 +17,8 @@ import pkgutil
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from .base import REGISTRY, TESTS, Context, Metric, Param, Primary, Record, Test, get_test
+from lab.measure.base import REGISTRY, TESTS, Context, Metric, Primary, Record, Test, get_test
+from lab.model.params import Param
 
 
 def _discover() -> dict[str, Test]:

@@ -1,4 +1,4 @@
-"""Adaptive test length (issue 17): lab.stoprule applied while an iperf3 or ping test runs,
+"""Adaptive test length (issue 17): lab.model.stoprule applied while an iperf3 or ping test runs,
 and what its record keeps of it.
 
 **iperf3 runs in segments bounded by -t.** Debian 12's iperf3 3.12 has no ``--json-stream``
@@ -17,7 +17,7 @@ their seconds), defined as a fixed run's are. The per-second rates the rule read
 receiver's: with -R the client's own intervals, else the server's, which an adaptive test
 gets by running the server with -J and the client with --get-server-output (the sender's
 rate of a UDP flow is its target, whatever arrives); udp adds the loss criterion on the
-receiver's counts (lab.stoprule.loss_decision). A fixed-length test runs exactly as before.
+receiver's counts (lab.model.stoprule.loss_decision). A fixed-length test runs exactly as before.
 
 **ping streams.** Its reply lines are read as they arrive; when the RTT interval is met the
 process gets SIGINT, on which iputils ping prints its usual statistics (parsed as always).
@@ -33,16 +33,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..node import Node
-from ..stoprule import Decision, Rule, evaluate, loss_decision, mser5
-from .base import Context, Invocation, Metric, Param, collected
+from lab.core.node import Node
+from lab.model.stoprule import Decision, Rule, evaluate, loss_decision, mser5
+from lab.measure.base import Context, Invocation, Metric, collected
+from lab.model.params import Param
 
 #: the parameters every adaptive test takes (a plan's `adaptive = true` sets the first)
 ADAPTIVE_SCHEMA: dict[str, Param] = {
     "adaptive": Param(
         bool,
         False,
-        doc="stop when the interval of the mean is narrow enough (lab.stoprule); "
+        doc="stop when the interval of the mean is narrow enough (lab.model.stoprule); "
         "duration_s / count is then the cap",
     ),
     "adaptive_rel_pct": Param(

@@ -1,6 +1,6 @@
 """What every measurement test shares: the context it runs in, its records, running a tool with
 its raw output streamed to a file, and waiting for a server to listen (its parameter schema is
-lab.params, re-exported here as Param).
+lab.model.params, re-exported here as Param).
 
 A test never prints, never exits and never raises on a *measurement* failure (the tool ran but
 reported an error, nothing came back): it returns a record with ``ok=False`` and ``error`` set, so
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
-from ..errors import ConfigError, StartupError
-from ..node import Daemon, Node
-from ..params import Param, validate
+from lab.core.errors import ConfigError, StartupError
+from lab.core.node import Daemon, Node
+from lab.model.params import Param, validate
 
 
 class MeasurementFailed(Exception):

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ..errors import ConfigError
-from .base import TESTS, Context, Param, Primary, Record, Test, get_test
+from lab.core.errors import ConfigError
+from lab.measure.base import TESTS, Context, Primary, Record, Test, get_test
+from lab.model.params import Param
 
 HOG = ["python3", "-c", "while True: pass"]
 

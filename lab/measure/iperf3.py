@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .base import (
+from lab.measure.base import (
     Context,
     MeasurementFailed,
     Metric,

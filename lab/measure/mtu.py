@@ -13,18 +13,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import (
+from lab.measure.base import (
     Context,
     MeasurementFailed,
     Metric,
-    Param,
     Primary,
     Record,
     Test,
     family_of,
     invoke,
 )
-from .ping import parse_ping, ping_argv
+from lab.model.params import Param
+from lab.measure.ping import parse_ping, ping_argv
 
 ICMP_OVERHEAD = {4: 28, 6: 48}
 #: smallest probe: below 16 B ping carries no timestamp and prints no RTT

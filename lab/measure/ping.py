@@ -7,13 +7,19 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ..stoprule import loss_decision
-from .adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, ping_info, rule_of, watch
-from .base import (
+from lab.model.stoprule import loss_decision
+from lab.measure.adaptive import (
+    ADAPTIVE_METRICS,
+    ADAPTIVE_SCHEMA,
+    columns,
+    ping_info,
+    rule_of,
+    watch,
+)
+from lab.measure.base import (
     Context,
     MeasurementFailed,
     Metric,
-    Param,
     Primary,
     Record,
     Test,
@@ -21,6 +27,7 @@ from .base import (
     family_of,
     invoke,
 )
+from lab.model.params import Param
 
 _REPLY = re.compile(
     r"^\d+ bytes from (?P<src>\S+?):? icmp_seq=(?P<seq>\d+)(?: ttl=(?P<ttl>\d+))?"

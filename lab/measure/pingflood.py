@@ -18,11 +18,10 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .base import (
+from lab.measure.base import (
     Context,
     MeasurementFailed,
     Metric,
-    Param,
     Primary,
     Record,
     Test,
@@ -30,7 +29,8 @@ from .base import (
     family_of,
     invoke,
 )
-from .ping import parse_ping
+from lab.model.params import Param
+from lab.measure.ping import parse_ping
 
 _TIME = re.compile(r"packets transmitted, .*, time (?P<ms>\d+)ms")
 _IPG = re.compile(r"ipg/ewma (?P<ipg>[\d.]+)/(?P<ewma>[\d.]+) ?ms")

@@ -48,9 +48,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LabError
-from ..node import Node
-from .base import Context, Invocation, collected
+from lab.core.errors import LabError
+from lab.core.node import Node
+from lab.measure.base import Context, Invocation, collected
 
 MIB = 1024 * 1024
 #: no decision before max(MIN_S, MIN_SHARE x time-out) seconds of the copy

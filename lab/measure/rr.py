@@ -6,16 +6,15 @@ a 516-byte request with 4 bytes): a server in the server node, the client in the
 
 from __future__ import annotations
 
+from lab import REPO
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import (
+from lab.measure.base import (
     Context,
     MeasurementFailed,
     Metric,
-    Param,
     Primary,
     Record,
     Test,
@@ -23,8 +22,9 @@ from .base import (
     invoke,
     wait_listening,
 )
+from lab.model.params import Param
 
-RR_PROGRAM = Path(__file__).resolve().parents[2] / "tools" / "rr" / "rr.py"
+RR_PROGRAM = REPO / "tools" / "rr" / "rr.py"
 PYTHON = "python3"
 
 

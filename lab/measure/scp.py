@@ -19,13 +19,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .. import proc
-from ..errors import StartupError
-from ..node import Node
-from .base import (
+from lab.core import proc
+from lab.core.errors import StartupError
+from lab.core.node import Node
+from lab.measure.base import (
     Context,
     Metric,
-    Param,
     Primary,
     Record,
     Test,
@@ -33,7 +32,8 @@ from .base import (
     family_of,
     wait_listening,
 )
-from .progress import watch_copy
+from lab.model.params import Param
+from lab.measure.progress import watch_copy
 
 MIB = 1024 * 1024
 #: OpenSSH >= 9.0 speaks SFTP underneath scp; -O forces the legacy protocol that older

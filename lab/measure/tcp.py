@@ -6,9 +6,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, rule_of, run_segments
-from .base import Context, MeasurementFailed, Metric, Param, Primary, Record, Test, family_of
-from .iperf3 import (
+from lab.measure.adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, rule_of, run_segments
+from lab.measure.base import Context, MeasurementFailed, Metric, Primary, Record, Test, family_of
+from lab.model.params import Param
+from lab.measure.iperf3 import (
     DEFAULT_PORT,
     IPERF3_METRICS,
     client_argv,

@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import ConfigError
-from .adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, rule_of, run_segments
-from .base import Context, MeasurementFailed, Metric, Param, Primary, Record, Test
-from .iperf3 import (
+from lab.core.errors import ConfigError
+from lab.measure.adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, rule_of, run_segments
+from lab.measure.base import Context, MeasurementFailed, Metric, Primary, Record, Test
+from lab.model.params import Param
+from lab.measure.iperf3 import (
     DEFAULT_PORT,
     IPERF3_METRICS,
     client_argv,
@@ -22,7 +23,7 @@ from .iperf3 import (
     parse_iperf3_udp,
     run_client,
 )
-from .tcp import DIRECTIONS
+from lab.measure.tcp import DIRECTIONS
 
 MBIT = 1_000_000
 

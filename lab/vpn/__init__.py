@@ -11,33 +11,22 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..errors import ConfigError
-from .base import NODE_TOOLS, Driver, Tool
+from lab.core.errors import ConfigError
+from lab.vpn import drivers as drivers_pkg
+from lab.vpn.base import NODE_TOOLS, Driver, Tool
 
-#: modules of this package that are infrastructure, not drivers
-_NOT_DRIVERS = {
-    "base",
-    "byocimport",
-    "charon",
-    "configcheck",
-    "kernelfeatures",
-    "profiles",
-    "record",
-    "tunnel",
-    "userconfig",
-}
 _registry: dict[str, type[Driver]] | None = None
 
 
-def drivers() -> dict[str, type[Driver]]:
-    """{driver name: class} for every driver module in this package (imported once)."""
+def driver_classes() -> dict[str, type[Driver]]:
+    """{driver name: class} for every module of lab.vpn.drivers (imported once)."""
     global _registry
     if _registry is None:
         found: dict[str, type[Driver]] = {}
-        for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-            if mod.name in _NOT_DRIVERS or mod.name.startswith("_"):
+        for mod in sorted(pkgutil.iter_modules(drivers_pkg.__path__), key=lambda m: m.name):
+            if mod.name.startswith("_"):
                 continue
-            module = importlib.import_module(f"{__name__}.{mod.name}")
+            module = importlib.import_module(f"{drivers_pkg.__name__}.{mod.name}")
             for obj in vars(module).values():
                 if (
                     isinstance(obj, type)
@@ -58,18 +47,18 @@ def declared_tools(*, node_tools: bool = False) -> list[Tool]:
     out: dict[str, Tool] = {}
     for t in NODE_TOOLS if node_tools else ():
         out.setdefault(t.name, t)
-    for name in sorted(drivers()):
-        for t in drivers()[name].requires:
+    for name in sorted(driver_classes()):
+        for t in driver_classes()[name].requires:
             out.setdefault(t.name, t)
     return list(out.values())
 
 
 def get_driver(name: str, *, source: str | None = None) -> Driver:
     """An instance of driver `name`; ConfigError listing the valid drivers when unknown."""
-    cls = drivers().get(name)
+    cls = driver_classes().get(name)
     if cls is None:
         raise ConfigError(
-            f"unknown driver {name!r}; valid: {', '.join(sorted(drivers()))}",
+            f"unknown driver {name!r}; valid: {', '.join(sorted(driver_classes()))}",
             source=source,
             field="driver",
         )

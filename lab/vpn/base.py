@@ -11,11 +11,11 @@ picks a driver and its parameters. The lab calls, in order:
     (the lab then polls until traffic really passes the tunnel: lab.vpn.tunnel.wait_ready)
     describe() -> implementation, version, data-plane path, cipher, tunnel MTU, config hash
     stop()   -> stop what start() started (teardown also ends every recorded PID on its own)
-Drivers run commands only through a lab.node.Node (ctx.client.node, ctx.server.node, the node
+Drivers run commands only through a lab.core.node.Node (ctx.client.node, ctx.server.node, the node
 check() is given), never on the host directly and never by reading the controller's files about a
 node (its /proc, /sys, /dev, kernel config or installed files), so the same driver later drives
 Raspberry Pi boards over SSH and labs inside a VM. Before any lab node exists, check() is given
-lab.localnode.this_machine(): the machine whose namespaces will be the lab's nodes.
+lab.substrate.local.node.this_machine(): the machine whose namespaces will be the lab's nodes.
 
 Each driver also declares the executables it may run on a node (`requires`: Tool = name, Debian
 package, version command); setup.sh installs the packages and every run manifest records the
@@ -24,15 +24,16 @@ versions (tests/test_vpn_conformance.py checks both).
 
 from __future__ import annotations
 
+from lab import REPO
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..node import Daemon, Node
-from ..params import Param
-from ..state import write_text_atomic
+from lab.core.node import Daemon, Node
+from lab.model.params import Param
+from lab.core.state import write_text_atomic
 
 
 @dataclass
@@ -211,7 +212,7 @@ def route_through(end: Endpoint, peer: Endpoint, dev: str) -> None:
 
 
 #: Jinja2 templates of the drivers' config files (vpn_profiles/templates/<driver>/...)
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent.parent / "vpn_profiles" / "templates"
+TEMPLATE_DIR = REPO / "vpn_profiles" / "templates"
 
 
 def render_template(rel: str, **values: Any) -> str:

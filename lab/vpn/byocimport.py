@@ -19,8 +19,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError
-from .charon import PROPOSAL_RE
+from lab.core.errors import ConfigError
+from lab.vpn.charon import PROPOSAL_RE
 
 COMMENTED = "# lab import: "
 
@@ -383,7 +383,7 @@ def _openvpn(path: Path, text: str, notes: list[Note], params: dict) -> Template
 def import_profile(files: list[str], out: str | None) -> tuple[list[Path], list[Note]]:
     """`lab profiles import FILE... --out PROFILE.toml`: (files written, notes). Nothing is
     left written when the profile would not load."""
-    from .profiles import load_profile
+    from lab.vpn.profiles import load_profile
 
     if not files:
         raise ConfigError("give the config file(s) to import", source="lab profiles import")

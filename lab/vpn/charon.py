@@ -10,6 +10,7 @@ between the two ends. The drivers add what is theirs (tunnel addresses, L2TP). d
 
 from __future__ import annotations
 
+from lab import REPO
 import base64
 import ipaddress
 import re
@@ -18,9 +19,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import CommandError, ConfigError, PreconditionError, StartupError
-from ..node import Daemon, Node
-from .base import Endpoint, Tool, TunnelContext, write_secret
+from lab.core.errors import CommandError, ConfigError, PreconditionError, StartupError
+from lab.core.node import Daemon, Node
+from lab.vpn.base import Endpoint, Tool, TunnelContext, write_secret
 
 CHARON = "/usr/lib/ipsec/charon"
 PLUGIN_DIR = Path("/usr/lib/ipsec/plugins")
@@ -31,7 +32,7 @@ PSK_FILE = "strongswan-psk"
 CONN = "lab"  # IKE and CHILD config name
 LIBIPSEC_TUN = "ipsec0"
 ROUTE_TABLE = "220"  # charon.routing_table default
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "vpn_profiles" / "templates"
+TEMPLATES = REPO / "vpn_profiles" / "templates"
 
 # IKEv2 "dpd_timeout": charon declares the peer dead when the last of retransmit_tries
 # retransmissions of a DPD request times out. Keep strongSwan's default base and tries and
@@ -354,7 +355,7 @@ def conn_names(ctx: TunnelContext, end: Endpoint) -> tuple[str, str]:
 
 def _ensure_route_rules(node) -> None:
     """charon's policy-routing rules (`lookup 220`, priority 220) where charon could not add
-    them: a charon run under qemu-user (a node of another architecture, lab.arch) gets
+    them: a charon run under qemu-user (a node of another architecture, lab.core.arch) gets
     EOPNOTSUPP for RTM_NEWRULE, which QEMU's rtnetlink translation lacks (its log: "unable to
     create IPv4 routing table rule"), and the routes it installs in table 220 go unused. Added
     with this machine's ip inside the node's namespace, which takes them along when it goes;

@@ -2,7 +2,7 @@
 
 No tunnel is brought up: each check is something the tool itself does without a peer, run
 with this machine's build or, with --arch, with the board's build from that architecture's
-root under qemu-user (lab.arch.emulate). One row per rendered file: which binary (path,
+root under qemu-user (lab.core.arch.emulate). One row per rendered file: which binary (path,
 version, architecture) checked it and its verdict in its own words.
 
 What can be checked offline, per driver (CHECKERS):
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import proc
-from ..arch.emulate import ArchRoot
+from lab.core import proc
+from lab.core.arch.emulate import ArchRoot
 
 NOT_CHECKABLE = {
     "strongswan": "swanctl parses swanctl.conf only to load it into a running charon",

@@ -1,7 +1,7 @@
 """Is a kernel feature there? Read-only probes shared by the drivers, run ON the node they are about.
 
 Every probe is a command the node runs (Node.run); nothing here reads a file of the machine the
-controller runs on, so one code path answers for this machine (lab.localnode.this_machine(),
+controller runs on, so one code path answers for this machine (lab.substrate.local.node.this_machine(),
 before any lab exists), a lab node, a VM guest or a board over SSH. What a node prints is parsed
 by pure functions (parse_*), tested without any node.
 
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from ..errors import LabError
-from ..node import Node
+from lab.core.errors import LabError
+from lab.core.node import Node
 
 #: (label, CONFIG_* symbols -- any will do, module names -- any will do)
 Feature = tuple[str, tuple[str, ...], tuple[str, ...]]

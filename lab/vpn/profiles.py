@@ -14,6 +14,7 @@ is created.
 
 from __future__ import annotations
 
+from lab import REPO
 import os
 import re
 import tomllib
@@ -21,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from . import get_driver
-from ..params import validate, value_error
-from .userconfig import UserConfig, hashes, load_configs
-from .base import TEMPLATE_DIR, Driver, render_template  # noqa: F401  (re-exported)
+from lab.core.errors import ConfigError
+from lab.vpn import get_driver
+from lab.model.params import validate, value_error
+from lab.vpn.userconfig import UserConfig, hashes, load_configs
+from lab.vpn.base import TEMPLATE_DIR, Driver
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent.parent / "vpn_profiles"
+PROFILE_DIR = REPO / "vpn_profiles"
 TOP_KEYS = {"driver": str, "description": str, "study": str, "params": dict, "configs": dict}
 #: a profile name: a file name in vpn_profiles/ without .toml
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._\-]{0,63}\Z")
@@ -207,7 +208,7 @@ def coerce(driver: Driver, key: str, raw: str) -> Any:
 
 
 def validate_params(driver: Driver, given: dict[str, Any], *, source: str) -> dict[str, Any]:
-    """Check type, choices and range of every parameter (lab.params), then the driver's checks
+    """Check type, choices and range of every parameter (lab.model.params), then the driver's checks
     across them; returns them with defaults filled in."""
     out = validate(
         driver.params, given, source=source, owner=_owner(driver), field_prefix="params."

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..node import Daemon
+from lab.core.node import Daemon
 
 
 @dataclass

@@ -26,14 +26,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, KernelFeatureMissing, LabError, PreconditionError, StartupError
-from ..node import Daemon, Node
-from ..graph import reachable_segments
-from ..topology import Interface, LabSpec
-from .base import Availability, Driver, Endpoint, TunnelContext, config_hash
-from .profiles import Profile, load_profile
-from .record import DaemonRecord, Timing, TrafficTarget, TunnelEnd, TunnelRecord
-from .userconfig import hashes, tunnel_layout
+from lab.core.hostnode import this_machine
+from lab.core.errors import (
+    ConfigError,
+    KernelFeatureMissing,
+    LabError,
+    PreconditionError,
+    StartupError,
+)
+from lab.core.node import Daemon, Node
+from lab.model.graph import reachable_segments
+from lab.model.labspec import Interface, LabSpec
+from lab.vpn.base import Availability, Driver, Endpoint, TunnelContext, config_hash
+from lab.vpn.profiles import Profile, load_profile
+from lab.vpn.record import DaemonRecord, Timing, TrafficTarget, TunnelEnd, TunnelRecord
+from lab.vpn.userconfig import hashes, tunnel_layout
 
 TUNNEL_V4 = ipaddress.ip_network("10.99.0.0/24")
 TUNNEL_V6 = ipaddress.ip_network("fd99::/64")
@@ -176,14 +183,6 @@ def plan(spec: LabSpec, profile: str | Profile) -> TunnelPlan:
     client, server = spec.endpoints("vpn")
     tc, ts = spec.endpoints("traffic")
     return TunnelPlan(profile, _side(spec, client, server), _side(spec, server, client), tc, ts)
-
-
-def this_machine() -> Node:
-    """The node that answers for a lab that does not exist yet: this machine (its namespaces
-    will be the lab's nodes; a VM lab's guest asks itself the same way when it builds)."""
-    from ..localnode import this_machine as host
-
-    return host()
 
 
 def nodes_for(p: TunnelPlan, nodes: dict[str, Node] | None = None) -> dict[str, Node]:

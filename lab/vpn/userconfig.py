@@ -30,8 +30,8 @@ from pathlib import Path
 import jinja2
 import jinja2.meta
 
-from ..errors import ConfigError
-from .base import Endpoint, TunnelContext
+from lab.core.errors import ConfigError
+from lab.vpn.base import Endpoint, TunnelContext
 
 ROLES = ("client", "server")
 

@@ -1,0 +1,159 @@
+"""The CLI's consoles and the lab status printouts: part of the CLI layer (lab.cli.main and the
+modules it uses to print; nothing below it prints)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def impairment_words(applied) -> str:
+    """An impairment point's applied setting (engine JSON, or the kernel's text) in tc-netem words."""
+    from lab.model.impairment.model import Impairment
+
+    if isinstance(applied, dict):
+        try:
+            return str(Impairment.from_json(applied)) or "none"
+        except Exception:  # a shape this version does not know: show it as it is
+            return ", ".join(f"{k}={v}" for k, v in applied.items())
+    return str(applied) if applied else "none"
+
+
+def status_lines(s: dict) -> list[str]:
+    """The VPN and the impairment of a lab in words, printed under its table."""
+    lines = []
+    vpn = s.get("vpn") or {}
+    if vpn:
+        d = vpn.get("describe") or {}
+        tun = vpn.get("tunnel") or {}
+        ends = " <-> ".join(
+            f"{t.get('node')} {' '.join(a for a in (t.get('v4'), t.get('v6')) if a)}"
+            for t in (tun.get("client") or {}, tun.get("server") or {})
+            if t
+        )
+        lines.append(
+            f"VPN {vpn.get('profile')} ({vpn.get('driver')}, data plane "
+            f"{vpn.get('path') or d.get('path')}) {vpn.get('state', '')}: interface "
+            f"{d.get('interface', '-')}, MTU {d.get('mtu', '-')}, cipher {d.get('cipher', '-')}"
+            + (f"; tunnel {ends}" if ends else "")
+        )
+    else:
+        lines.append("VPN: none (no tunnel in this lab)")
+    imp = s.get("impair")
+    if not imp:
+        lines.append("impairment: none yet (the first `lab impair set` adds it)")
+    else:
+        lines.append(
+            f"impairment: backend {imp.get('backend')}, placement {imp.get('placement')}; "
+            "a symmetric spec applies to each direction (each point is one egress)"
+        )
+    nic = s.get("nic_latency") or {}
+    if nic.get("directions"):  # the boards' NICs (lab.substrate.local.cpuplan.nic_decision)
+        each = ", ".join(f"{k} {v['us']:g} us" for k, v in nic["directions"].items())
+        lines.append(
+            f"boards' NIC latency ({each}): "
+            + (f"applied ({nic.get('backend')})" if nic.get("applied") else "not applied")
+            + f", {nic.get('why')}"
+        )
+    return lines
+
+
+def _point_specs(s: dict) -> dict[tuple[str, str], str]:
+    """(node, interface) -> the impairment applied at its egress, in words."""
+    imp = s.get("impair") or {}
+    applied = imp.get("applied") or {}
+    out = {}
+    for p in imp.get("points") or []:
+        key = f"{p.get('node')}:{p.get('ifname')}"
+        way = "client->server" if p.get("way") == "fwd" else "server->client"
+        out[(p.get("node"), p.get("ifname"))] = f"{impairment_words(applied.get(key))} ({way})"
+    return out
+
+
+def _print_status(s: dict) -> None:
+    if not s.get("nodes"):  # a broken lab, or the VM of a `lab run --vm` (no lab of its own)
+        out.print(f"lab {s['id']}: {s.get('state')}", markup=False, highlight=False)
+        return
+    t = Table(
+        title=f"lab {s['id']} ({s.get('state')}) — {s.get('topology', '')}", title_justify="left"
+    )
+    for col in ("node", "where", "cpu", "interface", "IPv4", "IPv6", "peer", "impairment (egress)"):
+        t.add_column(col)
+    tunnel = {
+        (e or {}).get("node"): e
+        for e in ((s.get("vpn") or {}).get("tunnel") or {}).values()
+        if isinstance(e, dict)
+    }
+    vpn_if = ((s.get("vpn") or {}).get("describe") or {}).get("interface") or "tunnel"
+    specs = _point_specs(s)
+    for name, n in s.get("nodes", {}).items():
+        cpu = n.get("cpu") or {}
+        cpu_s = cpu.get("profile") or (f"{cpu['cores']:.2f} cores" if cpu.get("cores") else "-")
+        if cpu.get("profile") and cpu.get("cores"):
+            cpu_s += (
+                f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
+            )
+        if (cpu.get("dilation") or 1.0) != 1.0:  # lab.model.dilation: quotas / the factor
+            cpu_s += f", time-dilated x{cpu['dilation']:g}"
+        if n.get("arch"):  # the board's binaries under qemu-user, uncapped (docs/arch.md)
+            cpu_s += f", {n['arch']} (qemu-user)"
+        kind = n["kind"] + (" router" if n.get("router") else "")
+        rows = [dict(i) for i in (n["interfaces"] or [{}])]
+        if name in tunnel:
+            rows.append(
+                {
+                    "name": f"{vpn_if} (VPN)",
+                    "ip": tunnel[name].get("v4"),
+                    "ip6": tunnel[name].get("v6"),
+                }
+            )
+        first = True
+        for i in rows:
+            t.add_row(
+                f"{name} ({kind})" if first else "",
+                (n.get("netns") or f"{n.get('board')} ({n.get('host')})") if first else "",
+                cpu_s if first else "",
+                i.get("name", ""),
+                i.get("ip") or "",
+                i.get("ip6") or "",
+                i.get("peer", ""),
+                specs.get((name, i.get("name")), ""),
+            )
+            first = False
+    out.print(t)
+    for line in status_lines(s):
+        out.print(line, markup=False, highlight=False)
+
+
+def _print_substrate(s: dict) -> None:
+    from lab.substrate.registry import substrate_line
+
+    if line := substrate_line(s):
+        out.print(line, markup=False, highlight=False)
+
+
+def print_run_summary(s: dict) -> None:
+    """What `lab run` ends with: the headline figures, the counts, and both report paths."""
+    head = s.get("headline") or {}
+    if head.get("rows"):
+        t = Table(title="headline (mean ± sd, n repetitions)", title_justify="left")
+        for i, col in enumerate(head["header"]):
+            t.add_column(col, justify="left" if i < 2 else "right")
+        for row in head["rows"]:
+            t.add_row(*row)
+        out.print(t)
+    b = s["budget"]
+    out.print(
+        f"{s['cases']} case repetitions, {s['failed']} failed; outside measurement "
+        f"{100 * (b['outside_share'] or 0):.1f} % of {b['wall_s']:.0f} s",
+        markup=False,
+        highlight=False,
+    )
+    out.print(f"report: {s['report']}", markup=False, highlight=False)
+    if s.get("html"):
+        out.print(f"report: {s['html']}", markup=False, highlight=False)

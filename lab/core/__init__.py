@@ -1,0 +1,1 @@
+"""This machine's plumbing: the one place commands run (proc), errors, per-lab state and the ownership ledger, kernel objects (netops, cgroups), teardown, the Node interface, signals, host readings and foreign-architecture roots."""

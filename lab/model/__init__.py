@@ -1,0 +1,1 @@
+"""Pure data and arithmetic, no I/O beyond reading the user's files: topologies and their addressing, parameters, CPU/board profiles, time dilation, the impairment language, the statistics and stop rules."""

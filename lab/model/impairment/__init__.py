@@ -1,0 +1,1 @@
+"""The impairment language: tc-netem words (spec, vocab, words, loss, model), per-direction specs, Mininet link options and named presets. Parsed once into Impairment objects; lab.impair applies them."""

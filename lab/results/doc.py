@@ -1,0 +1,271 @@
+"""The report document and the numbers in it: `Doc` (blocks rendered to Markdown and to HTML),
+each test's primary metric, and the statistics and formatting the report, plots and comparisons
+share."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab.measure import TESTS, Primary
+
+#: the primary metric of a test that declares none (or is not registered any more)
+DEFAULT_PRIMARY = Primary("throughput_bps", "Mbit/s", 1e-6, True)
+
+
+def primary(test: str) -> Primary:
+    """(metric column, label, scale, higher is better) the report ranks `test` by: its own."""
+    t = TESTS.get(test)
+    return (t.primary if t is not None else None) or DEFAULT_PRIMARY
+
+
+# ---------------------------------------------------------------------- document blocks
+
+
+@dataclass
+class Doc:
+    """A report as blocks rendered both to Markdown and to HTML: warnings first, a table of
+    contents, links to the run's files, then the sections."""
+
+    title: str
+    blocks: list[tuple[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    links: list[tuple[str, str]] = field(default_factory=list)
+
+    def h(self, text: str) -> None:
+        self.blocks.append(("h", text))
+
+    def p(self, text: str) -> None:
+        self.blocks.append(("p", text))
+
+    def warn(self, text: str) -> None:
+        """A warning the reader must see before any figure (shown at the top)."""
+        if text not in self.warnings:
+            self.warnings.append(text)
+
+    def link(self, path: str, what: str) -> None:
+        self.links.append((path, what))
+
+    def table(self, header: list[str], rows: list[list[Any]]) -> None:
+        self.blocks.append(("table", (header, rows)))
+
+    def img(self, path: str, alt: str) -> None:
+        self.blocks.append(("img", (path, alt)))
+
+    def pre(self, summary: str, text: str) -> None:
+        self.blocks.append(("pre", (summary, text)))
+
+    def headings(self) -> list[str]:
+        return [v for k, v in self.blocks if k == "h"]
+
+    def markdown(self) -> str:
+        out = [f"# {self.title}", ""]
+        out += [f"> **Warning:** {w}" + "\n>" for w in self.warnings]
+        if self.warnings:
+            out.append("")
+        if self.links:
+            out += ["Files: " + ", ".join(f"[{p}]({p}) ({w})" for p, w in self.links), ""]
+        out += [f"- [{h}](#{_anchor(h)})" for h in self.headings()] + [""]
+        for kind, v in self.blocks:
+            if kind == "h":
+                out += [f"## {v}", ""]
+            elif kind == "p":
+                out += [v, ""]
+            elif kind == "table":
+                header, rows = v
+                out.append("| " + " | ".join(header) + " |")
+                out.append("|" + "---|" * len(header))
+                out += ["| " + " | ".join(_md(c) for c in r) + " |" for r in rows]
+                out.append("")
+            elif kind == "img":
+                out += [f"![{v[1]}]({v[0]})", ""]
+            elif kind == "pre":
+                out += [f"**{v[0]}**", "", "```", v[1].rstrip(), "```", ""]
+        return "\n".join(out)
+
+    def html(self, base: Path | None = None) -> str:
+        """The HTML document; with `base` (the run directory) images are embedded as data URIs,
+        so the file is self-contained."""
+        e = html.escape
+        out = [
+            "<!doctype html><html><head><meta charset='utf-8'>",
+            f"<title>{e(self.title)}</title><style>",
+            "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}",
+            "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;",
+            "padding:2px 8px;text-align:left;vertical-align:top}th{background:#eee}",
+            "td.num{text-align:right;white-space:nowrap}",
+            "img{width:100%;height:auto}pre{background:#f6f6f6;padding:0.5em;overflow:auto}",
+            ".warn{background:#fff3cd;border:1px solid #e0b000;padding:0.5em 1em;margin:0.5em 0}",
+            "nav ul{columns:2}",
+            f"</style></head><body><h1>{e(self.title)}</h1>",
+        ]
+        for w in self.warnings:
+            out.append(f"<div class='warn'><b>Warning:</b> {_inline_html(w)}</div>")
+        if self.links:
+            out.append(
+                "<p>Files: "
+                + ", ".join(f"<a href='{e(p)}'>{e(p)}</a> ({e(w)})" for p, w in self.links)
+                + "</p>"
+            )
+        out.append(
+            "<nav><b>Contents</b><ul>"
+            + "".join(f"<li><a href='#{_anchor(h)}'>{e(h)}</a></li>" for h in self.headings())
+            + "</ul></nav>"
+        )
+        for kind, v in self.blocks:
+            if kind == "h":
+                out.append(f"<h2 id='{_anchor(v)}'>{e(v)}</h2>")
+            elif kind == "p":
+                out.append(f"<p>{_inline_html(v)}</p>")
+            elif kind == "table":
+                header, rows = v
+                out.append("<table>")
+                if any(str(h).strip() for h in header):
+                    out.append("<tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
+                for r in rows:
+                    out.append("<tr>" + "".join(_td(c) for c in r) + "</tr>")
+                out.append("</table>")
+            elif kind == "img":
+                out.append(f"<p><img src='{e(_img_src(v[0], base))}' alt='{e(v[1])}'></p>")
+            elif kind == "pre":
+                out.append(f"<details><summary>{e(v[0])}</summary><pre>{e(v[1])}</pre></details>")
+        out.append("</body></html>")
+        return "\n".join(out)
+
+
+_NUMERIC = re.compile(
+    r"^[-+]?\d+(\.\d+)?( ?%)?( ± [\d.]+)?( \(n=\d+\))?( \(within 1 sd\))?( \[\d+ failed\])?$"
+)
+
+
+def _td(c: Any) -> str:
+    text = str(c)
+    cls = " class='num'" if _NUMERIC.match(text) or text == "-" else ""
+    return f"<td{cls}>{html.escape(text)}</td>"
+
+
+def _anchor(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "section"
+
+
+def _img_src(path: str, base: Path | None) -> str:
+    if base is None or not (base / path).is_file():
+        return path
+    return "data:image/png;base64," + base64.b64encode((base / path).read_bytes()).decode()
+
+
+def _md(c: Any) -> str:
+    return str(c).replace("|", "\\|").replace("\n", " ")
+
+
+def _inline_html(text: str) -> str:
+    # the report's paragraphs use `code` and **bold** only
+    t = html.escape(text)
+    t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
+
+
+# ---------------------------------------------------------------------- statistics
+
+
+def _stats(vals: list[float]) -> dict | None:
+    vals = [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return None
+    n = len(vals)
+    mean = sum(vals) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+    return {"n": n, "mean": mean, "sd": sd, "min": min(vals), "max": max(vals)}
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(x)))
+    dec = max(0, digits - 1 - mag)
+    return f"{x:.{dec}f}"
+
+
+def _cell(s: dict | None, scale: float) -> str:
+    if s is None:
+        return "-"
+    out = f"{_fmt(s['mean'] * scale)}"
+    if s["n"] > 1:
+        out += f" ± {_fmt(s['sd'] * scale, 2)}"
+    return out + f" (n={s['n']})"
+
+
+def _order(values: list, ref: list) -> list:
+    return sorted(set(values), key=lambda v: (ref.index(v) if v in ref else len(ref), str(v)))
+
+
+def _group(table: list[dict], **match) -> list[dict]:
+    return [r for r in table if all(r.get(k) == v for k, v in match.items())]
+
+
+def _mean(vals) -> float | None:
+    s = _stats(vals)
+    return s["mean"] if s else None
+
+
+# ---------------------------------------------------------------------- CPU units
+
+#: readable names of results.csv's metric columns where the column name is not one
+METRIC_NAMES = {
+    "throughput_bps": "throughput",
+    "receiver_bps": "received rate",
+    "rtt_avg_ms": "mean RTT",
+    "path_mtu": "path MTU",
+    "transactions_per_s": "transactions",
+    "latency_p50_us": "median latency",
+    "seconds": "transfer time",
+    "loss_pct": "loss",
+    "echo_replies": "echo replies",
+}
+
+
+def metric_name(col: str) -> str:
+    return METRIC_NAMES.get(col, col.replace("_", " "))
+
+
+def host_cores_per_board_core(cpu: dict | None) -> float | None:
+    """Host cores one board core of the node's CPU profile is worth (its calibrated or assumed
+    core_share); None for an uncapped node or a cap that was not applied (docs/cpu.md)."""
+    cpu = cpu or {}
+    if not cpu.get("profile") or cpu.get("not_applied"):
+        return None
+    if cpu.get("core_share"):
+        # a time-dilated lab emulates one board core with core_share / dilation host cores
+        return float(cpu["core_share"]) / float(cpu.get("dilation") or 1.0)
+    if cpu.get("cores") and cpu.get("emulated_cores"):
+        return float(cpu["cores"]) / float(cpu["emulated_cores"])
+    return None
+
+
+def board_cores(pct_of_host_core: float | None, cpu: dict | None) -> float | None:
+    """A node's CPU in % of one host core -> board cores of its profile (None if uncapped)."""
+    share = host_cores_per_board_core(cpu)
+    if pct_of_host_core is None or not share:
+        return None
+    return pct_of_host_core / 100 / share
+
+
+def board_cpu_text(pct_of_host_core: float | None, cpu: dict | None) -> str:
+    """'0.95 of 1 pi4 core (24 % of the board)' for a capped node, else '% of one host core'."""
+    cores = board_cores(pct_of_host_core, cpu)
+    if cores is None:
+        return "-" if pct_of_host_core is None else f"{_fmt(pct_of_host_core)} % host core"
+    cpu = cpu or {}
+    cap, total = cpu.get("emulated_cores"), cpu.get("board_cores")
+    unit = "core" if cap == 1 else "cores"
+    text = f"{cores:.2f}" + (f" of {cap:g}" if cap else "") + f" {cpu.get('profile')} {unit}"
+    if total:
+        text += f" ({100 * cores / total:.0f} % of the board)"
+    return text

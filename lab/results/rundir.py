@@ -1,0 +1,465 @@
+"""A run directory and what is stored in it: the results, the timeline, and the tables made of them.
+
+    runs/<UTC time>_<plan>/
+      plan.json        the validated plan (what --resume runs again)
+      manifest.json    versions, kernel, topology, CPU profile, data-plane paths, configs, impairment
+      results.jsonl    one line per finished case x repetition (appended, fsynced)
+      timeline.jsonl   sessions, bring-ups, teardowns, impairment changes (for the time budget)
+      raw/             tool output as it arrives, per case
+      monitor/         monitor samples per case
+      results.csv      one row per case x repetition x measured point (docs/results.md)
+      summary.csv      n, mean, sd, min, max per case and metric
+
+A line reaches results.jsonl only when its case is finished, and is fsynced before the next case
+starts, so a run killed at any moment loses at most the case in flight.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lab.core.errors import ConfigError
+from lab.measure import TESTS, metric_columns
+from lab.core.state import read_jsonl, write_text_atomic
+
+RESULT_SCHEMA = 1
+
+#: results.csv's column order: the common columns as (name, dtype, meaning) and, by name only,
+#: the places of the tests' metric columns (their dtype and meaning come from the `metrics` the
+#: tests declare, lab.measure.base.Metric). dtype is the pandas dtype after read_csv: "string"
+#: (object), "int64" (never empty), "float64" (empty = not measured), "bool".
+#: Frozen: a column keeps its place, so older readers and runs already written stay valid. A
+#: metric column a test declares that is not named here is appended after the last entry, in
+#: registry order; before adding a common column, name those appended columns here first.
+#: docs/results.md documents the same list; tests/test_results.py checks they agree.
+_LAYOUT: list[tuple[str, str, str] | str] = [
+    ("run", "string", "run directory name"),
+    ("case", "string", "profile|impairment|test label|rep: the key --resume matches on"),
+    ("profile", "string", "VPN profile spec"),
+    ("driver", "string", "VPN driver of the profile"),
+    ("datapath", "string", "data-plane path the driver chose (describe()['path'])"),
+    ("impairment", "string", "impairment point name ('none', a preset, 'delay-40ms', ...)"),
+    ("impairment_spec", "string", "tc-netem words requested (empty: none)"),
+    ("sweep_parameter", "string", "swept parameter (delay, jitter, loss, ...), empty otherwise"),
+    ("sweep_value", "float64", "its value at this point (ms, %, Mbit/s)"),
+    ("test", "string", f"registered test ({', '.join(sorted(TESTS))})"),
+    ("test_label", "string", "the plan's label for the test entry"),
+    ("ip", "int64", "IP version of the traffic address the test targeted (4 or 6)"),
+    ("rep", "int64", "repetition, from 0"),
+    ("point", "int64", "index of the record within the case (udp-sweep step, mtu family)"),
+    ("ok", "bool", "the measurement succeeded"),
+    ("error", "string", "why not (tool error, tunnel failure), empty when ok"),
+    ("started_utc", "string", "start of the case, ISO 8601 UTC"),
+    ("case_seconds", "float64", "wall time of the test run (servers and tools included)"),
+    # the tests' metric columns of schema 1 in their places (dtype, meaning: the tests' Metric)
+    "direction",
+    "throughput_bps",
+    "sender_bps",
+    "receiver_bps",
+    "retransmits",
+    "tcp_mss",
+    "packets_per_s",
+    "rate_mbit",
+    "size",
+    "target_pps",
+    "sent_pps",
+    "received_pps",
+    "jitter_ms",
+    "loss_pct",
+    "packets_sent",
+    "packets_lost",
+    "rtt_min_ms",
+    "rtt_avg_ms",
+    "rtt_max_ms",
+    "rtt_mdev_ms",
+    "iface_mtu",
+    "path_mtu",
+    "transactions_per_s",
+    "latency_p50_us",
+    "latency_p99_us",
+    "seconds",
+    ("cpu_vpn_client_pct", "float64", "mean CPU of the VPN client node's cgroup, % of one core"),
+    ("cpu_vpn_server_pct", "float64", "mean CPU of the VPN server node's cgroup, % of one core"),
+    ("cpu_traffic_client_pct", "float64", "same for the traffic client node"),
+    ("cpu_traffic_server_pct", "float64", "same for the traffic server node"),
+    ("host_busy_pct", "float64", "mean busy share of all host cores (host-wide, /proc/stat)"),
+    ("host_softirq_pct", "float64", "mean softirq share of all host cores (host-wide)"),
+    ("daemon_cpu_pct", "float64", "sum of the VPN daemons' mean CPU, % of one core"),
+    ("daemon_rss_mb", "float64", "sum of the VPN daemons' peak resident memory, MiB"),
+    ("raw_files", "string", "raw tool output of the case, ';'-separated, relative to the run"),
+    ("host_clock_min_mhz", "float64", "lowest clock of any host core during the test (cpufreq)"),
+    ("host_clock_mean_mhz", "float64", "mean clock over the host's cores and samples (cpufreq)"),
+    ("host_temp_max_c", "float64", "highest temperature any host sensor reported, deg C"),
+    ("host_mem_used_max_mb", "float64", "peak host memory in use (psutil 'used'), MiB"),
+    ("host_mem_available_min_mb", "float64", "lowest host memory available (psutil), MiB"),
+    ("throttled", "float64", "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0"),
+    # metric columns appended later, frozen in their places
+    "echo_requests",
+    "echo_replies",
+    "flood_time_ms",
+]
+
+
+def _columns() -> tuple[list[tuple[str, str, str]], set[str]]:
+    """(CSV_COLUMNS, the float columns summary.csv leaves out)."""
+    metrics = metric_columns()
+    common = {e[0] for e in _LAYOUT if isinstance(e, tuple)}
+    clash = sorted(common & set(metrics))
+    if clash:
+        raise TypeError(f"tests declare metric columns that are common columns: {clash}")
+    out: list[tuple[str, str, str]] = []
+    for entry in _LAYOUT:
+        if isinstance(entry, tuple):
+            out.append(entry)
+            continue
+        col = metrics.get(entry)
+        if col is None:
+            raise TypeError(f"results.csv column {entry!r} is declared by no test in lab.measure")
+        out.append((col.name, col.dtype, col.meaning))
+    placed = {c[0] for c in out}
+    out += [(c.name, c.dtype, c.meaning) for c in metrics.values() if c.name not in placed]
+    unsummarised = {"sweep_value"} | {c.name for c in metrics.values() if not c.summarised}
+    return out, unsummarised
+
+
+CSV_COLUMNS, _NOT_SUMMARISED = _columns()
+COLUMN_NAMES = [c[0] for c in CSV_COLUMNS]
+_COMMON = {e[0] for e in _LAYOUT if isinstance(e, tuple)}
+#: the tests' metric columns in CSV order, with their dtype
+_METRIC_COLUMNS = [(n, t) for n, t, _ in CSV_COLUMNS if n not in _COMMON]
+#: numeric columns summarised per case in summary.csv
+SUMMARY_METRICS = [n for n, t, _ in CSV_COLUMNS if t == "float64" and n not in _NOT_SUMMARISED]
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def results(self) -> Path:
+        return self.path / "results.jsonl"
+
+    @property
+    def timeline(self) -> Path:
+        return self.path / "timeline.jsonl"
+
+    @property
+    def raw(self) -> Path:
+        return self.path / "raw"
+
+    def check(self) -> RunDir:
+        if not (self.path / "plan.json").is_file():
+            raise ConfigError("not a run directory (no plan.json)", source=str(self.path))
+        return self
+
+    def append(self, path: Path, entry: dict) -> None:
+        """One JSON line, written with a single write(2) on O_APPEND and fsynced."""
+        line = json.dumps(entry, default=_json_default) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def add_result(self, entry: dict) -> None:
+        self.append(self.results, entry)
+
+    def event(self, entry: dict) -> None:
+        self.append(self.timeline, entry)
+
+    def load_results(self) -> list[dict]:
+        return read_jsonl(self.results)
+
+    def load_timeline(self) -> list[dict]:
+        return read_jsonl(self.timeline)
+
+    def finished_keys(self) -> set[str]:
+        return {r["case"] for r in self.load_results()}
+
+    def plan_json(self) -> dict:
+        return json.loads((self.path / "plan.json").read_text())
+
+    def manifest(self) -> dict:
+        p = self.path / "manifest.json"
+        return json.loads(p.read_text()) if p.is_file() else {}
+
+    def rel(self, p: str | Path) -> str:
+        try:
+            return str(Path(p).resolve().relative_to(self.path.resolve()))
+        except ValueError:
+            return str(p)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, Path):
+        return str(o)
+    if isinstance(o, set | tuple):
+        return list(o)
+    return str(o)
+
+
+# ---------------------------------------------------------------------- rows
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int | float):
+        return float(v) if math.isfinite(v) else None
+    return None
+
+
+def _sources(test: str | None) -> dict[str, str]:
+    """Metric column -> record key, as the registered test `test` declares them."""
+    t = TESTS.get(test) if isinstance(test, str) else None
+    return {m.name: m.key for m in t.metrics} if t is not None else {}
+
+
+def rows(run_name: str, results: list[dict]) -> list[dict]:
+    """results.jsonl lines -> results.csv rows (one per record; a failed case keeps one row)."""
+    out = []
+    for r in results:
+        pt = r.get("impairment") or {}
+        mon = r.get("monitor") or {}
+        roles = r.get("roles") or {}
+        nodes = mon.get("nodes") or {}
+        daemons = (mon.get("daemons") or {}).values()
+
+        node_cpu = {
+            role: _num((((nodes.get(roles.get(role)) or {}).get("total")) or {}).get("mean"))
+            for role in ("vpn_client", "vpn_server", "traffic_client", "traffic_server")
+        }
+
+        dcpu = [_num((d.get("cpu_pct") or {}).get("mean")) for d in daemons]
+        drss = [d.get("rss_bytes_max") for d in daemons if d.get("rss_bytes_max")]
+        host = mon.get("host") or {}
+        clock = host.get("clock_mhz") or {}
+        mem = host.get("memory") or {}
+        used = _num((mem.get("used_bytes") or {}).get("max"))
+        avail = _num(mem.get("available_bytes_min"))
+        throttled = (host.get("vcgencmd") or {}).get("throttled")
+        common = {
+            "run": run_name,
+            "case": r["case"],
+            "profile": r["profile"],
+            "driver": (r.get("vpn") or {}).get("driver"),
+            "datapath": (r.get("vpn") or {}).get("path"),
+            "impairment": pt.get("name"),
+            "impairment_spec": pt.get("spec") or "",
+            "sweep_parameter": pt.get("parameter") or "",
+            "sweep_value": pt.get("value"),
+            "test": r["test"],
+            "test_label": r["label"],
+            "ip": r.get("ip", 4),
+            "rep": r["rep"],
+            "started_utc": r.get("started_utc"),
+            "case_seconds": r.get("seconds"),
+            "cpu_vpn_client_pct": node_cpu["vpn_client"],
+            "cpu_vpn_server_pct": node_cpu["vpn_server"],
+            "cpu_traffic_client_pct": node_cpu["traffic_client"],
+            "cpu_traffic_server_pct": node_cpu["traffic_server"],
+            "host_busy_pct": _num((host.get("busy_pct") or {}).get("mean")),
+            "host_softirq_pct": _num((host.get("softirq_pct") or {}).get("mean")),
+            "daemon_cpu_pct": sum(x for x in dcpu if x is not None)
+            if any(x is not None for x in dcpu)
+            else None,
+            "daemon_rss_mb": sum(drss) / 2**20 if drss else None,
+            "host_clock_min_mhz": _num(clock.get("min")),
+            "host_clock_mean_mhz": _num(clock.get("mean")),
+            "host_temp_max_c": _num((host.get("temperature_c") or {}).get("max")),
+            "host_mem_used_max_mb": used / 2**20 if used is not None else None,
+            "host_mem_available_min_mb": avail / 2**20 if avail is not None else None,
+            "throttled": None if throttled is None else float(bool(throttled)),
+        }
+        records = r.get("records") or [{}]
+        for i, rec in enumerate(records):
+            row = dict(common)
+            row["point"] = i
+            row["ok"] = bool(r.get("ok")) and bool(rec.get("ok", False))
+            row["error"] = rec.get("error") or (r.get("error") if not r.get("ok") else None) or ""
+            # a column the record's test declares is read from its source key; any other metric
+            # column from the record key of the same name
+            src = _sources(rec.get("test") or r["test"])
+            for k, dtype in _METRIC_COLUMNS:
+                v = rec.get(src.get(k, k))
+                row[k] = (v or "") if dtype == "string" else _num(v)
+            files = rec.get("raw_files") or r.get("raw_files") or []
+            row["raw_files"] = ";".join(files)
+            if r.get("imported"):
+                # lab import: a published figure's n and sd (not a CSV column; summarize reads it)
+                row["imported"] = r["imported"]
+            out.append(row)
+    return out
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def to_csv(table: list[dict], columns: list[str]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for row in table:
+        w.writerow([_cell(row.get(c)) for c in columns])
+    return buf.getvalue()
+
+
+def summarize(table: list[dict]) -> list[dict]:
+    """n, mean, sd (sample), min, max per case (profile, impairment, test label, point) and metric.
+
+    Only successful rows count; `failed` says how many repetitions of the case failed.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for row in table:
+        key = (row["profile"], row["impairment"], row["test_label"], row["point"])
+        groups.setdefault(key, []).append(row)
+    out = []
+    for (profile, imp, label, point), rs in groups.items():
+        good = [r for r in rs if r["ok"]]
+        failed = len({r["rep"] for r in rs if not r["ok"]})
+        first = rs[0]
+        for m in SUMMARY_METRICS:
+            vals = [r[m] for r in good if r.get(m) is not None]
+            if not vals:
+                continue
+            n = len(vals)
+            mean = sum(vals) / n
+            sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+            fig = imported_figure(good, m)
+            if fig is not None:
+                n, sd = fig["n"], fig["sd"]
+            out.append(
+                {
+                    "profile": profile,
+                    "impairment": imp,
+                    "sweep_parameter": first["sweep_parameter"],
+                    "sweep_value": first["sweep_value"],
+                    "test": first["test"],
+                    "test_label": label,
+                    "point": point,
+                    "rate_mbit": first.get("rate_mbit"),
+                    "metric": m,
+                    "n": n,
+                    "failed": failed,
+                    "mean": mean,
+                    "sd": sd,
+                    "min": min(vals) if fig is None or n == 1 else None,
+                    "max": max(vals) if fig is None or n == 1 else None,
+                }
+            )
+    return out
+
+
+def imported_figure(rows_: list[dict], metric: str) -> dict | None:
+    """{n, sd, source} of a figure `lab import` wrote (one row standing for n repetitions whose
+    sd the source gives, None when it gives none), or None for measured rows."""
+    if len(rows_) != 1:
+        return None
+    return (rows_[0].get("imported") or {}).get(metric)
+
+
+SUMMARY_COLUMNS = [
+    "profile",
+    "impairment",
+    "sweep_parameter",
+    "sweep_value",
+    "test",
+    "test_label",
+    "point",
+    "rate_mbit",
+    "metric",
+    "n",
+    "failed",
+    "mean",
+    "sd",
+    "min",
+    "max",
+]
+
+
+def write_tables(run: RunDir) -> tuple[list[dict], list[dict]]:
+    """(Re)write results.csv and summary.csv from results.jsonl; returns (rows, summary)."""
+    table = rows(run.name, run.load_results())
+    summary = summarize(table)
+    write_text_atomic(run.file("results.csv"), to_csv(table, COLUMN_NAMES))
+    write_text_atomic(run.file("summary.csv"), to_csv(summary, SUMMARY_COLUMNS))
+    return table, summary
+
+
+def read_results_csv(path: Path):
+    """results.csv as a pandas DataFrame with the documented dtypes."""
+    import pandas as pd
+
+    dtypes = {n: ("string" if t == "string" else t) for n, t, _ in CSV_COLUMNS if t != "bool"}
+    df = pd.read_csv(
+        path, dtype={k: v for k, v in dtypes.items() if v != "int64"}, keep_default_na=True
+    )
+    for n, t, _ in CSV_COLUMNS:
+        if t == "string":
+            df[n] = df[n].fillna("").astype("string")
+    return df
+
+
+def time_budget(results: list[dict], timeline: list[dict]) -> dict:
+    """Run time split into measurement and the rest (bring-up, teardown, impairment, other).
+
+    Wall time is the sum of the sessions (a resumed run has several); a session killed
+    without its end event ends at its last recorded event.
+    """
+    sessions: dict[str, dict] = {}
+    spent = {"setup": 0.0, "teardown": 0.0, "impairment": 0.0}
+    kinds = {"up": "setup", "down": "teardown", "impair": "impairment"}
+    for e in timeline:
+        s = sessions.setdefault(e.get("session", "?"), {"start": None, "end": None, "last": 0.0})
+        t = e.get("t")
+        if t is not None:
+            s["last"] = max(s["last"], t)
+        if e.get("event") == "session-start":
+            s["start"] = t
+        elif e.get("event") == "session-end":
+            s["end"] = t
+        elif e.get("event") in kinds:
+            spent[kinds[e["event"]]] += e.get("seconds") or 0.0
+    for r in results:
+        s = sessions.get(r.get("session", "?"))
+        if s is not None and r.get("ended_t") is not None:
+            s["last"] = max(s["last"], r["ended_t"])
+    wall = sum(
+        ((s["end"] if s["end"] is not None else s["last"]) - s["start"])
+        for s in sessions.values()
+        if s["start"] is not None
+    )
+    measured = sum(r.get("seconds") or 0.0 for r in results)
+    other = max(0.0, wall - measured - sum(spent.values()))
+    outside = max(0.0, wall - measured)
+    return {
+        "wall_s": wall,
+        "measurement_s": measured,
+        **{f"{k}_s": v for k, v in spent.items()},
+        "other_s": other,
+        "outside_s": outside,
+        "outside_share": outside / wall if wall > 0 else None,
+        "sessions": len(sessions),
+    }

@@ -1,0 +1,366 @@
+"""The plots read from results.jsonl's own series: RTT per profile and condition, each swept
+metric against the swept value (one line per profile), throughput over time per case (iperf3's
+intervals) and the CDF of RTT samples.
+
+Every plot keeps the numbers it draws in `plots/<name>.json` next to its PNG/SVG
+(`{"title", "xlabel", "ylabel", "panels": {panel: {series: {"x": [...], "y": [...]}}}}`, with
+"err" where there are error bars), so a reader or a test can check a figure against the results
+without reading pixels.
+"""
+
+from __future__ import annotations
+
+from lab.results.doc import _order, _stats
+from lab.results.rundir import RunDir
+
+THROUGHPUT_TESTS = ("tcp", "udp", "scp", "contention")
+
+#: unit of a swept parameter's value (lab.model.impairment.presets.SWEEP_PARAMETERS)
+SWEEP_UNITS = {
+    "delay": "ms",
+    "jitter": "ms",
+    "loss": "%",
+    "duplicate": "%",
+    "corrupt": "%",
+    "reorder": "%",
+    "rate": "Mbit/s",
+}
+
+#: a CDF needs this many RTT samples per profile and condition to say more than the mean does
+CDF_MIN_SAMPLES = 20
+
+#: a panel switches to a log axis only when its values span more than this factor
+LOG_RANGE = 100.0
+
+#: throughput-over-time panels at most (one per network condition, 'none' first)
+MAX_TIME_PANELS = 8
+
+
+def _first_record(entry: dict) -> dict:
+    recs = entry.get("records") or []
+    return recs[0] if recs else {}
+
+
+def _ok(results: list[dict]) -> list[dict]:
+    return [r for r in results if r.get("ok")]
+
+
+def _point(r: dict) -> str:
+    return (r.get("impairment") or {}).get("name") or "none"
+
+
+def throughput_bps(entry: dict) -> float | None:
+    """A throughput test's rate as results.csv's `throughput_bps` has it (receiver, else rate)."""
+    rec = _first_record(entry)
+    v = rec.get("receiver_bps")
+    return v if v is not None else rec.get("rate_bps")
+
+
+def rtt_avg_ms(entry: dict) -> float | None:
+    return _first_record(entry).get("rtt_avg_ms")
+
+
+#: the metrics drawn against a swept value: test kinds -> (file stem, axis label, value of an entry)
+SWEEP_METRICS = [
+    (THROUGHPUT_TESTS, "throughput", "Throughput (Mbit/s)", lambda e: _scaled(throughput_bps(e))),
+    (("ping",), "rtt", "Mean RTT (ms)", rtt_avg_ms),
+]
+
+
+def _scaled(bps: float | None) -> float | None:
+    return None if bps is None else bps * 1e-6
+
+
+def style_axis(ax, values: list[float], label: str, axis: str = "y") -> None:
+    """A linear axis with plain ticks; a log axis (still plain numbers, labelled as log) only
+    when the positive values span more than LOG_RANGE."""
+    from matplotlib.ticker import FuncFormatter
+
+    pos = [v for v in values if v is not None and v > 0]
+    log = bool(pos) and max(pos) / min(pos) > LOG_RANGE
+    set_scale = ax.set_yscale if axis == "y" else ax.set_xscale
+    set_label = ax.set_ylabel if axis == "y" else ax.set_xlabel
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    if log:
+        set_scale("log")
+        target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        target.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        set_label(f"{label}, log scale")
+    else:
+        set_label(label)
+        if axis == "y":
+            ax.set_ylim(bottom=0)
+
+
+def condition_legend(ax, conditions: list[str], slots: int, width: float) -> None:
+    """The legend of a grouped bar chart (condition j drawn in colour Cj), from patches so a
+    condition without any bar still shows its colour; the x range covers every slot, so a
+    marker at the last one stays inside."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=f"C{j % 10}", label=c) for j, c in enumerate(conditions)]
+    ax.legend(handles=handles, fontsize=7, title="condition", title_fontsize=7)
+    ax.set_xlim(-width, slots - 1 + width * len(conditions))
+
+
+def rtt_by_condition(results: list[dict], plan: dict) -> dict:
+    """Mean RTT +- sd per profile (x) and network condition (series), per ping label (panel);
+    sweep points are left to the swept-value plots."""
+    profiles = plan.get("profiles", [])
+    points = [p["name"] for p in plan.get("impairments", [])]
+    panels: dict[str, dict] = {}
+    for t in plan.get("tests", []):
+        if t["test"] != "ping":
+            continue
+        every = [
+            r
+            for r in results
+            if r.get("label") == t["label"] and not (r.get("impairment") or {}).get("parameter")
+        ]
+        rs = _ok(every)
+        if not rs:
+            continue
+        panel = {}
+        for cond in _order([_point(r) for r in every], points):
+            xs, ys, errs, failed = [], [], [], []
+            for p in profiles:
+                s = _stats([rtt_avg_ms(r) for r in rs if r["profile"] == p and _point(r) == cond])
+                if s:
+                    xs.append(p)
+                    ys.append(s["mean"])
+                    errs.append(s["sd"])
+                elif any(r["profile"] == p and _point(r) == cond for r in every):
+                    failed.append(p)  # every repetition failed: said on the plot, not left blank
+            if xs or failed:
+                panel[cond] = {"x": xs, "y": ys, "err": errs, "failed": failed}
+        if panel:
+            panels[t["label"]] = panel
+    return {
+        "title": "Mean RTT per profile and network condition (error bars: sd)",
+        "xlabel": "Profile",
+        "ylabel": "Mean RTT (ms)",
+        "panels": panels,
+    }
+
+
+def metric_vs_sweep(results: list[dict], plan: dict, par: str, tests: tuple, value) -> dict:
+    """Mean +- sd of a metric against the swept value of `par`, one line per profile, one panel
+    per test label of the given kinds."""
+    profiles = plan.get("profiles", [])
+    panels: dict[str, dict] = {}
+    for t in plan.get("tests", []):
+        if t["test"] not in tests:
+            continue
+        rs = [
+            r
+            for r in _ok(results)
+            if r.get("label") == t["label"] and (r.get("impairment") or {}).get("parameter") == par
+        ]
+        panel = {}
+        for p in profiles:
+            xs, ys, errs = [], [], []
+            for v in sorted({r["impairment"]["value"] for r in rs if r["profile"] == p}):
+                s = _stats(
+                    [value(r) for r in rs if r["profile"] == p and r["impairment"]["value"] == v]
+                )
+                if s:
+                    xs.append(v)
+                    ys.append(s["mean"])
+                    errs.append(s["sd"])
+            if xs:
+                panel[p] = {"x": xs, "y": ys, "err": errs}
+        if panel and len({x for s in panel.values() for x in s["x"]}) >= 2:
+            panels[t["label"]] = panel
+    return {"panels": panels}
+
+
+def throughput_over_time(results: list[dict], plan: dict, label: str) -> dict:
+    """iperf3's per-interval rate of every repetition of `label`: one panel per network
+    condition (at most MAX_TIME_PANELS, in plan order), one line per profile and repetition."""
+    profiles = plan.get("profiles", [])
+    points = [p["name"] for p in plan.get("impairments", [])]
+    rs = [r for r in _ok(results) if r.get("label") == label and _first_record(r).get("intervals")]
+    panels: dict[str, dict] = {}
+    for cond in _order([_point(r) for r in rs], points)[:MAX_TIME_PANELS]:
+        panel = {}
+        for p in profiles:
+            for r in sorted(
+                (r for r in rs if r["profile"] == p and _point(r) == cond), key=lambda r: r["rep"]
+            ):
+                ivs = [iv for iv in _first_record(r)["intervals"] if not iv.get("omitted")]
+                panel[f"{p} #{r['rep']}"] = {
+                    "x": [iv["end"] for iv in ivs],
+                    "y": [iv["bps"] * 1e-6 for iv in ivs],
+                }
+        if panel:
+            panels[cond] = panel
+    return {
+        "title": f"{label}: throughput over time per case (iperf3 intervals, at their ends)",
+        "xlabel": "Time since start (s)",
+        "ylabel": "Throughput (Mbit/s)",
+        "panels": panels,
+    }
+
+
+def rtt_samples(entry: dict) -> list[float]:
+    return [s["rtt_ms"] for s in _first_record(entry).get("rtts") or [] if "rtt_ms" in s]
+
+
+def rtt_cdf(results: list[dict], plan: dict, label: str) -> dict:
+    """Empirical CDF of every RTT sample of `label` (all repetitions pooled) per profile (line)
+    and network condition (panel), where a profile has at least CDF_MIN_SAMPLES samples."""
+    profiles = plan.get("profiles", [])
+    points = [p["name"] for p in plan.get("impairments", [])]
+    rs = [r for r in _ok(results) if r.get("label") == label]
+    panels: dict[str, dict] = {}
+    for cond in _order([_point(r) for r in rs], points):
+        panel = {}
+        for p in profiles:
+            xs = sorted(
+                v for r in rs if r["profile"] == p and _point(r) == cond for v in rtt_samples(r)
+            )
+            if len(xs) >= CDF_MIN_SAMPLES:
+                panel[p] = {"x": xs, "y": [(i + 1) / len(xs) for i in range(len(xs))]}
+        if panel:
+            panels[cond] = panel
+    return {
+        "title": f"{label}: CDF of RTT samples (repetitions pooled)",
+        "xlabel": "RTT (ms)",
+        "ylabel": "Share of samples",
+        "panels": panels,
+    }
+
+
+# ---------------------------------------------------------------------- drawing
+
+
+def _figure(plt, n: int, width: float = 4.8, height: float = 3.8):
+    cols = min(n, 3)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(
+        rows,
+        cols,
+        figsize=(max(6, width * cols), height * rows),
+        squeeze=False,
+        layout="constrained",
+    )
+    flat = [a for row in axes for a in row]
+    for a in flat[n:]:
+        a.set_visible(False)
+    return fig, flat[:n]
+
+
+def _bars(plt, data: dict):
+    fig, axes = _figure(plt, len(data["panels"]))
+    for ax, (title, panel) in zip(axes, data["panels"].items(), strict=True):
+        order = [x for s in panel.values() for x in [*s["x"], *s.get("failed", [])]]
+        xs = sorted(set(order), key=order.index)
+        width = 0.8 / max(1, len(panel))
+        for j, (name, s) in enumerate(panel.items()):
+            pos = [xs.index(x) + j * width for x in s["x"]]
+            color = f"C{j % 10}"
+            ax.bar(pos, s["y"], width, yerr=s.get("err"), capsize=3, label=name, color=color)
+            for x in s.get("failed", []):
+                ax.text(xs.index(x) + j * width, 0.02, "all failed", rotation=90, ha="center",
+                        va="bottom", fontsize=7, color=color,
+                        transform=ax.get_xaxis_transform())  # fmt: skip
+        ax.set_xticks(
+            [i + width * (len(panel) - 1) / 2 for i in range(len(xs))],
+            xs,
+            rotation=30,
+            ha="right",
+        )
+        style_axis(ax, [y for s in panel.values() for y in s["y"]], data["ylabel"])
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+        condition_legend(ax, list(panel), len(xs), width)
+    fig.suptitle(data["title"])
+    return fig
+
+
+#: line styles of a profile's repetitions 0, 1, 2, ... (its colour stays the same)
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def _lines(plt, data: dict, *, errors: bool = True, marker: str | None = "o", step=False, x0=None):
+    fig, axes = _figure(plt, len(data["panels"]))
+    # one colour per profile in every panel; its repetitions ("PROFILE #REP") differ by line style
+    profiles = list(dict.fromkeys(n.split(" #")[0] for p in data["panels"].values() for n in p))
+    for ax, (title, panel) in zip(axes, data["panels"].items(), strict=True):
+        for name, s in panel.items():
+            profile, _, rep = name.partition(" #")
+            style = {
+                "label": name,
+                "color": f"C{profiles.index(profile) % 10}",
+                "linestyle": LINE_STYLES[int(rep) % len(LINE_STYLES)] if rep.isdigit() else "-",
+            }
+            if step:
+                ax.step(s["x"], s["y"], where="post", **style)
+            elif errors and s.get("err"):
+                ax.errorbar(s["x"], s["y"], yerr=s["err"], marker=marker, capsize=3, **style)
+            else:
+                ax.plot(s["x"], s["y"], marker=marker, **style)
+        if step:
+            ax.set_ylabel(data["ylabel"])
+            ax.set_ylim(0, 1.02)
+            style_axis(ax, [x for s in panel.values() for x in s["x"]], data["xlabel"], "x")
+        else:
+            ax.set_xlabel(data["xlabel"])
+            style_axis(ax, [y for s in panel.values() for y in s["y"]], data["ylabel"])
+            if x0 is not None:
+                ax.set_xlim(left=x0)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, ncol=2 if len(panel) > 6 else 1)
+    fig.suptitle(data["title"])
+    return fig
+
+
+def series_plots(run: RunDir, plan: dict, save, plt) -> list[tuple[str, str]]:
+    """Draw every plot of this module that the run has data for; `save(fig, name, data)` writes
+    the figure and its data and returns the PNG's path relative to the run."""
+    results = run.load_results()
+    tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
+    out: list[tuple[str, str]] = []
+
+    data = rtt_by_condition(results, plan)
+    if data["panels"]:
+        out.append((save(_bars(plt, data), "rtt", data), "mean RTT per profile and condition"))
+
+    swept = _order(
+        [
+            (r.get("impairment") or {}).get("parameter")
+            for r in results
+            if (r.get("impairment") or {}).get("parameter")
+        ],
+        [],
+    )
+    for par in swept:
+        unit = SWEEP_UNITS.get(par, "")
+        for kinds, stem, ylabel, value in SWEEP_METRICS:
+            data = metric_vs_sweep(results, plan, par, kinds, value)
+            if not data["panels"]:
+                continue
+            data.update(
+                title=f"{ylabel.split(' (')[0]} against {par}, one line per profile "
+                "(error bars: sd)",
+                xlabel=f"{par.capitalize()} ({unit})" if unit else par.capitalize(),
+                ylabel=ylabel,
+            )
+            name = f"{stem}_vs_{par}"
+            out.append((save(_lines(plt, data), name, data), f"{stem} against {par}"))
+
+    for label, test in tests.items():
+        if test in ("tcp", "udp"):
+            data = throughput_over_time(results, plan, label)
+            if data["panels"]:
+                fig = _lines(plt, data, errors=False, marker=".", x0=0)
+                out.append(
+                    (save(fig, f"time_{label}", data), f"{label} throughput over time per case")
+                )
+        if test == "ping":
+            data = rtt_cdf(results, plan, label)
+            if data["panels"]:
+                fig = _lines(plt, data, step=True)
+                out.append((save(fig, f"rtt_cdf_{label}", data), f"{label} CDF of RTT samples"))
+    return out

@@ -1,0 +1,1 @@
+"""A lab of network namespaces, mount namespaces and cgroups on this machine."""

@@ -1,0 +1,392 @@
+"""OpenVPN 2.x point-to-point over a TUN device: static-key mode (studies A, B) or TLS (study D).
+
+One config file per node with every key inline (<secret>, <ca>/<cert>/<key>), so the rendered
+file is exactly what is copied to a board. Static keys are 2048 random bits in OpenVPN's own
+format; the TLS CA and certificates are made per lab with openssl on the controller.
+
+The data plane is always OpenVPN's userspace one here (`disable-dco`: this kernel has no
+ovpn-dco, and the studies' OpenVPN 2.5 had none either).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from lab.core import proc
+from lab.core.errors import ConfigError, StartupError
+from lab.core.node import Node
+from lab.vpn.base import (
+    IP,
+    Availability,
+    Driver,
+    Tool,
+    TunnelContext,
+    route_through,
+    write_secret,
+    render_template,
+)
+from lab.model.params import Param
+from lab.vpn import userconfig
+from lab.vpn.kernelfeatures import has_char_device
+
+IFNAME = "tun0"
+CBC_CIPHERS = ("AES-256-CBC", "AES-128-CBC", "BF-CBC")
+AEAD_CIPHERS = ("AES-256-GCM", "AES-128-GCM", "CHACHA20-POLY1305")
+#: the socket is ready: UDP bound (both ends), TCP server listening, TCP client connected
+#: (a tcp-client logs "link local: (not bound)", so "bound" alone never matched it)
+READY_LOG = (
+    "link local (bound)",
+    "Listening for incoming TCP connection",
+    "TCP connection established",
+)
+OPENSSL_CNF = """\
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+[ca]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign
+subjectKeyIdentifier = hash
+[server]
+basicConstraints = CA:FALSE
+keyUsage = critical,digitalSignature,keyAgreement,keyEncipherment
+extendedKeyUsage = serverAuth
+[client]
+basicConstraints = CA:FALSE
+keyUsage = critical,digitalSignature,keyAgreement,keyEncipherment
+extendedKeyUsage = clientAuth
+"""
+
+
+def static_key() -> str:
+    """A 2048-bit key in the format of `openvpn --genkey secret`."""
+    hexed = os.urandom(256).hex()
+    lines = [hexed[i : i + 32] for i in range(0, len(hexed), 32)]
+    return "\n".join(
+        ["#", "# 2048 bit OpenVPN static key", "#", "-----BEGIN OpenVPN Static key V1-----"]
+        + lines
+        + ["-----END OpenVPN Static key V1-----"]
+    )
+
+
+class OpenVPNDriver(Driver):
+    name = "openvpn"
+    params: ClassVar[dict[str, Param]] = {
+        "mode": Param(
+            str, "static", "static key (p2p, no TLS) or tls (per-lab CA)", choices=("static", "tls")
+        ),
+        "cipher": Param(
+            str,
+            "AES-256-CBC",
+            "data-channel cipher (tls: the one data-ciphers entry)",
+            choices=(*CBC_CIPHERS, *AEAD_CIPHERS, "none"),
+        ),
+        "auth": Param(
+            str,
+            "SHA1",
+            "HMAC digest of non-AEAD ciphers",
+            choices=("SHA1", "SHA256", "SHA512", "none"),
+        ),
+        "proto": Param(str, "udp", "transport", choices=("udp", "tcp")),
+        "port": Param(int, 1194, "port on both ends", min=1, max=65535),
+        "mtu": Param(int, 1500, "tun-mtu", min=576, max=9000),
+        "keepalive_interval": Param(int, 10, "keepalive: ping every N s", min=1, max=3600),
+        "keepalive_timeout": Param(
+            int, 120, "keepalive: restart after N s silent", min=2, max=7200
+        ),
+        "key": Param(str, "ec-p256", "tls: certificate key type", choices=("ec-p256", "rsa-2048")),
+    }
+    secret_markers = ("static_key", "ca_key", "server_key", "client_key")
+    requires = (
+        Tool("openvpn", "openvpn", ("openvpn", "--version")),
+        IP,
+        # on the controller (tls: the per-lab CA and certificates)
+        Tool("openssl", "openssl", ("openssl", "version")),
+    )
+
+    def tools(self, params: dict) -> list[str]:
+        return ["openvpn", "ip"] + (["openssl"] if params["mode"] == "tls" else [])
+
+    def validate(self, params: dict, *, source: str) -> None:
+        cipher, mode = params["cipher"], params["mode"]
+        if mode == "static" and cipher in AEAD_CIPHERS:
+            raise ConfigError(
+                f'{cipher} needs TLS (mode = "tls"); static-key mode accepts '
+                f"{', '.join((*CBC_CIPHERS, 'none'))}",
+                source=source,
+                field="params.cipher",
+            )
+        if mode == "tls" and cipher == "none":
+            raise ConfigError(
+                'cipher none is static-key only here; with mode = "tls" use one of '
+                + ", ".join((*AEAD_CIPHERS, *CBC_CIPHERS)),
+                source=source,
+                field="params.cipher",
+            )
+        if params["keepalive_timeout"] < 2 * params["keepalive_interval"]:
+            raise ConfigError(
+                "must be at least twice keepalive_interval",
+                source=source,
+                field="params.keepalive_timeout",
+            )
+
+    def check(self, params: dict, node: Node) -> Availability:
+        if not has_char_device(node, "/dev/net/tun"):
+            return Availability(False, "userspace", "/dev/net/tun missing")
+        return Availability(True, "userspace")
+
+    # ---------------------------------------------------------------- secrets and configs
+    def secrets(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
+        if ctx.configs:  # the user's files (docs/byoc.md): a per-lab PKI, a tls-crypt/-auth key
+            # and DH parameters (RFC 7919's ffdhe2048 group: public, nothing to generate)
+            key = static_key()
+            write_secret(ctx.secrets_dir, "openvpn-tls.key", key + "\n")
+            dh = proc.run(
+                ["openssl", "genpkey", "-genparam", "-algorithm", "DH"]
+                + ["-pkeyopt", "group:ffdhe2048"],
+                where="controller",
+            ).stdout.strip()
+            return {**self._pki(ctx, params), "static_key": key, "dh": dh}
+        if params["mode"] == "static":
+            key = static_key()
+            write_secret(ctx.secrets_dir, "openvpn-static.key", key + "\n")
+            return {"static_key": key}
+        return self._pki(ctx, params)
+
+    def _pki(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
+        d = ctx.secrets_dir
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        newkey = (
+            ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+            if params["key"] == "ec-p256"
+            else ["-newkey", "rsa:2048"]
+        )
+        out: dict[str, str] = {}
+        with tempfile.TemporaryDirectory(dir=d) as tmp:
+            cnf = Path(tmp) / "openssl.cnf"
+            cnf.write_text(OPENSSL_CNF)
+            old = os.umask(0o077)  # private keys are born 0600
+            try:
+                for name, cn in (
+                    ("ca", f"lab-{ctx.lab_id}-ca"),
+                    ("server", ctx.server.name),
+                    ("client", ctx.client.name),
+                ):
+                    argv = [
+                        "openssl",
+                        "req",
+                        "-x509",
+                        "-config",
+                        cnf,
+                        "-extensions",
+                        name,
+                        *newkey,
+                        "-nodes",
+                        "-days",
+                        "30",
+                        "-subj",
+                        f"/CN={cn}",
+                        "-keyout",
+                        d / f"openvpn-{name}.key",
+                        "-out",
+                        d / f"openvpn-{name}.crt",
+                    ]
+                    if name != "ca":
+                        argv += ["-CA", d / "openvpn-ca.crt", "-CAkey", d / "openvpn-ca.key"]
+                    proc.run(argv, where="controller")
+                    out[f"{name}_key"] = (d / f"openvpn-{name}.key").read_text().strip()
+                    out[f"{name}_cert"] = (d / f"openvpn-{name}.crt").read_text().strip()
+            finally:
+                os.umask(old)
+        for f in d.glob("openvpn-*"):
+            f.chmod(0o600)
+        return out
+
+    def render(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict:
+        if ctx.configs:
+            return userconfig.render(ctx, self.name, self._user_values(ctx, params, secrets))
+        rendered = {}
+        for role, end in (("client", ctx.client), ("server", ctx.server)):
+            peer = ctx.peer(end)
+            v4 = ipaddress.ip_interface(end.tunnel_v4)
+            proto = params["proto"]
+            if proto == "tcp":
+                proto = "tcp-server" if role == "server" else "tcp-client"
+            else:
+                proto = "udp4"
+            values = {
+                "node": end.name,
+                "role": role,
+                "profile": ctx.profile or self.name,
+                "ifname": IFNAME,
+                "proto": proto,
+                "port": params["port"],
+                "remote": peer.underlay_v4,
+                "local_v4": str(v4.ip),
+                "netmask_v4": str(v4.netmask),
+                "local_v6": end.tunnel_v6,
+                "remote_v6": peer.tunnel_v6.split("/")[0],
+                "mtu": params["mtu"],
+                "keepalive_interval": params["keepalive_interval"],
+                "keepalive_timeout": params["keepalive_timeout"],
+                "mode": "tls" if ctx.configs else params["mode"],
+                "cipher": params["cipher"],
+                "auth": params["auth"],
+            }
+            if params["mode"] == "static":
+                # direction 0 on the server, 1 on the client: each way uses its own HMAC/cipher keys
+                values.update(
+                    key_direction=0 if role == "server" else 1, static_key=secrets["static_key"]
+                )
+            else:
+                values.update(
+                    ca_cert=secrets["ca_cert"],
+                    cert=secrets[f"{role}_cert"],
+                    key=secrets[f"{role}_key"],
+                )
+            rendered[end.name] = {
+                "openvpn.conf": render_template("openvpn/openvpn.conf.j2", **values)
+            }
+        return rendered
+
+    @staticmethod
+    def _user_values(ctx: TunnelContext, params: dict, secrets: dict[str, str]):
+        """values_of(end, role) for the user's files: inline PEM values, and for the *_file
+        placeholders the file names written beside the config (openvpn runs with --cd there)."""
+
+        def values_of(end, role):
+            inline = {
+                "ifname": IFNAME,
+                "port": params["port"],
+                "remote": ctx.peer(end).underlay_v4,
+                "ca_cert": secrets["ca_cert"],
+                "cert": secrets[f"{role}_cert"],
+                "key": secrets[f"{role}_key"],
+                "tls_crypt_key": secrets["static_key"],
+                "tls_auth_key": secrets["static_key"],
+                "dh": secrets["dh"],
+            }
+            files, names = {}, {}
+            for ph, (fname, secret) in userconfig.OPENVPN_FILES.items():
+                names[ph] = fname
+                if ph in userconfig.config_of(ctx, end).names:
+                    files[fname] = secrets[secret.format(role=role)] + "\n"
+            return {**inline, **names}, files
+
+        return values_of
+
+    # ---------------------------------------------------------------- running
+    def start(self, ctx: TunnelContext, params: dict, rendered: dict) -> None:
+        # server first, and only once its socket is bound: the client's first packets (the TLS
+        # handshake) are then not lost to an ICMP port-unreachable and a retransmit timer
+        for end in (ctx.server, ctx.client):
+            conf = ctx.write_config(end, rendered[end.name])["openvpn.conf"]
+            argv = ["openvpn", "--config", str(conf)]
+            ready = READY_LOG
+            if ctx.configs:  # the user's file names its key files relative to its directory
+                argv = ["openvpn", "--cd", str(conf.parent), "--config", conf.name]
+                self._check_user(ctx, end, argv, rendered[end.name]["openvpn.conf"])
+                ready = (*READY_LOG, "link remote:")  # a `nobind` client binds nothing
+            d = end.node.spawn("openvpn", argv)
+            ctx.daemons.append(d)
+            self._wait_log(end.name, d, ready, timeout=5.0)
+        if ctx.configs:
+            self._wait_client_address(ctx)
+        for end in ctx.ends():
+            if ctx.peer(end).behind:
+                self._wait_configured(ctx, end)
+                route_through(end, ctx.peer(end), IFNAME)
+
+    @staticmethod
+    def _check_user(ctx: TunnelContext, end, argv: list[str], rendered: str) -> None:
+        """OpenVPN's own option checker on the user's rendered file (userconfig.OPENVPN_PARSED)."""
+        cp = end.node.run([*argv, "--test-crypto", "--verb", "1"], check=False, timeout=30)
+        out = cp.stdout + cp.stderr
+        if userconfig.OPENVPN_PARSED not in out:
+            raise userconfig.openvpn_error(userconfig.config_of(ctx, end), rendered, out)
+
+    @staticmethod
+    def _wait_client_address(ctx: TunnelContext, timeout: float = 15.0) -> None:
+        """The address the server pushed to the client (topology net30 or subnet): recorded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            cp = ctx.client.node.run(["ip", "-j", "-4", "addr", "show", "dev", IFNAME], check=False)
+            infos = [a for i in json.loads(cp.stdout or "[]") for a in i.get("addr_info", [])]
+            if cp.returncode == 0 and infos:
+                ctx.client.tunnel_v4 = f"{infos[0]['local']}/{infos[0]['prefixlen']}"
+                return
+            dead = [d for d in ctx.daemons if not d.alive()]
+            if dead or time.monotonic() > deadline:
+                tail = dead[0].log_tail(20) if dead else ""
+                raise StartupError(f"openvpn: {IFNAME} on {ctx.client.name} got no address\n{tail}")
+            time.sleep(0.02)
+
+    @staticmethod
+    def _wait_configured(ctx: TunnelContext, end, timeout: float = 15.0) -> None:
+        """Until OpenVPN has opened and addressed the TUN device (routes need it up)."""
+        want = end.tunnel_v4.split("/")[0]
+        deadline = time.monotonic() + timeout
+        while True:
+            cp = end.node.run(["ip", "-j", "-4", "addr", "show", "dev", IFNAME], check=False)
+            if cp.returncode == 0 and want in cp.stdout:
+                return
+            dead = [d for d in ctx.daemons if not d.alive()]
+            if dead or time.monotonic() > deadline:
+                tail = dead[0].log_tail(20) if dead else ""
+                raise StartupError(f"openvpn on {end.name}: {IFNAME} never got {want}\n{tail}")
+            time.sleep(0.02)
+
+    @staticmethod
+    def _wait_log(node: str, daemon, needles: tuple[str, ...], *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = daemon.log_text()
+            if any(n in text for n in needles):
+                return
+            if not daemon.alive() or time.monotonic() > deadline:
+                what = "exited" if not daemon.alive() else f"not ready after {timeout:.0f} s"
+                raise StartupError(
+                    f"openvpn on {node} {what} during start-up\n{daemon.log_tail(20)}"
+                )
+            time.sleep(0.01)
+
+    def describe(self, ctx: TunnelContext, params: dict) -> dict:
+        node = ctx.client.node
+        lines = node.run(["openvpn", "--version"], check=False).stdout.splitlines()
+        link = json.loads(node.run(["ip", "-j", "link", "show", "dev", IFNAME]).stdout)[0]
+        negotiated = None
+        for d in ctx.daemons:
+            if d.node == ctx.client.name and d.log:
+                # the data channel line follows "Initialization Sequence Completed", which may
+                # come a moment after the first packet passed
+                try:
+                    self._wait_log(d.node, d, ("Data Channel: cipher",), timeout=2.0)
+                except StartupError:
+                    pass
+                m = re.findall(r"Data Channel: cipher '([^']+)'(?:, auth '([^']+)')?", d.log_text())
+                if m:
+                    negotiated = {"cipher": m[-1][0], "auth": m[-1][1] or None}
+        cipher = params["cipher"] if params["cipher"] != "none" else "none"
+        if ctx.configs:  # the user's files chose it: what the data channel negotiated
+            cipher = (negotiated or {}).get("cipher")
+        return {
+            "implementation": "OpenVPN",
+            "version": lines[0].split()[1] if lines else None,
+            "library": lines[1].strip() if len(lines) > 1 else None,
+            "path": "userspace",
+            "mode": "tls" if ctx.configs else params["mode"],
+            "cipher": cipher,
+            "auth": params["auth"] if params["cipher"] not in AEAD_CIPHERS else "AEAD",
+            "negotiated": negotiated,
+            "proto": params["proto"],
+            "interface": IFNAME,
+            "mtu": int(link["mtu"]),
+        }

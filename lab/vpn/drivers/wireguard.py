@@ -1,0 +1,300 @@
+"""WireGuard: kernel WireGuard when the node's kernel has it, otherwise wireguard-go over TUN.
+
+Keys are X25519 (RFC 7748), generated here in Python so that rendering needs no tool; `wg
+pubkey` agrees (tests/test_vpn_wireguard.py). The rendered file is wg-quick(8) format, as used on
+a board; the lab strips the wg-quick-only keys and hands the rest to `wg setconf`.
+
+wireguard-go puts its UAPI socket in /var/run/wireguard/<ifname>.sock; every lab node has a
+private /run (lab.core.netops.create_node_mntns), so both ends can call their interface wg0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from typing import ClassVar
+
+from lab.core.errors import ConfigError, StartupError
+from lab.core.node import Node
+from lab.vpn.base import (
+    IP,
+    Availability,
+    Driver,
+    Tool,
+    TunnelContext,
+    route_through,
+    write_secret,
+    render_template,
+)
+from lab.model.params import Param
+from lab.vpn import userconfig
+from lab.vpn.kernelfeatures import has_char_device, probe_netns
+
+IFNAME = "wg0"
+WG_QUICK_ONLY = {
+    "address",
+    "mtu",
+    "dns",
+    "table",
+    "preup",
+    "postup",
+    "predown",
+    "postdown",
+    "saveconfig",
+}
+_P = 2**255 - 19
+
+
+def x25519(k: bytes, u: bytes) -> bytes:
+    """RFC 7748 scalar multiplication (Montgomery ladder). Not constant-time: lab keys only."""
+    kb = bytearray(k)
+    kb[0] &= 248
+    kb[31] &= 127
+    kb[31] |= 64
+    n = int.from_bytes(kb, "little")
+    x1 = int.from_bytes(u, "little") & ((1 << 255) - 1)
+    x2, z2, x3, z3, swap = 1, 0, x1, 1, 0
+    for t in reversed(range(255)):
+        bit = (n >> t) & 1
+        swap ^= bit
+        if swap:
+            x2, x3, z2, z3 = x3, x2, z3, z2
+        swap = bit
+        a, b = (x2 + z2) % _P, (x2 - z2) % _P
+        aa, bb = a * a % _P, b * b % _P
+        e = (aa - bb) % _P
+        c, d = (x3 + z3) % _P, (x3 - z3) % _P
+        da, cb = d * a % _P, c * b % _P
+        x3, z3 = (da + cb) ** 2 % _P, x1 * (da - cb) ** 2 % _P
+        x2, z2 = aa * bb % _P, e * (aa + 121665 * e) % _P
+    if swap:
+        x2, z2 = x3, z3
+    return (x2 * pow(z2, _P - 2, _P) % _P).to_bytes(32, "little")
+
+
+def genkey() -> tuple[str, str]:
+    """(private, public) base64, as `wg genkey | tee priv | wg pubkey`."""
+    import base64
+
+    priv = bytearray(os.urandom(32))
+    priv[0] &= 248
+    priv[31] = (priv[31] & 127) | 64
+    pub = x25519(bytes(priv), (9).to_bytes(32, "little"))
+    return base64.b64encode(bytes(priv)).decode(), base64.b64encode(pub).decode()
+
+
+def setconf_text(wg_quick: str) -> str:
+    """wg-quick file -> `wg setconf` file (the wg-quick-only keys removed, as `wg-quick strip`)."""
+    out = []
+    for line in wg_quick.splitlines():
+        key = line.split("=", 1)[0].strip().lower() if "=" in line else ""
+        if key not in WG_QUICK_ONLY:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def kernel_wireguard(node: Node) -> tuple[bool, str]:
+    """Can the node's kernel create a WireGuard link? Probed in a throwaway network namespace on
+    the node (`unshare --net`): the probe link dies with that namespace, nothing is left behind."""
+    return probe_netns(node, ["ip", "link", "add", "wgprobe", "type", "wireguard"])
+
+
+class WireGuardDriver(Driver):
+    name = "wireguard"
+    params: ClassVar[dict[str, Param]] = {
+        "listen_port": Param(int, 51820, "UDP port both ends listen on", min=1, max=65535),
+        "mtu": Param(int, 1420, "tunnel interface MTU", min=1280, max=9000),
+        "implementation": Param(
+            str,
+            "auto",
+            "data plane: kernel, wireguard-go, or auto (kernel when the kernel has it)",
+            choices=("auto", "kernel", "wireguard-go"),
+        ),
+        "persistent_keepalive": Param(
+            int, 0, "seconds between keepalives (0: off)", min=0, max=65535
+        ),
+    }
+    secret_markers = ("client_private", "server_private", "preshared")
+    requires = (
+        Tool("wg", "wireguard-tools", ("wg", "--version")),
+        Tool("wireguard-go", "wireguard-go", ("wireguard-go", "--version")),
+        IP,
+    )
+
+    def tools(self, params: dict) -> list[str]:
+        impl = params["implementation"]
+        return ["wg", "ip"] + (["wireguard-go"] if impl == "wireguard-go" else [])
+
+    def validate(self, params: dict, *, source: str) -> None:
+        if params["listen_port"] == 0:
+            raise ConfigError("must be 1..65535", source=source, field="params.listen_port")
+
+    def check(self, params: dict, node: Node) -> Availability:
+        impl = params["implementation"]
+        kernel, why = kernel_wireguard(node)
+        if impl in ("auto", "kernel") and kernel:
+            return Availability(True, "kernel")
+        if impl == "kernel":
+            return Availability(False, "kernel", f"kernel WireGuard unavailable ({why}); use --vm")
+        if node.missing_tools(["wireguard-go"]):
+            return Availability(False, "wireguard-go", "no kernel WireGuard and no wireguard-go")
+        if not has_char_device(node, "/dev/net/tun"):
+            return Availability(False, "wireguard-go", "/dev/net/tun missing")
+        return Availability(True, "wireguard-go")
+
+    def secrets(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
+        out = {}
+        for role in ("client", "server"):
+            priv, pub = genkey()
+            write_secret(ctx.secrets_dir, f"wg-{role}.key", priv + "\n")
+            out[f"{role}_private"], out[f"{role}_public"] = priv, pub
+        if ctx.configs:  # the user's files may have a PresharedKey: the lab's, per lab
+            import base64
+
+            out["preshared"] = base64.b64encode(os.urandom(32)).decode()
+            write_secret(ctx.secrets_dir, "wg-preshared.key", out["preshared"] + "\n")
+        return out
+
+    def render(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict:
+        if ctx.configs:
+            return self._render_user(ctx, params, secrets)
+        rendered = {}
+        for role, end in (("client", ctx.client), ("server", ctx.server)):
+            peer = ctx.peer(end)
+            prole = "server" if role == "client" else "client"
+            allowed = [_host_route(peer.tunnel_v4), _host_route(peer.tunnel_v6), *peer.behind]
+            rendered[end.name] = {
+                f"{IFNAME}.conf": render_template(
+                    "wireguard/wg0.conf.j2",
+                    ifname=IFNAME,
+                    node=end.name,
+                    role=role,
+                    profile=ctx.profile or self.name,
+                    address_v4=end.tunnel_v4,
+                    address_v6=end.tunnel_v6,
+                    listen_port=params["listen_port"],
+                    private_key=secrets[f"{role}_private"],
+                    mtu=params["mtu"],
+                    peer_node=peer.name,
+                    peer_public_key=secrets[f"{prole}_public"],
+                    allowed_ips=allowed,
+                    peer_endpoint=f"{peer.underlay_v4}:{params['listen_port']}",
+                    persistent_keepalive=params["persistent_keepalive"],
+                )
+            }
+        return rendered
+
+    def _render_user(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict:
+        """The user's wg-quick files (docs/byoc.md), checked: AllowedIPs holds the peer."""
+
+        def values(end, role):
+            peer, prole = ctx.peer(end), "server" if role == "client" else "client"
+            allowed = [_host_route(peer.tunnel_v4), *peer.behind]
+            if peer.tunnel_v6:
+                allowed.insert(1, _host_route(peer.tunnel_v6))
+            return {
+                "address": ", ".join(a for a in (end.tunnel_v4, end.tunnel_v6) if a),
+                "private_key": secrets[f"{role}_private"],
+                "peer_public_key": secrets[f"{prole}_public"],
+                "preshared_key": secrets["preshared"],
+                "listen_port": params["listen_port"],
+                "peer_endpoint": f"{peer.underlay_v4}:{params['listen_port']}",
+                "peer_allowed_ips": ", ".join(allowed),
+            }, {}
+
+        rendered = userconfig.render(ctx, self.name, values)
+        for end in ctx.ends():
+            text = rendered[end.name][f"{IFNAME}.conf"]
+            userconfig.wg_check(userconfig.config_of(ctx, end), text, ctx.peer(end))
+        return rendered
+
+    def start(self, ctx: TunnelContext, params: dict, rendered: dict) -> None:
+        impl = params["implementation"]
+        for end in ctx.ends():
+            ctx.write_config(end, rendered[end.name])
+            wg_quick = rendered[end.name][f"{IFNAME}.conf"]
+            setconf = setconf_text(wg_quick)
+            keys = {k: v for _, sec, k, v in userconfig.wg_keys(wg_quick) if sec == "interface"}
+            if ctx.configs and "listenport" not in keys:
+                # the lab owns the port the peer's Endpoint names: given to wg with the rest
+                # (set later, the port moves under a handshake already under way)
+                setconf = re.sub(
+                    r"(?im)^\s*\[interface\]\s*$",
+                    lambda m: f"{m.group(0)}\nListenPort = {params['listen_port']}",
+                    setconf,
+                    count=1,
+                )
+            conf = ctx.write_config(end, {f"{IFNAME}.setconf": setconf})
+            node = end.node
+            made = False
+            if impl in ("auto", "kernel"):
+                cp = node.run(["ip", "link", "add", IFNAME, "type", "wireguard"], check=False)
+                made = cp.returncode == 0
+                if not made and impl == "kernel":
+                    raise StartupError(
+                        f"{end.name}: cannot create a kernel WireGuard link: {cp.stderr.strip()}"
+                    )
+            if not made:
+                d = node.spawn(
+                    "wireguard-go",
+                    ["wireguard-go", "-f", IFNAME],
+                    env={"WG_PROCESS_FOREGROUND": "1", "LOG_LEVEL": "error"},
+                )
+                ctx.daemons.append(d)
+                self._wait_uapi(ctx, end, d)
+            mtu = params["mtu"]
+            if ctx.configs:  # the user's file: wg's own parser judges it, errors name its line
+                cp = node.run(
+                    ["wg", "setconf", IFNAME, str(conf[f"{IFNAME}.setconf"])], check=False
+                )
+                if cp.returncode != 0:
+                    cfg = userconfig.config_of(ctx, end)
+                    raise userconfig.wg_setconf_error(cfg, wg_quick, setconf, cp.stderr)
+                mtu = int(keys["mtu"]) if keys.get("mtu", "").isdigit() else mtu
+            else:
+                node.run(["wg", "setconf", IFNAME, str(conf[f"{IFNAME}.setconf"])])
+            node.run(["ip", "-4", "addr", "add", end.tunnel_v4, "dev", IFNAME])
+            if end.tunnel_v6:
+                node.run(["ip", "-6", "addr", "add", end.tunnel_v6, "dev", IFNAME, "nodad"])
+            node.run(["ip", "link", "set", IFNAME, "mtu", str(mtu), "up"])
+            route_through(end, ctx.peer(end), IFNAME)
+
+    @staticmethod
+    def _wait_uapi(ctx: TunnelContext, end, daemon, timeout: float = 5.0) -> None:
+        """Until wireguard-go answers on its UAPI socket (it creates the TUN first)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if end.node.run(["wg", "show", IFNAME, "listen-port"], check=False).returncode == 0:
+                return
+            if not daemon.alive() or time.monotonic() > deadline:
+                raise StartupError(
+                    f"wireguard-go on {end.name} {'exited' if not daemon.alive() else 'not ready'}"
+                    f" during start-up\n{daemon.log_tail()}"
+                )
+            time.sleep(0.01)
+
+    def describe(self, ctx: TunnelContext, params: dict) -> dict:
+        node = ctx.client.node
+        userspace = any(d.name == "wireguard-go" for d in ctx.daemons)
+        link = json.loads(node.run(["ip", "-j", "link", "show", "dev", IFNAME]).stdout)[0]
+        version = node.run(["wg", "--version"]).stdout.strip().split(" - ")[0]
+        impl_version = "kernel " + node.run(["uname", "-r"]).stdout.strip()
+        if userspace:
+            impl_version = node.run(["wireguard-go", "--version"]).stdout.strip().splitlines()[0]
+        return {
+            "implementation": "wireguard-go" if userspace else "kernel WireGuard",
+            "version": impl_version,
+            "tools": version,
+            "path": "wireguard-go" if userspace else "kernel",
+            "cipher": "ChaCha20-Poly1305 (Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s)",
+            "interface": IFNAME,
+            "mtu": int(link["mtu"]),
+            "listen_port": params["listen_port"],
+        }
+
+
+def _host_route(cidr: str) -> str:
+    addr = cidr.split("/")[0]
+    return f"{addr}/{128 if ':' in addr else 32}"
