@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lab.core.errors import LabError
 from lab.measure import TESTS, Context
 from lab.campaign.load import load_plan
-from lab.substrate.local.target import LocalTarget, apply_impairment, up_lab
+from lab.substrate.local.substrate import LocalSubstrate
 from lab.substrate.local.preflight import preflight
 from lab.core.state import new_lab_id
 from lab.vpn.record import TunnelRecord
@@ -100,7 +100,7 @@ def main() -> int:
     plan = load_plan("quick")
     spec = preflight(plan)
     points = {p.name: p for p in plan.points}
-    target = LocalTarget()
+    target = LocalSubstrate()
     placement = plan.placement
     out = Path("/tmp/lab-bench-adaptive.json")
     rows, dump = [], []
@@ -116,9 +116,9 @@ def main() -> int:
                     target.down(lab.id)
                     lab = None
                 pt = points[cond]
-                lab = up_lab(spec, new_lab_id("b"), profile, pt_or_none(pt), placement)
+                lab = target.up(spec, new_lab_id("b"), profile, pt_or_none(pt), placement)
                 if pt.impaired:
-                    apply_impairment(lab, pt, built_impaired=True)
+                    target.apply_point(lab, pt, built_impaired=True)
                 current = (profile, cond)
             runs = {}
             cap = params.get("duration_s") or params["count"] * params["interval_s"]
@@ -140,9 +140,9 @@ def main() -> int:
                         if attempt == 2:
                             raise
                         target.down(lab.id)
-                        lab = up_lab(spec, new_lab_id("b"), profile, pt_or_none(pt), placement)
+                        lab = target.up(spec, new_lab_id("b"), profile, pt_or_none(pt), placement)
                         if pt.impaired:
-                            apply_impairment(lab, pt, built_impaired=True)
+                            target.apply_point(lab, pt, built_impaired=True)
                 runs[mode]["wall_s"] = time.monotonic() - t0
             fig, lo, hi = fixed_interval(test, runs["fixed"])
             a = runs["adaptive"]

@@ -15,7 +15,7 @@ STATUS = {
     "topology": "topologies/pi_pair.py",
     "nodes": {
         "client": {
-            "kind": "host",
+            "kind": "local",
             "netns": "t21-client",
             "router": False,
             "cpu": {},
@@ -29,7 +29,7 @@ STATUS = {
             ],
         },
         "server": {
-            "kind": "host",
+            "kind": "local",
             "netns": "t21-server",
             "router": False,
             "cpu": {},

@@ -23,7 +23,7 @@ from lab.model.cpuprofile import (
 from lab.substrate.local.cpuplan import coverage, plan_entry, scale_to_host
 from lab.core.errors import ConfigError, PreconditionError
 
-HOST = {"kind": "host"}  # the substrate cpu_plan is told the lab runs on
+HOST = {"kind": "local"}  # the substrate cpu_plan is told the lab runs on
 
 GOOD = """
 cores = 4

@@ -17,7 +17,7 @@ from lab.core import proc
 from lab.substrate.local.lab import Lab, up
 from lab.substrate.local.impair import splice_side
 from lab.core.proc import is_same_process
-from lab.substrate.registry import LocalLab
+from lab.substrate.local.substrate import LocalLab
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 

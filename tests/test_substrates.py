@@ -15,8 +15,12 @@ import pytest
 
 from lab.substrate import registry as substrates
 from lab.substrate.vm import lab as vmlab
-from lab.core.errors import CommandError
-from lab.substrate.registry import LabHandle, LocalLab, VmLab, open_lab
+from lab.core.errors import CommandError, ConfigError
+from lab.substrate.base import LabHandle, Substrate, UpRequest
+from lab.substrate.boards.substrate import BoardsLab
+from lab.substrate.local.substrate import LocalLab, LocalSubstrate
+from lab.substrate.registry import open_lab
+from lab.substrate.vm.substrate import VmLab, VmSubstrate
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 
@@ -52,9 +56,83 @@ def test_no_substrate_test_outside_the_substrate_layer():
 def test_every_substrate_implements_the_whole_interface():
     abstract = set(LabHandle.__abstractmethods__)
     assert abstract == {"status", "exec", "shell", "impair", "down"}
-    for cls in (LocalLab, VmLab):
+    for cls in (LocalLab, VmLab, BoardsLab):
         assert not cls.__abstractmethods__, cls
-        assert cls.kind in substrates.KINDS
+    assert set(Substrate.__abstractmethods__) == {"holds", "open_lab", "remove_lab", "bring_up"}
+    assert list(substrates.SUBSTRATES) == ["boards", "vm", "local"]  # local takes what is left
+    for name, cls in substrates.SUBSTRATES.items():
+        assert not cls.__abstractmethods__, cls
+        assert cls.name == name and substrates.get(name) is cls
+    assert substrates.get("host") is LocalSubstrate  # records written before one spelling
+    with pytest.raises(ConfigError, match="unknown substrate 'nope'; known: boards, vm, local"):
+        substrates.get("nope")
+
+
+#: the names of the substrates, as their records and ledgers spell them ("host" is left out: it
+#: is also a topology node's kind, and the registry reads old "host" records as "local")
+KIND_WORDS = {"local", "vm", "vm-lab", "boards", "boardlab"}
+
+
+def _kind_branches(path: Path) -> list[str]:
+    """Comparisons with a substrate's name (`x == "vm"`, `"boards" in lab.info`, ...)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            words = [node.left, *node.comparators]
+            if any(isinstance(w, ast.Constant) and w.value in KIND_WORDS for w in words):
+                found.append(f"{path.relative_to(LAB)}:{node.lineno}")
+    return found
+
+
+def test_no_branch_on_the_kind_of_substrate_outside_lab_substrate(tmp_path):
+    """The CLI, the runner, the report and compare hold a Substrate or a LabHandle and ask it;
+    only lab/substrate/ knows the kinds."""
+    offenders = []
+    for path in sorted(LAB.rglob("*.py")):
+        if path.relative_to(LAB).parts[0] != "substrate":
+            offenders += _kind_branches(path)
+    assert offenders == []
+    # and the check can fail
+    probe = LAB / "substrate" / "_probe_kind.py"
+    try:
+        probe.write_text('def f(lab):\n    return "boards" in lab.info or lab.kind == "vm"\n')
+        assert _kind_branches(probe) == ["substrate/_probe_kind.py:2"] * 2
+    finally:
+        probe.unlink()
+
+
+def test_select_picks_by_flags_and_plan(monkeypatch):
+    class P:
+        vm = True
+
+    monkeypatch.delenv("LAB_SUBSTRATE", raising=False)
+    assert isinstance(substrates.select(), LocalSubstrate)
+    assert isinstance(substrates.select(vm=True), VmSubstrate)
+    assert isinstance(substrates.select(plan=P()), VmSubstrate)
+    with pytest.raises(ConfigError, match="--vm and --boards exclude each other"):
+        substrates.select(vm=True, boards="boards.toml")
+    # inside the lab VM a plan's `vm = true` is this VM: its cases run on the guest's namespaces
+    monkeypatch.setenv("LAB_SUBSTRATE", json.dumps({"kind": "vm"}))
+    assert isinstance(substrates.select(plan=P()), LocalSubstrate)
+
+
+def test_a_run_resumes_on_the_substrate_it_started_on(tmp_path):
+    class Run:
+        path = tmp_path
+
+        def __init__(self, kind):
+            self.kind = kind
+
+        def manifest(self):
+            return {"sessions": [{"substrate": {"kind": self.kind}}]}
+
+    substrates.check_resume(Run("host"), LocalSubstrate())  # an old record: this machine
+    substrates.check_resume(Run("local"), LocalSubstrate())
+    substrates.check_resume(Run("vm"), VmSubstrate())
+    with pytest.raises(ConfigError, match="ran on vm: resume it with --vm"):
+        substrates.check_resume(Run("vm"), LocalSubstrate())
+    with pytest.raises(ConfigError, match="ran on this machine: resume it without --vm"):
+        substrates.check_resume(Run("local"), VmSubstrate())
 
 
 def _ledger(root: Path, lab_id: str, first_kind: str) -> None:
@@ -113,8 +191,8 @@ def test_local_lab_through_the_interface(lab_id):
 
     from .conftest import TOPOS, lab_traces
 
-    lab, status, _ = substrates.bring_up(
-        load_topology(TOPOS / "pi_pair_middlebox.py"), lab_id=lab_id, impair="none"
+    lab, status, _ = LocalSubstrate().bring_up(
+        load_topology(TOPOS / "pi_pair_middlebox.py"), UpRequest(lab_id=lab_id, impair="none")
     )
     try:
         assert isinstance(lab, LocalLab) and status["id"] == lab_id

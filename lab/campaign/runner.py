@@ -38,7 +38,7 @@ from lab.campaign.setup import (
     tool_versions,
 )
 from lab.impair import runtime
-from lab.substrate.local.target import LocalTarget, apply_impairment
+from lab.substrate.registry import select
 from lab.core.state import lab_dir, new_lab_id, write_json_atomic
 from lab.vpn.record import TrafficTarget, TunnelRecord
 
@@ -72,8 +72,8 @@ class Runner:
         target=None,
         shard=None,
     ):
-        #: where labs are built: LocalTarget, or lab.substrate.boards.target.BoardsTarget
-        self.target = target or LocalTarget()
+        #: where labs are built: a lab.substrate.base.Substrate (this machine's by default)
+        self.target = target or select()
         self.plan = plan
         self.run_dir = run
         self.events = events or RunEvents()
@@ -130,7 +130,7 @@ class Runner:
             "lab_version": __version__,
             "git_revision": git_revision(),
             "kernel": kernel_info(),
-            "substrate": self.target.substrate(),
+            "substrate": self.target.describe(),
             "lab_id": self.lab_id,
             # a resumed shard may run newer code than its first session: lab merge checks each
             "source_sha256": source_hash(),
@@ -184,36 +184,24 @@ class Runner:
             except LabError as e:
                 entry["configs"] = {"error": str(e)}
         self.manifest["cpu"] = {n: rt.get("cpu") for n, rt in lab.info.get("nodes", {}).items()}
-        if "boards" in lab.info:
-            self.manifest["boards"] = lab.info["boards"]
+        # what the substrate records of its labs (the boards; the boards' per-hop NIC latency
+        # per direction, applied or why not: lab.substrate.local.cpuplan)
+        self.manifest.update(self.target.lab_record(lab))
         self._record_node_tools(lab)
         self.manifest["lab_warnings"] = lab.info.get("warnings", [])
         self.manifest["dilation"] = dilation.factor(lab.spec.dilation)
-        # the boards' per-hop NIC latency per direction: applied or why not (lab.substrate.local.cpuplan)
-        self.manifest["nic_latency"] = lab.info.get("nic_latency")
-        if "boards" in lab.info and not self.manifest["nic_latency"]:
-            # real boards: their own NICs carry the packets, nothing to emulate
-            self.manifest["nic_latency"] = {
-                "mode": "boards",
-                "applied": False,
-                "directions": {},
-                "backend": None,
-                "why": "real boards: each board's own NIC is on the path",
-            }
         self._write_manifest()
 
     def _record_node_tools(self, lab) -> None:
         """`tool_versions` is this machine's; a board over SSH or a node of another architecture
         runs its own binaries: their versions, asked on each such node once per run."""
-        if "boards" in lab.info:  # a board lab's nodes are its boards: every tool is theirs
-            names, probe = list(lab.info["boards"]), node_tool_versions
-        else:  # an arch node runs the board tools from its root, the rest from this machine
-            names = [n for n, rt in lab.info.get("nodes", {}).items() if rt.get("arch")]
-            probe = arch_tool_versions
+        # a board's tools are all its own; an arch node runs the board tools from its root,
+        # the rest from this machine
+        probes = {"own": node_tool_versions, "arch": arch_tool_versions}
         seen = self.manifest.setdefault("node_tool_versions", {})
-        for name in names:
+        for name, which in self.target.tool_nodes(lab).items():
             if name not in seen:
-                seen[name] = probe(lab.node(name))
+                seen[name] = probes[which](lab.node(name))
         if not seen:
             del self.manifest["node_tool_versions"]
 
@@ -510,7 +498,9 @@ class Runner:
         t0 = time.monotonic()
         try:
             seed = case_seed(self.digest, first.key) if pt.impaired else None
-            applied = apply_impairment(self.lab, pt, built_impaired=built_impaired, seed=seed)
+            applied = self.target.apply_point(
+                self.lab, pt, built_impaired=built_impaired, seed=seed
+            )
         except LabError as e:
             self._event(
                 "impair", point=pt.name, ok=False, error=str(e), seconds=time.monotonic() - t0

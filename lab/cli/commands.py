@@ -13,12 +13,20 @@ from rich.table import Table
 
 from lab.cli.printing import _print_status, _print_substrate, err, out, print_run_summary
 from lab.core.errors import ConfigError, TeardownIncomplete
+from lab.core.state import check_id, lab_dir, list_lab_ids, state_root
+from lab.model.topology import load_topology, parse_params
+from lab.substrate.base import UpRequest
+from lab.substrate.registry import (
+    check_resume,
+    clean_order,
+    kept_by_clean,
+    open_lab,
+    remove,
+    select,
+)
 
 
 def cmd_up(args) -> int:
-    from lab.substrate.registry import bring_up, choose
-    from lab.model.topology import load_topology, parse_params
-
     params = parse_params(args.param)
     spec = load_topology(args.topology, args.topo, params)
     guest = [a for p in args.param for a in ("-p", p)]
@@ -32,9 +40,8 @@ def cmd_up(args) -> int:
         if value is not None:
             guest += [flag, value]
     t0 = time.monotonic()
-    lab, status, notes = bring_up(
-        spec,
-        on=choose(vm=args.vm, boards=args.boards),
+    substrate = select(vm=args.vm, boards=args.boards, mapping=args.map, vm_mem_mb=args.vm_mem)
+    request = UpRequest(
         lab_id=args.lab_id,
         vpn=args.vpn,
         impair=args.impair,
@@ -42,10 +49,8 @@ def cmd_up(args) -> int:
         impair_backend=args.impair_backend,
         topology_file=args.topology,
         guest_args=guest,
-        vm_mem_mb=args.vm_mem,
-        inventory=args.boards,
-        mapping=args.map,
     )
+    lab, status, notes = substrate.bring_up(spec, request)
     dt = time.monotonic() - t0
     for line in notes:
         err.print(line, markup=False, highlight=False)
@@ -70,9 +75,6 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
-    from lab.core.state import check_id, lab_dir, list_lab_ids
-    from lab.substrate.registry import open_lab
-
     if args.lab_id:
         lab_id = check_id(args.lab_id)
     else:
@@ -96,19 +98,11 @@ def cmd_down(args) -> int:
 
 
 def cmd_clean(args) -> int:
-    from lab.core.state import list_lab_ids, state_root
-    from lab.substrate.registry import remove, removal_order
-
-    ids = removal_order(list_lab_ids())
+    ids = clean_order(list_lab_ids())
     if not args.farms:
-        from lab.substrate.boards.farm import list_farms
-
-        for f in list_farms():
-            ids.remove(f["id"])
-            out.print(
-                f"board farm {f['id']!r} kept: it stands in for hardware "
-                f"(`lab boards emulate --down --id {f['id']}` or `lab clean --farms` removes it)"
-            )
+        for lab_id, why in kept_by_clean().items():
+            ids.remove(lab_id)
+            out.print(why)
     left_all = []
     for lab_id in ids:
         notes: list[str] = []
@@ -133,16 +127,12 @@ def cmd_clean(args) -> int:
 def _known_id(lab_id: str | None) -> None:
     """An --id that never was a lab here (no ledger) is "no lab ID": not 'broken', and not a case
     for `lab clean`, which would tear down every lab on the machine."""
-    from lab.core.state import list_lab_ids
-
     if lab_id and lab_id not in list_lab_ids():
         known = ", ".join(list_lab_ids()) or "none"
         raise ConfigError(f"no lab {lab_id!r} (labs here: {known})", source="--id")
 
 
 def cmd_status(args) -> int:
-    from lab.core.state import list_lab_ids
-    from lab.substrate.registry import open_lab
 
     ids = [args.lab_id] if args.lab_id else list_lab_ids()
     _known_id(args.lab_id)
@@ -170,7 +160,6 @@ def _command(args) -> list[str]:
 
 
 def cmd_exec(args) -> int:
-    from lab.substrate.registry import open_lab
 
     command = _command(args)  # checked before the lab is looked for
     _known_id(args.lab_id)
@@ -178,14 +167,12 @@ def cmd_exec(args) -> int:
 
 
 def cmd_shell(args) -> int:
-    from lab.substrate.registry import open_lab
 
     _known_id(args.lab_id)
     return open_lab(args.lab_id).shell(args.node)
 
 
 def cmd_impair(args) -> int:
-    from lab.substrate.registry import open_lab
 
     if args.impair_cmd == "set":
         from lab.model.impairment.directional import check_words
@@ -327,12 +314,10 @@ def cmd_run(args) -> int:
     from lab.results.rundir import RunDir
     from lab.campaign.runner import Runner
     from lab.campaign.setup import create_run_dir, resume_plan
-    from lab.substrate.local.preflight import preflight
     from lab.campaign.setup import check_run_dir
     from lab.cli.progress import RunProgress
     from lab.campaign.shard import parse_shard, resume_shard
     from lab.core.state import write_json_atomic
-    from lab.substrate.registry import check_resume_target, plan_substrate, run_target
 
     from lab.cli.jobs import cmd_run_jobs
     from lab.campaign.jobs import parse_jobs
@@ -345,24 +330,22 @@ def cmd_run(args) -> int:
         raise ConfigError("--force goes with --jobs N", source="lab run", field="--force")
     overrides = list(args.override) + (["vm=true"] if args.vm else [])
     shard = parse_shard(args.shard) if args.shard is not None else None
-    target = run_target(boards=args.boards, mapping=args.map, vm=args.vm)
     if args.resume:
         run = RunDir(Path(args.resume)).check()
         plan = resume_plan(run, args.plan, overrides)
-        check_resume_target(run, target)
+        substrate = _run_substrate(args, plan)
+        check_resume(run, substrate)
         shard = resume_shard(run, shard)
     elif args.plan:
         plan = load_plan(args.plan, overrides)
+        substrate = _run_substrate(args, plan)
         if args.out:
             check_run_dir(Path(args.out))
-        # before the run directory exists; a plan for the VM: not this kernel's features
-        if target is not None:
-            target.preflight(plan)
-        else:
-            preflight(plan, kernel=plan_substrate(plan) == "local")
-        if shard is not None and target is None and plan_substrate(plan) == "vm":
+        substrate.preflight(plan)  # before the run directory exists
+        if shard is not None and not substrate.supports_shards:
             raise ConfigError(
-                "a shard runs on this machine's kernel or --boards; --vm is not supported",
+                f"a shard runs on this machine's kernel or --boards; {substrate.flag} is not "
+                "supported",
                 source="lab run",
                 field="--shard",
             )
@@ -371,14 +354,14 @@ def cmd_run(args) -> int:
             write_json_atomic(run.file("plan.json"), {**run.plan_json(), "shard": shard.to_json()})
     else:
         raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")
-    if target is None and plan_substrate(plan) == "vm":
-        return _run_vm(args, plan, run)
+    if substrate.runs_whole_plan:
+        return _run_whole(args, plan, run, substrate)
     out.print(f"run directory: {run.path}")
     interrupted = False
     try:
         with RunProgress(out) as progress:
             argv = json.loads(os.environ.get("LAB_RUN_ARGV") or "null") or ["lab", *sys.argv[1:]]
-            Runner(plan, run, progress, argv=argv, target=target, shard=shard).execute()
+            Runner(plan, run, progress, argv=argv, target=substrate, shard=shard).execute()
     except KeyboardInterrupt:
         interrupted = True
     # in a `lab run --vm` guest the host writes the report once the VM is off (_run_vm): its
@@ -393,13 +376,20 @@ def cmd_run(args) -> int:
     return 1 if report_here and s["failed"] else 0
 
 
-def _run_vm(args, plan, run) -> int:
+def _run_substrate(args, plan):
+    """Where `lab run` builds its labs: --boards INVENTORY, --vm (or the plan's `vm = true`),
+    else this machine's namespaces."""
+    return select(
+        vm=args.vm, boards=args.boards, mapping=args.map, vm_mem_mb=args.vm_mem, plan=plan
+    )
+
+
+def _run_whole(args, plan, run, substrate) -> int:
     """`lab run --vm` (or a plan with vm = true): the same run, inside a throwaway VM."""
     from pathlib import Path
 
     from lab.campaign.load import find_plan, plan_file
     from lab.results.report import generate
-    from lab.substrate.registry import run_plan_on
 
     plan_path = find_plan(args.plan) if args.plan else Path(plan_file(plan.source))
     out.print(f"run directory: {run.path}")
@@ -415,14 +405,12 @@ def _run_vm(args, plan, run) -> int:
             highlight=False,
         )
 
-    rc, left, notes = run_plan_on(
-        "vm",
+    rc, left, notes = substrate.run_plan(
         plan,
         run,
         plan_path,
         overrides=args.override if args.resume else [],
         argv=["lab", *sys.argv[1:]],
-        mem_mb=args.vm_mem,
         on_boot=booted,
     )
     if rc in (0, 130):  # the guest's runner finished or was interrupted: its report, here

@@ -38,15 +38,13 @@ def cmd_run_jobs(args, jobs) -> int:
     from lab.campaign.parallel import is_jobs_run, resume_jobs, run_jobs
     from lab.campaign.load import REPO, load_plan
     from lab.campaign.setup import check_run_dir
-    from lab.substrate.local.preflight import preflight
-    from lab.substrate.registry import plan_substrate
+    from lab.substrate.registry import select
 
     if args.shard is not None:
         refuse_with(args, "--shard (--jobs cuts the plan into shards itself)")
-    if args.boards:
-        refuse_with(args, "--boards")
-    if args.vm:
-        refuse_with(args, "--vm")
+    for flag, given in (("--boards", args.boards), ("--vm", args.vm)):
+        if given:
+            refuse_with(args, flag)
     argv = ["lab", *args.argv]
     if args.resume:
         run = Path(args.resume)
@@ -69,7 +67,8 @@ def cmd_run_jobs(args, jobs) -> int:
     if not args.plan:
         raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")
     plan = load_plan(args.plan, list(args.override))
-    if plan_substrate(plan) == "vm":
+    substrate = select(plan=plan)
+    if not substrate.supports_jobs:
         refuse_with(args, "a plan with vm = true")
     if args.out:
         run = Path(args.out)
@@ -77,7 +76,7 @@ def cmd_run_jobs(args, jobs) -> int:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         run = REPO / "runs" / f"{stamp}_{plan.name}"
     check_run_dir(run)
-    spec = preflight(plan, kernel=True)
+    spec = substrate.preflight(plan)
     from lab.campaign.parallel import precheck
 
     precheck(plan, spec, jobs, args.force)  # an N that cannot fit: refused before anything

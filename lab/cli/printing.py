@@ -8,13 +8,15 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from lab.model.impairment.model import Impairment
+from lab.substrate.registry import status_line
+
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def impairment_words(applied) -> str:
     """An impairment point's applied setting (engine JSON, or the kernel's text) in tc-netem words."""
-    from lab.model.impairment.model import Impairment
 
     if isinstance(applied, dict):
         try:
@@ -131,9 +133,7 @@ def _print_status(s: dict) -> None:
 
 
 def _print_substrate(s: dict) -> None:
-    from lab.substrate.registry import substrate_line
-
-    if line := substrate_line(s):
+    if line := status_line(s):
         out.print(line, markup=False, highlight=False)
 
 

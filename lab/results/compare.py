@@ -170,8 +170,8 @@ def _nic_text(rec: dict | None) -> str:
     """The boards' per-hop NIC latency as the run applied it (manifest nic_latency)."""
     if not rec:
         return NOT_RECORDED
-    if rec.get("mode") == "boards":
-        return "the boards' own NICs"
+    if rec.get("text"):  # the substrate's own words (boards: their own NICs)
+        return rec["text"]
     each = ", ".join(f"{k} {v.get('us', 0):g} us" for k, v in sorted((rec.get("directions") or
                      {}).items()))  # fmt: skip
     state = f"applied ({rec.get('backend')})" if rec.get("applied") else "not applied"

@@ -24,6 +24,7 @@ from lab.results.doc import (
 )
 from lab.results.doc import board_cpu_text, metric_name
 from lab.substrate.local.monitor import host_contention_warning
+from lab.substrate.registry import report_rows, report_warnings
 from lab.results.rundir import RunDir, imported_figure, time_budget, write_tables
 from lab.core.state import write_text_atomic
 
@@ -129,17 +130,7 @@ def _facts(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
         ["placement", plan.get("placement") or "lab default"],
         ["repetitions", f"{plan.get('reps')} unimpaired, {plan.get('impaired_reps')} impaired"],
     ]
-    sub = m.get("substrate") or {}
-    if sub.get("kind") == "vm":
-        rows.append(
-            [
-                "substrate",
-                f"full-kernel VM, kernel {sub.get('kernel')}, accelerator "
-                f"{str(sub.get('accelerator')).upper()} on host kernel {sub.get('host_kernel')}",
-            ]
-        )
-        if sub.get("evidence") == "functional":
-            rows.append(["warning", str(sub.get("note"))])
+    rows += report_rows(m.get("substrate"))
     if False in calibrated:
         rows.append(["warning", UNCALIBRATED])
     rows += _calibration_rows(m)
@@ -213,9 +204,8 @@ def _warnings(doc: Doc, results: list[dict], m: dict) -> None:
         fit = (c.get("calibration") or {}).get("fit") or {}
         if fit.get("warning"):
             doc.warn(fit["warning"])
-    sub = m.get("substrate") or {}
-    if sub.get("kind") == "vm" and sub.get("evidence") == "functional":
-        doc.warn(f"Functional evidence only: {sub.get('note')}")
+    for w in report_warnings(m.get("substrate")):
+        doc.warn(w)
     for w in lab_warnings:
         doc.warn(w)
     failed = [r for r in results if not r.get("ok")]

@@ -1,7 +1,7 @@
 """Where `lab run --boards` builds its labs: the plan's topology on the inventory's boards.
 
 The runner asks a target to check the plan, build and remove each profile's lab, say whether the
-tunnel still runs and give a monitor; lab.substrate.local.target.LocalTarget is this machine's namespaces,
+tunnel still runs and give a monitor; lab.substrate.local.substrate.LocalSubstrate is this machine's namespaces,
 this is the same on boards (lab.substrate.boards.lab). Tools the plan's tests need are checked on the boards
 the test ends run on, not on this machine.
 """

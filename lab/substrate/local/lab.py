@@ -178,7 +178,7 @@ def current_substrate() -> dict:
         import json
 
         return json.loads(given)
-    return {"kind": "host", "kernel": os.uname().release}
+    return {"kind": "local", "kernel": os.uname().release}
 
 
 def default_id() -> str:
