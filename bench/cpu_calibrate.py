@@ -41,7 +41,7 @@ from lab.campaign.calibrate import (
     parse_openssl_mr,
 )
 from lab.model.cpuprofile import PRIMITIVES, load_profile  # noqa: E402
-from lab.substrate.local.lab import up  # noqa: E402
+from lab.substrate.local.build import up  # noqa: E402
 from lab.core.teardown import teardown  # noqa: E402
 from lab.model.topology import load_topology  # noqa: E402
 

@@ -90,7 +90,7 @@ SPLICE_PING_INTERVAL_S, SPLICE_PING_COUNT = 0.001, 3000
 
 def splice_cost(reps: int) -> list[tuple[str, str, str, str]]:
     """5.: `lab up` with and without a bump, and the cost of splicing one into the live link."""
-    from lab.substrate.local.lab import up
+    from lab.substrate.local.build import up
     from lab.substrate.local.impair import ensure_points
     from lab.core.state import new_lab_id
     from lab.core.teardown import teardown

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.substrate.local.lab import up
+from lab.substrate.local.build import up
 from lab.measure import Context, get_test, progress
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology

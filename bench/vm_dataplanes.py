@@ -179,7 +179,7 @@ def guest(
     `stop_vpn`: stop the tunnel (lab.vpn.tunnel.tear_down) before the lab goes down and record
     in `vpn_left` whatever XFRM state or policy is left in the VPN nodes. Both also record
     `capture_protocols` (the IP protocol chains seen on the wire)."""
-    from lab.substrate.local.lab import up
+    from lab.substrate.local.build import up
     from lab.core.teardown import teardown
     from lab.model.topology import load_topology
 

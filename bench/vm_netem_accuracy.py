@@ -230,7 +230,7 @@ def guest(backends: list[str], quick: bool, lab_id: str) -> dict:
         with_queue_limit,
     )
     from lab.model.impairment.model import parse_spec
-    from lab.substrate.local.lab import up
+    from lab.substrate.local.build import up
     from lab.core.teardown import teardown
     from lab.model.topology import load_topology
 

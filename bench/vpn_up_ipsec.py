@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lab.substrate.local import lab as labmod
+from lab.substrate.local import build as labmod
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 from lab.vpn import tunnel

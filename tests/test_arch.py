@@ -368,7 +368,7 @@ def test_an_arm64_tunnel_end_refuses_a_kernel_data_plane(arm64, lab_id):
     """Where the kernel has WireGuard (or ESP), `auto` would pick it: no board binary would run
     the tunnel, so an arm64 end refuses it before anything is created (this kernel lacks both:
     the plan says 'kernel' as such a machine's check would)."""
-    from lab.substrate.local.lab import up
+    from lab.substrate.local.build import up
     from lab.model.topology import load_topology
     from lab.vpn.base import Availability
     from lab.vpn.tunnel import plan

@@ -17,7 +17,7 @@ import pytest
 
 from lab.core import proc
 from lab.core.errors import ConfigError, LabError, StartupError
-from lab.substrate.local.lab import up
+from lab.substrate.local.build import up
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 from lab.vpn import byocimport, tunnel

@@ -13,7 +13,7 @@ import pytest
 
 from lab.core import cgroups, proc
 from lab.substrate.local.coreslots import BUSY_FRACTION, assign
-from lab.substrate.local.lab import up
+from lab.substrate.local.build import up
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 

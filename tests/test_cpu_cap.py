@@ -11,7 +11,7 @@ import time
 import pytest
 
 from lab.core import cgroups
-from lab.substrate.local.lab import up
+from lab.substrate.local.build import up
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 

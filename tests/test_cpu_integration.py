@@ -135,7 +135,8 @@ def test_capped_pi4_node_holds_its_quota_and_masks_reach_daemons(calibrated, lab
     """The calibrated quota is the node's, the kernel throttles crypto in the node to it (its
     CPU time per elapsed second never above the quota), and the masks reach a daemon. How close
     the node's rate comes to the Pi figure moves with the host: bench/cpu_calibrate.py."""
-    from lab.substrate.local.lab import Lab, up
+    from lab.substrate.local.lab import Lab
+    from lab.substrate.local.build import up
     from lab.model.topology import load_topology
 
     lab = up(load_topology(REPO / "topologies" / "pi_pair.py"), lab_id)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from lab.substrate.local.lab import up
+from lab.substrate.local.build import up
 from lab.core.state import Ledger, lab_dir
 from lab.model.topology import load_topology
 

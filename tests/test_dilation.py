@@ -285,7 +285,7 @@ def test_dilated_lab_quotas_shaper_and_delay(tmp_path, monkeypatch, lab_id):
     node and core-group quotas and the link's tbf rate of the dilated lab are half the
     undilated one's, and a 20 ms impairment delays a real ping by 2 x 20 ms each way, which
     scales back to at least 40 ms (a delay is a floor whatever the host's load)."""
-    from lab.substrate.local.lab import up
+    from lab.substrate.local.build import up
     from lab.measure import Context
     from lab.core.teardown import teardown
 

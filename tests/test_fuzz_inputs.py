@@ -980,7 +980,7 @@ def _tree(*dirs: Path) -> set[str]:
 def tripwires():
     """Replace every function that creates something an input could reach with WouldCreate."""
     import lab.substrate.boards.farm as farm
-    import lab.substrate.local.lab as lablab
+    import lab.substrate.local.build as lablab
     import lab.campaign.runner as runner
     import lab.campaign.setup as runsetup
     import lab.core.state as state

@@ -20,7 +20,7 @@ from lab.impair import runtime
 from lab.campaign.shard import case_seed
 from lab.model.impairment.directional import parse_directional
 from lab.model.impairment.model import parse_spec
-from lab.substrate.local.lab import up
+from lab.substrate.local.build import up
 from lab.campaign.load import load_plan
 from lab.core.state import read_jsonl
 from lab.campaign.runner import Runner

@@ -11,7 +11,8 @@ import pytest
 
 from lab.core.errors import ConfigError
 from lab.impair import runtime
-from lab.substrate.local.lab import Lab, up
+from lab.substrate.local.lab import Lab
+from lab.substrate.local.build import up
 from lab.substrate.local.impair import splice_side
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology

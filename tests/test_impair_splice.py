@@ -14,7 +14,8 @@ import time
 import pytest
 
 from lab.core import proc
-from lab.substrate.local.lab import Lab, up
+from lab.substrate.local.lab import Lab
+from lab.substrate.local.build import up
 from lab.substrate.local.impair import splice_side
 from lab.core.proc import is_same_process
 from lab.substrate.local.substrate import LocalLab

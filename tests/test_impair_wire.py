@@ -33,7 +33,7 @@ import pytest
 from lab.core.errors import PreconditionError
 from lab.impair import runtime
 from lab.impair.engine import engine_binary
-from lab.substrate.local.lab import up
+from lab.substrate.local.build import up
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from lab.substrate.local.lab import Lab, up
+from lab.substrate.local.lab import Lab
+from lab.substrate.local.build import up
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 

@@ -243,7 +243,7 @@ def slow_lab():
     for tool in ("sshd", "scp", "ssh-keygen", "tc", "ss"):
         if not proc.which(tool):
             pytest.skip(f"{tool} missing (./setup.sh installs it)")
-    from lab.substrate.local.lab import up
+    from lab.substrate.local.build import up
     from lab.core.teardown import teardown
     from lab.model.topology import load_topology
 

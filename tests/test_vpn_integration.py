@@ -14,7 +14,7 @@ import pytest
 
 from lab.core import proc
 from lab.core.errors import StartupError
-from lab.substrate.local.lab import up
+from lab.substrate.local.build import up
 from lab.core.proc import is_same_process
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology

@@ -297,7 +297,7 @@ def _node_leftovers(lab, node: str, pids: list[int]) -> list[str]:
 
 def guest(profile: str, lab_id: str, seconds: float) -> dict:
     from bench.vm_dataplanes import _capture, _iperf3, _rtt, wire_point
-    from lab.substrate.local.lab import up
+    from lab.substrate.local.build import up
     from lab.core.teardown import teardown
     from lab.vpn.tunnel import tear_down
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.substrate.local import lab as labmod
+from lab.substrate.local import build as labmod
 from lab.core import proc
 from lab.core.errors import StartupError
 from lab.measure.base import wait_listening

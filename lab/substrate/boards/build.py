@@ -8,15 +8,75 @@ import json
 import time
 from pathlib import Path
 
-from lab.core.errors import ConfigError, LabError, PreconditionError
-from lab.core.state import Ledger, check_id, create_lab_dir, write_json_atomic
+from lab.core.errors import ConfigError, PreconditionError
+from lab.core.state import Ledger, create_lab_dir, write_json_atomic
 from lab.model.labspec import LabSpec
+from lab.substrate import lifecycle
 from lab.substrate.boards.lab import KIND, BoardLab
 from lab.substrate.local.lab import ROUTER_SYSCTLS
 from lab.substrate.boards.snapshot import _sh, snapshot
 from lab.substrate.boards.mapping import board_spec, check_management, map_nodes
 from lab.substrate.boards.restore import restore
 from lab.substrate.boards.types import BoardMap, Inventory
+from lab.vpn.tunnel import plan as tunnel_plan
+
+
+class BoardsBuild(lifecycle.Build):
+    """A lab being put on an inventory's boards."""
+
+    #: validated against netem words: a board's kernel has netem or gets the lab's engine
+    check_backend = "kernel-netem"
+
+    def __init__(self, spec: LabSpec, inventory: Inventory, mapping: dict[str, str] | None):
+        if spec.dilation not in ("auto", 1.0):
+            # boards run at their own speed: slowing their links and tests would only mislead
+            raise ConfigError(
+                f'got {spec.dilation!r}; boards run in real time: accepted on boards 1 or "auto" '
+                '(time dilation is for emulated labs, docs/cpu.md "Time dilation")',
+                source=spec.source,
+                field="dilation",
+            )
+        spec.dilation = 1.0
+        self.inventory = inventory
+        self.bmap = map_nodes(spec, inventory, mapping)
+        super().__init__(board_spec(spec, self.bmap))
+
+    def prepare_vpn(self, profile: str):
+        return tunnel_plan(self.spec, profile)  # checked on the boards themselves once connected
+
+    def create(self, lab_id: str) -> BoardLab:
+        d = create_lab_dir(lab_id)
+        for sub in ("logs", "secrets", "config"):
+            (d / sub).mkdir(mode=0o700, exist_ok=True)
+        boards = {}
+        for node, bname in self.bmap.nodes.items():
+            b = self.inventory.boards[bname]
+            boards[node] = {
+                "name": b.name, "host": b.host, "mgmt": b.mgmt, "data": list(b.data),
+                "user": b.user, "port": b.port, "key": b.key, "become": b.become,
+                "ssh_options": list(b.ssh_options),
+            }  # fmt: skip
+        info = {
+            "id": lab_id,
+            "state": "building",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "spec": self.spec.to_json(),
+            "topology_interfaces": {f"{n}:{i}": b for (n, i), b in self.bmap.interfaces.items()},
+            "boards": boards,
+            "warnings": [],
+            "substrate": {"kind": KIND, "inventory": str(self.inventory.path)},
+        }
+        ledger = Ledger(d / "ledger.jsonl")
+        ledger.record("boardlab", id=lab_id, inventory=str(self.inventory.path), boards=boards)
+        write_json_atomic(d / "lab.json", info)
+        return BoardLab(lab_id, info)
+
+    def build(self, lab: BoardLab, impair: str | None, placement: str | None) -> None:
+        _build(lab, self.spec, self.bmap, impair, placement)
+
+    def unwind(self, lab: BoardLab) -> list[str]:
+        lab.close()
+        return restore(lab.id)
 
 
 def up(
@@ -30,70 +90,8 @@ def up(
     placement: str | None = None,
 ) -> BoardLab:
     """Build `spec` on the inventory's boards. On any failure every board is restored."""
-    if spec.dilation not in ("auto", 1.0):
-        # boards run at their own speed: slowing their links and tests would only mislead
-        raise ConfigError(
-            f'got {spec.dilation!r}; boards run in real time: accepted on boards 1 or "auto" '
-            '(time dilation is for emulated labs, docs/cpu.md "Time dilation")',
-            source=spec.source,
-            field="dilation",
-        )
-    spec.dilation = 1.0
-    bmap = map_nodes(spec, inventory, mapping)
-    bspec = board_spec(spec, bmap)
-    if impair is None and any(lk.impair for lk in bspec.links):
-        impair = "none"
-    if impair is not None:
-        from lab.impair.runtime import plan_for
-
-        plan_for(bspec, placement, impair, "kernel-netem", "")  # validated before anything
-    if isinstance(vpn, str):
-        from lab.vpn.tunnel import plan as tunnel_plan
-
-        vpn = tunnel_plan(bspec, vpn)  # checked on the boards themselves once connected
-    from lab.substrate.local.lab import default_id
-
-    lab_id = check_id(lab_id or default_id())
-    d = create_lab_dir(lab_id)
-    for sub in ("logs", "secrets", "config"):
-        (d / sub).mkdir(mode=0o700, exist_ok=True)
-    boards = {}
-    for node, bname in bmap.nodes.items():
-        b = inventory.boards[bname]
-        boards[node] = {
-            "name": b.name, "host": b.host, "mgmt": b.mgmt, "data": list(b.data),
-            "user": b.user, "port": b.port, "key": b.key, "become": b.become,
-            "ssh_options": list(b.ssh_options),
-        }  # fmt: skip
-    info = {
-        "id": lab_id,
-        "state": "building",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "spec": bspec.to_json(),
-        "topology_interfaces": {f"{n}:{i}": b for (n, i), b in bmap.interfaces.items()},
-        "boards": boards,
-        "warnings": [],
-        "substrate": {"kind": KIND, "inventory": str(inventory.path)},
-    }
-    ledger = Ledger(d / "ledger.jsonl")
-    ledger.record("boardlab", id=lab_id, inventory=str(inventory.path), boards=boards)
-    write_json_atomic(d / "lab.json", info)
-    lab = BoardLab(lab_id, info)
-    try:
-        _build(lab, bspec, bmap, impair, placement)
-        if vpn is not None:
-            from lab.vpn.tunnel import bring_up
-
-            bring_up(lab, vpn)
-    except BaseException as e:
-        lab.close()
-        left = restore(lab_id)
-        if left and isinstance(e, LabError):
-            e.args = (f"{e.args[0]}\n(unwinding left over: {'; '.join(left)})",)
-        raise
-    lab.info["state"] = "up"
-    lab.save()
-    return lab
+    build = BoardsBuild(spec, inventory, mapping)
+    return lifecycle.up(build, lab_id, vpn=vpn, impair=impair, placement=placement)
 
 
 def _build(lab: BoardLab, spec: LabSpec, bmap: BoardMap, impair, placement) -> None:

@@ -37,9 +37,10 @@ from pathlib import Path
 
 from mininet.topo import Topo
 
+from lab.substrate.local.build import up
+from lab.substrate.local.lab import Lab
 from lab.core import proc
 from lab.core.errors import ConfigError, PreconditionError
-from lab.substrate.local.lab import Lab, up
 from lab.core.state import lab_dir, list_lab_ids, new_lab_id, state_root, write_json_atomic
 from lab.model.labspec import LabSpec
 from lab.model.topology import resolve

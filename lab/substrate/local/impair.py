@@ -2,7 +2,7 @@
 `--impair`.
 
 Kernel netem (when the nodes have sch_netem): the points are egress qdiscs, so adding them is
-only the plan and the offloads (lab.substrate.local.lab._offloads_off). The userspace engine: a bump namespace
+only the plan and the offloads (lab.substrate.local.build.offloads_off). The userspace engine: a bump namespace
 is spliced into each engine link of the live lab (lab.core.netops.splice_veth_end): one end of the
 link's veth moves into the bump, a new veth with the moved end's name, MAC and MTU takes its
 place with its addresses and routes restored, and the engine starts there as pass-through. The
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from lab.core import cgroups, netops
 from lab.model import dilation
-from lab.substrate.local.lab import CGROUP_PARENT, Lab, _impair_plan, _offloads_off, _start_engines
+from lab.substrate.local.build import impair_plan, offloads_off, start_engines
+from lab.substrate.local.lab import CGROUP_PARENT, Lab
 from lab.core.state import write_json_atomic
 from lab.model.labspec import LabSpec
 
@@ -27,7 +28,7 @@ def ensure_points(lab: Lab) -> bool:
     it has them. Returns True when it added them."""
     if lab.info.get("impair"):
         return False
-    iplan = _impair_plan(lab.spec, lab.id, lab.info, "none", None, "auto")
+    iplan = impair_plan(lab.spec, lab.id, lab.info, "none", None, "auto")
     from lab.impair import runtime
 
     st = runtime.plan_json(iplan)
@@ -38,9 +39,9 @@ def ensure_points(lab: Lab) -> bool:
         for idx in iplan.engine_links:
             splice_bump(lab, idx)
         lab.save()
-        _start_engines(lab, iplan)
+        start_engines(lab, iplan)
     else:
-        _offloads_off(lab, iplan)
+        offloads_off(lab, iplan)
     runtime.set_point(lab, "")
     return True
 

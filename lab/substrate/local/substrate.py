@@ -15,7 +15,8 @@ from lab.core.teardown import teardown
 from lab.impair.runtime import check_request
 from lab.substrate.base import LabHandle, Substrate, UpRequest, impair_on
 from lab.substrate.local.impair import ensure_points
-from lab.substrate.local.lab import Lab, current_substrate, up
+from lab.substrate.local.build import up
+from lab.substrate.local.lab import Lab, current_substrate
 from lab.substrate.local.monitor import Monitor
 from lab.substrate.local.preflight import preflight
 from lab.vpn.record import daemons_of
