@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from lab.substrate.boards.monitor import (
+from lab.substrate.boards.readings import (
     READER,
     parse_answer,
     parse_measure_temp,

@@ -19,7 +19,7 @@ from lab.campaign.check import CI_FILES
 from lab.cli.main import main
 from lab.core.errors import ConfigError
 from lab.results.expect import parse_expectations
-from lab.model.stats import regressed, regressed_runs, t_sf
+from lab.model.stats import regressed, regressed_runs, t_sf, welch_worse
 
 REPO = Path(__file__).resolve().parent.parent
 PLAN = REPO / "docs/examples/ci/check.toml"
@@ -37,6 +37,22 @@ CTX = dict(profiles=["wireguard"], points=["none"], tests={"tcp": "tcp", "ping":
 def test_t_sf_matches_tables(t, df, p):
     assert t_sf(t, df) == pytest.approx(p, abs=5e-4)
     assert t_sf(-t, df) == pytest.approx(1 - p, abs=5e-4)
+
+
+def test_welch_by_hand():
+    """means 3 and 6, variances 2.5 and 10 over 5 each: se = sqrt(0.5 + 2) = 1.5811,
+    t = 3 / se = 1.8974, df = 2.5^2 / (0.5^2/4 + 2^2/4) = 5.8824, one-sided p = 0.05377 (the
+    figure the hand-written incomplete beta gave before scipy)."""
+    low, high = [1, 2, 3, 4, 5], [2, 4, 6, 8, 10]
+    for w in (welch_worse(low, high, False), welch_worse(high, low, True)):
+        assert w.t == pytest.approx(1.8974, abs=1e-4) and w.df == pytest.approx(5.8824, abs=1e-4)
+        assert w.p == pytest.approx(0.05377, abs=1e-5)
+    better = welch_worse(low, high, True)  # higher is better and the new sample is higher
+    assert better.t == pytest.approx(-1.8974, abs=1e-4) and better.p == pytest.approx(
+        1 - 0.05377, abs=1e-5
+    )
+    # no spread on either side: the sign of the difference decides
+    assert welch_worse([5, 5], [4, 4], True).p == 0.0 and welch_worse([5, 5], [6, 6], True).p == 1
 
 
 def _sample(rng, mean, cv, n):

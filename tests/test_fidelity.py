@@ -34,8 +34,9 @@ import pytest
 
 from lab.results.compare import compare
 from lab.core.errors import ConfigError
-from lab.results.fidelity import analyse, kendall_tau_b, ranking
+from lab.results.fidelity import analyse, ranking
 from lab.results.importer import COLUMNS, import_table
+from lab.model.stats import kendall_tau_b
 
 REPO = Path(__file__).resolve().parent.parent
 HEADER = ",".join(COLUMNS)

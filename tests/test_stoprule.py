@@ -11,6 +11,7 @@ from lab.core.errors import ConfigError
 from lab.measure.adaptive import combine, receiver_rates, run_segments
 from lab.campaign.load import load_plan
 from lab.campaign.repstop import converged
+from lab.model.stats import t_quantile
 from lab.model.stoprule import (
     Rule,
     batch_means,
@@ -20,7 +21,6 @@ from lab.model.stoprule import (
     mser5,
     packets_for_loss,
     repetitions,
-    t_quantile,
     wilson,
 )
 
@@ -30,6 +30,8 @@ def test_t_quantiles_match_the_tables():
     assert t_quantile(0.975, 4) == pytest.approx(2.776, abs=1e-3)
     assert t_quantile(0.975, 10) == pytest.approx(2.228, abs=1e-3)
     assert t_quantile(0.95, 20) == pytest.approx(1.725, abs=1e-3)
+    with pytest.raises(ValueError):
+        t_quantile(0.4, 5)
 
 
 def test_mean_interval_by_hand():

@@ -52,7 +52,8 @@ def core_rates(prev: dict[str, list[int]], cur: dict[str, list[int]]) -> dict[st
     return rates
 
 
-def _cpu_index(name: str) -> int | None:
+def cpu_index(name: str) -> int | None:
+    """ "cpu3" -> 3; None for a name that is not a CPU's."""
     return int(name[3:]) if name.startswith("cpu") and name[3:].isdigit() else None
 
 
@@ -63,10 +64,10 @@ def read_cpu_freq(root: Path = SYS_CPU) -> dict[str, float]:
     """
     out: dict[str, float] = {}
     try:
-        dirs = [d for d in root.iterdir() if _cpu_index(d.name) is not None]
+        dirs = [d for d in root.iterdir() if cpu_index(d.name) is not None]
     except OSError:
         return out
-    for d in sorted(dirs, key=lambda d: _cpu_index(d.name) or 0):
+    for d in sorted(dirs, key=lambda d: cpu_index(d.name) or 0):
         for name in ("scaling_cur_freq", "cpuinfo_cur_freq"):
             try:
                 khz = int((d / "cpufreq" / name).read_text().strip())
@@ -120,15 +121,16 @@ def flatten_sensors(sensors: dict[str, list]) -> dict[str, float]:
     return out
 
 
-def _psutil_sensors() -> dict[str, list]:
-    import psutil
+def psutil_sensors() -> dict[str, list]:
+    """psutil.sensors_temperatures() ({} where psutil has none): read_temperatures' default."""
+    import psutil  # ~60 ms: only where a monitor reads, not on every import of this module
 
     fn = getattr(psutil, "sensors_temperatures", None)  # absent on some platforms
     return fn() if fn is not None else {}
 
 
 def read_temperatures(
-    thermal_root: Path = SYS_THERMAL, sensors: Callable[[], dict] | None = _psutil_sensors
+    thermal_root: Path = SYS_THERMAL, sensors: Callable[[], dict] | None = psutil_sensors
 ) -> tuple[dict[str, float], str | None]:
     """(sensor -> deg C, why psutil failed or None): psutil's sensors, else the thermal zones."""
     problem = None
@@ -144,7 +146,7 @@ def read_temperatures(
 
 def read_host_memory() -> dict[str, int]:
     """Host memory in bytes: total, used (as free(1) counts it), available (psutil)."""
-    import psutil
+    import psutil  # ~60 ms: only where a monitor reads, not on every import of this module
 
     vm = psutil.virtual_memory()
     return {"total_bytes": vm.total, "used_bytes": vm.used, "available_bytes": vm.available}

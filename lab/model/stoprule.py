@@ -19,7 +19,7 @@ Loss is a rare event: its interval is Wilson's score interval (Brown, Cai & DasG
 Statistical Science 16(2), 2001), and `packets_for_loss` computes how many packets that
 interval needs to be within max(rel x p, an absolute floor), instead of guessing a length.
 
-No I/O, no lab imports beyond lab.model.stats (Student's t without scipy).
+No I/O, no lab imports beyond lab.model.stats (Student's t from scipy).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from lab.model.stats import t_sf
+from lab.model.stats import t_quantile
 
 #: why a measurement stopped (results column ``stop_reason``)
 REASONS = {
@@ -91,24 +91,6 @@ class Decision:
     batches: int
     #: seconds more the rule estimates it needs (0 when stopping)
     more_s: float
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The p-quantile of Student's t (p > 0.5), by bisection on lab.model.stats.t_sf."""
-    if not 0.5 < p < 1:
-        raise ValueError(f"p must be in (0.5, 1), got {p}")
-    lo, hi = 0.0, 1.0
-    while t_sf(hi, df) > 1 - p:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if t_sf(mid, df) > 1 - p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12:
-            break
-    return (lo + hi) / 2
 
 
 def mean_interval(values: list[float], confidence: float = 0.95) -> Interval | None:

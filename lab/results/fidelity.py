@@ -22,6 +22,7 @@ import math
 from itertools import combinations
 
 from lab.measure import TESTS, metric_columns
+from lab.model.stats import kendall_tau_b
 from lab.results.doc import Doc, _fmt, primary
 from lab.results.rundir import to_csv
 
@@ -91,27 +92,6 @@ def duplicates(test: str) -> set[str]:
     keys = {m.name: m.key for m in t.metrics}
     main = primary(test).column
     return {m for m, k in keys.items() if m != main and main in keys and k == keys[main]}
-
-
-def kendall_tau_b(x: list[float], y: list[float]) -> float | None:
-    """Kendall's tau-b of two paired samples; None when undefined (n < 2 or one side all tied).
-
-    tau_b = (C - D) / sqrt((n0 - n1) (n0 - n2)) with C/D the concordant/discordant pairs,
-    n0 = n(n-1)/2, n1/n2 the pairs tied in x/in y.
-    """
-    if len(x) != len(y):
-        raise ValueError("x and y differ in length")
-    c = d = tx = ty = 0
-    for i, j in combinations(range(len(x)), 2):
-        sx = (x[i] > x[j]) - (x[i] < x[j])
-        sy = (y[i] > y[j]) - (y[i] < y[j])
-        tx += sx == 0
-        ty += sy == 0
-        c += sx * sy > 0
-        d += sx * sy < 0
-    n0 = len(x) * (len(x) - 1) // 2
-    den = (n0 - tx) * (n0 - ty)
-    return (c - d) / math.sqrt(den) if den > 0 else None
 
 
 def ranking(values: dict[str, float], higher: bool) -> list[tuple[int, str]]:

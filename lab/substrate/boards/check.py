@@ -28,7 +28,7 @@ from lab.vpn.base import IP, NODE_TOOLS, PING, Tool
 from lab.vpn.profiles import Profile
 from lab.vpn.tunnel import availability
 from lab.substrate.boards.impair import impairment_path
-from lab.substrate.boards.monitor import parse_measure_temp, throttled_words
+from lab.substrate.boards.readings import parse_measure_temp, throttled_words
 from lab.substrate.boards.node import BoardConnection, BoardNode
 from lab.substrate.boards.types import Board, Inventory
 

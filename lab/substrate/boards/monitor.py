@@ -17,9 +17,9 @@ the numbers come from: each board is a machine of its own, so
 - "host" merges the boards for readers of a local summary (report, plots, results.csv): cores
   named BOARD/cpuN, the hottest sensor of any board, throttled if any board was.
 
-One sampling thread. Each sample is ONE round trip per board: the agent runs `python3 -c
-READER` (standard library only, nothing installed on the board), which reads every file and
-prints one JSON line; `vcgencmd` (three process starts on the board) runs in that same round
+One sampling thread (lab.core.monitoring.MonitorBase's lifecycle). Each sample is ONE round trip
+per board: the agent runs `sh -c READER` (lab.substrate.boards.readings; nothing installed on the
+board), which reads every file in one process; `vcgencmd` (three process starts on the board) runs in that same round
 trip only at start, at stop and every `vcgencmd_every` s. Rates use the board's own monotonic
 clock, so SSH latency does not skew them. A reading a board does not have is null and explained
 once per board in "unavailable" (e.g. "client: vcgencmd not on PATH"); nothing here raises
@@ -28,154 +28,35 @@ because a reading is missing or a board went away mid-test (that goes to "errors
 
 from __future__ import annotations
 
-import re
 import threading
 import time
-from typing import Any, Self
+from typing import Any
 
 from lab.core.errors import LabError
-from lab.core.hostreadings import (
-    Daemon,
-    core_rates,
-    mean_max,
-    min_mean_max,
-    parse_measure_clock,
-    parse_throttled,
-    throttled_during,
-)
+from lab.core.hostreadings import Daemon, core_rates, mean_max, min_mean_max, throttled_during
+from lab.core.monitoring import MonitorBase
 from lab.substrate.boards.node import BoardNode
+from lab.substrate.boards.readings import (
+    READER,
+    parse_answer,
+    parse_reader,
+    parse_vcgencmd,
+    throttled_words,
+    zone_names,
+)
 
 INTERVAL_S = 1.0
 #: seconds between vcgencmd readings within a test (plus one at start and one at stop)
 VCGENCMD_EVERY_S = 10.0
 
-#: runs on the board as `sh -c READER sh VC PROBE PID...` (VC, PROBE: "1" or "0"): ONE process
-#: besides the shell reads every file, printing `==> PATH <==` before each (head -v); a glob
-#: that matches nothing (no cpufreq, no thermal zone) or a PID that is gone prints nothing.
-#: PROBE adds what does not change (clock tick, page size, sensor names, governor, vcgencmd's
-#: path), VC the firmware's answers under `==> vcgencmd ARGS <==`.
-READER = r"""
-vc=$1 probe=$2; shift 2
-f="/proc/uptime /proc/stat /proc/meminfo"
-for p; do f="$f /proc/$p/stat"; done
-if [ "$probe" = 1 ]; then
-  f="$f /sys/class/thermal/thermal_zone*/type /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"
-fi
-head -v -n 100000 $f /sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq \
-  /sys/class/thermal/thermal_zone*/temp 2>/dev/null
-PATH="$PATH:/usr/bin:/opt/vc/bin"
-if [ "$probe" = 1 ]; then
-  echo; echo "==> probe <=="; getconf CLK_TCK; getconf PAGESIZE
-  echo "vcgencmd=$(command -v vcgencmd)"
-fi
-if [ "$vc" = 1 ] && command -v vcgencmd >/dev/null; then
-  for a in get_throttled measure_temp "measure_clock arm"; do
-    echo; echo "==> vcgencmd $a <=="; vcgencmd $a 2>&1 || echo "error: exit $?"
-  done
-fi
-exit 0
-"""
-_SECTION = re.compile(r"^==> (.*) <==$", re.M)
 
-
-def parse_reader(text: str) -> dict[str, str]:
-    """READER's output -> {path or "vcgencmd ARGS" or "probe": content}."""
-    parts = _SECTION.split(text)
-    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
-
-
-def parse_answer(sections: dict[str, str], pids: list[str]) -> dict:
-    """One READER answer as numbers: {"t" (board uptime, s), "stat", "freq", "temp" (by zone
-    directory; names come from the probe), "mem", "pids" {PID:START: [cpu ticks, rss pages,
-    start time] or None}, "vc" (raw answers), and with a probe "tck", "page", "zone_types",
-    "gov", "vcgencmd"}."""
-    out: dict[str, Any] = {"stat": {}, "freq": {}, "temp": {}, "mem": {}, "pids": {}}
-    out["t"] = float((sections.get("/proc/uptime") or "0").split()[0])
-    for line in (sections.get("/proc/stat") or "").splitlines():
-        if line.startswith("cpu") and line[3:4].isdigit():
-            p = line.split()
-            out["stat"][p[0]] = [int(x) for x in p[1:9]]
-    for line in (sections.get("/proc/meminfo") or "").splitlines():
-        k, _, v = line.partition(":")
-        if k in ("MemTotal", "MemAvailable"):
-            out["mem"][k] = int(v.split()[0]) * 1024
-    for path, value in sections.items():
-        m = re.fullmatch(r"/sys/devices/system/cpu/(cpu\d+)/cpufreq/scaling_cur_freq", path)
-        if m and value.isdigit() and int(value) > 0:
-            out["freq"][m.group(1)] = int(value) / 1000.0
-        m = re.fullmatch(r"/sys/class/thermal/(thermal_zone\d+)/temp", path)
-        if m and re.fullmatch(r"-?\d+", value):
-            out["temp"][m.group(1)] = int(value) / 1000.0
-    for key in pids:
-        pid, _, start = key.partition(":")
-        d = sections.get(f"/proc/{pid}/stat")
-        if not d or ")" not in d:
-            out["pids"][key] = None
-            continue
-        rest = d[d.rindex(")") + 2 :].split()
-        if rest[0] == "Z" or (start and int(rest[19]) != int(start)):
-            out["pids"][key] = None
-            continue
-        out["pids"][key] = [int(rest[11]) + int(rest[12]), int(rest[21])]
-    vc = {k[9:]: v for k, v in sections.items() if k.startswith("vcgencmd ")}
-    if vc:
-        out["vc"] = vc
-    if "probe" in sections:
-        lines = sections["probe"].splitlines()
-        out["tck"], out["page"] = int(lines[0]), int(lines[1])
-        out["vcgencmd"] = lines[2].partition("=")[2] or None if len(lines) > 2 else None
-        out["gov"] = sections.get("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
-        out["zone_types"] = {
-            m.group(1): v
-            for k, v in sections.items()
-            if (m := re.fullmatch(r"/sys/class/thermal/(thermal_zone\d+)/type", k))
-        }
-    return out
-
-
-def parse_measure_temp(text: str) -> float:
-    """`temp=48.3'C` -> 48.3."""
-    m = re.search(r"temp=(-?[0-9.]+)", text)
-    if not m:
-        raise ValueError(f"unexpected vcgencmd measure_temp output: {text.strip()[:80]!r}")
-    return float(m.group(1))
-
-
-def throttled_words(reading: dict | None) -> list[str]:
-    """The names of the flags set in a parse_throttled() reading ([] when none, or no reading)."""
-    if not reading:
-        return []
-    return [k for k, v in reading.items() if v is True]
-
-
-def parse_vcgencmd(raw: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-    """The READER's vcgencmd answers -> ({"throttled", "temperature_c", "arm_clock_mhz"},
-    problems). A failed or unparsable answer leaves its key out and adds a problem."""
-    out: dict[str, Any] = {}
-    problems = []
-    for key, cmd, parse in (
-        ("throttled", "get_throttled", parse_throttled),
-        ("temperature_c", "measure_temp", parse_measure_temp),
-        ("arm_clock_mhz", "measure_clock arm", parse_measure_clock),
-    ):
-        text = raw.get(cmd)
-        if text is None:
-            continue
-        try:
-            if text.startswith("error: "):
-                raise ValueError(text[7:])
-            out[key] = parse(text)
-        except ValueError as e:
-            problems.append(f"vcgencmd {cmd}: {e}")
-    if "throttled" in out:
-        out["throttled"]["words"] = throttled_words(out["throttled"])
-    return out, problems
-
-
-class BoardMonitor:
+class BoardMonitor(MonitorBase):
     """Sample every board of `nodes` ({node name: BoardNode}) every `interval` s between start()
     and stop(); `daemons` as in lab.info["vpn"]["daemons"] ({"node", "name", "pid",
     "start_time"}), each read on its node's board."""
+
+    thread_name = "lab-board-monitor"
+    join_timeout_s = 35.0  # a sample in flight waits for up to 30 s per board's answer
 
     def __init__(
         self,
@@ -185,23 +66,14 @@ class BoardMonitor:
         *,
         vcgencmd_every: float = VCGENCMD_EVERY_S,
     ):
+        super().__init__(interval, daemons)
         self.nodes = dict(nodes)
-        self.interval = interval
         self.vcgencmd_every = vcgencmd_every
-        self.samples: list[dict] = []
-        self.errors: list[str] = []
-        self.unavailable: dict[str, str] = {}
-        self._daemons = [
-            Daemon(d["node"], d["name"], int(d["pid"]), d.get("start_time")) for d in daemons or ()
-        ]
         for d in self._daemons:
             if d.node not in self.nodes:
                 self._note(f"daemon {d.label}: node {d.node!r} is not one of the monitored boards")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one sample at a time (the thread, then stop())
         self._prev: dict[str, dict] = {}  # node -> its previous READER answer
-        self._t0 = 0.0
         self._last_vc = 0.0
         self._vc: dict[str, dict[str, dict | None]] = {}  # node -> "start"/"end" -> readings
         self._rtt_ms: dict[str, list[float]] = {n: [] for n in self.nodes}
@@ -210,10 +82,6 @@ class BoardMonitor:
         self._static: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ reading
-    def _note(self, msg: str) -> None:
-        if msg not in self.errors and len(self.errors) < 20:
-            self.errors.append(msg)
-
     def _read(self, node: str, vc: bool) -> dict | None:
         """One round trip: the READER's answer from `node`'s board, or None (error noted)."""
         keys = [d.key for d in self._daemons if d.node == node]
@@ -231,7 +99,7 @@ class BoardMonitor:
         if probe:
             self._static[node] = {k: raw.get(k) for k in ("tck", "page", "gov", "vcgencmd")}
             self._static[node]["ncores"] = len(raw["stat"]) or None
-            self._static[node]["zones"] = _zone_names(raw.get("zone_types") or {})
+            self._static[node]["zones"] = zone_names(raw.get("zone_types") or {})
             self._probe(node, raw)
         zones = self._static[node]["zones"]
         raw["temp"] = {zones.get(z, z): c for z, c in raw["temp"].items()}
@@ -340,75 +208,27 @@ class BoardMonitor:
             return rec
 
     # ------------------------------------------------------------------ lifecycle
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.sample()
-            except Exception as e:  # noqa: BLE001 -- a monitor must never take the test down
-                self._note(f"{type(e).__name__}: {e}")
+    def _edge_sample(self) -> dict | None:
+        """At start and at stop the firmware is asked too."""
+        return self.sample(vcgencmd=True)
 
-    def start(self) -> BoardMonitor:
-        try:
-            self.sample(vcgencmd=True)
-        except Exception as e:  # noqa: BLE001 -- as in _loop
-            self._note(f"{type(e).__name__}: {e}")
-        self._thread = threading.Thread(target=self._loop, name="lab-board-monitor", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> dict:
-        """Stop sampling (at once: the thread waits on an Event), read the tail since the last
-        tick (with vcgencmd) and return the summary."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=35)
-        try:
-            self.sample(vcgencmd=True)
-        except Exception as e:  # noqa: BLE001 -- as in _loop
-            self._note(f"{type(e).__name__}: {e}")
+    def _at_stop(self) -> None:
         for readings in self._vc.values():
             readings["end"] = readings.get("last")
-        return self.summary()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        if not self._stop.is_set():
-            self.stop()
 
     # ------------------------------------------------------------------ summary
     def summary(self) -> dict:
         """lab.substrate.local.monitor.Monitor.summary()'s shape: "nodes", "host", "daemons", "unavailable",
         plus "boards" (per board what "host" is for a local run) and "agent_rtt_ms" (what one
         sample cost per board: median and max round trip)."""
-        s = self.samples
-        out: dict[str, Any] = {
-            "interval_s": self.interval,
-            "samples": len(s),
-            "nodes": {},
-            "host": {},
-            "boards": {},
-            "daemons": {},
-            "unavailable": dict(self.unavailable),
-            "agent_rtt_ms": {n: _rtt(v) for n, v in self._rtt_ms.items()},
-        }
-        if self.errors:
-            out["errors"] = list(self.errors)
+        out = self._summary_head()
+        out["boards"] = {}
+        out["agent_rtt_ms"] = {n: _rtt(v) for n, v in self._rtt_ms.items()}
         for n in self.nodes:
-            out["nodes"][n] = {
-                k: mean_max([x["nodes"].get(n, {}).get(k) for x in s])
-                for k in ("total", "user", "system", "memory_bytes")
-            }
+            out["nodes"][n] = self._node_summary(n)
             out["boards"][n] = self._board_summary(n)
         out["host"] = _merge_boards(out["boards"])
-        for d in self._daemons:
-            xs = [x["daemons"].get(d.label, {}) for x in s]
-            out["daemons"][d.label] = {
-                "cpu_pct": mean_max([x.get("cpu_pct") for x in xs]),
-                "rss_bytes_max": max((x.get("rss_bytes") or 0 for x in xs), default=0) or None,
-                "alive_throughout": bool(xs) and all(x.get("alive", False) for x in xs),
-            }
+        out["daemons"] = self._daemon_summaries()
         return out
 
     def _board_summary(self, node: str) -> dict:
@@ -472,18 +292,6 @@ class BoardMonitor:
                 "words": sorted(set(throttled_words(t_start)) | set(throttled_words(t_end))),
             }
         return out
-
-
-def _zone_names(types: dict[str, str]) -> dict[str, str]:
-    """thermal_zoneN -> its type ("cpu-thermal"), or "TYPE/thermal_zoneN" for a repeated type
-    (as lab.core.hostreadings.read_thermal_zones names them)."""
-    out: dict[str, str] = {}
-    seen: set[str] = set()
-    for z in sorted(types, key=lambda z: int(z[12:])):
-        kind = types[z] or z
-        out[z] = kind if kind not in seen else f"{kind}/{z}"
-        seen.add(kind)
-    return out
 
 
 def _rtt(values: list[float]) -> dict:

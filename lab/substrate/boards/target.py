@@ -9,12 +9,12 @@ the test ends run on, not on this machine.
 from __future__ import annotations
 
 from lab import REPO
-import time
 
 from lab.core.errors import LabError, PreconditionError
 from lab.vpn.record import TunnelRecord, daemons_of
 from lab.substrate.boards.inventory import load_inventory
 from lab.substrate.boards.mapping import map_nodes
+from lab.substrate.boards.monitor import BoardMonitor
 
 
 #: the project directory, which plan files name their topology relative to (as lab.campaign.load does)
@@ -116,25 +116,10 @@ class BoardsTarget:
         except LabError:
             return False
 
-    def monitor(self, lab):
-        try:
-            from lab.substrate.boards.monitor import BoardMonitor
-        except ImportError:  # pragma: no cover - until the board monitor lands
-            return _NoMonitor()
+    def monitor(self, lab) -> BoardMonitor:
         return BoardMonitor(lab.nodes(), [d.to_dict() for d in daemons_of(lab)])
 
     def owns(self, lab_id: str) -> bool:
         from lab.substrate.boards.lab import is_board_lab
 
         return is_board_lab(lab_id)
-
-
-class _NoMonitor:
-    samples: list = []
-
-    def start(self):
-        self._t0 = time.monotonic()
-        return self
-
-    def stop(self) -> dict:
-        return {"unavailable": {"boards": "no board monitor in this build"}}

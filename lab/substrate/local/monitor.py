@@ -39,29 +39,25 @@ A source this machine does not have (a VM has no cpufreq and no thermal sensors)
 at start(): its values are null and the reason is recorded once in the summary's
 "unavailable" (not an error per sample). Nothing here raises because a source is missing.
 
-The readers and parsers of each source are lab.core.hostreadings; their names stay importable
-from here.
+The readers and parsers of each source are lab.core.hostreadings; the lifecycle (start, the
+sampling thread, stop) and the summary's shape are lab.core.monitoring.MonitorBase's.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from lab.core import cgroups, proc
 from lab.core.errors import LabError
 from lab.core.hostreadings import (
     SYS_CPU,
     SYS_THERMAL,
-    Daemon,
-    _cpu_index,
-    _psutil_sensors,
     core_rates,
+    cpu_index,
     mean_max,
     min_mean_max,
     node_memory_bytes,
@@ -69,51 +65,52 @@ from lab.core.hostreadings import (
     node_throttling,
     parse_measure_clock,
     parse_throttled,
+    psutil_sensors,
     read_cpu_freq,
     read_host_memory,
     read_proc_stat,
     read_temperatures,
     throttled_during,
 )
+from lab.core.monitoring import MonitorBase
 from lab.vpn.record import daemons_of
 
 INTERVAL_S = 0.5
 
 
-@dataclass
-class Monitor:
+class Monitor(MonitorBase):
     """Sample CPU, clock, temperature and memory every `interval` s between start() and stop().
 
     sys_cpu, sys_thermal and temp_sensors (None: thermal zones only) are where the clock and
-    temperature come from; vcgencmd=False skips the Raspberry Pi firmware readings. Tests point
-    them at fake trees.
+    temperature come from; vcgencmd=False skips the Raspberry Pi firmware readings; `proc` is
+    where threads' schedstat is read. Tests point them at fake trees.
     """
 
-    layout: cgroups.CgroupLayout | None
-    node_groups: dict[str, str]  # node -> cgroup rel
-    daemons: list[dict] = field(default_factory=list)
-    interval: float = INTERVAL_S
-    samples: list[dict] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    sys_cpu: Path = SYS_CPU
-    sys_thermal: Path = SYS_THERMAL
-    temp_sensors: Callable[[], dict] | None = _psutil_sensors
-    vcgencmd: bool = True
-    proc: Path = Path("/proc")  # where threads' schedstat is read (tests: a fake tree)
-    #: source -> why it is not recorded on this machine (probed once, at start)
-    unavailable: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    def __init__(
+        self,
+        layout: cgroups.CgroupLayout | None,
+        node_groups: dict[str, str],  # node -> cgroup rel
+        daemons: list[dict] | None = None,
+        interval: float = INTERVAL_S,
+        *,
+        sys_cpu: Path = SYS_CPU,
+        sys_thermal: Path = SYS_THERMAL,
+        temp_sensors: Callable[[], dict] | None = psutil_sensors,
+        vcgencmd: bool = True,
+        proc: Path = Path("/proc"),
+    ) -> None:
+        super().__init__(interval, daemons)
+        self.layout = layout
+        self.node_groups = node_groups
+        self.sys_cpu = sys_cpu
+        self.sys_thermal = sys_thermal
+        self.temp_sensors = temp_sensors
+        self.vcgencmd = vcgencmd
+        self.proc = proc
         self._prev_nodes: dict[str, dict[str, float]] = {}
         self._prev_sched: dict[str, tuple[tuple[int, int] | None, dict[int, tuple[int, int]]]] = {}
         self._prev_stat: dict[str, list[int]] = {}
         self._prev_t = 0.0
-        self._t0 = 0.0
-        self._daemons = [
-            Daemon(d["node"], d["name"], d["pid"], d.get("start_time")) for d in self.daemons
-        ]
         self._probed = False
         self._have: set[str] = set()  # sources found by _probe
         self._vc_path: str | None = None
@@ -214,12 +211,8 @@ class Monitor:
             for n, rel in self.node_groups.items()
         }
 
-    def _note(self, msg: str) -> None:
-        if msg not in self.errors and len(self.errors) < 20:
-            self.errors.append(msg)
-
     def _read_daemons(self, dt: float) -> dict[str, dict]:
-        import psutil
+        import psutil  # ~60 ms: paid by a run that monitors, not by every lab command
 
         out = {}
         for d in self._daemons:
@@ -318,44 +311,13 @@ class Monitor:
         self._prev_sched = sched
         return rec
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.sample()
-            except Exception as e:  # noqa: BLE001 -- a monitor must never take the test down
-                self._note(f"{type(e).__name__}: {e}")
+    def _at_start(self) -> None:
+        self._probe()
+        self._vc["start"] = self._read_vcgencmd()
 
-    def start(self) -> Monitor:
-        self._t0 = time.monotonic()
-        try:
-            self._probe()
-            self._vc["start"] = self._read_vcgencmd()
-        except Exception as e:  # noqa: BLE001 -- as in _loop
-            self._note(f"{type(e).__name__}: {e}")
-        self.sample()
-        self._thread = threading.Thread(target=self._loop, name="lab-monitor", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> dict:
-        """Stop sampling (at once: the thread waits on an Event) and return the summary."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        try:
-            self.sample()  # the tail since the last tick
-            if "start" in self._vc:
-                self._vc["end"] = self._read_vcgencmd()
-        except Exception as e:  # noqa: BLE001 -- as in _loop
-            self._note(f"{type(e).__name__}: {e}")
-        return self.summary()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        if not self._stop.is_set():
-            self.stop()
+    def _at_stop(self) -> None:
+        if "start" in self._vc:
+            self._vc["end"] = self._read_vcgencmd()
 
     # ------------------------------------------------------------------ summary
     def summary(self) -> dict:
@@ -366,16 +328,7 @@ class Monitor:
         this machine lacks is null there and explained once in "unavailable".
         """
         s = self.samples
-        out: dict[str, Any] = {
-            "interval_s": self.interval,
-            "samples": len(s),
-            "nodes": {},
-            "host": {},
-            "daemons": {},
-            "unavailable": dict(self.unavailable),
-        }
-        if self.errors:
-            out["errors"] = list(self.errors)
+        out = self._summary_head()
         if self._vc_path is not None:
             start, end = self._vc.get("start"), self._vc.get("end")
             out["host"]["vcgencmd"] = {
@@ -386,14 +339,8 @@ class Monitor:
         if not s:
             return out
 
-        node_keys = ("total", "user", "system")
         for n in self.node_groups:
-            out["nodes"][n] = {
-                k: mean_max([x["nodes"].get(n, {}).get(k) for x in s]) for k in node_keys
-            }
-            out["nodes"][n]["memory_bytes"] = mean_max(
-                [x["nodes"].get(n, {}).get("memory_bytes") for x in s]
-            )
+            out["nodes"][n] = self._node_summary(n)
             out["nodes"][n].update(_sched_summary([x["nodes"].get(n, {}) for x in s]))
         out["host"].update(
             {
@@ -412,13 +359,7 @@ class Monitor:
                 "memory": _memory_summary(s, self._mem_total),
             }
         )
-        for d in self._daemons:
-            xs = [x["daemons"].get(d.label, {}) for x in s]
-            out["daemons"][d.label] = {
-                "cpu_pct": mean_max([x.get("cpu_pct") for x in xs]),
-                "rss_bytes_max": max((x.get("rss_bytes") or 0 for x in xs), default=0) or None,
-                "alive_throughout": all(x.get("alive", False) for x in xs),
-            }
+        out["daemons"] = self._daemon_summaries()
         return out
 
 
@@ -484,7 +425,7 @@ def _clock_summary(samples: list[dict]) -> dict | None:
             per.setdefault(c, []).append(mhz)
     if not per:
         return None
-    cores = {c: min_mean_max(per[c]) for c in sorted(per, key=lambda c: _cpu_index(c) or 0)}
+    cores = {c: min_mean_max(per[c]) for c in sorted(per, key=lambda c: cpu_index(c) or 0)}
     return {"cores": cores, **min_mean_max([v for vs in per.values() for v in vs])}
 
 

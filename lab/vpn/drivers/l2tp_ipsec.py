@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from lab.core.errors import TeardownIncomplete
 from lab.core.node import Node
-from lab.vpn import charon
+from lab.vpn import charon, charonkernel
 from lab.vpn.drivers import l2tp
 from lab.vpn.base import Availability, Driver, Endpoint, TunnelContext
 from lab.model.params import Param
@@ -128,7 +128,7 @@ class L2TPIPsecDriver(Driver):
         """IPsec first (the CHILD_SA's policies cover UDP 1701 before xl2tpd sends a packet),
         then L2TP + PPP as the l2tp driver brings them up."""
         for end in ctx.ends():
-            charon.probe_kernel_esp(end, params["esp_proposals"], mode="transport")
+            charonkernel.probe_kernel_esp(end, params["esp_proposals"], mode="transport")
             ctx.write_config(end, rendered[end.name])
         charon.start(ctx, params["start_timeout"])
         self._l2tp.start(ctx, l2tp_params(params), rendered)
@@ -186,7 +186,9 @@ class L2TPIPsecDriver(Driver):
         charon.stop(ctx)
         for end in ctx.ends():
             peer = ctx.peer(end)
-            left += charon.cleanup(end, peer, [f"{end.underlay_v4}/32"], [f"{peer.underlay_v4}/32"])
+            left += charonkernel.cleanup(
+                end, peer, [f"{end.underlay_v4}/32"], [f"{peer.underlay_v4}/32"]
+            )
         if left:
             raise TeardownIncomplete(left)
 

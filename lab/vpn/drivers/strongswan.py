@@ -32,7 +32,7 @@ from typing import ClassVar
 
 from lab.core.errors import StartupError, TeardownIncomplete
 from lab.core.node import Node
-from lab.vpn import charon, userconfig
+from lab.vpn import charon, charonkernel, userconfig
 from lab.vpn.base import IP, PING, Availability, Driver, Endpoint, TunnelContext, config_hash
 from lab.model.params import Param
 from lab.vpn.charon import (
@@ -40,15 +40,13 @@ from lab.vpn.charon import (
     RETRANSMIT_BASE,
     RETRANSMIT_TRIES,
     dataplane_of,
-    esp_overhead,
-    kernel_esp,
     plugin_list,
-    probe_kernel_esp,
     retransmit_timeout_for,
 )
 from lab.vpn.charon import fmt_alg as _fmt_alg
 from lab.vpn.charon import host as _host
 from lab.vpn.charon import provider as _provider
+from lab.vpn.charonkernel import esp_overhead, kernel_esp, probe_kernel_esp
 from lab.vpn.kernelfeatures import KernelFacts, kernel_facts
 
 # ------------------------------------------------------------------------ the driver
@@ -339,9 +337,9 @@ def _ensure_tunnel_addrs(end: Endpoint) -> None:
 
 
 def _cleanup(end: Endpoint, peer: Endpoint) -> list[str]:
-    """charon's leftovers between our selectors (charon.cleanup), then the tunnel addresses on
+    """charon's leftovers between our selectors (charonkernel.cleanup), then the tunnel addresses on
     lo; returns what still remains."""
-    left = charon.cleanup(end, peer, traffic_selectors(end), traffic_selectors(peer))
+    left = charonkernel.cleanup(end, peer, traffic_selectors(end), traffic_selectors(peer))
     n = end.node
     n.run(["ip", "addr", "del", f"{_host(end.tunnel_v4)}/32", "dev", "lo"], check=False)
     if _host(end.tunnel_v6):
