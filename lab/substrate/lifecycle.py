@@ -50,8 +50,9 @@ class Build(ABC):
         """The lab's state directory, ledger and lab object (with `info` and `save()`)."""
 
     @abstractmethod
-    def build(self, lab, impair: str | None, placement: str | None) -> None:
-        """Network, CPU and impairment points of the lab."""
+    def build(self, lab, impair: str | None, placement: str | None):
+        """Network, CPU and impairment points of the lab; the lab object to go on with (one
+        that knows its nodes now)."""
 
     @abstractmethod
     def unwind(self, lab) -> list[str]:
@@ -72,7 +73,7 @@ def up(build: Build, lab_id: str | None, *, vpn=None, impair=None, placement=Non
     build.check(lab_id, vpn)
     lab = build.create(lab_id)
     try:
-        build.build(lab, impair, placement)
+        lab = build.build(lab, impair, placement)
         if vpn is not None:
             bring_up(lab, vpn)
     except BaseException as e:

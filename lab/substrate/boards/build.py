@@ -71,8 +71,9 @@ class BoardsBuild(lifecycle.Build):
         write_json_atomic(d / "lab.json", info)
         return BoardLab(lab_id, info)
 
-    def build(self, lab: BoardLab, impair: str | None, placement: str | None) -> None:
+    def build(self, lab: BoardLab, impair: str | None, placement: str | None) -> BoardLab:
         _build(lab, self.spec, self.bmap, impair, placement)
+        return lab
 
     def unwind(self, lab: BoardLab) -> list[str]:
         lab.close()

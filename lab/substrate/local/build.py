@@ -82,7 +82,7 @@ class LocalBuild(lifecycle.Build):
         self.ledger = ledger
         return Lab(lab_id, info)
 
-    def build(self, lab: Lab, impair: str | None, placement: str | None) -> None:
+    def build(self, lab: Lab, impair: str | None, placement: str | None) -> Lab:
         build_lab(
             self.spec,
             lab.id,
@@ -94,6 +94,7 @@ class LocalBuild(lifecycle.Build):
             placement,
             self.impair_backend,
         )
+        return Lab(lab.id, lab.info)  # its nodes' runtime is in lab.info now
 
     def unwind(self, lab: Lab) -> list[str]:
         return teardown(lab.id)
