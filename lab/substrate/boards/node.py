@@ -2,7 +2,7 @@
 
 A new SSH exec channel costs ~100 ms (the server's side of the session set-up), so commands do
 not get one each: BoardConnection starts ONE `ssh HOST python3 ... --stdio` per board, sends the
-lab agent's source (lab/substrate/vm/agent.py) down its stdin, and then speaks the agent protocol over that
+lab agent's source (lab.substrate.vm.agentscript.agent_source()) down its stdin, and then speaks the agent protocol over that
 session with lab.substrate.vm.channel.Channel, as the VM does over virtio-serial (~1 ms a command). Nothing
 is installed on the board; the agent exits when the session's stdin closes.
 
@@ -29,7 +29,7 @@ from lab.core import proc
 from lab.core.errors import CommandError, StartupError
 from lab.core.node import Daemon, Node
 from lab.core.state import Ledger
-from lab.substrate.vm import agent as agent_module
+from lab.substrate.vm.agentscript import agent_source
 from lab.substrate.vm.channel import Channel, ChannelClosed
 from lab.substrate.boards.types import Board
 
@@ -183,7 +183,7 @@ class BoardConnection:
         if the agent is not ready within `connect_timeout` s. `command` makes the local argv
         from the remote one (tests run the agent without ssh)."""
         argv = command(board, AGENT_COMMAND)
-        src = Path(agent_module.__file__).read_bytes()
+        src = agent_source()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair()
         with open(log_path, "ab") as log:
