@@ -7,7 +7,7 @@ Runs under the host root's /usr/bin/python3 (standard library only: it must not 
 project's venv, which may not exist yet). It ships as ONE script, assembled on the host by
 lab.substrate.vm.agentscript.agent_source(): this file with agentcommands.py's text in place of
 its import of it (the one line that names lab). The initramfs carries that script and the init
-copies it to /run/lab/agent.py; on a real board (lab.substrate.boards.node) ssh starts it with
+copies it to /run/lab/agent.py; on a real board (lab.substrate.boards.connection) ssh starts it with
 --stdio: requests on stdin, replies on stdout.
 
 Protocol, one JSON object per line in each direction (see docs/vm.md):
@@ -229,7 +229,7 @@ def main(args: list[str] | None = None) -> None:
         # Tests: serve one connected socket (inherited as this fd) until it closes.
         port = Port(int(args[1]), reconnects=False)
     elif args[:1] == ["--stdio"]:
-        # A board over SSH (lab.substrate.boards.node): one ssh session's stdin and stdout; EOF on
+        # A board over SSH (lab.substrate.boards.connection): one ssh session's stdin and stdout; EOF on
         # stdin (the controller closed it, or the connection dropped) ends serve() and us.
         port = Port(0, reconnects=False, wfd=1)
         # Commands start from BASE_ENV, not from ours; a board whose sshd sets
