@@ -23,7 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lab.substrate.boards.node import BoardConnection, BoardNode, ssh_argv
+from lab.substrate.boards.connection import BoardConnection, ssh_argv
+from lab.substrate.boards.node import BoardNode
 from tests.test_sshnode import SSHD, LocalSshd
 
 

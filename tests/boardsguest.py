@@ -48,7 +48,8 @@ def readings(inv_path: Path, tmp: Path, peer: str) -> dict[str, str]:
     """Ping through the tunnel and the tunnel link on the client board, the qdiscs on the
     router board, over a connection of this test's own to each."""
     from lab.substrate.boards.inventory import load_inventory
-    from lab.substrate.boards.node import BoardConnection, BoardNode
+    from lab.substrate.boards.connection import BoardConnection
+    from lab.substrate.boards.node import BoardNode
 
     boards = load_inventory(inv_path).boards
     conns = {}

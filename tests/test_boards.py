@@ -56,7 +56,8 @@ def board_state(inv_path, tmp_path) -> dict:
 
     from lab.substrate.boards.snapshot import snapshot
     from lab.substrate.boards.inventory import load_inventory
-    from lab.substrate.boards.node import BoardConnection, BoardNode
+    from lab.substrate.boards.connection import BoardConnection
+    from lab.substrate.boards.node import BoardNode
     from lab.core.state import state_root
 
     def one(name, b) -> dict:

@@ -28,7 +28,8 @@ def _expected_backend(inv, tmp_path) -> str:
     """kernel-netem where the router board's kernel has netem, else the engine (the path this
     machine's kernel takes)."""
     from lab.substrate.boards.inventory import load_inventory
-    from lab.substrate.boards.node import BoardConnection, BoardNode
+    from lab.substrate.boards.connection import BoardConnection
+    from lab.substrate.boards.node import BoardNode
     from lab.impair.kernel import probe_netem
 
     b = load_inventory(inv).boards["router"]

@@ -119,7 +119,8 @@ def farm(tmp_path_factory):
 
 def _nodes(inv, logs):
     from lab.substrate.boards.inventory import load_inventory
-    from lab.substrate.boards.node import BoardConnection, BoardNode
+    from lab.substrate.boards.connection import BoardConnection
+    from lab.substrate.boards.node import BoardNode
 
     conns = []
     try:

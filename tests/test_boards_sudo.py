@@ -38,7 +38,7 @@ def test_unknown_sudo_board_is_refused(tmp_path):
 
 def test_sudo_board_up_ping_down(sudo_farm, tmp_path):
     from lab.substrate.boards.inventory import load_inventory
-    from lab.substrate.boards.node import ssh_argv
+    from lab.substrate.boards.connection import ssh_argv
 
     inv, rec = sudo_farm
     client = load_inventory(inv).boards["client"]

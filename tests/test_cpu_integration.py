@@ -17,7 +17,8 @@ import pytest
 
 from lab.core import cgroups
 from lab.campaign.calibrate import calibrate, measure_openssl, parse_openssl_mr
-from lab.model.cpuprofile import CORE_SHARE_MAX, PRIMITIVES, RESIDUAL_THRESHOLD, load_profile
+from lab.model.cpucalibration import CORE_SHARE_MAX, RESIDUAL_THRESHOLD
+from lab.model.cpuprofile import PRIMITIVES, load_profile
 
 from .conftest import REPO, kernel_quota_cores, lab_traces, run_lab
 

@@ -10,16 +10,8 @@ import pytest
 from lab.campaign import calibrate as calibrate_mod
 from lab.core import cgroups
 from lab.campaign.calibrate import Measurement, fit_core_share, parse_openssl_mr
-from lab.model.cpuprofile import (
-    CORE_SHARE_MAX,
-    PRIMITIVES,
-    RESIDUAL_THRESHOLD,
-    Reference,
-    fit_quality,
-    host_cpu_model,
-    known_profiles,
-    load_profile,
-)
+from lab.model.cpucalibration import CORE_SHARE_MAX, RESIDUAL_THRESHOLD, fit_quality, host_cpu_model
+from lab.model.cpuprofile import PRIMITIVES, Reference, known_profiles, load_profile
 from lab.substrate.local.cpuplan import coverage, plan_entry, scale_to_host
 from lab.core.errors import ConfigError, PreconditionError
 

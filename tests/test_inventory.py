@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.substrate.boards import inventory as invmod
+from lab.substrate.boards import ansible as ansmod
 from lab.substrate.boards.mapping import board_spec, check_management, map_nodes, parse_map_option
 from lab.substrate.boards.inventory import load_inventory
 from lab.substrate.boards.types import Board, BoardMap, Cable
@@ -26,7 +26,7 @@ MIDDLEBOX = TOPOS / "pi_pair_middlebox.py"
 
 def _have_ansible() -> bool:
     try:
-        invmod.ansible_inventory_tool()
+        ansmod.ansible_inventory_tool()
     except PreconditionError:
         return False
     return True
@@ -263,8 +263,8 @@ def test_toml_with_ansible_limit(tmp_path):
 
 
 def test_ansible_tool_missing(tmp_path, monkeypatch):
-    monkeypatch.setattr(invmod.sys, "executable", str(tmp_path / "python"))
-    monkeypatch.setattr(invmod.proc, "which", lambda tool: None)
+    monkeypatch.setattr(ansmod.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(ansmod.proc, "which", lambda tool: None)
     with pytest.raises(PreconditionError, match="ansible-inventory.*ansible-core"):
         load_inventory(write(tmp_path, "hosts.yml", YAML_HOSTS))
 

@@ -243,7 +243,7 @@ def test_probe_values_are_the_reports_primary_column(tmp_path):
     import json
 
     from lab.core.errors import PreconditionError
-    from lab.campaign.parallel import probe_values
+    from lab.campaign.probe import probe_values
 
     (tmp_path / "results.jsonl").write_text(
         "".join(json.dumps(_line(r, bps=b)) + "\n" for r, b in enumerate((8e8, 9e8, 1e9)))
@@ -260,7 +260,7 @@ def test_probe_values_are_the_reports_primary_column(tmp_path):
 def test_screen_cores_per_profile_from_the_monitor_files(tmp_path):
     import json
 
-    from lab.campaign.parallel import screen_cores
+    from lab.campaign.probe import screen_cores
 
     lines = [_line(0), {**_line(0), "case": "wireguard|none|tcp|0", "profile": "wireguard"}]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))

@@ -102,7 +102,7 @@ def test_report_states_the_cpu_calibration_fit(tmp_path):
     primitive against the threshold, and the poor-fit warning in plain words."""
     import json
 
-    from lab.model.cpuprofile import fit_quality
+    from lab.model.cpucalibration import fit_quality
 
     def with_calibration(name, residuals, fit=True):
         run = make_run(tmp_path / name)

@@ -1,4 +1,4 @@
-"""BoardNode / BoardConnection (lab/substrate/boards/node.py): a node on a board over one ssh session.
+"""BoardNode / BoardConnection (lab/substrate/boards/node.py, connection.py): a node on a board over one ssh session.
 
 Three levels: the ssh command line as data; the real agent bootstrapped exactly as on a board
 but started here without ssh (the "remote command" run locally, its stdio a socket pair); and a
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.substrate.boards.node import AGENT_COMMAND, BOOT, BoardConnection, BoardNode, ssh_argv
+from lab.substrate.boards.connection import AGENT_COMMAND, BOOT, BoardConnection, ssh_argv
+from lab.substrate.boards.node import BoardNode
 from lab.substrate.boards.types import Board
 from lab.core.errors import CommandError, StartupError
 from lab.core.node import Daemon

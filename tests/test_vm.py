@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lab.core.errors import PreconditionError
-from lab.substrate.vm import agent, kernel, qemu
+from lab.substrate.vm import agentcommands, kernel, qemu
 from lab.substrate.vm.channel import Channel, ChannelClosed
 from lab.substrate.vm.initramfs import Entry, newc, render_config
 from lab.substrate.vm.booting import _emulator_panic, plan_shares
@@ -213,19 +213,23 @@ def test_probe_accel_without_kvm_device_is_tcg(monkeypatch):
 
 # -- the agent's command runner ---------------------------------------------------------------------
 def test_agent_run_request_basics():
-    r = agent.run_request({"argv": ["sh", "-c", "cat; echo err >&2; exit 3"], "input": "in"})
+    r = agentcommands.run_request(
+        {"argv": ["sh", "-c", "cat; echo err >&2; exit 3"], "input": "in"}
+    )
     assert (r["rc"], r["stdout"], r["stderr"], r["timed_out"]) == (3, "in", "err\n", False)
-    r = agent.run_request({"argv": ["sh", "-c", "echo $FOO $PATH"], "env": {"FOO": "bar"}})
+    r = agentcommands.run_request({"argv": ["sh", "-c", "echo $FOO $PATH"], "env": {"FOO": "bar"}})
     assert r["stdout"].startswith("bar /usr/local/sbin:")
-    r = agent.run_request({"argv": ["/nonexistent/tool"]})
+    r = agentcommands.run_request({"argv": ["/nonexistent/tool"]})
     assert r["rc"] == 127 and "No such file" in r["stderr"]
-    r = agent.run_request({"argv": "ls"})
+    r = agentcommands.run_request({"argv": "ls"})
     assert r["rc"] == 127 and "argv" in r["stderr"]
 
 
 def test_agent_timeout_kills_the_process_group():
     t = time.monotonic()
-    r = agent.run_request({"argv": ["sh", "-c", "sleep 30 & sleep 30; echo never"], "timeout": 0.5})
+    r = agentcommands.run_request(
+        {"argv": ["sh", "-c", "sleep 30 & sleep 30; echo never"], "timeout": 0.5}
+    )
     # killed, not waited out: back before the 30 s sleeps would have ended
     assert r["timed_out"] and time.monotonic() - t < 30
     assert "never" not in r["stdout"]

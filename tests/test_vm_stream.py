@@ -1,8 +1,9 @@
 """Streaming and interactive commands through the VM agent, without a VM.
 
-The real agent (lab/substrate/vm/agent.py, run as the guest runs it: the system python3, -I -S) serves one
-end of a socket pair; the other end is a real Channel inside a real VM object, so VM.start_stream,
-Stream and terminal.attach run unchanged against it. Commands run on this host.
+The real agent (the script that ships, lab.substrate.vm.agentscript.agent_source(), run as the
+guest runs it: the system python3, -I -S) serves one end of a socket pair; the other end is a
+real Channel inside a real VM object, so VM.start_stream, Stream and terminal.attach run
+unchanged against it. Commands run on this host.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from pathlib import Path
 import pytest
 
 from lab.core.errors import CommandError
-from lab.substrate.vm import agent as agent_mod
+from lab.substrate.vm.agentscript import agent_source
 from lab.substrate.vm.channel import Channel, ChannelClosed
 from lab.substrate.vm.machine import VM
 from lab.substrate.vm.terminal import attach
 
-AGENT = Path(agent_mod.__file__)
 PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 
 
@@ -44,10 +44,12 @@ class AgentHarness:
     """The agent in its own process, serving a socket pair; `vm` is a VM on the other end."""
 
     def __init__(self, tmp_path: Path):
+        agent = tmp_path / "agent.py"
+        agent.write_bytes(agent_source())  # the one script, as the VM and boards get it
         host, guest = socket.socketpair()
         self.log = open(tmp_path / "agent.log", "wb")  # closed in stop()
         self.proc = subprocess.Popen(
-            [PYTHON, "-I", "-S", "-B", "-u", str(AGENT), "--fd", str(guest.fileno())],
+            [PYTHON, "-I", "-S", "-B", "-u", str(agent), "--fd", str(guest.fileno())],
             pass_fds=[guest.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=self.log,

@@ -27,7 +27,7 @@ from lab.vpn import get_driver
 from lab.vpn.profiles import load_profile
 from lab.vpn.tunnel import make_context, plan, prepare, redact, render, secret_values
 from lab.core.hostnode import this_machine
-from lab.vpn.drivers.xfrm import overhead, sa_names
+from lab.vpn.xfrmsa import overhead, sa_names
 from tests.conftest import REPO, TOPOS, vm_kernel_or_skip
 
 PROFILES = ("ipsec-transport-ah", "ipsec-transport-esp", "ipsec-transport-ah-esp")
@@ -160,7 +160,7 @@ def test_keys_0600_fresh_per_lab_and_redacted(profile, tmp_path):
 
 
 def test_config_hash_does_not_depend_on_keys_or_spis(tmp_path):
-    from lab.vpn.drivers.xfrm import secret_layout
+    from lab.vpn.xfrmsa import secret_layout
 
     p = plan(spec_of("pi_pair_middlebox"), "ipsec-transport-ah-esp")
     drv, params = p.driver, p.profile.params

@@ -5,7 +5,7 @@
 2. fit core_share (host cores per board core) by weighted least squares of the log ratios
    ln(core_share * measured / reference), and report each primitive's residual; above
    RESIDUAL_GOAL the fit is poor on this host and the record's `fit` says which primitive, how
-   far, and what that means for results (cpuprofile.fit_quality);
+   far, and what that means for results (cpucalibration.fit_quality);
 3. verify: re-measure with `openssl speed -elapsed` inside a throwaway cgroup lab/calib-<pid>
    capped at one board core (removed in `finally`);
 4. store the result in the machine-local calibration file that load_profile() merges in.
@@ -31,26 +31,23 @@ from pathlib import Path
 from lab.campaign import calibssh
 from lab.core import cgroups, proc
 from lab.substrate.local.cpuplan import coverage
-from lab.model.cpuprofile import (
+from lab.model.cpucalibration import (
     CALIBRATION_SCHEMA,
     CORE_SHARE_MAX,
-    PRIMITIVES,
     RESIDUAL_THRESHOLD,
-    CpuProfile,
-    Reference,
     calibration_path,
     core_share_ok,
     fit_quality,
     host_cpu_model,
-    load_profile,
 )
+from lab.model.cpuprofile import PRIMITIVES, CpuProfile, Reference, load_profile
 from lab.core.errors import CommandError, ConfigError, LabError, PreconditionError
 from lab.core.state import write_json_atomic
 
 GOBENCH = REPO / "tools" / "gobench" / "gobench"
 MSG_BYTES = 16384
 #: above this |residual| the fit is poor on this host and `lab calibrate` says what that means
-#: for results (cpuprofile.fit_quality; docs/cpu.md "Fit quality")
+#: for results (cpucalibration.fit_quality; docs/cpu.md "Fit quality")
 RESIDUAL_GOAL = RESIDUAL_THRESHOLD
 SECONDS_GOAL = 60.0
 #: (rounds, seconds per openssl run, seconds per verification run)

@@ -119,7 +119,8 @@ def code_version(git_describe: str | None) -> dict:
 def calibration_of(spec) -> dict:
     """This machine's calibration of every CPU profile the topology's nodes name: the merged
     calibration summary, or why there is none (each machine of a sharded run fits its own)."""
-    from lab.model.cpuprofile import host_cpu_model, load_profile
+    from lab.model.cpucalibration import host_cpu_model
+    from lab.model.cpuprofile import load_profile
 
     out: dict = {"host_cpu_model": host_cpu_model(), "profiles": {}}
     for name in sorted({n.cpu for n in spec.hosts() if isinstance(n.cpu, str)}):

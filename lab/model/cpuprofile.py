@@ -2,10 +2,11 @@
 
 A profile says what the board is (cores, clock, word size), what it can do (reference throughput
 per crypto primitive, each with its source), and how to strip this machine down to the board's
-instruction set (environment masks every process of a capped node gets). `lab calibrate` measures
-this machine and fits `core_share` (host cores per board core); the result lives in a
-machine-local calibration file that `load_profile` merges in. `scale_to_host` turns profiles into
-per-node cgroup quotas that fit the machine; `coverage` says which crypto that really covers.
+instruction set (environment masks every process of a capped node gets). This module is the files:
+their fields, their validation (errors name the file, the field and what is accepted), and
+loading one by name. `lab calibrate` measures this machine and fits `core_share` (host cores per
+board core); the result lives in a machine-local calibration file (lab.model.cpucalibration) that
+`load_profile` merges in. lab.substrate.local.cpuplan turns profiles into per-node cgroup quotas.
 """
 
 from __future__ import annotations
@@ -20,16 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from lab.core.errors import ConfigError
+from lab.model.cpucalibration import CORE_SHARE_MAX, apply_calibration
 
 PROFILE_DIR = REPO / "cpu_profiles"
-CALIBRATION_DIR = Path("/var/lib/lab/calibration")
-CALIBRATION_SCHEMA = 1
-#: |residual| above which a calibration's fit is called poor (docs/cpu.md "Fit quality"): one
-#: core_share cannot make every primitive run at the board's published speed on this host, and
-#: results of VPNs using that primitive are off by about that much
-RESIDUAL_THRESHOLD = 0.25
-#: bounds of a core_share, in a profile file or fitted (host cores per board core)
-CORE_SHARE_MAX = 64.0
 #: variables that hide CPU features from crypto libraries: a node with a CPU profile gets exactly
 #: the profile's values, and the caller's own values of the others are removed (a `host` node
 #: must not inherit an OPENSSL_ia32cap the user happened to export)
@@ -98,11 +92,6 @@ _CONFIDENCE = ("high", "medium", "low")
 def profile_dirs() -> list[Path]:
     extra = os.environ.get("LAB_CPU_PROFILES")
     return ([Path(extra)] if extra else []) + [PROFILE_DIR]
-
-
-def calibration_dir() -> Path:
-    """Machine-local calibration results (LAB_CALIBRATION_DIR overrides, e.g. for tests)."""
-    return Path(os.environ.get("LAB_CALIBRATION_DIR") or CALIBRATION_DIR)
 
 
 def known_profiles() -> list[str]:
@@ -420,109 +409,5 @@ def load_profile(name: str, *, merge_calibration: bool = True) -> CpuProfile:
         raise ConfigError(f"not valid TOML: {e}", source=str(p))
     prof = parse_profile(name, data, str(p))
     if merge_calibration and prof.capped:
-        _merge_calibration(prof)
+        apply_calibration(prof)
     return prof
-
-
-def host_cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def calibration_path(name: str) -> Path:
-    return calibration_dir() / f"{name}.json"
-
-
-def core_share_ok(share) -> bool:
-    """A usable core_share: a number in (0, CORE_SHARE_MAX] host cores per board core."""
-    return (
-        isinstance(share, int | float)
-        and not isinstance(share, bool)
-        and 0 < share <= CORE_SHARE_MAX
-    )
-
-
-def _merge_calibration(prof: CpuProfile) -> None:
-    path = calibration_path(prof.name)
-    hint = f"run `sudo lab calibrate {prof.name}`"
-    try:
-        cal = json.loads(path.read_text())
-    except FileNotFoundError:
-        prof.calibrated = False
-        prof.uncalibrated_reason = f"no calibration on this machine ({path}); {hint}"
-        return
-    except (OSError, ValueError) as e:
-        prof.calibrated = False
-        prof.uncalibrated_reason = f"calibration file {path} unreadable ({e}); {hint}"
-        return
-    why = None
-    if cal.get("schema") != CALIBRATION_SCHEMA:
-        why = f"schema {cal.get('schema')!r} is not {CALIBRATION_SCHEMA}"
-    elif cal.get("profile_fingerprint") != prof.fingerprint():
-        why = "the profile's references or masks changed since"
-    elif cal.get("host", {}).get("cpu_model") != host_cpu_model():
-        why = f"it was made on another CPU ({cal.get('host', {}).get('cpu_model')!r})"
-    elif not core_share_ok(cal.get("core_share")):
-        why = f"its core_share {cal.get('core_share')!r} is outside (0, {CORE_SHARE_MAX:g}]"
-    if why:
-        prof.calibrated = False
-        prof.uncalibrated_reason = f"calibration {path} is stale: {why}; {hint}"
-        return
-    prof.core_share = float(cal["core_share"])
-    prof.calibrated = True
-    prof.calibration = {
-        "file": str(path),
-        "created": cal.get("created"),
-        "mode": cal.get("mode"),
-        "residuals": cal.get("residuals", {}),
-        "max_abs_residual": cal.get("max_abs_residual"),
-        # judged again with today's threshold, so that older files say it too
-        "fit": fit_quality(cal.get("residuals") or {}, profile=prof.name),
-    }
-
-
-def fit_quality(
-    residuals: dict[str, float], *, profile: str = "", threshold: float = RESIDUAL_THRESHOLD
-) -> dict:
-    """How well one fitted core_share imitates the board on this host, in numbers and words.
-
-    A residual r = fitted board speed / the board's published figure - 1: under the fitted cap
-    the primitive runs (1 + r) times as fast as on the board, so results of a VPN whose crypto
-    is that primitive (in userspace, in a capped node) overstate (r > 0) or understate (r < 0)
-    the board's throughput by about |r|. Above `threshold` the fit is called poor: `warnings`
-    say so per primitive, worst first, and `warning` is all of it in one sentence.
-    """
-    res = {p: float(r) for p, r in residuals.items() if r is not None}
-    poor = sorted((p for p in res if abs(res[p]) > threshold), key=lambda p: -abs(res[p]))
-    worst = max(res, key=lambda p: abs(res[p])) if res else None
-    board = f"the {profile} figure" if profile else "the board's figure"
-    warnings = []
-    for p in poor:
-        r = res[p]
-        pct = f"{abs(r) * 100:.0f} %"
-        warnings.append(
-            f"{p} runs {pct} {'faster' if r > 0 else 'slower'} than {board} under the fitted "
-            f"cap: results of profiles using it will {'overstate' if r > 0 else 'understate'} "
-            f"{profile or 'board'} throughput by about {pct}"
-        )
-    warning = None
-    if warnings:
-        warning = (
-            f"poor CPU calibration fit{f' for {profile}' if profile else ''} on this machine "
-            f"(|residual| above {threshold:.0%} for {', '.join(poor)}): " + "; ".join(warnings)
-        )
-    return {
-        "threshold": threshold,
-        "residuals": {p: round(r, 4) for p, r in res.items()},
-        "max_abs_residual": round(abs(res[worst]), 4) if worst else None,
-        "worst": worst,
-        "above_threshold": bool(poor),
-        "poor": poor,
-        "warnings": warnings,
-        "warning": warning,
-    }

@@ -231,7 +231,7 @@ def _warnings(doc: Doc, results: list[dict], m: dict) -> None:
 def _calibration_rows(m: dict) -> list[list[str]]:
     """Per calibrated CPU profile of the run: how well its fitted cap imitates the board on this
     host (residual per primitive against the threshold), and the poor-fit warning if any."""
-    from lab.model.cpuprofile import fit_quality
+    from lab.model.cpucalibration import fit_quality
 
     cals: dict[str, dict] = {}
     for c in (m.get("cpu") or {}).values():

@@ -29,7 +29,8 @@ from lab.vpn.profiles import Profile
 from lab.vpn.tunnel import availability
 from lab.substrate.boards.impair import impairment_path
 from lab.substrate.boards.readings import parse_measure_temp, throttled_words
-from lab.substrate.boards.node import BoardConnection, BoardNode
+from lab.substrate.boards.connection import BoardConnection
+from lab.substrate.boards.node import BoardNode
 from lab.substrate.boards.types import Board, Inventory
 
 #: what the lab itself runs on every board besides the drivers' tools (measurements, link

@@ -66,7 +66,7 @@ class BoardLab:
         )  # fmt: skip
 
     def connection(self, node: str):
-        from lab.substrate.boards.node import BoardConnection
+        from lab.substrate.boards.connection import BoardConnection
 
         board = self.board(node)
         conn = self._conns.get(board.name)
@@ -127,7 +127,7 @@ def interactive(board: Board, argv: list[str]) -> int:
     import subprocess
     import sys
 
-    from lab.substrate.boards.node import ssh_argv
+    from lab.substrate.boards.connection import ssh_argv
 
     ssh = ssh_argv(board, argv)
     if sys.stdin.isatty():

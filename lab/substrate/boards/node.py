@@ -1,50 +1,29 @@
-"""BoardNode: a lab Node on a real board reached with OpenSSH, through one ssh session per board.
+"""BoardNode: a lab Node on a real board, its commands sent over the board's one ssh session
+(lab.substrate.boards.connection.BoardConnection) to the lab agent there.
 
-A new SSH exec channel costs ~100 ms (the server's side of the session set-up), so commands do
-not get one each: BoardConnection starts ONE `ssh HOST python3 ... --stdio` per board, sends the
-lab agent's source (lab/substrate/vm/agent.py) down its stdin, and then speaks the agent protocol over that
-session with lab.substrate.vm.channel.Channel, as the VM does over virtio-serial (~1 ms a command). Nothing
-is installed on the board; the agent exits when the session's stdin closes.
-
-The user's ~/.ssh/config, ssh-agent and known_hosts stay in force: ssh_argv adds only batch mode
-and keep-alives, and never weakens host key checking.
+Commands run from the agent's BASE_ENV plus the node's and the call's variables; daemons are
+spawned, stopped and checked with small board-side Python helpers (one round trip each) and
+recorded in the ledger; files the drivers render on the controller are copied over (sync);
+popen streams a command's output back (lab.substrate.boards.process.BoardProcess).
 """
 
 from __future__ import annotations
 
 import base64
-import codecs
-import io
 import json
 import os
-import shlex
-import socket
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from lab.core import proc
-from lab.core.errors import CommandError, StartupError
+from lab.core.errors import CommandError
 from lab.core.node import Daemon, Node
 from lab.core.state import Ledger
-from lab.substrate.vm import agent as agent_module
-from lab.substrate.vm.channel import Channel, ChannelClosed
-from lab.substrate.boards.types import Board
-
-#: the interpreter flags of the agent: isolated, no site, no .pyc, unbuffered (as in the VM)
-PYTHON = ["python3", "-I", "-S", "-B", "-u"]
-#: reads an 11-byte header (10-digit byte count + newline) then exactly that many bytes of
-#: source from fd 0 and runs them as __main__. os.read, not sys.stdin: a buffered reader would
-#: read ahead into the protocol lines that follow. One line: the remote login shell may be any.
-BOOT = (
-    'import os,sys;r=lambda n,b=b"":b if len(b)>=n else r(n,b+(os.read(0,n-len(b)) or '
-    'sys.exit("lab-agent bootstrap: stdin closed")));s=r(int(r(11)));'
-    'exec(compile(s,"lab-agent","exec"),{"__name__":"__main__"})'
-)
-#: what ssh runs on the board (sudo -n is prefixed by ssh_argv for become="sudo")
-AGENT_COMMAND = [*PYTHON, "-c", BOOT, "--stdio"]
+from lab.substrate.boards.connection import PYTHON, BoardConnection, log_tail
+from lab.substrate.boards.process import BoardProcess
+from lab.substrate.vm.channel import ChannelClosed
 
 # Board-side helpers, run by the agent as `python3 -I -S -c HELPER args...` (one round trip).
 _MKDIRS = """
@@ -123,143 +102,6 @@ for f in json.load(sys.stdin):
 _PID_THEN_EXEC = 'echo "$$" >&2; exec "$@"'
 
 
-def ssh_argv(board: Board, command: Sequence[str]) -> list[str]:
-    """The ssh command line that runs `command` on `board`.
-
-    The inventory's own ssh_options come first: OpenSSH keeps the first value it gets for each
-    option, so an inventory may override our batch mode or keep-alives. Host key checking is
-    never relaxed here; the user's ssh_config and known_hosts apply as for any ssh.
-    """
-    argv = ["ssh", "-T"]
-    for opt in board.ssh_options:
-        argv += ["-o", opt]
-    argv += ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
-    # a board that is off or unplugged: say so in seconds, not after TCP's two minutes
-    argv += ["-o", "ConnectTimeout=10"]
-    if board.port is not None:
-        argv += ["-p", str(board.port)]
-    if board.user:
-        argv += ["-l", board.user]
-    if board.key:
-        argv += ["-i", board.key, "-o", "IdentitiesOnly=yes"]
-    remote = list(command)
-    if board.become == "sudo":
-        remote = ["sudo", "-n", *remote]
-    # ssh hands the remote side one string for the login shell to parse
-    return [*argv, "--", board.host, shlex.join(remote)]
-
-
-def _tail(path: Path, lines: int = 10) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-class BoardConnection:
-    """One ssh session to one board carrying the lab agent: open it once per controller
-    process and share it between the board's nodes."""
-
-    def __init__(self, board: Board, ssh: subprocess.Popen, channel: Channel, log_path: Path):
-        self.board = board
-        self.ssh = ssh
-        self.channel = channel
-        self.log_path = log_path
-
-    def __repr__(self) -> str:
-        return f"BoardConnection({self.board.name}: {self.board.host})"
-
-    @classmethod
-    def open(
-        cls,
-        board: Board,
-        *,
-        log_path: Path,
-        connect_timeout: float = 60.0,
-        command: Callable[[Board, list[str]], list[str]] = ssh_argv,
-    ) -> BoardConnection:
-        """Start ssh and the agent on `board`; StartupError (with ssh's stderr from `log_path`)
-        if the agent is not ready within `connect_timeout` s. `command` makes the local argv
-        from the remote one (tests run the agent without ssh)."""
-        argv = command(board, AGENT_COMMAND)
-        src = Path(agent_module.__file__).read_bytes()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        ours, theirs = socket.socketpair()
-        with open(log_path, "ab") as log:
-            try:
-                ssh = subprocess.Popen(argv, stdin=theirs, stdout=theirs, stderr=log)
-            except BaseException:
-                ours.close()
-                raise
-            finally:
-                theirs.close()
-        where = f"board {board.name} ({board.host})"
-        try:
-            # The source goes first: Channel() sends its "hello" line at once, and the bootstrap
-            # must find exactly the source before the protocol begins.
-            ours.sendall(f"{len(src):010d}\n".encode() + src)
-            channel = Channel(None, sock=ours)
-        except OSError as e:
-            # ssh exited (refused) before taking the source: report it as the case below does,
-            # once ssh has written all of its stderr
-            ours.close()
-            rc = cls._end(ssh)
-            raise StartupError(
-                f"{where}: ssh exited {rc} ({e.strerror}): {shlex.join(argv)}\n{_tail(log_path)}"
-            ) from e
-        deadline = time.monotonic() + connect_timeout
-        while channel.wait_event("ready", 0.05) is None:
-            if channel.closed or ssh.poll() is not None or time.monotonic() > deadline:
-                # judged before closing: closing ends the agent, and ssh with it
-                timed_out = not channel.closed and ssh.poll() is None
-                channel.close()
-                rc = cls._end(ssh)
-                why = (
-                    f"no agent within {connect_timeout:.0f} s"
-                    if timed_out or rc is None
-                    else f"ssh exited {rc}"
-                )
-                raise StartupError(f"{where}: {why}: {shlex.join(argv)}\n{_tail(log_path)}")
-        return cls(board, ssh, channel, log_path)
-
-    @staticmethod
-    def _end(ssh: subprocess.Popen, wait: float = 5.0) -> int | None:
-        """Wait for ssh to exit, then TERM/KILL it; its exit code if it exited by itself."""
-        try:
-            return ssh.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            pass
-        for stop in (ssh.terminate, ssh.kill):
-            stop()
-            try:
-                ssh.wait(timeout=2)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        return None
-
-    def alive(self) -> bool:
-        return self.ssh.poll() is None and not self.channel.closed
-
-    def ping(self, timeout: float = 5.0) -> dict | None:
-        """The agent's pong ({"kernel", "uptime"}), or None if it did not answer in time."""
-        try:
-            return self.channel.request({"op": "ping"}, timeout)
-        except ChannelClosed:
-            return None
-
-    def close(self) -> None:
-        """End the session: EOF on the agent's stdin (it hangs up its streams and exits), then
-        ssh exits. Daemons spawned on the board keep running. Harmless to call twice."""
-        try:
-            self.channel.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        self._end(self.ssh, wait=10.0)
-        self.channel.close()
-
-
 def _board_env(*layers: Mapping[str, str | None] | None) -> dict[str, str]:
     """Only the variables the node and the call set (None removes one): the board's process
     starts from the agent's BASE_ENV, never from the controller's environment."""
@@ -313,7 +155,7 @@ class BoardNode(Node):
             reply = self.conn.channel.request(req, None if timeout is None else timeout + 30)
         except ChannelClosed as e:
             raise CommandError(
-                argv, -1, f"{e}\n{_tail(self.conn.log_path)}", where=self.where
+                argv, -1, f"{e}\n{log_tail(self.conn.log_path)}", where=self.where
             ) from e
         if reply is None:
             raise CommandError(argv, -1, f"no reply from the board's agent within {timeout}s + 30s",
@@ -367,7 +209,7 @@ class BoardNode(Node):
             stream.post("input", eof=True)
         except ChannelClosed as e:
             raise CommandError(
-                argv, -1, f"{e}\n{_tail(self.conn.log_path)}", where=self.where
+                argv, -1, f"{e}\n{log_tail(self.conn.log_path)}", where=self.where
             ) from e
         return BoardProcess(argv, stream, stdout, stderr)
 
@@ -423,109 +265,3 @@ class BoardNode(Node):
 
     def private_mounts(self) -> bool:
         return False
-
-
-class BoardProcess:
-    """What BoardNode.popen returns: the part of subprocess.Popen the lab's callers use (pid,
-    returncode, poll, wait, send_signal, terminate, kill), over one agent stream.
-
-    A thread copies the command's output into `stdout` / `stderr` (file objects, raw fds, or
-    None / DEVNULL to discard). Signals go to the command's process group on the board. Its
-    exit status is the shell's (128 + n when killed by signal n); 255 when the session died.
-    """
-
-    def __init__(self, argv: list[str], stream, stdout, stderr):
-        self.args = argv
-        self.stream = stream
-        self.stdout = self.stderr = None  # no PIPE: output goes where the caller said
-        self.pid: int | None = None
-        self.returncode: int | None = None
-        out = _sink(stdout)
-        self._sinks = {1: out, 2: out if stderr == subprocess.STDOUT else _sink(stderr)}
-        self._pid_buf = b""
-        self._pid_known = threading.Event()
-        self._done = threading.Event()
-        threading.Thread(target=self._pump, name=f"board-popen-{stream.id}", daemon=True).start()
-        self._pid_known.wait()  # ~1 ms: the shell prints it before exec
-
-    def _pump(self) -> None:
-        rc = 255
-        try:
-            while True:
-                msg = self.stream.get()
-                if "out" in msg:
-                    self._output(msg.get("fd", 1), base64.b64decode(msg["out"]))
-                elif msg.get("done"):
-                    rc = msg.get("rc", 255)
-                    break
-                elif "error" in msg:
-                    self._sinks[2](f"lab-agent: {msg['error']}\n".encode())
-                    break
-        except ChannelClosed as e:
-            self._sinks[2](f"board session lost: {e}\n".encode())
-        finally:
-            for write in self._sinks.values():
-                write(None)
-            self.returncode = rc
-            self._pid_known.set()
-            self._done.set()
-
-    def _output(self, fd: int, data: bytes) -> None:
-        if fd == 2 and not self._pid_known.is_set():
-            self._pid_buf += data
-            if b"\n" not in self._pid_buf:
-                return
-            line, _, data = self._pid_buf.partition(b"\n")
-            self.pid = int(line)
-            self._pid_known.set()
-        if data:
-            self._sinks[fd](data)
-
-    def poll(self) -> int | None:
-        return self.returncode if self._done.is_set() else None
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._done.wait(timeout):
-            raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self._done.is_set():
-            return
-        try:
-            self.stream.post("signal", sig=int(sig))
-        except ChannelClosed:
-            pass  # the agent hangs the command up itself when the session goes
-
-    def terminate(self) -> None:
-        self.send_signal(15)
-
-    def kill(self) -> None:
-        self.send_signal(9)
-
-
-def _sink(target) -> Callable[[bytes | None], None]:
-    """A writer of output chunks into `target` (None flushes it at the end)."""
-    if target is None or target == subprocess.DEVNULL:
-        return lambda data: None
-    if isinstance(target, int):
-
-        def write_fd(data: bytes | None) -> None:
-            view = memoryview(data or b"")
-            while view:
-                view = view[os.write(target, view) :]
-
-        return write_fd
-    text = isinstance(target, io.TextIOBase)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def write(data: bytes | None) -> None:
-        if data is None:
-            if text:
-                target.write(decoder.decode(b"", final=True))
-            target.flush()
-            return
-        target.write(decoder.decode(data) if text else data)
-        target.flush()
-
-    return write

@@ -10,7 +10,7 @@ from lab.substrate.base import LabHandle, Substrate, UpRequest, impair_on
 from lab.substrate.boards import build
 from lab.substrate.boards.farm import list_farms
 from lab.substrate.boards.impair import apply
-from lab.substrate.boards.inventory import parse_map_option
+from lab.substrate.boards.mapping import parse_map_option
 from lab.substrate.boards.lab import BoardLab, interactive, is_board_lab
 from lab.substrate.boards.restore import restore
 from lab.substrate.boards.target import BoardsTarget

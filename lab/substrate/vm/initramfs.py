@@ -15,11 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.substrate.vm.agentscript import agent_source
 from lab.substrate.vm.kernel import Kernel, module_load_order
 
 HERE = Path(__file__).resolve().parent
 INIT_SCRIPT = HERE / "init.sh"
-AGENT_SCRIPT = HERE / "agent.py"
 
 #: what stage 1 needs before it can see the host root: 9p over virtio, and overlayfs.
 INITRAMFS_MODULES = ["9pnet_virtio", "9p", "overlay"]
@@ -96,7 +96,7 @@ def build_initramfs(
         Entry("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)),
         Entry("init", stat.S_IFREG | 0o755, init_script.read_bytes()),
         Entry("bin/busybox", stat.S_IFREG | 0o755, kernel.busybox.read_bytes()),
-        Entry("lab/agent.py", stat.S_IFREG | 0o644, AGENT_SCRIPT.read_bytes()),
+        Entry("lab/agent.py", stat.S_IFREG | 0o644, agent_source()),
         Entry("lab/config", stat.S_IFREG | 0o644, render_config(cfg)),
     ]
     entries += [
