@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.cli.main import build_parser
+from lab.cli.parser import build_parser
 from lab.cli.help import EXAMPLES, subparsers
 from lab.vpn.profiles import load_profile
 

@@ -75,7 +75,7 @@ STATUS = {
 def _printed(monkeypatch, status) -> str:
     buf = io.StringIO()
     monkeypatch.setattr(cliprint, "out", Console(file=buf, width=250))
-    cliprint._print_status(status)
+    cliprint.print_status(status)
     return buf.getvalue()
 
 

@@ -1,7 +1,7 @@
 """`lab check`: a finished run judged against the plan's expectations (and baseline runs), the
 verdicts written as check.json, check.md (the job summary) and JUnit XML; `lab ci init`'s files.
 
-Running the plan is `lab run`'s business (lab.cli.commands.cmd_check calls it); this module loads
+Running the plan is `lab run`'s business (lab.cli.labs.cmd_check calls it); this module loads
 and validates what a check needs before anything runs, and judges a run directory afterwards.
 """
 

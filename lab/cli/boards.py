@@ -3,6 +3,8 @@ the work is lab.substrate.boards.check's."""
 
 from __future__ import annotations
 
+import time
+
 import json
 import shlex
 import sys
@@ -14,8 +16,9 @@ from rich.table import Table
 from lab.substrate.boards import check as bc
 from lab.substrate.boards.inventory import load_inventory
 from lab.cli.printing import out
-from lab.core.errors import ConfigError, PreconditionError
+from lab.core.errors import TeardownIncomplete, ConfigError, PreconditionError
 from lab.vpn.profiles import known_profiles, load_profile
+from lab.substrate.boards import farm
 
 
 def _profiles(option: str | None) -> list:
@@ -171,3 +174,46 @@ def _prepare(args, sessions: dict[str, bc.Session]) -> int:
     if failed:
         raise PreconditionError(f"apt-get failed on {', '.join(failed)}")
     return 0
+
+
+def cmd_boards(args) -> int:
+
+    if args.boards_cmd == "emulate":
+        if args.down:
+            lab_id = farm.farm_id(args.lab_id)
+            left = farm.remove(lab_id)
+            if left:
+                raise TeardownIncomplete([f"{lab_id}: {x}" for x in left])
+            out.print(f"board farm {lab_id!r} removed")
+            return 0
+        if not args.topology or not args.out:
+            raise ConfigError(
+                "lab boards emulate TOPOLOGY --out INVENTORY (or --down to remove a farm)",
+                source="lab boards emulate",
+            )
+        from lab.model.topology import load_topology, parse_params
+
+        spec = load_topology(args.topology, args.topo, parse_params(args.param))
+        t0 = time.monotonic()
+        sudo = tuple(b for b in (args.sudo or "").split(",") if b)
+        rec = farm.emulate(spec, Path(args.out), args.lab_id, sudo=sudo)
+        if args.json:
+            print(json.dumps(rec, indent=2))
+            return 0
+        for name, b in rec["boards"].items():
+            out.print(
+                f"board {name}: ssh {b['user']}@{b['host']}"
+                + (" (root with sudo)" if b["user"] != "root" else "")
+                + f", data ports {', '.join(b['data'])}"
+            )
+        out.print(
+            f"board farm {rec['id']!r} up in {time.monotonic() - t0:.2f} s "
+            f"(management {rec['subnet']}); inventory {rec['inventory']}; "
+            f"`lab boards emulate --down --id {rec['id']}` removes it"
+        )
+        return 0
+    elif args.boards_cmd == "check":
+        return cmd_boards_check(args)
+    elif args.boards_cmd == "prepare":
+        return cmd_boards_prepare(args)
+    raise ConfigError(f"unknown action {args.boards_cmd!r}", source="lab boards")

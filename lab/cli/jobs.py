@@ -8,6 +8,11 @@ from pathlib import Path
 
 from lab.cli.printing import err, out, print_run_summary
 from lab.core.errors import ConfigError
+from lab.campaign.parallel import is_jobs_run, resume_jobs, run_jobs
+from lab.campaign.load import REPO, load_plan
+from lab.campaign.setup import check_run_dir
+from lab.substrate.registry import select
+from lab.campaign.parallel import precheck
 
 
 class JobsPrinter:
@@ -35,10 +40,6 @@ def refuse_with(args, what: str) -> None:
 
 def cmd_run_jobs(args, jobs) -> int:
     """`jobs`: lab.campaign.jobs.parse_jobs of --jobs ("auto" or N >= 2), or None for a resume."""
-    from lab.campaign.parallel import is_jobs_run, resume_jobs, run_jobs
-    from lab.campaign.load import REPO, load_plan
-    from lab.campaign.setup import check_run_dir
-    from lab.substrate.registry import select
 
     if args.shard is not None:
         refuse_with(args, "--shard (--jobs cuts the plan into shards itself)")
@@ -77,7 +78,6 @@ def cmd_run_jobs(args, jobs) -> int:
         run = REPO / "runs" / f"{stamp}_{plan.name}"
     check_run_dir(run)
     spec = substrate.preflight(plan)
-    from lab.campaign.parallel import precheck
 
     precheck(plan, spec, jobs, args.force)  # an N that cannot fit: refused before anything
     out.print(f"run directory: {run}", markup=False, highlight=False)

@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.table import Table
 
 from lab.model.impairment.model import Impairment
-from lab.substrate.registry import status_line
 
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -77,7 +76,7 @@ def _point_specs(s: dict) -> dict[tuple[str, str], str]:
     return out
 
 
-def _print_status(s: dict) -> None:
+def print_status(s: dict) -> None:
     if not s.get("nodes"):  # a broken lab, or the VM of a `lab run --vm` (no lab of its own)
         out.print(f"lab {s['id']}: {s.get('state')}", markup=False, highlight=False)
         return
@@ -129,11 +128,6 @@ def _print_status(s: dict) -> None:
             first = False
     out.print(t)
     for line in status_lines(s):
-        out.print(line, markup=False, highlight=False)
-
-
-def _print_substrate(s: dict) -> None:
-    if line := status_line(s):
         out.print(line, markup=False, highlight=False)
 
 

@@ -12,14 +12,17 @@ from rich.text import Text
 from lab.cli.arch import render_check
 from lab.cli.printing import out
 from lab.core.errors import ConfigError, LabError
+from lab.model.topology import load_topology, parse_params
+from lab.vpn.tunnel import render, write_rendered
+from lab.vpn.byocimport import import_profile
+from lab.vpn.profiles import known_profiles, load_profile
+from lab.vpn.tunnel import availability
 
 
 def cmd_render(args) -> int:
     """To DIR/<node>/<file> with --out; else to stdout, each file under a header line naming its
     node and file, secrets redacted: --show-secrets needs --out, so keys never reach a terminal
     (or a terminal's scrollback, a CI log) by accident."""
-    from lab.model.topology import load_topology, parse_params
-    from lab.vpn.tunnel import render, write_rendered
 
     if args.show_secrets and not args.out:
         raise ConfigError(
@@ -62,7 +65,6 @@ def print_rendered(result: dict) -> None:
 
 def cmd_profiles_import(args) -> int:
     """`lab profiles import FILE... --out PROFILE.toml` (docs/byoc.md)."""
-    from lab.vpn.byocimport import import_profile
 
     written, notes = import_profile(args.files, args.out)
     for path in written:
@@ -88,9 +90,6 @@ def cmd_profiles(args) -> int:
 
 
 def profile_list(*, as_json: bool) -> int:
-    from lab.vpn.profiles import known_profiles, load_profile
-    from lab.vpn.tunnel import availability
-
     rows = []
     for name in known_profiles():
         try:
@@ -159,8 +158,6 @@ def param_rows(profile) -> list[dict]:
 
 def profile_detail(spec: str, *, as_json: bool) -> int:
     """`lab profiles NAME[:k=v,...]`: the profile's parameters (with the overrides applied)."""
-    from lab.vpn.profiles import load_profile
-    from lab.vpn.tunnel import availability
 
     try:
         prof = load_profile(spec)
