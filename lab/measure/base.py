@@ -21,6 +21,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from lab.core.errors import ConfigError, StartupError
 from lab.core.node import Daemon, Node
+from lab.core.tools import Tool
 from lab.model.params import Param, validate
 
 
@@ -131,17 +132,22 @@ _PACKAGE = __name__.rpartition(".")[0]
 class Test(ABC):
     """One measurement. A subclass in a module of lab/measure declares, at class level:
 
-    `name` (registers it), `schema` (its parameters), `metrics` (the results.csv columns its
-    records fill), `primary` (the metric a report ranks it by), and implements `estimate_s`
+    `name` (registers it), `schema` (its parameters), `requires` (the tools it runs, with their
+    Debian packages), `metrics` (the results.csv columns its records fill), `primary` (the
+    metric a report ranks it by), `plot` (how the report draws it), and implements `estimate_s`
     (expected wall time, for the progress bar) and `run`. No other code needs editing
     (docs/measurements.md, "Adding a test kind").
     """
 
     name: ClassVar[str]
     schema: Mapping[str, Param]
-    #: external tools needed on the client / server nodes (checked by the runner)
+    #: external tools needed on the client / server nodes (checked by the runner), by name
     client_tools: tuple[str, ...] = ()
     server_tools: tuple[str, ...] = ()
+    #: every tool in client_tools and server_tools, declared once: its Debian package, version
+    #: command and whether an arch node runs the board's build (lab.substrate.tools gathers
+    #: these into setup.sh's package list, `lab arch fetch` and the manifest's tool versions)
+    requires: ClassVar[tuple[Tool, ...]] = ()
     #: results.csv columns this test's records fill
     metrics: ClassVar[tuple[Metric, ...]] = ()
     #: the metric reports and comparisons rank this test by (required of a registered test;
@@ -185,6 +191,14 @@ class Test(ABC):
             if m.name in seen:
                 raise TypeError(f"{where}: metric {m.name!r} declared twice")
             seen.add(m.name)
+        declared = set()
+        for t in cls.requires:
+            if not isinstance(t, Tool):
+                raise TypeError(f"{where}: requires must be Tool(...) entries, got {t!r}")
+            declared.add(t.name)
+        undeclared = sorted({*cls.client_tools, *cls.server_tools} - declared)
+        if undeclared:
+            raise TypeError(f"{where}: tools {undeclared} are not declared in requires")
         if not isinstance(cls.primary, Primary):
             raise TypeError(f"{where}: primary must be a Primary(column, unit, scale, higher)")
 

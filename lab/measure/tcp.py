@@ -9,7 +9,9 @@ from typing import Any, ClassVar
 from lab.measure.adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, rule_of, run_segments
 from lab.measure.base import Context, MeasurementFailed, Metric, Primary, Record, Test, family_of
 from lab.model.params import Param
+from lab.core.tools import SS
 from lab.measure.iperf3 import (
+    IPERF3,
     DEFAULT_PORT,
     IPERF3_METRICS,
     client_argv,
@@ -59,6 +61,7 @@ class TcpTest(Test):
     name = "tcp"
     client_tools = ("iperf3",)
     server_tools = ("iperf3", "ss")
+    requires = (IPERF3, SS)
     schema: ClassVar[dict[str, Param]] = {
         "direction": Param(
             str,

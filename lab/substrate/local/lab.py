@@ -21,6 +21,7 @@ from lab.substrate.local.cpuplan import (
 )
 from lab.core.errors import ConfigError, LabError, PreconditionError
 from lab.core.arch.emulate import ArchRoot
+from lab.substrate.tools import board_tools
 from lab.substrate.local.node import LocalNode
 from lab.core.state import (
     Ledger,
@@ -107,7 +108,7 @@ class Lab:
             env=rt.env,
             ledger=self.ledger,
             log_dir=self.dir / "logs",
-            arch=ArchRoot.open(rt.arch) if rt.arch else None,
+            arch=ArchRoot.open(rt.arch, board_tools()) if rt.arch else None,
         )
 
     def nodes(self) -> dict[str, LocalNode]:
@@ -197,7 +198,7 @@ def _arch_plan(spec: LabSpec, cpu: dict[str, dict], vpn=None) -> list[str]:
     emulated = [n for n in spec.hosts() if n.arch]
     path = vpn.availability.path if vpn is not None and vpn.availability else None
     for n in emulated:
-        ArchRoot.open(n.arch)
+        ArchRoot.open(n.arch, board_tools())
         if path == "kernel" and n.name in (vpn.client.node, vpn.server.node):
             # the board's tools cannot drive XFRM or generic netlink under qemu-user, and a
             # kernel data plane runs no board binary anyway (docs/arch.md)
