@@ -144,6 +144,8 @@ def ping_argv(
 
 class PingTest(Test):
     name = "ping"
+    plots = ("rtt",)
+    ranks = "rtt"
     client_tools = ("ping",)
     requires = (PING,)
     schema: ClassVar[dict[str, Param]] = {

@@ -99,6 +99,8 @@ def _write(node: Node, path: Path, text: str) -> None:
 
 class ScpTest(Test):
     name = "scp"
+    plots = ("throughput",)
+    ranks = "throughput"
     client_tools = ("scp", "ssh-keygen", "dd")
     server_tools = ("sshd", "ssh-keygen", "ss")
     requires = (

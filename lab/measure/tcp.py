@@ -59,6 +59,8 @@ def packet_rate(
 
 class TcpTest(Test):
     name = "tcp"
+    plots = ("throughput", "throughput-time")
+    ranks = "throughput"
     client_tools = ("iperf3",)
     server_tools = ("iperf3", "ss")
     requires = (IPERF3, SS)

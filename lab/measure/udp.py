@@ -94,6 +94,8 @@ def _one(
 
 class UdpTest(Test):
     name = "udp"
+    plots = ("throughput", "rate-target", "throughput-time")
+    ranks = "throughput"
     client_tools = ("iperf3",)
     server_tools = ("iperf3", "ss")
     requires = (IPERF3, SS)
@@ -123,6 +125,7 @@ def _positive_rates(rates: list) -> str | None:
 
 class UdpSweepTest(Test):
     name = "udp-sweep"
+    plots = ("rate-sweep",)
     client_tools = ("iperf3",)
     server_tools = ("iperf3", "ss")
     requires = (IPERF3, SS)
