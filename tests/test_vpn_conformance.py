@@ -4,10 +4,9 @@ Parametrised over the registry (lab.vpn.driver_classes()), so a new driver modul
 touching this file. For each driver:
   - it implements lab.vpn.base.Driver (no abstract method left, the base's signatures, typed
     class declarations, check_topology declared by the base);
-  - every package it declares (Driver.requires, Driver.packages) is in packages.txt, which is
-    exactly what lab.substrate.tools derives from the declarations and what setup.sh installs
-    (its own list holds none of them), every tool a profile needs is declared, and every
-    version command is in the run manifest's tool list (preflight.TOOL_VERSIONS);
+  - every tool a profile needs is declared (Driver.requires), and every version command is in
+    the run manifest's tool list (preflight.TOOL_VERSIONS); its packages are checked in
+    tests/test_packages.py;
   - its check() asks the node it is given and nothing else: run with recording fake nodes while
     reading /proc, /sys, /dev, /lib/modules, /etc or /usr/lib/ipsec of the machine running the
     tests, or running any command here, fails the test;
@@ -36,9 +35,7 @@ from lab.core.errors import KernelFeatureMissing, PreconditionError
 from lab.model.topology import load_topology
 from lab.vpn import declared_tools, driver_classes, kernelfeatures, tunnel
 from lab.vpn.base import Availability, Driver
-from lab.core.tools import LAB_TOOLS, NODE_TOOLS, Tool
-from lab.measure import declared_tools as declared_test_tools
-from lab.substrate.tools import PACKAGE_FILE, declarations, package_file_text, packages
+from lab.core.tools import NODE_TOOLS, Tool
 from lab.model.params import Param
 from lab.vpn.profiles import PROFILE_DIR, load_profile
 from tests.conftest import REPO, TOPOS
@@ -60,24 +57,6 @@ CONTRACT = (
     "describe",
     "stop",
 )
-
-
-def setup_own_packages() -> set[str]:
-    """The words of setup.sh's own APT_PACKAGES=( ... ) array, comments dropped."""
-    text = (REPO / "setup.sh").read_text()
-    m = re.search(r"^APT_PACKAGES=\((.*?)^\)", text, re.MULTILINE | re.DOTALL)
-    assert m, "setup.sh has no APT_PACKAGES=( ... ) array"
-    return {w for line in m.group(1).splitlines() for w in line.split("#", 1)[0].split()}
-
-
-def package_file_packages() -> set[str]:
-    """The packages packages.txt lists, read as setup.sh reads it (first word, # comments)."""
-    out = set()
-    for line in PACKAGE_FILE.read_text().splitlines():
-        words = line.split()
-        if words and not words[0].startswith("#"):
-            out.add(words[0])
-    return out
 
 
 def profiles_of(driver: str) -> list:
@@ -244,40 +223,6 @@ def test_has_a_profile(name):
 
 
 # ------------------------------------------------------------------------ tools and packages
-
-
-def test_package_file_is_derived_from_the_declarations():
-    regenerate = "regenerate it: lab.substrate.tools.write_package_file()"
-    assert PACKAGE_FILE.read_text() == package_file_text(), f"packages.txt is stale; {regenerate}"
-
-
-def test_setup_installs_the_package_file_and_repeats_none_of_it():
-    text = (REPO / "setup.sh").read_text()
-    assert re.search(r"^done < packages\.txt$", text, re.MULTILINE), "setup.sh reads packages.txt"
-    repeated = setup_own_packages() & set(packages())
-    assert not repeated, f"declared packages listed again in setup.sh: {sorted(repeated)}"
-
-
-@pytest.mark.parametrize("name", DRIVERS)
-def test_declared_packages_are_in_the_package_file(name):
-    drv = driver_classes()[name]
-    missing = {t.package for t in drv.requires} | set(drv.packages)
-    missing -= package_file_packages()
-    assert not missing, f"{name}: packages not in packages.txt: {sorted(missing)}"
-
-
-def test_node_and_measurement_tool_packages_are_in_the_package_file():
-    tools = (*NODE_TOOLS, *LAB_TOOLS, *declared_test_tools())
-    assert {t.package for t in tools} <= package_file_packages()
-
-
-def test_every_declaration_of_a_tool_agrees():
-    # a tool declared by two plug-ins (openssl: openvpn and tinc) is one tool: same package,
-    # version command and board flag, or the derived lists would depend on the order
-    by_name: dict[str, set] = {}
-    for _, t in declarations():
-        by_name.setdefault(t.name, set()).add(t)
-    assert {n: ts for n, ts in by_name.items() if len(ts) > 1} == {}
 
 
 @pytest.mark.parametrize("name", DRIVERS)
