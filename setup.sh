@@ -21,21 +21,22 @@ fi
 
 log() { printf '\n== %s\n' "$*"; }
 
+# What this machine needs to host the lab (not run on its nodes): nothing here is a tool the
+# lab, a VPN driver or a measurement declares. Those come from packages.txt, generated from the
+# declarations (lab/substrate/tools.py says why a file: the virtualenv does not exist yet, and
+# python3 is one of the packages); tests/test_vpn_conformance.py checks both lists.
 APT_PACKAGES=(
-  # namespaces, links, capture
-  iproute2 iputils-ping util-linux procps psmisc tcpdump ethtool kmod
-  # what the lab's probes and the drivers run on a node (Essential on Debian; listed because
-  # the drivers declare them: tests/test_vpn_conformance.py checks every declared package)
-  coreutils dash gzip mount
-  # measurement tools
-  iperf3 sockperf openssh-server openssh-client openssl
+  # processes, capture, kernel modules
+  procps psmisc tcpdump kmod
+  # sockperf: no test runs it (docs/measurements.md says why rr has its own tools/rr/rr.py);
+  # installed for comparisons by hand, as before
+  sockperf
   # an emulated board whose login user gets root with sudo (lab boards emulate --sudo)
   sudo
-  # VPN data planes
-  wireguard-tools wireguard-go openvpn wpasupplicant tinc xl2tpd ppp
-  strongswan-swanctl charon-systemd strongswan-charon libcharon-extra-plugins libstrongswan-extra-plugins libstrongswan-standard-plugins
+  # strongSwan's systemd front end
+  charon-systemd
   # python, build tools for the compiled helpers
-  python3 python3-venv python3-dev build-essential pkg-config curl ca-certificates
+  python3-venv python3-dev build-essential pkg-config curl ca-certificates
   # full-kernel VM substrate
   qemu-system-x86 busybox-static cpio
   # nodes of another architecture (arch="arm64"): the board's binaries under qemu-user, called
@@ -47,6 +48,10 @@ APT_PACKAGES=(
   # starts itself (the packages' services are not started or enabled by the lab)
   slurm-wlm munge
 )
+# the declared packages: the first word of each line of packages.txt that is not a comment
+while read -r pkg _; do
+  case "$pkg" in ''|'#'*) ;; *) APT_PACKAGES+=("$pkg") ;; esac
+done < packages.txt
 
 log "apt packages"
 missing=()

@@ -26,6 +26,7 @@ from lab.core.arch import ARCHES, MANIFEST, get
 from lab.core.arch import fetch as archfetch
 from lab.core.arch.emulate import ArchRoot
 from lab.core.errors import ConfigError, PreconditionError
+from lab.substrate.tools import board_packages, board_tools, declarations
 from tests.conftest import TOPOS, kernel_quota_cores, lab_traces, run_lab
 
 ARM64 = ARCHES["arm64"]
@@ -34,7 +35,7 @@ ARM64 = ARCHES["arm64"]
 # ---------------------------------------------------------------------------------- fetch plan
 def test_fetch_plan_keeps_apt_private(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_ARCH_CACHE", str(tmp_path))
-    p = archfetch.plan(ARM64)
+    p = archfetch.plan(ARM64, board_packages())
     assert p.root == tmp_path / "arm64"
     update, install = p.commands()
     assert update[0] == "apt-get" and update[-1] == "update"
@@ -44,9 +45,12 @@ def test_fetch_plan_keeps_apt_private(tmp_path, monkeypatch):
         "--download-only",
         "--no-install-recommends",
     ]
-    for pkg in ("wireguard-go", "wireguard-tools", "iperf3", "openvpn", "strongswan-charon"):
+    for pkg in ("wireguard-go", "iperf3", "openvpn", "strongswan-charon", "openssh-server"):
         assert pkg in p.packages
     assert "libcharon-extra-plugins" in p.packages  # kernel-libipsec
+    assert "libc-bin" in p.packages  # the root's ldconfig
+    # plumbing runs as this machine's binary, so its package is not fetched (wg: wireguard-tools)
+    assert "wireguard-tools" not in p.packages and "iproute2" not in p.packages
     opts = dict(
         update[i + 1].split("=", 1) for i, a in enumerate(update[:-1]) if a == "-o"
     )  # every -o KEY=VALUE
@@ -61,7 +65,7 @@ def test_fetch_plan_keeps_apt_private(tmp_path, monkeypatch):
 
 def test_fetch_is_quick_when_the_root_has_it_all(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_ARCH_CACHE", str(tmp_path))
-    p = archfetch.plan(ARM64)
+    p = archfetch.plan(ARM64, board_packages())
     p.root.mkdir()
     (p.root / MANIFEST).write_text(json.dumps({"arch": "arm64", "requested": list(p.packages)}))
 
@@ -71,7 +75,7 @@ def test_fetch_is_quick_when_the_root_has_it_all(tmp_path, monkeypatch):
     monkeypatch.setattr(archfetch.proc, "run", no_commands)
     assert archfetch.fetch(p)["already_present"] is True
     # one package more than the root holds: fetched again (here: the command it would run)
-    more = archfetch.plan(ARM64, (*p.packages, "tinc-extra"))
+    more = archfetch.plan(ARM64, {**p.why, "tinc-extra": "a test"})
     assert archfetch.present(more) is None
 
 
@@ -115,7 +119,7 @@ def test_wrap_runs_board_tools_from_the_root_under_qemu_and_the_rest_on_the_host
     (root / "usr/sbin").mkdir(parents=True)
     # an absolute link is the board's path: resolved inside the root, never on this machine
     os.symlink("/usr/lib/openvpn/openvpn", root / "usr/sbin/openvpn")
-    r = ArchRoot(ARM64, root, "/usr/bin/qemu-aarch64-static")
+    r = ArchRoot(ARM64, root, "/usr/bin/qemu-aarch64-static", board_tools())
     assert r.wrap(["iperf3", "-s"]) == [
         "/usr/bin/qemu-aarch64-static",
         "-L",
@@ -143,7 +147,7 @@ def test_wrap_runs_board_tools_from_the_root_under_qemu_and_the_rest_on_the_host
 def test_missing_root_refuses_naming_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_ARCH_CACHE", str(tmp_path))
     with pytest.raises(PreconditionError, match=r"no arm64 root at .*`lab arch fetch arm64`"):
-        ArchRoot.open("arm64")
+        ArchRoot.open("arm64", board_tools())
 
 
 @pytest.mark.root
@@ -189,7 +193,7 @@ def marker_on_the_wire(lab) -> tuple[bool, int]:
 def arm64():
     """The arm64 root and qemu-aarch64-static, or skip naming which is missing."""
     try:
-        return ArchRoot.open("arm64")
+        return ArchRoot.open("arm64", board_tools())
     except PreconditionError as e:
         pytest.skip(str(e))
 
@@ -392,3 +396,11 @@ def test_the_root_has_its_own_ld_so_cache(arm64):
     )
     assert cp.returncode == 0, cp.stderr
     assert "/lib/aarch64-linux-gnu/libc.so.6" in cp.stdout and "x86-64" not in cp.stdout
+
+
+def test_board_tools_and_packages_come_from_the_declarations():
+    declared = [t for _, t in declarations() if t.board]
+    assert board_tools() == {t.basename for t in declared}
+    assert {t.package for t in declared} <= set(board_packages())
+    assert {"charon", "swanctl", "wireguard-go", "iperf3", "ping", "sshd"} <= board_tools()
+    assert not {"wg", "ip", "ss", "sh", "tc"} & board_tools()  # plumbing: this machine's

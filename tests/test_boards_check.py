@@ -19,7 +19,7 @@ import subprocess
 import pytest
 
 from lab.substrate.boards import check as bc
-from lab.vpn.base import Tool
+from lab.core.tools import Tool
 
 from .conftest import board_farm, run_lab
 

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from lab.results.compare import compare
-from lab.results.report import _warnings
+from lab.results.preamble import warnings_section
 from lab.results.doc import Doc
 
 from .test_results import make_run
@@ -100,13 +100,13 @@ def test_compare_gives_figures_in_units_with_n_and_sd(compared):
 
 def test_report_warnings_come_first(tmp_path):
     """Each kind of warning the issue names, in the box above the contents (the whole report's
-    order is checked by test_report_plots; _warnings alone keeps this test fast)."""
+    order is checked by test_report_plots; warnings_section alone keeps this test fast)."""
     run = make_run(tmp_path / "run")  # its client's pi4 profile is uncalibrated
     m = run.manifest()
     m["substrate"] = {"kind": "vm", "evidence": "functional", "note": "TCG: no CPU caps"}
     m["lab_warnings"] = ["client (arm64): the board's own binaries under qemu-user, no CPU cap"]
     doc = Doc("report")
-    _warnings(doc, run.load_results(), m)
+    warnings_section(doc, run.load_results(), m)
     doc.h("Results")
     html = doc.html()
     top = html[: html.index("<h2")]
@@ -121,13 +121,13 @@ def test_report_warnings_come_first(tmp_path):
     # the lab's own warning about the profile replaces the generic one
     m["lab_warnings"] = ["CPU profile 'pi4' is uncalibrated on this machine: stale"]
     doc = Doc("report")
-    _warnings(doc, run.load_results(), m)
+    warnings_section(doc, run.load_results(), m)
     assert sum("uncalibrated" in w for w in doc.warnings) == 1
     good = make_run(tmp_path / "good")
     m = good.manifest()
     m["cpu"]["client"]["calibrated"] = True
     doc = Doc("report")
-    _warnings(doc, [r for r in good.load_results() if r["ok"]], m)
+    warnings_section(doc, [r for r in good.load_results() if r["ok"]], m)
     assert doc.warnings == ["1 test(s) ran throttled by the Pi firmware (see Set-up)."]
 
 

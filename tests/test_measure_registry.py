@@ -16,7 +16,7 @@ import pytest
 
 from lab.core.errors import ConfigError
 from lab.measure import TESTS, Metric, Param, Primary, Test, get_test, metric_columns
-from lab.measure.base import REGISTRY
+from lab.measure.base import PLOTS, RANKS, REGISTRY
 from lab.campaign.plan import estimate_s
 from lab.results.doc import DEFAULT_PRIMARY, primary
 from lab.results.rundir import COLUMN_NAMES
@@ -117,6 +117,11 @@ def test_classes_outside_the_package_are_not_registered():
         ({"primary": None}, "primary must be a Primary"),
         ({"primary": ("seconds", "s", 1.0, True)}, "primary must be a Primary"),
         ({"name_": ""}, "name must be a non-empty string"),
+        ({"plots": ("bars",)}, "plots must be a tuple of throughput, "),
+        ({"plots": "throughput"}, "plots must be a tuple of"),
+        ({"ranks": "loss"}, "ranks must be None or one of throughput, rtt"),
+        ({"client_tools": ("iperf3",)}, r"tools \['iperf3'\] are not declared in requires"),
+        ({"requires": ("iperf3",)}, "requires must be Tool"),
     ],
 )
 def test_malformed_declarations_are_named(attrs, message):
@@ -220,3 +225,31 @@ class _Shadow(Test):
 def test_a_test_defined_outside_the_package_stays_out():
     assert "shadow" not in TESTS and "shadow" not in REGISTRY
     assert primary("shadow") == DEFAULT_PRIMARY and _Shadow().estimate_s({}) == 5.0
+
+
+#: the report modules: what they draw of a test is what it declares (Test.plots, Test.ranks)
+REPORT_MODULES = ("report", "preamble", "ranking", "plots", "series", "doc")
+#: string constants there that are a test's name for another reason: (module, constant, why)
+NOT_A_BRANCH = {
+    ("plots", "udp"),  # the file name plots/udp.png that existing reports link
+    ("preamble", "mtu"),  # a profile's tunnel MTU in the manifest (Driver.describe)
+}
+
+
+def test_the_report_never_names_a_test():
+    """No test name as a string constant in the report's modules: a new test kind is drawn by
+    what it declares, and renaming a test changes no report code."""
+    found = set()
+    for mod in REPORT_MODULES:
+        tree = ast.parse((REPO / "lab" / "results" / f"{mod}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in TESTS:
+                found.add((mod, node.value))
+    assert found - NOT_A_BRANCH == set()
+
+
+def test_the_report_draws_what_each_test_declares():
+    assert {k for t in TESTS.values() for k in t.plots} == set(PLOTS)  # every kind is used
+    assert {t.ranks for t in TESTS.values()} - {None} == set(RANKS)
+    assert TESTS["tcp"].plots == ("throughput", "throughput-time")
+    assert TESTS["ping"].ranks == "rtt" and TESTS["contention"].ranks is None

@@ -145,10 +145,10 @@ def test_cpu_in_board_cores_and_host_shares_as_in_the_table(run):
 
 
 def test_axes_are_linear_unless_the_range_demands_log():
-    from lab.results.plots import _plt
+    from lab.results.plots import load_pyplot
     from lab.results.series import style_axis
 
-    plt = _plt()
+    plt = load_pyplot()
     fig, (a, b) = plt.subplots(1, 2)
     style_axis(a, [50.0, 900.0], "throughput (Mbit/s)")
     style_axis(b, [0.05, 80.0], "mean RTT (ms)")
@@ -187,10 +187,10 @@ def test_recommendation_never_ranks_the_baseline(run, tmp_path):
 
 
 def test_a_profile_keeps_its_colour_and_its_repetitions_differ_by_line_style():
-    from lab.results.plots import _plt
+    from lab.results.plots import load_pyplot
     from lab.results.series import _lines
 
-    plt = _plt()
+    plt = load_pyplot()
     line = {"x": [1.0, 2.0], "y": [1.0, 2.0]}
     names = [f"{p} #{r}" for p in ("baseline", "wireguard") for r in range(3)]
     data = {"title": "t", "xlabel": "x", "ylabel": "y",
@@ -206,7 +206,7 @@ def test_a_profile_keeps_its_colour_and_its_repetitions_differ_by_line_style():
 
 
 def test_a_condition_whose_pings_all_failed_is_marked_not_left_blank(run):
-    from lab.results.plots import _plt
+    from lab.results.plots import load_pyplot
     from lab.results.series import _bars, rtt_by_condition
 
     results = _results(run)
@@ -216,7 +216,7 @@ def test_a_condition_whose_pings_all_failed_is_marked_not_left_blank(run):
     data = rtt_by_condition(results, json.loads(run.file("plan.json").read_text()))
     none = data["panels"]["ping"]["none"]
     assert none["x"] == ["baseline"] and none["failed"] == ["wireguard"]
-    plt = _plt()
+    plt = load_pyplot()
     fig = _bars(plt, data)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "wireguard"]

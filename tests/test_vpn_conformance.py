@@ -4,9 +4,9 @@ Parametrised over the registry (lab.vpn.driver_classes()), so a new driver modul
 touching this file. For each driver:
   - it implements lab.vpn.base.Driver (no abstract method left, the base's signatures, typed
     class declarations, check_topology declared by the base);
-  - every tool it declares (Driver.requires) comes from a Debian package in setup.sh's
-    APT_PACKAGES, every tool a profile needs is declared, and every version command is in the
-    run manifest's tool list (preflight.TOOL_VERSIONS);
+  - every tool a profile needs is declared (Driver.requires), and every version command is in
+    the run manifest's tool list (preflight.TOOL_VERSIONS); its packages are checked in
+    tests/test_packages.py;
   - its check() asks the node it is given and nothing else: run with recording fake nodes while
     reading /proc, /sys, /dev, /lib/modules, /etc or /usr/lib/ipsec of the machine running the
     tests, or running any command here, fails the test;
@@ -34,7 +34,8 @@ from lab.campaign import setup as preflight
 from lab.core.errors import KernelFeatureMissing, PreconditionError
 from lab.model.topology import load_topology
 from lab.vpn import declared_tools, driver_classes, kernelfeatures, tunnel
-from lab.vpn.base import NODE_TOOLS, Availability, Driver, Tool
+from lab.vpn.base import Availability, Driver
+from lab.core.tools import NODE_TOOLS, Tool
 from lab.model.params import Param
 from lab.vpn.profiles import PROFILE_DIR, load_profile
 from tests.conftest import REPO, TOPOS
@@ -56,14 +57,6 @@ CONTRACT = (
     "describe",
     "stop",
 )
-
-
-def apt_packages() -> set[str]:
-    """The words of setup.sh's APT_PACKAGES=( ... ) array, comments dropped."""
-    text = (REPO / "setup.sh").read_text()
-    m = re.search(r"^APT_PACKAGES=\((.*?)^\)", text, re.MULTILINE | re.DOTALL)
-    assert m, "setup.sh has no APT_PACKAGES=( ... ) array"
-    return {w for line in m.group(1).splitlines() for w in line.split("#", 1)[0].split()}
 
 
 def profiles_of(driver: str) -> list:
@@ -230,17 +223,6 @@ def test_has_a_profile(name):
 
 
 # ------------------------------------------------------------------------ tools and packages
-
-
-@pytest.mark.parametrize("name", DRIVERS)
-def test_declared_packages_are_installed_by_setup(name):
-    apt = apt_packages()
-    missing = {t.package for t in driver_classes()[name].requires} - apt
-    assert not missing, f"{name}: packages not in setup.sh APT_PACKAGES: {sorted(missing)}"
-
-
-def test_node_tool_packages_are_installed_by_setup():
-    assert not {t.package for t in NODE_TOOLS} - apt_packages()
 
 
 @pytest.mark.parametrize("name", DRIVERS)

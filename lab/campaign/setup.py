@@ -19,33 +19,10 @@ from lab.campaign.load import plan_file
 from lab.campaign.plan import Plan
 from lab.results.rundir import RunDir
 from lab.core.state import write_json_atomic
-
-#: tools the measurements and the lab itself run, whose version every manifest records
-MEASURE_TOOL_VERSIONS: dict[str, list[str]] = {
-    "iperf3": ["iperf3", "--version"],
-    "openssl": ["openssl", "version"],
-    "tc": ["tc", "-V"],
-    "ip": ["ip", "-V"],
-    "ping": ["ping", "-V"],
-    "ssh": ["ssh", "-V"],
-    "python": ["python3", "--version"],
-}
-
-
-def _tool_version_table() -> dict[str, list[str]]:
-    """The measurement tools above, then every VPN driver's declared tools that have a version
-    command (Driver.requires: wg, openvpn, charon, tincd, xl2tpd, pppd, wpa_supplicant, ...)."""
-    from lab.vpn import declared_tools
-
-    table = dict(MEASURE_TOOL_VERSIONS)
-    for t in declared_tools():
-        if t.version:
-            table.setdefault(t.key, list(t.version))
-    return table
-
+from lab.substrate.tools import board_tools, version_commands
 
 #: tools whose version every manifest records: name -> argv
-TOOL_VERSIONS: dict[str, list[str]] = _tool_version_table()
+TOOL_VERSIONS: dict[str, list[str]] = version_commands()
 
 
 # ---------------------------------------------------------------------- run directory
@@ -162,14 +139,13 @@ def _first_line(cp) -> str | None:
 
 
 def arch_tool_versions(node) -> dict[str, str | None]:
-    """The versions of the board tools (lab.core.arch.emulate.BOARD_TOOLS) that a node of another
-    architecture runs from its root under qemu-user, each asked through the node's own wrapper;
-    the rest run this machine's binaries, whose versions are in tool_versions()."""
-    from lab.core.arch.emulate import BOARD_TOOLS
-
+    """The versions of the board tools (lab.substrate.tools.board_tools()) that a node of
+    another architecture runs from its root under qemu-user, each asked through the node's own
+    wrapper; the rest run this machine's binaries, whose versions are in tool_versions()."""
+    board = board_tools()
     out: dict[str, str | None] = {}
     for name, argv in TOOL_VERSIONS.items():
-        if os.path.basename(argv[0]) not in BOARD_TOOLS:
+        if os.path.basename(argv[0]) not in board:
             continue
         try:
             out[name] = _first_line(node.run(argv, check=False, timeout=60))

@@ -10,6 +10,7 @@ from rich.table import Table
 from lab.core.arch import get
 from lab.core.arch.emulate import ArchRoot
 from lab.core.arch.fetch import fetch, plan
+from lab.substrate.tools import board_packages, board_tools
 from lab.cli.printing import out
 from lab.core.errors import ConfigError
 from lab.vpn.configcheck import check_rendered
@@ -19,7 +20,7 @@ from lab.vpn.tunnel import render, write_rendered
 def cmd_arch(args) -> int:
     if args.arch_cmd != "fetch":
         raise ConfigError(f"unknown action {args.arch_cmd!r}; accepted: fetch", source="lab arch")
-    p = plan(get(args.arch, source="lab arch fetch", field="ARCH"))
+    p = plan(get(args.arch, source="lab arch fetch", field="ARCH"), board_packages())
     m = fetch(p, force=args.force)
     mb = m["size_bytes"] / 1e6
     if m.get("already_present"):
@@ -46,7 +47,11 @@ def render_check(spec, vpn: str, arch: str | None) -> int:
     ConfigError naming it (exit 2), a file nothing can check is listed as such. The files
     checked are a rendering of their own with real throwaway keys (the written ones are
     redacted), in a private temporary directory removed afterwards."""
-    root = ArchRoot.open(get(arch, source="lab render", field="--arch").name) if arch else None
+    root = (
+        ArchRoot.open(get(arch, source="lab render", field="--arch").name, board_tools())
+        if arch
+        else None
+    )
     with tempfile.TemporaryDirectory(prefix="lab-render-check-") as tmp:
         out_dir = Path(tmp)
         result = render(spec, vpn, show_secrets=True)

@@ -20,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from lab.results.doc import _fmt, primary
+from lab.results.doc import fmt_value, primary
 from lab.campaign.runner import RunEvents
 
 
@@ -37,7 +37,7 @@ def case_line(case_key: str, entry: dict, *, done: int, total: int, eta_s: float
         if v is None and col == "throughput_bps":
             v = rec.get("receiver_bps", rec.get("rate_bps"))
         if isinstance(v, int | float):
-            figure = f" {_fmt(v * scale)} {unit}"
+            figure = f" {fmt_value(v * scale)} {unit}"
     else:
         figure = f" {str(entry.get('error') or '')[:120]}"
     eta = ""

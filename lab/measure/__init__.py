@@ -17,6 +17,7 @@ import pkgutil
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from lab.core.tools import Tool
 from lab.measure.base import REGISTRY, TESTS, Context, Metric, Primary, Record, Test, get_test
 from lab.model.params import Param
 
@@ -35,6 +36,15 @@ def _discover() -> dict[str, Test]:
 
 
 _discover()
+
+
+def declared_tools() -> list[Tool]:
+    """Every tool the tests declare (Test.requires), once each, in registry order."""
+    out: dict[str, Tool] = {}
+    for t in TESTS.values():
+        for tool in t.requires:
+            out.setdefault(tool.name, tool)
+    return list(out.values())
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,7 @@ __all__ = [
     "Primary",
     "Record",
     "Test",
+    "declared_tools",
     "get_test",
     "metric_columns",
 ]

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from lab.core.errors import ConfigError, StartupError
 from lab.core.node import Daemon, Node
+from lab.core.tools import Tool
 from lab.model.params import Param, validate
 
 
@@ -117,6 +118,25 @@ class Primary(NamedTuple):
     higher_is_better: bool = True
 
 
+#: what a report draws of a test, by the kinds a test declares in `Test.plots` (lab.results reads
+#: these, never a test's name)
+PLOTS: dict[str, str] = {
+    "throughput": "throughput per profile without impairment and per network condition (bars), "
+    "the nodes' CPU meanwhile (plot and table), throughput against a swept impairment",
+    "throughput-time": "throughput over time per case (iperf3's intervals)",
+    "rtt": "mean RTT per profile and network condition, against a swept impairment, and the "
+    "CDF of the RTT samples",
+    "rate-target": "target against achieved rate and packets/s per profile",
+    "rate-sweep": "received rate per target rate: a table and a plot of its own instead of a "
+    "column of the headline",
+}
+#: what the report's Recommendation ranks the VPN profiles by, with the first test of the plan
+#: that declares it in `Test.ranks`
+RANKS: dict[str, str] = {
+    "throughput": "the highest mean throughput_bps",
+    "rtt": "the lowest mean rtt_avg_ms",
+}
+
 #: Every concrete Test subclass defined in a module of this package, by name, filled by
 #: Test.__init_subclass__ as lab.measure imports its modules (classes defined elsewhere, such as
 #: tests' fakes, are not registered). lab.measure.TESTS holds one instance of each.
@@ -131,22 +151,32 @@ _PACKAGE = __name__.rpartition(".")[0]
 class Test(ABC):
     """One measurement. A subclass in a module of lab/measure declares, at class level:
 
-    `name` (registers it), `schema` (its parameters), `metrics` (the results.csv columns its
-    records fill), `primary` (the metric a report ranks it by), and implements `estimate_s`
+    `name` (registers it), `schema` (its parameters), `requires` (the tools it runs, with their
+    Debian packages), `metrics` (the results.csv columns its records fill), `primary` (the
+    metric a report ranks it by), `plot` (how the report draws it), and implements `estimate_s`
     (expected wall time, for the progress bar) and `run`. No other code needs editing
     (docs/measurements.md, "Adding a test kind").
     """
 
     name: ClassVar[str]
     schema: Mapping[str, Param]
-    #: external tools needed on the client / server nodes (checked by the runner)
+    #: external tools needed on the client / server nodes (checked by the runner), by name
     client_tools: tuple[str, ...] = ()
     server_tools: tuple[str, ...] = ()
+    #: every tool in client_tools and server_tools, declared once: its Debian package, version
+    #: command and whether an arch node runs the board's build (lab.substrate.tools gathers
+    #: these into setup.sh's package list, `lab arch fetch` and the manifest's tool versions)
+    requires: ClassVar[tuple[Tool, ...]] = ()
     #: results.csv columns this test's records fill
     metrics: ClassVar[tuple[Metric, ...]] = ()
     #: the metric reports and comparisons rank this test by (required of a registered test;
     #: the report falls back to throughput_bps for a test it does not know)
     primary: ClassVar[Primary | None] = None
+    #: what the report draws of this test: kinds of PLOTS
+    plots: ClassVar[tuple[str, ...]] = ()
+    #: what the report's Recommendation ranks profiles by with this test: a key of RANKS, or
+    #: None (not ranked)
+    ranks: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -185,6 +215,21 @@ class Test(ABC):
             if m.name in seen:
                 raise TypeError(f"{where}: metric {m.name!r} declared twice")
             seen.add(m.name)
+        declared = set()
+        for t in cls.requires:
+            if not isinstance(t, Tool):
+                raise TypeError(f"{where}: requires must be Tool(...) entries, got {t!r}")
+            declared.add(t.name)
+        undeclared = sorted({*cls.client_tools, *cls.server_tools} - declared)
+        if undeclared:
+            raise TypeError(f"{where}: tools {undeclared} are not declared in requires")
+        unknown = [p for p in cls.plots if p not in PLOTS]
+        if isinstance(cls.plots, str) or unknown:
+            raise TypeError(
+                f"{where}: plots must be a tuple of {', '.join(PLOTS)}; got {cls.plots!r}"
+            )
+        if cls.ranks is not None and cls.ranks not in RANKS:
+            raise TypeError(f"{where}: ranks must be None or one of {', '.join(RANKS)}")
         if not isinstance(cls.primary, Primary):
             raise TypeError(f"{where}: primary must be a Primary(column, unit, scale, higher)")
 

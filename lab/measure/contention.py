@@ -23,6 +23,7 @@ def hog_argv(cpu: int | None) -> list[str]:
 
 class ContentionTest(Test):
     name = "contention"
+    plots = ("throughput",)
     schema: ClassVar[dict[str, Param]] = {
         "test": Param(str, None, doc="name of the wrapped test"),
         "params": Param(dict, {}, doc="the wrapped test's parameters"),

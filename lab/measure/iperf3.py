@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lab.core.tools import Tool
 from lab.measure.base import (
     Context,
     MeasurementFailed,
@@ -25,6 +26,8 @@ from lab.measure.base import (
 )
 
 DEFAULT_PORT = 5201
+#: the board's iperf3 in an arch node: its CPU cost is part of what a board measures
+IPERF3 = Tool("iperf3", "iperf3", ("iperf3", "--version"), board=True)
 BUSY = "the server is busy"
 
 #: results.csv columns every iperf3 test (tcp, udp, udp-sweep) fills

@@ -24,6 +24,7 @@ from lab.measure.base import (
     invoke,
 )
 from lab.model.params import Param
+from lab.core.tools import IP, PING
 from lab.measure.ping import parse_ping, ping_argv
 
 ICMP_OVERHEAD = {4: 28, 6: 48}
@@ -47,6 +48,7 @@ def _ipv6_literal(value: str) -> str | None:
 class MtuTest(Test):
     name = "mtu"
     client_tools = ("ip", "ping")
+    requires = (IP, PING)
     schema: ClassVar[dict[str, Param]] = {
         "addr6": Param(
             str,

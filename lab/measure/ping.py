@@ -28,6 +28,7 @@ from lab.measure.base import (
     invoke,
 )
 from lab.model.params import Param
+from lab.core.tools import PING
 
 _REPLY = re.compile(
     r"^\d+ bytes from (?P<src>\S+?):? icmp_seq=(?P<seq>\d+)(?: ttl=(?P<ttl>\d+))?"
@@ -143,7 +144,10 @@ def ping_argv(
 
 class PingTest(Test):
     name = "ping"
+    plots = ("rtt",)
+    ranks = "rtt"
     client_tools = ("ping",)
+    requires = (PING,)
     schema: ClassVar[dict[str, Param]] = {
         "count": Param(int, 500, min=1, max=1_000_000),
         # iputils lets unprivileged users go down to 2 ms (older releases: 200 ms); the lab's

@@ -30,6 +30,7 @@ from lab.measure.base import (
     invoke,
 )
 from lab.model.params import Param
+from lab.core.tools import PING
 from lab.measure.ping import parse_ping
 
 _TIME = re.compile(r"packets transmitted, .*, time (?P<ms>\d+)ms")
@@ -90,6 +91,7 @@ def ping_flood_argv(
 class PingFloodTest(Test):
     name = "ping-flood"
     client_tools = ("ping",)
+    requires = (PING,)
     schema: ClassVar[dict[str, Param]] = {
         "count": Param(int, 1000, min=1, max=10_000_000, doc="echo requests, ping -c"),
         "size": Param(int, 56, min=0, max=65507, doc="ICMP payload bytes, ping -s"),

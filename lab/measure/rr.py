@@ -23,6 +23,7 @@ from lab.measure.base import (
     wait_listening,
 )
 from lab.model.params import Param
+from lab.core.tools import SS, Tool
 
 RR_PROGRAM = REPO / "tools" / "rr" / "rr.py"
 PYTHON = "python3"
@@ -65,6 +66,7 @@ class RrTest(Test):
     name = "rr"
     client_tools = (PYTHON,)
     server_tools = (PYTHON, "ss")
+    requires = (Tool(PYTHON, "python3", (PYTHON, "--version"), label="python"), SS)
     schema: ClassVar[dict[str, Param]] = {
         "proto": Param(str, "tcp", choices=("tcp", "udp")),
         "request": Param(int, 1, min=1, max=65507, doc="request bytes"),

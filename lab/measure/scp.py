@@ -33,6 +33,7 @@ from lab.measure.base import (
     wait_listening,
 )
 from lab.model.params import Param
+from lab.core.tools import SS, Tool
 from lab.measure.progress import watch_copy
 
 MIB = 1024 * 1024
@@ -98,8 +99,19 @@ def _write(node: Node, path: Path, text: str) -> None:
 
 class ScpTest(Test):
     name = "scp"
+    plots = ("throughput",)
+    ranks = "throughput"
     client_tools = ("scp", "ssh-keygen", "dd")
     server_tools = ("sshd", "ssh-keygen", "ss")
+    requires = (
+        Tool("scp", "openssh-client"),
+        # scp's transport; the manifest records its version as the lab's OpenSSH
+        Tool("ssh", "openssh-client", ("ssh", "-V"), board=True),
+        Tool("ssh-keygen", "openssh-client"),
+        Tool("dd", "coreutils"),
+        Tool("sshd", "openssh-server", board=True),
+        SS,
+    )
     schema: ClassVar[dict[str, Param]] = {
         "size_mb": Param(int, 256, min=1, max=65536, doc="file size in MiB"),
         "port": Param(int, 2222, min=1, max=65535),

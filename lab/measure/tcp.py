@@ -9,7 +9,9 @@ from typing import Any, ClassVar
 from lab.measure.adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, rule_of, run_segments
 from lab.measure.base import Context, MeasurementFailed, Metric, Primary, Record, Test, family_of
 from lab.model.params import Param
+from lab.core.tools import SS
 from lab.measure.iperf3 import (
+    IPERF3,
     DEFAULT_PORT,
     IPERF3_METRICS,
     client_argv,
@@ -57,8 +59,11 @@ def packet_rate(
 
 class TcpTest(Test):
     name = "tcp"
+    plots = ("throughput", "throughput-time")
+    ranks = "throughput"
     client_tools = ("iperf3",)
     server_tools = ("iperf3", "ss")
+    requires = (IPERF3, SS)
     schema: ClassVar[dict[str, Param]] = {
         "direction": Param(
             str,

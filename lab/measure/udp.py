@@ -15,7 +15,9 @@ from lab.core.errors import ConfigError
 from lab.measure.adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, rule_of, run_segments
 from lab.measure.base import Context, MeasurementFailed, Metric, Primary, Record, Test
 from lab.model.params import Param
+from lab.core.tools import SS
 from lab.measure.iperf3 import (
+    IPERF3,
     DEFAULT_PORT,
     IPERF3_METRICS,
     client_argv,
@@ -92,8 +94,11 @@ def _one(
 
 class UdpTest(Test):
     name = "udp"
+    plots = ("throughput", "rate-target", "throughput-time")
+    ranks = "throughput"
     client_tools = ("iperf3",)
     server_tools = ("iperf3", "ss")
+    requires = (IPERF3, SS)
     schema: ClassVar[dict[str, Param]] = {
         "rate_mbit": Param(float, 1.0, min=0.001, max=100_000, doc="target rate, iperf3 -b"),
         **_common_schema(10.0),
@@ -120,8 +125,10 @@ def _positive_rates(rates: list) -> str | None:
 
 class UdpSweepTest(Test):
     name = "udp-sweep"
+    plots = ("rate-sweep",)
     client_tools = ("iperf3",)
     server_tools = ("iperf3", "ss")
+    requires = (IPERF3, SS)
     schema: ClassVar[dict[str, Param]] = {
         "start_mbit": Param(float, 25.0, min=0.001, max=100_000),
         "stop_mbit": Param(float, 400.0, min=0.001, max=100_000, doc="inclusive"),

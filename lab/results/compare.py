@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from lab.results import fidelity
-from lab.results.plots import _plt, _save
-from lab.results.doc import Doc, _cell, metric_name, primary
+from lab.results.plots import load_pyplot, save_figure
+from lab.results.doc import Doc, stat_cell, metric_name, primary
 from lab.results.rundir import RunDir, rows, summarize, to_csv
 from lab.core.state import write_text_atomic
 
@@ -100,7 +100,7 @@ def _plot(out: Path, name_a: str, name_b: str, main: list[dict]) -> str | None:
     labels = list(dict.fromkeys(r["test_label"] for r in main if r["n_a"] and r["n_b"]))
     if not labels:
         return None
-    plt = _plt()
+    plt = load_pyplot()
     fig, axes = plt.subplots(1, len(labels), figsize=(max(6, 4.5 * len(labels)), 4.5),
                              squeeze=False, layout="constrained")  # fmt: skip
     for ax, lb in zip(axes[0], labels, strict=True):
@@ -123,7 +123,7 @@ def _plot(out: Path, name_a: str, name_b: str, main: list[dict]) -> str | None:
         ax.set_title(lb)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, RunDir(out), "compare")
+    return save_figure(fig, RunDir(out), "compare")
 
 
 def _side(r: dict, side: str) -> str:
@@ -131,7 +131,7 @@ def _side(r: dict, side: str) -> str:
     n, mean = r[f"n_{side}"], r[f"mean_{side}"]
     if not n or mean is None:
         return "-"
-    return _cell({"n": n, "mean": mean, "sd": r[f"sd_{side}"] or 0.0}, primary(r["test"]).scale)
+    return stat_cell({"n": n, "mean": mean, "sd": r[f"sd_{side}"] or 0.0}, primary(r["test"]).scale)
 
 
 # ---------------------------------------------------------------------- what differs

@@ -1,6 +1,6 @@
 """The report document and the numbers in it: `Doc` (blocks rendered to Markdown and to HTML),
-each test's primary metric, and the statistics and formatting the report, plots and comparisons
-share."""
+each test's primary metric and what the report draws of it (both declared by the test), and
+the statistics and formatting the report, plots and comparisons share."""
 
 from __future__ import annotations
 
@@ -22,6 +22,19 @@ def primary(test: str) -> Primary:
     """(metric column, label, scale, higher is better) the report ranks `test` by: its own."""
     t = TESTS.get(test)
     return (t.primary if t is not None else None) or DEFAULT_PRIMARY
+
+
+def draws(test: str, kind: str) -> bool:
+    """Does the report draw `kind` (lab.measure.base.PLOTS) of tests called `test`? It is
+    what the test declares (Test.plots); a test no longer registered draws nothing."""
+    t = TESTS.get(test)
+    return t is not None and kind in t.plots
+
+
+def ranks(test: str) -> str | None:
+    """What the Recommendation ranks profiles by with `test` (Test.ranks), or None."""
+    t = TESTS.get(test)
+    return t.ranks if t is not None else None
 
 
 # ---------------------------------------------------------------------- document blocks
@@ -173,7 +186,7 @@ def _inline_html(text: str) -> str:
 # ---------------------------------------------------------------------- statistics
 
 
-def _stats(vals: list[float]) -> dict | None:
+def stats_of(vals: list[float]) -> dict | None:
     vals = [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
     if not vals:
         return None
@@ -183,7 +196,7 @@ def _stats(vals: list[float]) -> dict | None:
     return {"n": n, "mean": mean, "sd": sd, "min": min(vals), "max": max(vals)}
 
 
-def _fmt(x: float | None, digits: int = 3) -> str:
+def fmt_value(x: float | None, digits: int = 3) -> str:
     if x is None:
         return "-"
     if x == 0:
@@ -193,25 +206,25 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return f"{x:.{dec}f}"
 
 
-def _cell(s: dict | None, scale: float) -> str:
+def stat_cell(s: dict | None, scale: float) -> str:
     if s is None:
         return "-"
-    out = f"{_fmt(s['mean'] * scale)}"
+    out = f"{fmt_value(s['mean'] * scale)}"
     if s["n"] > 1:
-        out += f" ± {_fmt(s['sd'] * scale, 2)}"
+        out += f" ± {fmt_value(s['sd'] * scale, 2)}"
     return out + f" (n={s['n']})"
 
 
-def _order(values: list, ref: list) -> list:
+def in_order(values: list, ref: list) -> list:
     return sorted(set(values), key=lambda v: (ref.index(v) if v in ref else len(ref), str(v)))
 
 
-def _group(table: list[dict], **match) -> list[dict]:
+def rows_where(table: list[dict], **match) -> list[dict]:
     return [r for r in table if all(r.get(k) == v for k, v in match.items())]
 
 
-def _mean(vals) -> float | None:
-    s = _stats(vals)
+def mean_of(vals) -> float | None:
+    s = stats_of(vals)
     return s["mean"] if s else None
 
 
@@ -261,7 +274,7 @@ def board_cpu_text(pct_of_host_core: float | None, cpu: dict | None) -> str:
     """'0.95 of 1 pi4 core (24 % of the board)' for a capped node, else '% of one host core'."""
     cores = board_cores(pct_of_host_core, cpu)
     if cores is None:
-        return "-" if pct_of_host_core is None else f"{_fmt(pct_of_host_core)} % host core"
+        return "-" if pct_of_host_core is None else f"{fmt_value(pct_of_host_core)} % host core"
     cpu = cpu or {}
     cap, total = cpu.get("emulated_cores"), cpu.get("board_cores")
     unit = "core" if cap == 1 else "cores"

@@ -23,7 +23,7 @@ from itertools import combinations
 
 from lab.measure import TESTS, metric_columns
 from lab.model.stats import kendall_tau_b
-from lab.results.doc import Doc, _fmt, primary
+from lab.results.doc import Doc, fmt_value, primary
 from lab.results.rundir import to_csv
 
 #: metrics where a smaller value is the better one (everything else: larger is better)
@@ -229,21 +229,21 @@ def sentence(f: dict) -> str:
     hm = f["hardware_margin"]
     s = (
         f"{where}: the dry-run ranks {f['emulated_above']} above {f['emulated_below']} "
-        f"({_fmt(f['emulated_better'] * scale)} vs {_fmt(f['emulated_worse'] * scale)}{u}"
+        f"({fmt_value(f['emulated_better'] * scale)} vs {fmt_value(f['emulated_worse'] * scale)}{u}"
         + (f", {abs(em) * 100:.0f} % apart" if em is not None else "")
         + "); the hardware ranks them the other way"
         + (f" by {hm * 100:.0f} %" if hm is not None else "")
-        + f" ({_fmt(f['hardware_better'] * scale)} vs {_fmt(f['hardware_worse'] * scale)}{u})"
+        + f" ({fmt_value(f['hardware_better'] * scale)} vs {fmt_value(f['hardware_worse'] * scale)}{u})"
     )
     if f["status"] == "beyond noise":
         s += (
-            f", beyond noise (difference {_fmt(f['hardware_diff'] * scale)}{u} > 2 combined "
-            f"standard errors {_fmt(f['noise_2se'] * scale)}{u})."
+            f", beyond noise (difference {fmt_value(f['hardware_diff'] * scale)}{u} > 2 combined "
+            f"standard errors {fmt_value(f['noise_2se'] * scale)}{u})."
         )
     elif f["status"] == "within noise":
         s += (
-            f", within noise (difference {_fmt(f['hardware_diff'] * scale)}{u} <= 2 combined "
-            f"standard errors {_fmt(f['noise_2se'] * scale)}{u}): not a decision flip."
+            f", within noise (difference {fmt_value(f['hardware_diff'] * scale)}{u} <= 2 combined "
+            f"standard errors {fmt_value(f['noise_2se'] * scale)}{u}): not a decision flip."
         )
     else:
         s += ": the hardware figures give no noise estimate (n < 2 or no sd), so it cannot be "
@@ -283,7 +283,7 @@ def section(doc: Doc, result: dict, name_a: str, name_b: str) -> None:
     beyond = [f for f in result["flips"] if f["status"] == "beyond noise"]
     doc.p(
         f"**{s['cases']} case metrics in both runs; {s['within_1_5x']} within 1.5x; mean |log "
-        f"error| {_fmt(s['mean_abs_log_error'])}"
+        f"error| {fmt_value(s['mean_abs_log_error'])}"
         + (
             f" (a typical factor of {math.exp(s['mean_abs_log_error']):.2f}x)"
             if s["mean_abs_log_error"] is not None
@@ -317,8 +317,8 @@ def section(doc: Doc, result: dict, name_a: str, name_b: str) -> None:
             [
                 [c["profile"], c["impairment"], c["test_label"], c["point"],
                  f"{c['metric']} ({_display(c['metric'])[1]})",
-                 _fmt(c["emulated"] * _display(c["metric"])[0]),
-                 _fmt(c["hardware"] * _display(c["metric"])[0]),
+                 fmt_value(c["emulated"] * _display(c["metric"])[0]),
+                 fmt_value(c["hardware"] * _display(c["metric"])[0]),
                  f"{c['ratio']:.3f}" if c["ratio"] is not None else "-",
                  f"{c['log_error']:+.3f}" if c["log_error"] is not None else "-"]
                 for c in main

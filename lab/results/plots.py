@@ -7,15 +7,17 @@ from __future__ import annotations
 import json
 
 from lab.results.series import condition_legend, series_plots, style_axis
-from lab.results.doc import _group, _mean, _order, _stats, board_cores
+from lab.results.doc import rows_where, mean_of, in_order, stats_of, board_cores, draws
 from lab.results.rundir import RunDir
 from lab.core.state import write_text_atomic
 
-THROUGHPUT_TESTS = ("tcp", "udp", "scp", "contention")
 FORMATS = ("png", "svg")
 
 
-def _plt():
+def load_pyplot():
+    """matplotlib's pyplot with the Agg back end (no display)."""
+    # here, not at the top: the back end must be chosen before pyplot loads, and a report
+    # without plots (or `lab` commands that import this module) need not load matplotlib
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,7 +26,7 @@ def _plt():
     return plt
 
 
-def _save(fig, run: RunDir, name: str, data: dict | None = None) -> str:
+def save_figure(fig, run: RunDir, name: str, data: dict | None = None) -> str:
     """Write the figure as PNG and SVG, and the numbers it draws as plots/<name>.json."""
     d = run.path / "plots"
     d.mkdir(exist_ok=True)
@@ -34,7 +36,7 @@ def _save(fig, run: RunDir, name: str, data: dict | None = None) -> str:
         tmp = d / f".{name}.tmp.{ext}"
         fig.savefig(tmp, format=ext, dpi=110, bbox_inches="tight")
         tmp.replace(d / f"{name}.{ext}")
-    _plt().close(fig)
+    load_pyplot().close(fig)
     return f"plots/{name}.png"
 
 
@@ -47,17 +49,17 @@ def _err(s: dict, scale: float, mode: str) -> tuple[float, float]:
 def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, str]]:
     if not table:
         return []
-    plt = _plt()
+    plt = load_pyplot()
     out: list[tuple[str, str]] = []
     profiles = plan.get("profiles", [])
     tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
     mode = plan.get("error_bars", "sd")
-    thr_labels = [lb for lb, t in tests.items() if t in THROUGHPUT_TESTS]
+    thr_labels = [lb for lb, t in tests.items() if draws(t, "throughput")]
     unimp = [r for r in table if not r["impairment_spec"] and r["ok"]]
     points = [p["name"] for p in plan.get("impairments", [])]
 
     # 1. throughput per implementation, no impairment, with error bars
-    labels = [lb for lb in thr_labels if _group(unimp, test_label=lb)]
+    labels = [lb for lb in thr_labels if rows_where(unimp, test_label=lb)]
     if labels:
         fig, axes = plt.subplots(
             1,
@@ -75,7 +77,9 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
         for ax, lb in zip(axes[0], labels, strict=True):
             xs, ys, errs = [], [], [[], []]
             for p in profiles:
-                s = _stats([r["throughput_bps"] for r in _group(unimp, test_label=lb, profile=p)])
+                s = stats_of(
+                    [r["throughput_bps"] for r in rows_where(unimp, test_label=lb, profile=p)]
+                )
                 if s:
                     lo, hi = _err(s, 1e-6, mode)
                     xs.append(p)
@@ -89,11 +93,11 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             style_axis(ax, ys, "Throughput (Mbit/s)")
             ax.grid(axis="y", alpha=0.3)
         fig.suptitle(data["title"])
-        out.append((_save(fig, run, "throughput", data), "throughput per implementation"))
+        out.append((save_figure(fig, run, "throughput", data), "throughput per implementation"))
 
     # 2. throughput per network condition (presets, explicit specs; sweeps: lab.results.series)
-    conds = _order([r["impairment"] for r in table if not r["sweep_parameter"]], points)
-    labels = [lb for lb in thr_labels if _group(table, test_label=lb, ok=True)]
+    conds = in_order([r["impairment"] for r in table if not r["sweep_parameter"]], points)
+    labels = [lb for lb in thr_labels if rows_where(table, test_label=lb, ok=True)]
     if len(conds) >= 2 and labels:
         fig, axes = plt.subplots(
             1,
@@ -114,14 +118,16 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             for j, c in enumerate(conds):
                 xs, ys, errs, failed = [], [], [[], []], []
                 for i, p in enumerate(profiles):
-                    s = _stats(
+                    s = stats_of(
                         [
                             r["throughput_bps"]
-                            for r in _group(table, test_label=lb, profile=p, impairment=c, ok=True)
+                            for r in rows_where(
+                                table, test_label=lb, profile=p, impairment=c, ok=True
+                            )
                         ]
                     )
                     if not s:
-                        if _group(table, test_label=lb, profile=p, impairment=c):
+                        if rows_where(table, test_label=lb, profile=p, impairment=c):
                             failed.append(i + j * width)  # every repetition failed: say so
                             panel.setdefault(c, {"x": [], "y": [], "err": [[], []]})
                             panel[c].setdefault("failed", []).append(p)
@@ -152,10 +158,12 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             ax.grid(axis="y", alpha=0.3)
             condition_legend(ax, conds, len(profiles), width)
         fig.suptitle(data["title"])
-        out.append((_save(fig, run, "throughput_by_condition", data), "throughput per condition"))
+        out.append(
+            (save_figure(fig, run, "throughput_by_condition", data), "throughput per condition")
+        )
 
     # 3. CPU per implementation: nodes in board cores, the host separately
-    labels = [lb for lb in thr_labels if _group(unimp, test_label=lb)]
+    labels = [lb for lb in thr_labels if rows_where(unimp, test_label=lb)]
     if labels:
         data = cpu_data(run, unimp, profiles, labels)
         fig, axes = plt.subplots(
@@ -185,26 +193,28 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                 ax.grid(axis="y", alpha=0.3)
                 ax.legend(fontsize=7)
         fig.suptitle(data["title"])
-        out.append((_save(fig, run, "cpu", data), "CPU per implementation per node"))
+        out.append((save_figure(fig, run, "cpu", data), "CPU per implementation per node"))
 
     # 4. UDP: target vs achieved rate and packets/s
-    sweep_labels = [lb for lb, t in tests.items() if t == "udp-sweep"]
-    udp_labels = [lb for lb, t in tests.items() if t == "udp"]
+    sweep_labels = [lb for lb, t in tests.items() if draws(t, "rate-sweep")]
+    udp_labels = [lb for lb, t in tests.items() if draws(t, "rate-target")]
     for lb in sweep_labels:
-        rs = [r for r in unimp if r["test_label"] == lb] or _group(table, test_label=lb, ok=True)
+        rs = [r for r in unimp if r["test_label"] == lb] or rows_where(
+            table, test_label=lb, ok=True
+        )
         if not rs:
             continue
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
         rates = sorted({r["rate_mbit"] for r in rs})
         a1.plot(rates, rates, "k--", lw=0.8, label="target")
         for p in profiles:
-            pr = _group(rs, profile=p)
+            pr = rows_where(rs, profile=p)
             if not pr:
                 continue
-            ach = [_mean([r["receiver_bps"] for r in pr if r["rate_mbit"] == x]) for x in rates]
+            ach = [mean_of([r["receiver_bps"] for r in pr if r["rate_mbit"] == x]) for x in rates]
             a1.plot(rates, [(y or 0) * 1e-6 for y in ach], marker="o", label=p)
-            sent = [_mean([r["sent_pps"] for r in pr if r["rate_mbit"] == x]) for x in rates]
-            recv = [_mean([r["received_pps"] for r in pr if r["rate_mbit"] == x]) for x in rates]
+            sent = [mean_of([r["sent_pps"] for r in pr if r["rate_mbit"] == x]) for x in rates]
+            recv = [mean_of([r["received_pps"] for r in pr if r["rate_mbit"] == x]) for x in rates]
             line = a2.plot(rates, [s or 0 for s in sent], marker="^", label=f"{p} sent")
             a2.plot(
                 rates,
@@ -223,8 +233,8 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
         for a in (a1, a2):
             a.grid(alpha=0.3)
             a.legend(fontsize=7)
-        out.append((_save(fig, run, f"udp_sweep_{lb}"), f"UDP sweep {lb}"))
-    labels = [lb for lb in udp_labels if _group(unimp, test_label=lb)]
+        out.append((save_figure(fig, run, f"udp_sweep_{lb}"), f"UDP sweep {lb}"))
+    labels = [lb for lb in udp_labels if rows_where(unimp, test_label=lb)]
     if labels:
         fig, axes = plt.subplots(
             2,
@@ -234,13 +244,17 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             layout="constrained",
         )
         for k, lb in enumerate(labels):
-            rs = _group(unimp, test_label=lb)
+            rs = rows_where(unimp, test_label=lb)
             x = range(len(profiles))
-            tgt = [_mean([r["rate_mbit"] for r in _group(rs, profile=p)]) for p in profiles]
-            ach = [_mean([r["receiver_bps"] for r in _group(rs, profile=p)]) for p in profiles]
-            snt = [_mean([r["sent_pps"] for r in _group(rs, profile=p)]) for p in profiles]
-            rcv = [_mean([r["received_pps"] for r in _group(rs, profile=p)]) for p in profiles]
-            tpp = [_mean([r["target_pps"] for r in _group(rs, profile=p)]) for p in profiles]
+            tgt = [mean_of([r["rate_mbit"] for r in rows_where(rs, profile=p)]) for p in profiles]
+            ach = [
+                mean_of([r["receiver_bps"] for r in rows_where(rs, profile=p)]) for p in profiles
+            ]
+            snt = [mean_of([r["sent_pps"] for r in rows_where(rs, profile=p)]) for p in profiles]
+            rcv = [
+                mean_of([r["received_pps"] for r in rows_where(rs, profile=p)]) for p in profiles
+            ]
+            tpp = [mean_of([r["target_pps"] for r in rows_where(rs, profile=p)]) for p in profiles]
             a1, a2 = axes[0][k], axes[1][k]
             a1.bar([i - 0.2 for i in x], [t or 0 for t in tgt], 0.4, label="target")
             a1.bar([i + 0.2 for i in x], [(a or 0) * 1e-6 for a in ach], 0.4, label="achieved")
@@ -256,8 +270,8 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                 a.set_xticks(list(x), profiles, rotation=30, ha="right")
                 a.grid(axis="y", alpha=0.3)
                 a.legend(fontsize=7)
-        out.append((_save(fig, run, "udp"), "UDP target vs achieved rate and packets/s"))
-    out += series_plots(run, plan, lambda fig, name, data: _save(fig, run, name, data), plt)
+        out.append((save_figure(fig, run, "udp"), "UDP target vs achieved rate and packets/s"))
+    out += series_plots(run, plan, lambda fig, name, data: save_figure(fig, run, name, data), plt)
     return out
 
 
@@ -277,7 +291,7 @@ def cpu_data(run: RunDir, unimp: list[dict], profiles: list[str], labels: list[s
     }
     for lb in labels:
         entries = {
-            p: [results[r["case"]] for r in _group(unimp, test_label=lb, profile=p, point=0)]
+            p: [results[r["case"]] for r in rows_where(unimp, test_label=lb, profile=p, point=0)]
             for p in profiles
         }
         nodes = sorted(
@@ -292,7 +306,7 @@ def cpu_data(run: RunDir, unimp: list[dict], profiles: list[str], labels: list[s
         for n in nodes:
             xs, ys = [], []
             for p in profiles:
-                pct = _mean(
+                pct = mean_of(
                     [
                         (
                             (((e.get("monitor") or {}).get("nodes") or {}).get(n) or {}).get(
@@ -311,7 +325,7 @@ def cpu_data(run: RunDir, unimp: list[dict], profiles: list[str], labels: list[s
         for key, name in (("busy_pct", "host busy"), ("softirq_pct", "host softirq")):
             xs, ys = [], []
             for p in profiles:
-                v = _mean(
+                v = mean_of(
                     [
                         (((e.get("monitor") or {}).get("host") or {}).get(key) or {}).get("mean")
                         for e in entries[p]

@@ -10,10 +10,8 @@ without reading pixels.
 
 from __future__ import annotations
 
-from lab.results.doc import _order, _stats
+from lab.results.doc import in_order, stats_of, draws
 from lab.results.rundir import RunDir
-
-THROUGHPUT_TESTS = ("tcp", "udp", "scp", "contention")
 
 #: unit of a swept parameter's value (lab.model.impairment.presets.SWEEP_PARAMETERS)
 SWEEP_UNITS = {
@@ -60,10 +58,11 @@ def rtt_avg_ms(entry: dict) -> float | None:
     return _first_record(entry).get("rtt_avg_ms")
 
 
-#: the metrics drawn against a swept value: test kinds -> (file stem, axis label, value of an entry)
+#: the metrics drawn against a swept value: (plot kind the tests declare, file stem, axis
+#: label, value of an entry)
 SWEEP_METRICS = [
-    (THROUGHPUT_TESTS, "throughput", "Throughput (Mbit/s)", lambda e: _scaled(throughput_bps(e))),
-    (("ping",), "rtt", "Mean RTT (ms)", rtt_avg_ms),
+    ("throughput", "throughput", "Throughput (Mbit/s)", lambda e: _scaled(throughput_bps(e))),
+    ("rtt", "rtt", "Mean RTT (ms)", rtt_avg_ms),
 ]
 
 
@@ -74,7 +73,7 @@ def _scaled(bps: float | None) -> float | None:
 def style_axis(ax, values: list[float], label: str, axis: str = "y") -> None:
     """A linear axis with plain ticks; a log axis (still plain numbers, labelled as log) only
     when the positive values span more than LOG_RANGE."""
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter  # matplotlib loads with the first plot only
 
     pos = [v for v in values if v is not None and v > 0]
     log = bool(pos) and max(pos) / min(pos) > LOG_RANGE
@@ -96,7 +95,7 @@ def condition_legend(ax, conditions: list[str], slots: int, width: float) -> Non
     """The legend of a grouped bar chart (condition j drawn in colour Cj), from patches so a
     condition without any bar still shows its colour; the x range covers every slot, so a
     marker at the last one stays inside."""
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # matplotlib loads with the first plot only
 
     handles = [Patch(color=f"C{j % 10}", label=c) for j, c in enumerate(conditions)]
     ax.legend(handles=handles, fontsize=7, title="condition", title_fontsize=7)
@@ -110,7 +109,7 @@ def rtt_by_condition(results: list[dict], plan: dict) -> dict:
     points = [p["name"] for p in plan.get("impairments", [])]
     panels: dict[str, dict] = {}
     for t in plan.get("tests", []):
-        if t["test"] != "ping":
+        if not draws(t["test"], "rtt"):
             continue
         every = [
             r
@@ -121,10 +120,10 @@ def rtt_by_condition(results: list[dict], plan: dict) -> dict:
         if not rs:
             continue
         panel = {}
-        for cond in _order([_point(r) for r in every], points):
+        for cond in in_order([_point(r) for r in every], points):
             xs, ys, errs, failed = [], [], [], []
             for p in profiles:
-                s = _stats([rtt_avg_ms(r) for r in rs if r["profile"] == p and _point(r) == cond])
+                s = stats_of([rtt_avg_ms(r) for r in rs if r["profile"] == p and _point(r) == cond])
                 if s:
                     xs.append(p)
                     ys.append(s["mean"])
@@ -143,13 +142,13 @@ def rtt_by_condition(results: list[dict], plan: dict) -> dict:
     }
 
 
-def metric_vs_sweep(results: list[dict], plan: dict, par: str, tests: tuple, value) -> dict:
+def metric_vs_sweep(results: list[dict], plan: dict, par: str, kind: str, value) -> dict:
     """Mean +- sd of a metric against the swept value of `par`, one line per profile, one panel
-    per test label of the given kinds."""
+    per test label whose test declares the plot `kind`."""
     profiles = plan.get("profiles", [])
     panels: dict[str, dict] = {}
     for t in plan.get("tests", []):
-        if t["test"] not in tests:
+        if not draws(t["test"], kind):
             continue
         rs = [
             r
@@ -160,7 +159,7 @@ def metric_vs_sweep(results: list[dict], plan: dict, par: str, tests: tuple, val
         for p in profiles:
             xs, ys, errs = [], [], []
             for v in sorted({r["impairment"]["value"] for r in rs if r["profile"] == p}):
-                s = _stats(
+                s = stats_of(
                     [value(r) for r in rs if r["profile"] == p and r["impairment"]["value"] == v]
                 )
                 if s:
@@ -181,7 +180,7 @@ def throughput_over_time(results: list[dict], plan: dict, label: str) -> dict:
     points = [p["name"] for p in plan.get("impairments", [])]
     rs = [r for r in _ok(results) if r.get("label") == label and _first_record(r).get("intervals")]
     panels: dict[str, dict] = {}
-    for cond in _order([_point(r) for r in rs], points)[:MAX_TIME_PANELS]:
+    for cond in in_order([_point(r) for r in rs], points)[:MAX_TIME_PANELS]:
         panel = {}
         for p in profiles:
             for r in sorted(
@@ -213,7 +212,7 @@ def rtt_cdf(results: list[dict], plan: dict, label: str) -> dict:
     points = [p["name"] for p in plan.get("impairments", [])]
     rs = [r for r in _ok(results) if r.get("label") == label]
     panels: dict[str, dict] = {}
-    for cond in _order([_point(r) for r in rs], points):
+    for cond in in_order([_point(r) for r in rs], points):
         panel = {}
         for p in profiles:
             xs = sorted(
@@ -327,7 +326,7 @@ def series_plots(run: RunDir, plan: dict, save, plt) -> list[tuple[str, str]]:
     if data["panels"]:
         out.append((save(_bars(plt, data), "rtt", data), "mean RTT per profile and condition"))
 
-    swept = _order(
+    swept = in_order(
         [
             (r.get("impairment") or {}).get("parameter")
             for r in results
@@ -337,8 +336,8 @@ def series_plots(run: RunDir, plan: dict, save, plt) -> list[tuple[str, str]]:
     )
     for par in swept:
         unit = SWEEP_UNITS.get(par, "")
-        for kinds, stem, ylabel, value in SWEEP_METRICS:
-            data = metric_vs_sweep(results, plan, par, kinds, value)
+        for kind, stem, ylabel, value in SWEEP_METRICS:
+            data = metric_vs_sweep(results, plan, par, kind, value)
             if not data["panels"]:
                 continue
             data.update(
@@ -351,14 +350,14 @@ def series_plots(run: RunDir, plan: dict, save, plt) -> list[tuple[str, str]]:
             out.append((save(_lines(plt, data), name, data), f"{stem} against {par}"))
 
     for label, test in tests.items():
-        if test in ("tcp", "udp"):
+        if draws(test, "throughput-time"):
             data = throughput_over_time(results, plan, label)
             if data["panels"]:
                 fig = _lines(plt, data, errors=False, marker=".", x0=0)
                 out.append(
                     (save(fig, f"time_{label}", data), f"{label} throughput over time per case")
                 )
-        if test == "ping":
+        if draws(test, "rtt"):
             data = rtt_cdf(results, plan, label)
             if data["panels"]:
                 fig = _lines(plt, data, step=True)

@@ -2,8 +2,8 @@
 
 Drivers are discovered, not listed: every module in this package that defines a `Driver`
 subclass with a `name` registers it, so adding a technology means adding one module (plus its
-profiles in vpn_profiles/, and the Debian packages of the tools it declares in setup.sh's
-APT_PACKAGES, which tests/test_vpn_conformance.py checks) and touching nothing else.
+profiles in vpn_profiles/, and packages.txt regenerated from what it declares, which
+tests/test_vpn_conformance.py checks) and touching nothing else.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pkgutil
 
 from lab.core.errors import ConfigError
 from lab.vpn import drivers as drivers_pkg
-from lab.vpn.base import NODE_TOOLS, Driver, Tool
+from lab.vpn.base import Driver
+from lab.core.tools import NODE_TOOLS, Tool
 
 _registry: dict[str, type[Driver]] | None = None
 
@@ -42,8 +43,8 @@ def driver_classes() -> dict[str, type[Driver]]:
 
 def declared_tools(*, node_tools: bool = False) -> list[Tool]:
     """Every tool the drivers declare (Driver.requires), once each, in registry order; with
-    node_tools, the commands the probes run on any node (base.NODE_TOOLS) first. The run
-    manifest's tool versions and the conformance test's package check come from here."""
+    node_tools, the commands the probes run on any node (lab.core.tools.NODE_TOOLS) first.
+    lab.substrate.tools gathers these with the measurements' tools."""
     out: dict[str, Tool] = {}
     for t in NODE_TOOLS if node_tools else ():
         out.setdefault(t.name, t)
@@ -63,3 +64,12 @@ def get_driver(name: str, *, source: str | None = None) -> Driver:
             field="driver",
         )
     return cls()
+
+
+def declared_packages() -> list[str]:
+    """The Debian packages the drivers declare besides their tools' (Driver.packages), once
+    each, in registry order."""
+    out: dict[str, None] = {}
+    for name in sorted(driver_classes()):
+        out.update(dict.fromkeys(driver_classes()[name].packages))
+    return list(out)

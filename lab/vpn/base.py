@@ -17,9 +17,12 @@ node (its /proc, /sys, /dev, kernel config or installed files), so the same driv
 Raspberry Pi boards over SSH and labs inside a VM. Before any lab node exists, check() is given
 lab.substrate.local.node.this_machine(): the machine whose namespaces will be the lab's nodes.
 
-Each driver also declares the executables it may run on a node (`requires`: Tool = name, Debian
-package, version command); setup.sh installs the packages and every run manifest records the
-versions (tests/test_vpn_conformance.py checks both).
+Each driver also declares the executables it may run on a node (`requires`: lab.core.tools.Tool =
+name, Debian package, version command, whether an arch node runs the board's build) and any
+other Debian package it needs (`packages`: plug-ins, libraries). That one declaration feeds
+setup.sh's package list, `lab arch fetch`, the arch nodes' tool map, the board checks and the
+run manifest's tool versions (lab.substrate.tools gathers it; tests/test_vpn_conformance.py
+checks the lists are derived from it).
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import jinja2
+
 from lab.core.node import Daemon, Node
+from lab.core.tools import Tool
 from lab.model.params import Param
 from lab.core.state import write_text_atomic
 
@@ -94,40 +100,6 @@ class Availability:
     why: str = ""  # when not ok: what is missing (and e.g. "use --vm")
 
 
-@dataclass(frozen=True)
-class Tool:
-    """An executable a driver runs on a node, the Debian package that provides it, and the argv
-    that prints its version (first line kept in the run manifest; None: nothing worth recording,
-    e.g. swanctl, whose --version asks the running charon)."""
-
-    name: str  # as run: a name looked up on PATH, or an absolute path
-    package: str
-    version: tuple[str, ...] | None = None
-    label: str = ""  # key in the manifest's tool_versions (default: the name's basename)
-
-    @property
-    def key(self) -> str:
-        return self.label or self.name.rsplit("/", 1)[-1]
-
-
-#: commands the lab's own probes and Node helpers run on any node (kernelfeatures, Node.
-#: missing_tools/children/adopt, mkdir/rm of run files): every driver may use them
-NODE_TOOLS: tuple[Tool, ...] = (
-    Tool("sh", "dash"),
-    Tool("cat", "coreutils"),
-    Tool("ls", "coreutils"),
-    Tool("test", "coreutils"),
-    Tool("id", "coreutils"),
-    Tool("uname", "coreutils"),
-    Tool("mkdir", "coreutils"),
-    Tool("rm", "coreutils"),
-    Tool("gzip", "gzip"),
-    Tool("unshare", "util-linux"),
-)
-IP = Tool("ip", "iproute2", ("ip", "-V"))
-PING = Tool("ping", "iputils-ping", ("ping", "-V"))
-
-
 class Driver(ABC):
     name: str = ""
     #: False for the baseline: no tunnel, traffic goes to the peer's underlay address
@@ -135,9 +107,12 @@ class Driver(ABC):
     params: ClassVar[dict[str, Param]] = {}
     #: keys of rendered-config values that are secret (redacted unless asked)
     secret_markers: tuple[str, ...] = ()
-    #: every executable the driver may run on a node besides NODE_TOOLS (its daemons, its
-    #: tools, its probes): package and version command of each
+    #: every executable the driver may run on a node besides lab.core.tools.NODE_TOOLS (its
+    #: daemons, its tools, its probes): package and version command of each
     requires: ClassVar[tuple[Tool, ...]] = ()
+    #: Debian packages the driver needs besides its tools' (plug-ins and libraries its daemons
+    #: load): setup.sh installs them and `lab arch fetch` ships them with the board's tools
+    packages: ClassVar[tuple[str, ...]] = ()
 
     def tools(self, params: dict) -> list[str]:
         """Executables this profile needs on the node (checked before anything starts); a
@@ -217,8 +192,6 @@ TEMPLATE_DIR = REPO / "vpn_profiles" / "templates"
 
 def render_template(rel: str, **values: Any) -> str:
     """Render vpn_profiles/templates/<rel> (Jinja2; an undefined name is an error, not '')."""
-    import jinja2
-
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,

@@ -29,7 +29,8 @@ from pathlib import Path
 from lab import REPO
 from lab.core.errors import CommandError, ConfigError, StartupError
 from lab.core.node import Daemon, Node
-from lab.vpn.base import Endpoint, Tool, TunnelContext, write_secret
+from lab.vpn.base import Endpoint, TunnelContext, write_secret
+from lab.core.tools import Tool
 
 CHARON = "/usr/lib/ipsec/charon"
 PLUGIN_DIR = Path("/usr/lib/ipsec/plugins")
@@ -109,8 +110,8 @@ def fmt_alg(d: dict) -> str | None:
 
 
 TOOLS = (
-    Tool(CHARON, "strongswan-charon", (CHARON, "--version"), label="charon"),
-    Tool("swanctl", "strongswan-swanctl"),  # its --version asks the running charon
+    Tool(CHARON, "strongswan-charon", (CHARON, "--version"), label="charon", board=True),
+    Tool("swanctl", "strongswan-swanctl", board=True),  # its --version asks the running charon
 )
 
 

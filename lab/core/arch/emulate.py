@@ -1,7 +1,8 @@
 """Which binary runs a node's command: the board's own (emulated) or this machine's.
 
-In a node with `arch="arm64"` the board software under test (BOARD_TOOLS: the VPN daemons and
-their control tools, iperf3, ping, openssl, ssh) runs from the node's root through
+In a node with `arch="arm64"` the board software under test (the tools declared with
+`Tool.board`: the VPN daemons and their control tools, iperf3, ping, openssl, ssh; the caller
+passes their names, lab.substrate.tools.board_tools()) runs from the node's root through
 qemu-aarch64-static called explicitly: `qemu-aarch64-static -L ROOT -0 /usr/bin/TOOL
 ROOT/usr/bin/TOOL ARGS`. nsenter execs that (lab.substrate.local.node), so the emulated process keeps
 the PID the lab recorded and stays in the node's namespaces and cgroup; no binfmt_misc entry
@@ -21,38 +22,35 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from lab.core import proc
 from lab.core.errors import PreconditionError
 from lab.core.arch import MANIFEST, Arch, get, root_dir
 
-#: the board software under test: in a node of another architecture these run from its root
-#: (lab.core.arch.fetch.PACKAGES ships them) or not at all; charon runs with kernel-libipsec only
-#: (kernel-netlink's XFRM half cannot), swanctl talks to it over its VICI socket
-BOARD_TOOLS = frozenset(
-    {"wireguard-go", "iperf3", "openvpn", "openssl", "ping", "tincd", "xl2tpd", "pppd"}
-    | {"ssh", "sshd", "charon", "swanctl"}
-)
 SEARCH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
 class ArchRoot:
-    """An unpacked root of `arch` and the qemu-user binary that runs it."""
+    """An unpacked root of `arch`, the qemu-user binary that runs it, and the names of the
+    board tools: in a node of this architecture they run from the root or not at all (charon
+    with kernel-libipsec only, since kernel-netlink's XFRM half cannot; swanctl talks to it
+    over its VICI socket)."""
 
-    def __init__(self, arch: Arch, root: Path, qemu: str):
+    def __init__(self, arch: Arch, root: Path, qemu: str, board_tools: Collection[str]):
         self.arch = arch
         self.root = root
         self.qemu = qemu
+        self.board_tools = frozenset(board_tools)
 
     def __repr__(self) -> str:
         return f"ArchRoot({self.arch.name}, {self.root})"
 
     @classmethod
-    def open(cls, name: str) -> ArchRoot:
-        """The fetched root of `name`, or a PreconditionError naming what is missing and the
-        command that fixes it."""
+    def open(cls, name: str, board_tools: Collection[str]) -> ArchRoot:
+        """The fetched root of `name` running `board_tools` (names), or a PreconditionError
+        naming what is missing and the command that fixes it."""
         arch = get(name)
         root = root_dir(arch)
         if not (root / MANIFEST).is_file():
@@ -66,7 +64,7 @@ class ArchRoot:
                 f"{arch.qemu} not found: install qemu-user-static (./setup.sh) to run "
                 f"{arch.name} nodes"
             )
-        return cls(arch, root, qemu)
+        return cls(arch, root, qemu, board_tools)
 
     def find(self, tool: str) -> str | None:
         """The path inside the root (as the board sees it, e.g. /usr/bin/iperf3) of `tool`,
@@ -96,13 +94,13 @@ class ArchRoot:
         return None
 
     def emulates(self, tool: str) -> bool:
-        return os.path.basename(tool) in BOARD_TOOLS and self.find(tool) is not None
+        return os.path.basename(tool) in self.board_tools and self.find(tool) is not None
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
         """argv as run in the node: a board tool under qemu from the root, anything else
         unchanged (this machine's binary)."""
         argv = [str(a) for a in argv]
-        if not argv or os.path.basename(argv[0]) not in BOARD_TOOLS:
+        if not argv or os.path.basename(argv[0]) not in self.board_tools:
             return argv
         inside = self.find(argv[0])
         if inside is None:
@@ -130,7 +128,9 @@ class ArchRoot:
         return f"{platform.machine()} (host)"
 
     def missing(self, tools: Sequence[str]) -> list[str]:
-        """Of `tools`, the board tools (BOARD_TOOLS) the root lacks: a node of this
+        """Of `tools`, the board tools the root lacks: a node of this
         architecture must not quietly run this machine's build of them. The other tools are
         this machine's to answer for."""
-        return [t for t in tools if os.path.basename(t) in BOARD_TOOLS and self.find(t) is None]
+        return [
+            t for t in tools if os.path.basename(t) in self.board_tools and self.find(t) is None
+        ]

@@ -1,6 +1,8 @@
 """`lab arch fetch ARCH`: a board's Debian 12 packages unpacked into a root, host untouched.
 
-apt resolves the dependencies (only the top-level packages below are named here) with a
+The caller names the top-level packages (lab.substrate.tools.board_packages(): the packages of
+the tools declared with `Tool.board` and the drivers' plug-ins); apt resolves their
+dependencies with a
 private configuration: its own sources (Debian 12 for ARCH only), package lists, cache and an
 empty dpkg status file under /var/cache/lab/arch/.apt-ARCH, and APT::Architecture=ARCH. So no
 `dpkg --add-architecture`, nothing installed, nothing in /etc/apt or /var/lib/dpkg written;
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,28 +26,6 @@ from lab.core.errors import PreconditionError
 from lab.core.state import write_json_atomic
 from lab.core.arch import MANIFEST, Arch, cache_dir, root_dir
 
-#: the tools the profiles and tests start, by the Debian package that ships them
-PACKAGES: dict[str, str] = {
-    "wireguard-go": "wireguard-go",
-    "wg": "wireguard-tools",
-    "iperf3": "iperf3",
-    "openvpn": "openvpn",
-    "charon": "strongswan-charon",
-    "swanctl": "strongswan-swanctl",
-    # kernel-libipsec (user-space ESP) and the other charon plugins the profiles load
-    "charon plugins": "libcharon-extra-plugins",
-    "strongswan plugins": "libstrongswan-extra-plugins",
-    "strongswan standard plugins": "libstrongswan-standard-plugins",  # openssl, gcm, ...
-    "openssl": "openssl",
-    "ping": "iputils-ping",
-    "tincd": "tinc",
-    "xl2tpd": "xl2tpd",
-    "pppd": "ppp",
-    "ssh": "openssh-client",
-    "sshd": "openssh-server",
-    # ldconfig: the root's ld.so.cache (below); Essential on a board, so it is there too
-    "ldconfig": "libc-bin",
-}
 SUITES = (
     ("http://deb.debian.org/debian", "bookworm"),
     ("http://deb.debian.org/debian", "bookworm-updates"),
@@ -60,6 +41,8 @@ class FetchPlan:
     root: Path
     apt_dir: Path
     packages: tuple[str, ...]
+    #: package -> why the lab wants it (recorded in the root's manifest)
+    why: dict[str, str]
 
     def sources_text(self) -> str:
         return "".join(
@@ -101,12 +84,14 @@ class FetchPlan:
         return self.apt_dir / "cache" / "archives"
 
 
-def plan(arch: Arch, packages: tuple[str, ...] | None = None) -> FetchPlan:
+def plan(arch: Arch, packages: Mapping[str, str]) -> FetchPlan:
+    """The fetch of `packages` ({Debian package: why}) for `arch`."""
     return FetchPlan(
         arch,
         root_dir(arch),
         cache_dir() / f".apt-{arch.name}",
-        tuple(packages or sorted(set(PACKAGES.values()))),
+        tuple(sorted(packages)),
+        dict(sorted(packages.items())),
     )
 
 
@@ -179,7 +164,7 @@ def fetch(p: FetchPlan, *, force: bool = False) -> dict:
         "distribution": "Debian 12 (bookworm)",
         "sources": p.sources_text().splitlines(),
         "requested": list(p.packages),
-        "tools": PACKAGES,
+        "why": p.why,
         "packages": packages,
         "fetched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "download_seconds": round(downloaded, 1),

@@ -24,7 +24,8 @@ from typing import Any
 from lab.core.errors import LabError
 from lab.core.hostreadings import parse_throttled
 from lab.core.node import Node
-from lab.vpn.base import IP, NODE_TOOLS, PING, Tool
+from lab.core.tools import ETHTOOL, IP, NODE_TOOLS, PING, TC, Tool
+from lab.measure.iperf3 import IPERF3
 from lab.vpn.profiles import Profile
 from lab.vpn.tunnel import availability
 from lab.substrate.boards.impair import impairment_path
@@ -35,13 +36,7 @@ from lab.substrate.boards.types import Board, Inventory
 
 #: what the lab itself runs on every board besides the drivers' tools (measurements, link
 #: set-up, impairment on a middlebox); `lab boards prepare` installs their packages too
-LAB_TOOLS: tuple[Tool, ...] = (
-    IP,
-    Tool("tc", "iproute2", ("tc", "-V")),
-    PING,
-    Tool("iperf3", "iperf3", ("iperf3", "--version")),
-    Tool("ethtool", "ethtool", ("ethtool", "--version")),
-)
+LAB_TOOLS: tuple[Tool, ...] = (IP, TC, PING, IPERF3, ETHTOOL)
 #: the argv and environment `lab boards prepare` installs packages with (apt-get(8))
 APT_INSTALL = ("apt-get", "install", "-y", "--no-install-recommends")
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}

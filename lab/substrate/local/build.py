@@ -8,6 +8,7 @@ import time
 
 from lab.core import cgroups, netops
 from lab.core.arch.emulate import ArchRoot
+from lab.substrate.tools import board_tools
 from lab.core.errors import ConfigError, PreconditionError
 from lab.core.state import Ledger, create_lab_dir, lab_dir, run_root, write_json_atomic
 from lab.core.teardown import teardown
@@ -134,7 +135,7 @@ def _arch_plan(spec: LabSpec, cpu: dict[str, dict], vpn=None) -> list[str]:
     emulated = [n for n in spec.hosts() if n.arch]
     path = vpn.availability.path if vpn is not None and vpn.availability else None
     for n in emulated:
-        ArchRoot.open(n.arch)
+        ArchRoot.open(n.arch, board_tools())
         if path == "kernel" and n.name in (vpn.client.node, vpn.server.node):
             # the board's tools cannot drive XFRM or generic netlink under qemu-user, and a
             # kernel data plane runs no board binary anyway (docs/arch.md)

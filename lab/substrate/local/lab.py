@@ -13,6 +13,7 @@ from pathlib import Path
 from lab.core import cgroups
 from lab.core.errors import ConfigError, PreconditionError
 from lab.core.arch.emulate import ArchRoot
+from lab.substrate.tools import board_tools
 from lab.substrate.local.node import LocalNode
 from lab.core.state import (
     Ledger,
@@ -97,7 +98,7 @@ class Lab:
             env=rt.env,
             ledger=self.ledger,
             log_dir=self.dir / "logs",
-            arch=ArchRoot.open(rt.arch) if rt.arch else None,
+            arch=ArchRoot.open(rt.arch, board_tools()) if rt.arch else None,
         )
 
     def nodes(self) -> dict[str, LocalNode]:

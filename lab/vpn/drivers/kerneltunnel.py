@@ -26,7 +26,8 @@ from typing import ClassVar
 
 from lab.core.errors import ConfigError, StartupError
 from lab.core.node import Node
-from lab.vpn.base import IP, PING, Availability, Driver, Endpoint, TunnelContext
+from lab.vpn.base import Availability, Driver, Endpoint, TunnelContext
+from lab.core.tools import IP, PING
 from lab.model.params import Param
 from lab.vpn.kernelfeatures import probe_links
 

@@ -36,17 +36,15 @@ from typing import ClassVar
 from lab.core.errors import PreconditionError, StartupError, TeardownIncomplete
 from lab.core.node import Daemon, Node
 from lab.vpn.base import (
-    IP,
-    PING,
     Availability,
     Driver,
     Endpoint,
-    Tool,
     TunnelContext,
     route_through,
     write_secret,
     render_template,
 )
+from lab.core.tools import IP, PING, Tool
 from lab.model.params import Param
 from lab.vpn.kernelfeatures import missing_features
 
@@ -102,8 +100,8 @@ class L2TPDriver(Driver):
     }
     secret_markers = ("chap_secret",)
     requires = (
-        Tool("xl2tpd", "xl2tpd", ("xl2tpd", "-v")),
-        Tool("pppd", "ppp", ("pppd", "--version")),
+        Tool("xl2tpd", "xl2tpd", ("xl2tpd", "-v"), board=True),
+        Tool("pppd", "ppp", ("pppd", "--version"), board=True),
         IP,
         PING,
         Tool("mount", "mount"),

@@ -83,6 +83,7 @@ class L2TPIPsecDriver(Driver):
     requires = tuple(
         dict.fromkeys([*StrongSwanDriver.requires, *l2tp.L2TPDriver.requires])
     )  # once each
+    packages = StrongSwanDriver.packages
 
     def __init__(self) -> None:
         self._l2tp = l2tp.L2TPDriver()

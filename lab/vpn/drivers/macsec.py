@@ -28,16 +28,14 @@ from typing import ClassVar
 from lab.core.errors import ConfigError, StartupError
 from lab.core.node import Node
 from lab.vpn.base import (
-    IP,
-    PING,
     Availability,
     Driver,
     Endpoint,
-    Tool,
     TunnelContext,
     write_secret,
     render_template,
 )
+from lab.core.tools import IP, PING, Tool
 from lab.model.params import Param
 from lab.vpn.kernelfeatures import probe_links
 

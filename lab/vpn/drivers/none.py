@@ -10,7 +10,8 @@ import json
 from typing import ClassVar
 
 from lab.core.node import Node
-from lab.vpn.base import IP, PING, Availability, Driver, TunnelContext, config_hash
+from lab.vpn.base import Availability, Driver, TunnelContext, config_hash
+from lab.core.tools import IP, PING
 from lab.model.params import Param
 
 

@@ -23,15 +23,14 @@ from lab.core import proc
 from lab.core.errors import ConfigError, StartupError
 from lab.core.node import Node
 from lab.vpn.base import (
-    IP,
     Availability,
     Driver,
-    Tool,
     TunnelContext,
     route_through,
     write_secret,
     render_template,
 )
+from lab.core.tools import IP, Tool
 from lab.model.params import Param
 from lab.vpn import userconfig
 from lab.vpn.kernelfeatures import has_char_device
@@ -106,10 +105,10 @@ class OpenVPNDriver(Driver):
     }
     secret_markers = ("static_key", "ca_key", "server_key", "client_key")
     requires = (
-        Tool("openvpn", "openvpn", ("openvpn", "--version")),
+        Tool("openvpn", "openvpn", ("openvpn", "--version"), board=True),
         IP,
         # on the controller (tls: the per-lab CA and certificates)
-        Tool("openssl", "openssl", ("openssl", "version")),
+        Tool("openssl", "openssl", ("openssl", "version"), board=True),
     )
 
     def tools(self, params: dict) -> list[str]:

@@ -33,7 +33,8 @@ from typing import ClassVar
 from lab.core.errors import StartupError, TeardownIncomplete
 from lab.core.node import Node
 from lab.vpn import charon, charonkernel, userconfig
-from lab.vpn.base import IP, PING, Availability, Driver, Endpoint, TunnelContext, config_hash
+from lab.vpn.base import Availability, Driver, Endpoint, TunnelContext, config_hash
+from lab.core.tools import IP, PING
 from lab.model.params import Param
 from lab.vpn.charon import (
     LIBIPSEC_TUN,
@@ -113,6 +114,13 @@ class StrongSwanDriver(Driver):
         charon.validate_proposals(params, source=source)
 
     requires = (*charon.TOOLS, IP, PING)
+    # the charon plug-ins the profiles load: kernel-libipsec (user-space ESP) and the rest
+    # (extra), openssl, gcm, ... (standard)
+    packages = (
+        "libcharon-extra-plugins",
+        "libstrongswan-extra-plugins",
+        "libstrongswan-standard-plugins",
+    )
 
     def check(self, params: dict, node: Node) -> Availability:
         have, missing = charon.missing_plugins(node, params["crypto_plugins"])

@@ -27,15 +27,8 @@ from typing import ClassVar
 from lab.core import proc
 from lab.core.errors import LabError, StartupError
 from lab.core.node import Node
-from lab.vpn.base import (
-    IP,
-    Availability,
-    Driver,
-    Tool,
-    TunnelContext,
-    write_secret,
-    render_template,
-)
+from lab.vpn.base import Availability, Driver, TunnelContext, write_secret, render_template
+from lab.core.tools import IP, Tool
 from lab.model.params import Param
 from lab.vpn.kernelfeatures import has_char_device
 
@@ -76,10 +69,10 @@ class TincDriver(Driver):
     }
     secret_markers = ("client_private", "server_private")
     requires = (
-        Tool("tincd", "tinc", ("tincd", "--version")),
+        Tool("tincd", "tinc", ("tincd", "--version"), board=True),
         IP,
         # keys are made on the controller; the node's OpenSSL is asked about Blowfish
-        Tool("openssl", "openssl", ("openssl", "version")),
+        Tool("openssl", "openssl", ("openssl", "version"), board=True),
     )
 
     def check(self, params: dict, node: Node) -> Availability:

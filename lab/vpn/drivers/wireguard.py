@@ -19,15 +19,14 @@ from typing import ClassVar
 from lab.core.errors import ConfigError, StartupError
 from lab.core.node import Node
 from lab.vpn.base import (
-    IP,
     Availability,
     Driver,
-    Tool,
     TunnelContext,
     route_through,
     write_secret,
     render_template,
 )
+from lab.core.tools import IP, Tool
 from lab.model.params import Param
 from lab.vpn import userconfig
 from lab.vpn.kernelfeatures import has_char_device, probe_netns
@@ -119,7 +118,7 @@ class WireGuardDriver(Driver):
     secret_markers = ("client_private", "server_private", "preshared")
     requires = (
         Tool("wg", "wireguard-tools", ("wg", "--version")),
-        Tool("wireguard-go", "wireguard-go", ("wireguard-go", "--version")),
+        Tool("wireguard-go", "wireguard-go", ("wireguard-go", "--version"), board=True),
         IP,
     )
 

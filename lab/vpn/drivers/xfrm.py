@@ -37,8 +37,6 @@ from lab.core.errors import ConfigError, StartupError
 from lab.core.node import Node
 from lab.model.params import Param
 from lab.vpn.base import (
-    IP,
-    PING,
     Availability,
     Driver,
     Endpoint,
@@ -64,6 +62,7 @@ from lab.vpn.xfrmsa import (
     secret_layout,
     up_script,
 )
+from lab.core.tools import IP, PING
 
 
 class XfrmManualDriver(Driver):
