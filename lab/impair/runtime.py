@@ -25,7 +25,7 @@ from lab.model.graph import shortest_path
 from lab.model.labspec import LabSpec
 from lab.impair import kernel
 from lab.model.impairment.directional import DirectionalImpairment, parse_directional
-from lab.model.impairment.model import Impairment, parse_spec
+from lab.model.impairment.model import Impairment
 
 DEFAULT = "default"
 BUMP_A, BUMP_B = "imp-a", "imp-b"
@@ -192,67 +192,63 @@ def line_rate_bps(lab, p: Point) -> int:
     return int(bw * 1e6) if bw else DEFAULT_LINE_RATE_BPS
 
 
-def point_spec(
-    spec: str, base: Impairment | None = None, *, a: str | None = None, b: str | None = None
-) -> DirectionalImpairment:
-    """A plan point's spec per direction: `spec` on top of `base` (the topology link's own
-    impairment) and nothing else: no earlier point, no shell setting."""
-    own = base or Impairment()
-    start = DirectionalImpairment(own, own)
-    if not spec.strip():
-        return start
-    return parse_directional(spec, source="impairment", a=a, b=b, base=start)
+def point_spec(imp: DirectionalImpairment, base: Impairment | None = None) -> DirectionalImpairment:
+    """A plan point's impairment per direction: `imp` on top of `base` (the topology link's own
+    impairment) field by field, and nothing else: no earlier point, no shell setting."""
+    return DirectionalImpairment.symmetric(base or Impairment()).merge(imp, source="impairment")
 
 
 def effective_point(
-    spec: str, line_rate: int = DEFAULT_LINE_RATE_BPS, base: Impairment | None = None
+    imp: DirectionalImpairment,
+    line_rate: int = DEFAULT_LINE_RATE_BPS,
+    base: Impairment | None = None,
 ) -> DirectionalImpairment:
-    """What set_point puts in force for `spec`: point_spec with the default queue limit."""
-    d = point_spec(spec, base)
+    """What set_point puts in force for `imp`: point_spec with the default queue limit."""
+    d = point_spec(imp, base)
     return DirectionalImpairment(
         with_queue_limit(d.a2b, line_rate), with_queue_limit(d.b2a, line_rate)
     )
 
 
-def set_point(lab, spec: str, *, seed: int | None = None) -> dict:
-    """Put exactly `spec` in force on every impairment point (a plan point).
+def set_point(lab, imp: DirectionalImpairment, *, seed: int | None = None) -> dict:
+    """Put exactly `imp` in force on every impairment point (a plan point).
 
-    `seed`: the random draws' seed where `spec` gives none and has draws (jitter, loss,
+    `seed`: the random draws' seed where `imp` gives none and has draws (jitter, loss,
     duplicate, corrupt, reorder; a plan run derives it from a case id, docs/scale.md); the engine
     takes it (mixed per direction), kernel netem does not here (iproute2 < 6.6 rejects netem's
     seed), so there it is not applied and `seed` says so.
 
     Nothing of what earlier points or `lab impair set` left survives: each point gets the
-    topology's own link impairment (its `impair=` option, none for most) with `spec` on top,
-    and an empty spec leaves just that; the boards' NIC latency, where the lab applies it, is
+    topology's own link impairment (its `impair=` option, none for most) with `imp` on top,
+    and an empty one leaves just that; the boards' NIC latency, where the lab applies it, is
     added to every point's delay (_apply). Returns show_impairment() plus `expected` (the effective
     spec of every point) and `in_force` (whether what the engine or qdisc reports, read back
-    after setting, is exactly that).
+    after setting, is exactly that: the objects compared, lab.impair.kernel.differences for
+    netem).
     """
     st = _state(lab)
     base = st.get("base") or {}
-    a, b = lab.spec.endpoints("vpn")
     changes = []
     for p in [Point(**x) for x in st["points"]]:
         own = Impairment.from_json(base[_key(p)]) if base.get(_key(p)) else Impairment()
-        d = point_spec(spec, own, a=a, b=b)
-        imp = d.a2b if p.way == "fwd" else d.b2a
-        if seed is not None and st["backend"] != "kernel-netem" and _draws(imp):
-            imp = imp if imp.seed is not None else replace(imp, seed=seed)
-        changes.append((p, imp))
+        d = point_spec(imp, own)
+        one = d.a2b if p.way == "fwd" else d.b2a
+        if seed is not None and st["backend"] != "kernel-netem" and _draws(one):
+            one = one if one.seed is not None else replace(one, seed=seed)
+        changes.append((p, one))
     sent = _apply(lab, st, changes)
-    st["applied"] = {_key(p): imp.to_json() for p, imp in changes}
+    st["applied"] = {_key(p): one.to_json() for p, one in changes}
     lab.save()
-    shown = show_impairment(lab)
+    shown, read = _show(lab)
     shown["expected"] = {k: str(v) for k, v in sent.items()}
-    shown["in_force"] = _in_force(st["backend"], shown.get("applied") or {}, sent)
+    shown["in_force"] = in_force(st["backend"], read, sent)
     if seed is not None:
         shown["seed"] = (
             {"derived": seed, "applied": False, "why": "kernel netem: no seed with this tc"}
             if st["backend"] == "kernel-netem"
             else {"derived": seed, "applied": True}
         )
-    warnings = [w for p, imp in changes if (w := limit_warning(imp, line_rate_bps(lab, p)))]
+    warnings = [w for p, one in changes if (w := limit_warning(one, line_rate_bps(lab, p)))]
     if warnings:
         shown["warnings"] = sorted(set(warnings))
     return shown
@@ -267,21 +263,22 @@ def _draws(imp: Impairment) -> bool:
     return any(getattr(imp, f) is not None for f in RANDOM_FIELDS)
 
 
-def _in_force(backend: str, applied: dict, sent: dict[str, Impairment]) -> bool:
-    """Whether the read-back state equals what was sent (keys as _apply's)."""
-    if backend == "kernel-netem":  # tc cannot report everything: kernel.differences knows what
-        return all(
-            not kernel.differences(
-                v, None if applied.get(k, "none") == "none" else parse_spec(applied[k])
-            )
-            for k, v in sent.items()
-        )
-    flat = {f"{name}:{d}": v for name, dirs in applied.items() for d, v in dirs.items()}
-    return all(flat.get(k) == str(v) for k, v in sent.items())
+def in_force(backend: str, read: dict[str, Impairment | None], sent: dict[str, Impairment]) -> bool:
+    """Whether what the backend reports (`read`, _show's) equals what was sent (keys as
+    _apply's). Netem: kernel.differences, which knows what tc cannot report; a key without a
+    netem qdisc reads None. The engine: the same object, and an engine that did not answer has
+    no key."""
+    if backend == "kernel-netem":
+        return all(not kernel.differences(v, read.get(k)) for k, v in sent.items())
+    return all(read.get(k) == v for k, v in sent.items())
 
 
 def set_impairment(lab, spec: str, target: str | None = None) -> dict:
-    """Apply `spec` (tc-netem words, preset, or directional `client->server: ...; ...`).
+    """Apply `spec` (tc-netem words, preset, or directional `client->server: ...; ...`): the
+    `lab impair set WORDS` edge, and a topology link's `impair=` words (set_base). Words, not an
+    object: they are read against each point's current state (a preset or `none` starts from
+    scratch, `delay 50ms` keeps the jitter, `gap 5` needs the reorder in force), which differs
+    from point to point.
 
     target None: every point of the lab's placement. target LINK ('router-server'), NODE
     ('router': every point on that node) or NODE:IFACE limits it to that link / node /
@@ -447,9 +444,20 @@ def netem_parent(node, ifname: str) -> str:
 
 
 def show_impairment(lab) -> dict:
+    """The lab's impairment as `lab impair show` prints it: what was requested and what the
+    engine or qdisc reports in force, in tc-netem words."""
+    return _show(lab)[0]
+
+
+def _show(lab) -> tuple[dict, dict[str, Impairment | None]]:
+    """show_impairment's answer, and what the backend reports in force as objects, keyed as
+    _apply's `sent` (kernel: NODE:DEV, None where no netem qdisc is; engine: ENGINE:DIR, none
+    for an engine that did not answer)."""
+    read: dict[str, Impairment | None] = {}
     st = lab.info.get("impair")
     if not st:
-        return {"backend": None, "placement": None, "applied": None, "note": "no impairment points"}
+        out = {"backend": None, "placement": None, "applied": None, "note": "no impairment points"}
+        return out, read
     out = {k: st[k] for k in ("backend", "placement", "why") if k in st}
     if dilation.factor(lab.spec.dilation) != 1.0:
         out["dilation"] = dilation.factor(lab.spec.dilation)
@@ -479,6 +487,7 @@ def show_impairment(lab) -> dict:
                 if cp.returncode == 0
                 else None
             )
+            read[f"{p['node']}:{dev}"] = imp
             real[f"{p['node']}:{dev}"] = str(imp) if imp is not None else "none"
         out["applied"] = real
     else:
@@ -489,17 +498,18 @@ def show_impairment(lab) -> dict:
             except Exception as e:  # an engine that died is part of what "show" must tell
                 eng_out[eng["name"]] = {"error": str(e)}
         out["engines"] = eng_out
-        out["applied"] = {
-            name: {
-                d: str(Impairment.from_json(v["spec"]))
-                if isinstance(v, dict) and "spec" in v
-                else v
-                for d, v in e.items()
-                if d in ("a2b", "b2a")
-            }
-            for name, e in eng_out.items()
-        }
-    return out
+        applied: dict[str, dict] = {}
+        for name, e in eng_out.items():
+            applied[name] = {}
+            for d, v in e.items():
+                if d not in ("a2b", "b2a"):
+                    continue
+                if isinstance(v, dict) and "spec" in v:
+                    read[f"{name}:{d}"] = Impairment.from_json(v["spec"], source=name)
+                    v = str(read[f"{name}:{d}"])
+                applied[name][d] = v
+        out["applied"] = applied
+    return out, read
 
 
 def base_text(st: dict) -> dict[str, str]:
@@ -527,21 +537,23 @@ class ImpairPlan:
     placement: str
     points: list[Point]
     engine_links: list[int]
-    initial: str
+    #: what the lab starts with, put in force by set_point once the points exist
+    initial: DirectionalImpairment
 
 
 def plan_for(
     spec: LabSpec, placement: str | None, initial: str, backend: str, why: str
 ) -> ImpairPlan:
+    """The plan of a lab's impairment points; `initial` is the `lab up --impair` words (or
+    "none"), parsed here, once: bad input is refused before anything is created."""
     placement = placement or default_placement(spec)
     pts = points(spec, placement)
-    # validate the spec now: bad input is refused before anything is created
     a, b = spec.endpoints("vpn")
-    parse_directional(initial, source="--impair", a=a, b=b)
+    first = parse_directional(initial, source="--impair", a=a, b=b)
     links = engine_links(spec, placement) if backend == "userspace" else []
     if backend == "userspace" and placement == "ingress":
         why += "; with the engine, ingress and egress placements both act on the wire"
-    return ImpairPlan(backend, why, placement, pts, links, initial)
+    return ImpairPlan(backend, why, placement, pts, links, first)
 
 
 def plan_json(p: ImpairPlan) -> dict:

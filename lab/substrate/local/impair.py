@@ -16,10 +16,12 @@ rest of the lab, and a crash mid-splice leaves nothing that teardown does not fi
 from __future__ import annotations
 
 from lab.core import cgroups, netops
-from lab.model import dilation
-from lab.substrate.local.lab import CGROUP_PARENT, Lab, _impair_plan, _offloads_off, _start_engines
 from lab.core.state import write_json_atomic
+from lab.impair import runtime
+from lab.model import dilation
+from lab.model.impairment.directional import DirectionalImpairment
 from lab.model.labspec import LabSpec
+from lab.substrate.local.lab import CGROUP_PARENT, Lab, _impair_plan, _offloads_off, _start_engines
 
 
 def ensure_points(lab: Lab) -> bool:
@@ -28,8 +30,6 @@ def ensure_points(lab: Lab) -> bool:
     if lab.info.get("impair"):
         return False
     iplan = _impair_plan(lab.spec, lab.id, lab.info, "none", None, "auto")
-    from lab.impair import runtime
-
     st = runtime.plan_json(iplan)
     st["added_at_run_time"] = True
     lab.info["impair"] = st
@@ -41,7 +41,7 @@ def ensure_points(lab: Lab) -> bool:
         _start_engines(lab, iplan)
     else:
         _offloads_off(lab, iplan)
-    runtime.set_point(lab, "")
+    runtime.set_point(lab, DirectionalImpairment())
     return True
 
 
@@ -58,8 +58,6 @@ def splice_side(spec: LabSpec, link: int) -> tuple[str, str]:
 
 def splice_bump(lab: Lab, link: int) -> None:
     """Splice a pass-through bump namespace into live link `link` (see the module doc)."""
-    from lab.impair import runtime
-
     lk = lab.spec.links[link]
     layout = lab.cg
     name = f"imp{link}"
