@@ -137,13 +137,16 @@ OPENVPN_FILES = {
 @dataclass(frozen=True)
 class UserConfig:
     """One user file of a profile: its role, where it is, its text and hash, the placeholders
-    it uses."""
+    it uses, and what the lab applies itself from it, read once at load time."""
 
     role: str
     path: Path
     text: str
     sha256: str
     names: frozenset[str]
+    #: the tunnel MTU the file sets (a wg-quick [Interface] MTU, which `wg setconf` does not
+    #: take: the lab sets it on the link); None: the profile's `mtu`
+    mtu: int | None = None
 
     def to_json(self) -> dict:
         return {"file": str(self.path), "sha256": self.sha256}
@@ -221,7 +224,14 @@ def load_configs(driver: str, table: dict, profile_path: Path) -> dict[str, User
                     source=str(path),
                     field=f"configs.{role}",
                 )
-        out[role] = UserConfig(role, path, text, hashlib.sha256(text.encode()).hexdigest(), names)
+        out[role] = UserConfig(
+            role,
+            path,
+            text,
+            hashlib.sha256(text.encode()).hexdigest(),
+            names,
+            wg_mtu(text) if driver == "wireguard" else None,
+        )
     return out
 
 
@@ -325,6 +335,13 @@ def wg_keys(text: str) -> list[tuple[int, str, str, str]]:
             key, value = (s.strip() for s in line.split("=", 1))
             out.append((n, section, key.lower(), value))
     return out
+
+
+def wg_mtu(text: str) -> int | None:
+    """The [Interface] MTU of a wg-quick file (the last one given, as wg-quick reads it), or
+    None when it sets none or no number."""
+    vals = [v for _, sec, k, v in wg_keys(text) if sec == "interface" and k == "mtu"]
+    return int(vals[-1]) if vals and vals[-1].isdigit() else None
 
 
 def wg_check(cfg: UserConfig, rendered: str, peer: Endpoint) -> None:
