@@ -223,12 +223,8 @@ def cases(quick: bool):
 
 def guest(backends: list[str], quick: bool, lab_id: str) -> dict:
     from lab.impair.kernel import differences
-    from lab.impair.runtime import (
-        DEFAULT_LINE_RATE_BPS,
-        clear_impairment,
-        set_point,
-        with_queue_limit,
-    )
+    from lab.impair.effective import DEFAULT_LINE_RATE_BPS, with_queue_limit
+    from lab.impair.runtime import clear_impairment, set_point
     from lab.model.impairment.directional import DirectionalImpairment
     from lab.model.impairment.model import parse_spec
     from lab.substrate.local.lab import up

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.impair import runtime
+from lab.impair import effective, runtime
 from lab.campaign.shard import case_seed
 from lab.model.impairment.directional import DirectionalImpairment, parse_directional
 from lab.model.impairment.model import parse_spec
@@ -204,14 +204,14 @@ def test_engine_refuses_nothing_it_reports(monkeypatch):
 
 def test_queue_limit_default_and_warning():
     imp = parse_spec("delay 400ms")
-    assert runtime.with_queue_limit(imp, 10**9).limit == doc_limit(400)
-    assert runtime.with_queue_limit(parse_spec("loss 1%"), 10**9).limit == 1000
-    slow = runtime.with_queue_limit(imp, 10 * 10**6).limit  # a 10 Mbit/s link needs less
+    assert effective.with_queue_limit(imp, 10**9).limit == doc_limit(400)
+    assert effective.with_queue_limit(parse_spec("loss 1%"), 10**9).limit == 1000
+    slow = effective.with_queue_limit(imp, 10 * 10**6).limit  # a 10 Mbit/s link needs less
     assert slow == doc_limit(400, rate_bps=10e6) == 1000
-    assert runtime.with_queue_limit(parse_spec("delay 400ms limit 50"), 10**9).limit == 50
-    w = runtime.limit_warning(parse_spec("delay 400ms limit 1000"), 10**9)
+    assert effective.with_queue_limit(parse_spec("delay 400ms limit 50"), 10**9).limit == 50
+    w = effective.limit_warning(parse_spec("delay 400ms limit 1000"), 10**9)
     assert w and "caps throughput at about 30 Mbit/s" in w
-    assert runtime.limit_warning(parse_spec("delay 1ms limit 1000"), 10**9) is None
+    assert effective.limit_warning(parse_spec("delay 1ms limit 1000"), 10**9) is None
 
 
 @pytest.mark.parametrize("plan_path", PLANS, ids=[p.stem for p in PLANS])
@@ -224,7 +224,7 @@ def test_no_plan_point_sets_what_its_own_spec_does_not(plan_path):
         for p in pts:
             own = parse_directional(p.spec)  # the recorded text says what the object holds
             assert own == p.impairment, (plan_path.name, p.name, p.spec)
-            eff = runtime.effective_point(p.impairment, 10**9)
+            eff = effective.effective_point(p.impairment, 10**9)
             for d in ("a2b", "b2a"):
                 o, e = own.direction(d).to_json(), eff.direction(d).to_json()
                 extra = set(e) - set(o)
