@@ -17,6 +17,7 @@ from lab.substrate.boards.snapshot import _sh, snapshot
 from lab.substrate.boards.mapping import board_spec, check_management, map_nodes
 from lab.substrate.boards.restore import restore
 from lab.substrate.boards.types import BoardMap, Inventory
+from lab.vpn.profiles import Profile
 
 
 def up(
@@ -47,7 +48,7 @@ def up(
         from lab.impair.runtime import plan_for
 
         plan_for(bspec, placement, impair, "kernel-netem", "")  # validated before anything
-    if isinstance(vpn, str):
+    if isinstance(vpn, str | Profile):
         from lab.vpn.tunnel import plan as tunnel_plan
 
         vpn = tunnel_plan(bspec, vpn)  # checked on the boards themselves once connected

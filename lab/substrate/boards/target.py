@@ -12,6 +12,7 @@ from lab import REPO
 import time
 
 from lab.core.errors import LabError, PreconditionError
+from lab.vpn.profiles import Profile
 from lab.vpn.record import TunnelRecord, daemons_of
 from lab.substrate.boards.inventory import load_inventory
 from lab.substrate.boards.mapping import map_nodes
@@ -52,7 +53,7 @@ class BoardsTarget:
             self.client_tools |= set(TESTS[t.test].client_tools)
             self.server_tools |= set(TESTS[t.test].server_tools)
         problems = []
-        for p in plan.profiles:
+        for p in plan.loaded.values():
             try:
                 tunnel_plan(spec, p)
             except LabError as e:
@@ -61,7 +62,7 @@ class BoardsTarget:
             raise PreconditionError("cannot run this plan on boards:\n  " + "\n  ".join(problems))
         return spec
 
-    def up(self, spec, lab_id: str, profile: str, point, placement):
+    def up(self, spec, lab_id: str, profile: Profile, point, placement):
         from lab.substrate.boards.build import up
 
         # points only: the runner applies each point once the tunnel is up and ready

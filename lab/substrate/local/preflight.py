@@ -20,7 +20,7 @@ def preflight(plan, *, kernel: bool = True):
     problems, runnable, need_vm = [], [], []
     for p in plan.profiles:
         try:
-            prepare(spec, p, kernel=kernel)
+            prepare(spec, plan.loaded[p], kernel=kernel)
             runnable.append(p)
         except KernelFeatureMissing as e:
             problems.append(str(e))

@@ -14,21 +14,26 @@ from lab.core.errors import PreconditionError
 from lab.substrate.local.monitor import Monitor
 from lab.model.impairment.points import ImpairmentPoint
 from lab.substrate.local.preflight import preflight
+from lab.vpn.profiles import Profile
 from lab.vpn.record import daemons_of
+from lab.vpn.tunnel import prepare
 
 
 # ---------------------------------------------------------------------- impairment seam
 
 
-def up_lab(spec, lab_id: str, profile: str, point: ImpairmentPoint | None, placement: str | None):
+def up_lab(
+    spec, lab_id: str, profile: Profile, point: ImpairmentPoint | None, placement: str | None
+):
     """Build the lab with the profile's tunnel and, for an impaired group, its impairment points
     with nothing applied yet: the tunnel comes up and proves it passes traffic on a clean path,
     then the runner applies each point (a `loss 100%` point is a measured loss, not a failed
-    bring-up)."""
+    bring-up). `profile` as the plan loaded it: placed and checked here (prepare), not read
+    again."""
     kwargs: dict[str, Any] = {}
     if point is not None and point.impaired:
         kwargs = {"impair": "none", "placement": placement}
-    return up(spec, lab_id, vpn=profile, **kwargs)
+    return up(spec, lab_id, vpn=prepare(spec, profile), **kwargs)
 
 
 def apply_impairment(
@@ -65,7 +70,7 @@ class LocalTarget:
     def preflight(self, plan):
         return preflight(plan)
 
-    def up(self, spec, lab_id: str, profile: str, point, placement):
+    def up(self, spec, lab_id: str, profile: Profile, point, placement):
         return up_lab(spec, lab_id, profile, point, placement)
 
     def down(self, lab_id: str) -> list[str]:
