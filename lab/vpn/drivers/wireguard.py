@@ -216,8 +216,7 @@ class WireGuardDriver(Driver):
             ctx.write_config(end, rendered[end.name])
             wg_quick = rendered[end.name][f"{IFNAME}.conf"]
             setconf = setconf_text(wg_quick)
-            interface = {k for _, sec, k, _ in userconfig.wg_keys(wg_quick) if sec == "interface"}
-            if ctx.configs and "listenport" not in interface:
+            if ctx.configs and not userconfig.config_of(ctx, end).listen_port:
                 # the lab owns the port the peer's Endpoint names: given to wg with the rest
                 # (set later, the port moves under a handshake already under way)
                 setconf = re.sub(
