@@ -44,7 +44,7 @@ from lab.campaign.plan import SCHEMA, Plan, TestEntry
 from lab.core.errors import ConfigError, LabError
 from lab.model.impairment.points import NAME_RE, impairment_points
 from lab.vpn.profiles import Profile, known_profiles, load_profile
-from lab.vpn.tunnel import plan as place
+from lab.vpn.tunnel import place
 
 PLAN_DIR = REPO / "plans"
 

@@ -1,6 +1,7 @@
 """Tunnel orchestration: from a lab and a profile to a tunnel that really passes traffic.
 
-    prepare(spec, profile)  validate the profile, place the tunnel in the topology, check the
+    prepare(spec, profile)  load the profile (a spec) or take it loaded (a Profile), place the
+                            tunnel in the topology (place()), check (check_plan()) the
                             driver can run on the nodes that will run it -- before anything is
                             created (no lab node exists yet: this machine, whose namespaces
                             become the nodes, answers for them; see nodes_for())
@@ -171,9 +172,13 @@ def tunnel_routes(
 
 
 def plan(spec: LabSpec, profile: str | Profile) -> TunnelPlan:
-    """Validate the profile and place the tunnel in `spec`. Pure: nothing is touched."""
-    if isinstance(profile, str):
-        profile = load_profile(profile)
+    """place() for a profile spec as a command line gives it (NAME[:key=value,...], loaded and
+    validated here) or a loaded Profile. Pure: nothing is touched."""
+    return place(spec, load_profile(profile) if isinstance(profile, str) else profile)
+
+
+def place(spec: LabSpec, profile: Profile) -> TunnelPlan:
+    """Place the loaded profile's tunnel in `spec`. Pure: nothing is touched."""
     client, server = spec.endpoints("vpn")
     tc, ts = spec.endpoints("traffic")
     return TunnelPlan(
@@ -238,12 +243,19 @@ def prepare(
     kernel: bool = True,
     nodes: dict[str, Node] | None = None,
 ) -> TunnelPlan:
-    """plan() plus: the driver accepts the topology (an L2 technology needs both ends on one
+    """plan() plus check_plan(): the profile (a spec, loaded here, or a Profile) placed in
+    `spec` and checked on the nodes that will run it."""
+    return check_plan(spec, plan(spec, profile), kernel=kernel, nodes=nodes)
+
+
+def check_plan(
+    spec: LabSpec, p: TunnelPlan, *, kernel: bool = True, nodes: dict[str, Node] | None = None
+) -> TunnelPlan:
+    """`p` once the driver accepts the topology (an L2 technology needs both ends on one
     segment: ConfigError), every tool is present on the nodes and, with `kernel`, the driver can
     run on their kernels (KernelFeatureMissing). `nodes`: {end node name: Node} that will run
     the ends; default this machine (see nodes_for). kernel=False for a lab that will run in the
     full-kernel VM, which runs the host's tools on a kernel that has every feature."""
-    p = plan(spec, profile)
     drv, params = p.driver, p.profile.params
     drv.check_topology(spec, p)
     on = nodes_for(p, nodes)

@@ -14,6 +14,7 @@ import time
 from lab.core.errors import LabError, PreconditionError
 from lab.vpn.profiles import Profile
 from lab.vpn.record import TunnelRecord, daemons_of
+from lab.vpn.tunnel import place
 from lab.substrate.boards.inventory import load_inventory
 from lab.substrate.boards.mapping import map_nodes
 
@@ -43,7 +44,6 @@ class BoardsTarget:
         """The plan's topology, once it maps onto the inventory and every profile is a valid
         profile for it (whether a board can run it is asked on the board at bring-up)."""
         from lab.model.topology import load_topology
-        from lab.vpn.tunnel import plan as tunnel_plan
 
         from lab.measure import TESTS
 
@@ -55,7 +55,7 @@ class BoardsTarget:
         problems = []
         for p in plan.loaded.values():
             try:
-                tunnel_plan(spec, p)
+                place(spec, p)
             except LabError as e:
                 problems.append(str(e))
         if problems:

@@ -16,7 +16,7 @@ from lab.model.impairment.points import ImpairmentPoint
 from lab.substrate.local.preflight import preflight
 from lab.vpn.profiles import Profile
 from lab.vpn.record import daemons_of
-from lab.vpn.tunnel import prepare
+from lab.vpn.tunnel import check_plan, place
 
 
 # ---------------------------------------------------------------------- impairment seam
@@ -28,12 +28,11 @@ def up_lab(
     """Build the lab with the profile's tunnel and, for an impaired group, its impairment points
     with nothing applied yet: the tunnel comes up and proves it passes traffic on a clean path,
     then the runner applies each point (a `loss 100%` point is a measured loss, not a failed
-    bring-up). `profile` as the plan loaded it: placed and checked here (prepare), not read
-    again."""
+    bring-up). `profile` as the plan loaded it: placed and checked here, not read again."""
     kwargs: dict[str, Any] = {}
     if point is not None and point.impaired:
         kwargs = {"impair": "none", "placement": placement}
-    return up(spec, lab_id, vpn=prepare(spec, profile), **kwargs)
+    return up(spec, lab_id, vpn=check_plan(spec, place(spec, profile)), **kwargs)
 
 
 def apply_impairment(
