@@ -87,7 +87,7 @@ class Plan:
     #: each of `profiles` loaded, validated and placed in the topology by load.validate, which
     #: the runner hands down to the lab that runs it; empty for a plan read back from its
     #: plan.json (lab.campaign.shard.plan_from_json), which lists cases and runs none
-    loaded: dict[str, Profile] = field(default_factory=dict, repr=False)
+    loaded: dict[str, Profile] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ derived
     def reps_for(self, test: TestEntry, point: ImpairmentPoint) -> int:
