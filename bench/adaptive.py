@@ -35,6 +35,7 @@ from lab.campaign.load import load_plan
 from lab.substrate.local.substrate import LocalSubstrate
 from lab.substrate.local.preflight import preflight
 from lab.core.state import new_lab_id
+from lab.vpn.profiles import load_profile
 from lab.vpn.record import TunnelRecord
 
 TCP = ("tcp", {"duration_s": 30.0})
@@ -116,7 +117,9 @@ def main() -> int:
                     target.down(lab.id)
                     lab = None
                 pt = points[cond]
-                lab = target.up(spec, new_lab_id("b"), profile, pt_or_none(pt), placement)
+                lab = target.up(
+                    spec, new_lab_id("b"), load_profile(profile), pt_or_none(pt), placement
+                )
                 if pt.impaired:
                     target.apply_point(lab, pt, built_impaired=True)
                 current = (profile, cond)
@@ -140,7 +143,9 @@ def main() -> int:
                         if attempt == 2:
                             raise
                         target.down(lab.id)
-                        lab = target.up(spec, new_lab_id("b"), profile, pt_or_none(pt), placement)
+                        lab = target.up(
+                            spec, new_lab_id("b"), load_profile(profile), pt_or_none(pt), placement
+                        )
                         if pt.impaired:
                             target.apply_point(lab, pt, built_impaired=True)
                 runs[mode]["wall_s"] = time.monotonic() - t0

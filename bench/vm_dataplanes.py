@@ -176,7 +176,7 @@ def guest(
     stop_vpn: bool = False,
 ) -> dict:
     """One profile's check. `capture_v6`: the marker capture also to the IPv6 target;
-    `stop_vpn`: stop the tunnel (lab.vpn.tunnel.tear_down) before the lab goes down and record
+    `stop_vpn`: stop the tunnel (lab.vpn.teardown.tear_down) before the lab goes down and record
     in `vpn_left` whatever XFRM state or policy is left in the VPN nodes. Both also record
     `capture_protocols` (the IP protocol chains seen on the wire)."""
     from lab.substrate.local.build import up
@@ -232,7 +232,7 @@ def guest(
                 wire_protocols_v6=ip_chains((lab.dir / "capture.pcap").read_bytes(), under),
             )
         if stop_vpn:
-            from lab.vpn.tunnel import tear_down
+            from lab.vpn.teardown import tear_down
 
             t2 = time.monotonic()
             tear_down(lab)
@@ -278,10 +278,10 @@ def wire_point(lab) -> tuple[str, str]:
     between the ends, else the client's own underlay interface (egress: only what really leaves
     it). Not the server's interface: with kernel XFRM, AF_PACKET on the receiving interface also
     sees the decrypted inner packets (they are re-injected on the same device)."""
-    from lab.vpn.tunnel import _side
+    from lab.vpn.tunnel import end_side
 
     v = lab.info["vpn"]
-    client = _side(lab.spec, v["client"], v["server"])
+    client = end_side(lab.spec, v["client"], v["server"])
     for i in lab.spec.nodes[v["client"]].interfaces:
         if i.name == client.underlay_if and lab.spec.nodes[i.peer_node].router:
             return i.peer_node, i.peer_name

@@ -223,12 +223,9 @@ def cases(quick: bool):
 
 def guest(backends: list[str], quick: bool, lab_id: str) -> dict:
     from lab.impair.kernel import differences
-    from lab.impair.runtime import (
-        DEFAULT_LINE_RATE_BPS,
-        clear_impairment,
-        set_point,
-        with_queue_limit,
-    )
+    from lab.impair.effective import DEFAULT_LINE_RATE_BPS, with_queue_limit
+    from lab.impair.runtime import clear_impairment, set_point
+    from lab.model.impairment.directional import DirectionalImpairment
     from lab.model.impairment.model import parse_spec
     from lab.substrate.local.build import up
     from lab.core.teardown import teardown
@@ -247,7 +244,8 @@ def guest(backends: list[str], quick: bool, lab_id: str) -> dict:
             probe(lab, 200, 1000, 64, port)  # warm-up: ARP/ND, caches
             for name, words, _conf, _acc, n, rate, size, evaluate in cases(quick):
                 port += 1
-                shown = set_point(lab, words)  # exactly this case's spec, as a plan point
+                # exactly this case's spec, as a plan point
+                shown = set_point(lab, DirectionalImpairment.symmetric(parse_spec(words)))
                 recs = probe(lab, n, rate, size, port)
                 clear_impairment(lab)
                 measured, ok = evaluate(recs, n)

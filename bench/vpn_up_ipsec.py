@@ -25,6 +25,7 @@ from lab.substrate.local import build as labmod
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 from lab.vpn import tunnel
+from lab.vpn.teardown import tear_down
 
 PROFILES = "ipsec-aes128gcm,ipsec-aes256gcm,ipsec-chacha20poly1305,ipsec-modern"
 GOAL_S = 3.0
@@ -44,11 +45,11 @@ def main() -> int:
         for profile in a.profiles.split(","):
             starts, readies, path = [], [], None
             for _ in range(a.n):
-                rec = tunnel.bring_up(lab, profile)
+                rec = tunnel.bring_up(lab, tunnel.prepare(lab.spec, profile))
                 starts.append(rec.timing.start_s)
                 readies.append(rec.timing.ready_s)
                 path = rec.path
-                tunnel.tear_down(lab)
+                tear_down(lab)
             med = statistics.median(readies)
             worst = max(worst, med)
             print(

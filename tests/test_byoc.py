@@ -109,6 +109,24 @@ def test_missing_and_unknown_placeholders_name_the_file(tmp_path):
         load_profile(str(profile))
 
 
+def test_wg_quick_mtu_and_listen_port_are_read_when_the_profile_loads(tmp_path):
+    """A wg-quick file's own MTU and whether it gives a ListenPort are read once, at load (the
+    driver applies them): the last [Interface] MTU; none, or one in a [Peer], leaves the
+    profile's `mtu`."""
+    profile, _ = imported("wireguard", tmp_path)
+    configs = load_profile(str(profile)).configs.values()
+    assert {(c.mtu, c.listen_port) for c in configs} == {(None, False)}
+    tpl = tmp_path / "team.wg0.conf.j2"
+    text = tpl.read_text()
+    mtus = "[Interface]\nMTU = 1300\nListenPort = {{ listen_port }}\nMTU = 1380\n"
+    tpl.write_text(text.replace("[Interface]\n", mtus, 1))
+    configs = load_profile(str(profile)).configs.values()
+    assert {(c.mtu, c.listen_port) for c in configs} == {(1380, True)}
+    tpl.write_text(text.replace("[Peer]\n", "[Peer]\nMTU = 1380\nListenPort = 1\n", 1))
+    configs = load_profile(str(profile)).configs.values()
+    assert {(c.mtu, c.listen_port) for c in configs} == {(None, False)}
+
+
 # ------------------------------------------------------------------------ root: real tunnels
 
 

@@ -212,7 +212,7 @@ def test_differences():
     assert differences(want, got) == [loss]
     assert differences(parse_spec("loss 1% seed 5"), got)[-1].startswith("seed: requested 5")
     # no limit requested means netem's default 1000; any other limit in force is a difference
-    assert "limit: requested 1000, applied 50" in differences(want, got.merge("limit 50"))
+    assert "limit: requested 1000, applied 50" in differences(want, got.merge(Impairment(limit=50)))
 
 
 @pytest.mark.parametrize(
@@ -260,7 +260,7 @@ def test_readback_round_trip(spec):
         assert abs(back.delay_us - imp.delay_us) <= 10
         assert differences(imp, back) == []
         return
-    assert back == imp.merge(f"limit {imp.limit or 1000}")
+    assert back == imp.merge(Impairment(limit=imp.limit or 1000))
     assert differences(imp, back) == []
 
 

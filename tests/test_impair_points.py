@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.impair import runtime
+from lab.impair import effective, runtime
 from lab.campaign.shard import case_seed
-from lab.model.impairment.directional import parse_directional
+from lab.model.impairment.directional import DirectionalImpairment, parse_directional
 from lab.model.impairment.model import parse_spec
 from lab.substrate.local.build import up
 from lab.campaign.load import load_plan
@@ -147,7 +147,7 @@ def test_study_a_shaped_sweeps_do_not_leak(tmp_path):
         seed = case_seed(plan.digest(), entry["case"])  # one case per point: the first
         assert _recorded(entry) == {expected_words(p.spec, seed)}, (p.spec, _recorded(entry))
         rtt = _median_rtt(entry)
-        own = parse_spec(p.spec)
+        own = p.impairment.a2b  # sweep points: the same both ways
         want = 2 * (own.delay_us or 0) / 1000
         if p.parameter == "loss":
             assert own.delay_us is None and own.jitter_us is None, p.spec
@@ -172,12 +172,12 @@ def test_set_point_replaces_and_topology_impairment_is_the_base(lab_id):
             return float(re.search(r"= ([\d.]+)/", out).group(1))  # the minimum: load only adds
 
         base = rtt()
-        shown = runtime.set_point(lab, "delay 50ms")
+        shown = runtime.set_point(lab, parse_directional("delay 50ms"))
         assert shown["in_force"] and 99 <= rtt() <= 110
-        shown = runtime.set_point(lab, "loss 1%")
+        shown = runtime.set_point(lab, parse_directional("loss 1%"))
         assert shown["in_force"] and abs(rtt() - base) <= 1.0
         assert set(shown["expected"].values()) == {"loss 1% limit 1000"}
-        shown = runtime.set_point(lab, "")
+        shown = runtime.set_point(lab, DirectionalImpairment())
         assert set(shown["expected"].values()) == {"none"}
         # the shell's rule: setting one parameter keeps the others
         runtime.set_impairment(lab, "delay 20ms")
@@ -189,25 +189,29 @@ def test_set_point_replaces_and_topology_impairment_is_the_base(lab_id):
 
 
 def test_engine_refuses_nothing_it_reports(monkeypatch):
-    """_in_force compares what was sent with the read-back, key by key: a mismatch is caught."""
+    """in_force compares what was sent with the read-back, key by key: a mismatch is caught."""
     sent = {"imp1:a2b": parse_spec("delay 10ms"), "imp1:b2a": parse_spec("delay 10ms")}
-    good = {"imp1": {"a2b": "delay 10ms", "b2a": "delay 10ms"}}
-    assert runtime._in_force("userspace", good, sent)
-    stale = {"imp1": {"a2b": "delay 10ms loss 1%", "b2a": "delay 10ms"}}
-    assert not runtime._in_force("userspace", stale, sent)
-    assert not runtime._in_force("kernel-netem", {"r:eth0": "none"}, {"r:eth0": sent["imp1:a2b"]})
+    good = {"imp1:a2b": parse_spec("delay 10ms"), "imp1:b2a": parse_spec("delay 10ms")}
+    assert runtime.in_force("userspace", good, sent)
+    stale = {"imp1:a2b": parse_spec("delay 10ms loss 1%"), "imp1:b2a": parse_spec("delay 10ms")}
+    assert not runtime.in_force("userspace", stale, sent)
+    assert not runtime.in_force("userspace", {"imp1:a2b": good["imp1:a2b"]}, sent)  # no answer
+    assert not runtime.in_force("kernel-netem", {"r:eth0": None}, {"r:eth0": sent["imp1:a2b"]})
+    assert runtime.in_force("kernel-netem", {}, {"r:eth0": parse_spec("none")})
+    netem = {"r:eth0": parse_spec("delay 10ms limit 1000")}  # tc reports its default limit
+    assert runtime.in_force("kernel-netem", netem, {"r:eth0": sent["imp1:a2b"]})
 
 
 def test_queue_limit_default_and_warning():
     imp = parse_spec("delay 400ms")
-    assert runtime.with_queue_limit(imp, 10**9).limit == doc_limit(400)
-    assert runtime.with_queue_limit(parse_spec("loss 1%"), 10**9).limit == 1000
-    slow = runtime.with_queue_limit(imp, 10 * 10**6).limit  # a 10 Mbit/s link needs less
+    assert effective.with_queue_limit(imp, 10**9).limit == doc_limit(400)
+    assert effective.with_queue_limit(parse_spec("loss 1%"), 10**9).limit == 1000
+    slow = effective.with_queue_limit(imp, 10 * 10**6).limit  # a 10 Mbit/s link needs less
     assert slow == doc_limit(400, rate_bps=10e6) == 1000
-    assert runtime.with_queue_limit(parse_spec("delay 400ms limit 50"), 10**9).limit == 50
-    w = runtime.limit_warning(parse_spec("delay 400ms limit 1000"), 10**9)
+    assert effective.with_queue_limit(parse_spec("delay 400ms limit 50"), 10**9).limit == 50
+    w = effective.limit_warning(parse_spec("delay 400ms limit 1000"), 10**9)
     assert w and "caps throughput at about 30 Mbit/s" in w
-    assert runtime.limit_warning(parse_spec("delay 1ms limit 1000"), 10**9) is None
+    assert effective.limit_warning(parse_spec("delay 1ms limit 1000"), 10**9) is None
 
 
 @pytest.mark.parametrize("plan_path", PLANS, ids=[p.stem for p in PLANS])
@@ -218,8 +222,9 @@ def test_no_plan_point_sets_what_its_own_spec_does_not(plan_path):
     plan = load_plan(plan_path)
     for _, pts in plan.groups():
         for p in pts:
-            own = parse_directional(p.spec) if p.impaired else parse_directional("")
-            eff = runtime.effective_point(p.spec, 10**9)
+            own = parse_directional(p.spec)  # the recorded text says what the object holds
+            assert own == p.impairment, (plan_path.name, p.name, p.spec)
+            eff = effective.effective_point(p.impairment, 10**9)
             for d in ("a2b", "b2a"):
                 o, e = own.direction(d).to_json(), eff.direction(d).to_json()
                 extra = set(e) - set(o)

@@ -311,29 +311,32 @@ def test_frozen_and_hashable():
 
 def test_merge_changes_only_what_is_written():
     base = parse_spec("delay 40ms 5ms 25% distribution normal loss 0.5% rate 10mbit 14")
-    assert str(base.merge("delay 50ms")) == (
+    assert str(parse_spec("delay 50ms", base=base)) == (
         "delay 50ms 5ms 25% distribution normal loss 0.5% rate 10mbit 14"
     )
-    assert str(base.merge("delay 50ms 0ms")) == "delay 50ms loss 0.5% rate 10mbit 14"
-    assert str(base.merge("loss 2%")) == (
+    assert str(parse_spec("delay 50ms 0ms", base=base)) == "delay 50ms loss 0.5% rate 10mbit 14"
+    assert str(parse_spec("loss 2%", base=base)) == (
         "delay 40ms 5ms 25% distribution normal loss 2% rate 10mbit 14"
     )
-    assert str(base.merge("rate 20mbit")) == (
+    assert str(parse_spec("rate 20mbit", base=base)) == (
         "delay 40ms 5ms 25% distribution normal loss 0.5% rate 20mbit 14"
     )
-    assert str(base.merge("distribution pareto")).startswith(
+    assert str(parse_spec("distribution pareto", base=base)).startswith(
         "delay 40ms 5ms 25% distribution pareto"
     )
-    assert base.merge("loss 0%").loss is None
-    assert base.merge("clear").is_empty()
-    assert base.merge("network2") == preset("network2")
-    assert str(base.merge("network2 loss 3%")) == "delay 80ms 10ms distribution normal loss 3%"
+    assert parse_spec("loss 0%", base=base).loss is None
+    assert parse_spec("clear", base=base).is_empty()
+    assert parse_spec("network2", base=base) == preset("network2")
+    assert (
+        str(parse_spec("network2 loss 3%", base=base))
+        == "delay 80ms 10ms distribution normal loss 3%"
+    )
 
 
 def test_merge_loss_model_replaced_as_a_whole():
     base = parse_spec("loss 1% 25%")
-    assert base.merge("loss 2%").loss == RandomLoss(2.0, 0.0)
-    assert base.merge("loss gemodel 1").loss == GELoss(1.0, 99.0)
+    assert parse_spec("loss 2%", base=base).loss == RandomLoss(2.0, 0.0)
+    assert parse_spec("loss gemodel 1", base=base).loss == GELoss(1.0, 99.0)
 
 
 def test_merge_with_impairment_object():
@@ -345,14 +348,14 @@ def test_merge_with_impairment_object():
 
 def test_merge_reorder_keeps_gap_and_zero_drops_it():
     base = parse_spec("delay 10ms reorder 25% gap 5")
-    assert base.merge("reorder 30%").reorder_gap == 5
-    dropped = base.merge("reorder 0%")
+    assert parse_spec("reorder 30%", base=base).reorder_gap == 5
+    dropped = parse_spec("reorder 0%", base=base)
     assert dropped.reorder_pct is None and dropped.reorder_gap is None
 
 
 def test_merge_validates_result():
     with pytest.raises(ConfigError, match="reorder needs a delay"):
-        parse_spec("delay 10ms reorder 5%").merge("delay 0ms")
+        parse_spec("delay 0ms", base=parse_spec("delay 10ms reorder 5%"))
 
 
 def test_parse_spec_base_keyword():
@@ -456,9 +459,9 @@ def test_directional_common_part_then_overrides():
 def test_directional_node_names_and_merge():
     d = parse_directional("client->server: delay 10ms", a="client", b="server")
     assert str(d.a2b) == "delay 10ms" and d.b2a.is_empty()
-    d = d.merge("b2a: loss 1%")
+    d = parse_directional("b2a: loss 1%", base=d)
     assert str(d.b2a) == "loss 1%" and str(d.a2b) == "delay 10ms"
-    assert d.merge("clear").is_empty()
+    assert parse_directional("clear", base=d).is_empty()
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ import pytest
 from lab.core.errors import PreconditionError
 from lab.impair import runtime
 from lab.impair.engine import engine_binary
+from lab.model.impairment.directional import DirectionalImpairment, parse_directional
 from lab.substrate.local.build import up
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
@@ -174,7 +175,7 @@ def _capture(lab, tmp: Path, rate: str) -> tuple[Path, Path, dict, dict, list[st
 
 def wire_run(lab, spec: str, tmp: Path) -> WireRun:
     """Put `spec` in force, run iperf3 with both captures, and count wire packets."""
-    shown = runtime.set_point(lab, spec)
+    shown = runtime.set_point(lab, parse_directional(spec))
     assert shown["in_force"], shown
     try:
         for rate in RATES:
@@ -185,7 +186,7 @@ def wire_run(lab, spec: str, tmp: Path) -> WireRun:
         else:
             pytest.fail(f"tcpdump did not see every packet even at {rate}: dropped {drops}")
     finally:
-        runtime.set_point(lab, "")
+        runtime.set_point(lab, DirectionalImpairment())
     b, a = read_tcp(before), read_tcp(after)
     bd, ad = data_frames(b, SERVER_IP, PORT), data_frames(a, SERVER_IP, PORT)
     mss = flow_mss(b, a)

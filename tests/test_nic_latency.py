@@ -16,7 +16,7 @@ import pytest
 from lab.substrate.local import cpuplan
 from lab.model.cpuprofile import PROFILE_DIR, load_profile, parse_nic_latency, parse_profile
 from lab.core.errors import ConfigError
-from lab.impair import runtime
+from lab.impair import effective, runtime
 from lab.model.impairment.model import Impairment
 from lab.campaign.load import load_plan
 from lab.model.topology import load_topology
@@ -242,7 +242,7 @@ def test_nic_is_added_to_a_points_own_delay_and_dilated(monkeypatch, dilation):
     assert eng.sent["a2b"].delay_us == round(20_080 * dilation)
     assert eng.sent["a2b"].jitter_us == round(1000 * dilation)
     assert eng.sent["b2a"].delay_us == round(80 * dilation)
-    text = runtime.base_text(st)
+    text = effective.base_text(st)
     assert text["client:client-eth0"].startswith("+80us delay")
 
 

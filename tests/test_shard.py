@@ -16,6 +16,7 @@ from lab.core.errors import ConfigError
 from lab.campaign.merge import merge
 from lab.campaign import plan as plancases
 from lab.campaign.plan import Plan
+from lab.model.impairment.directional import DirectionalImpairment, parse_directional
 from lab.model.impairment.points import ImpairmentPoint
 from lab.campaign.shard import (
     Shard,
@@ -27,8 +28,8 @@ from lab.campaign.shard import (
     shard_cases,
 )
 
-NONE = ImpairmentPoint("none", "", "none")
-LOSSY = ImpairmentPoint("lossy", "loss 1%", "lossy")
+NONE = ImpairmentPoint("none", DirectionalImpairment(), "none")
+LOSSY = ImpairmentPoint("lossy", parse_directional("loss 1%"), "lossy")
 
 
 def make_plan(reps=3, impaired_reps=1, profiles=("p1", "p2"), points=(NONE, LOSSY), name="t"):

@@ -19,7 +19,7 @@ from lab.core.proc import is_same_process
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 from lab.vpn.drivers.openvpn import OpenVPNDriver
-from lab.vpn.tunnel import tear_down
+from lab.vpn.teardown import tear_down
 from tests.conftest import TOPOS, lab_traces, router_capture, run_lab
 
 pytestmark = [

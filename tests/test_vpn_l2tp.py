@@ -299,7 +299,7 @@ def guest(profile: str, lab_id: str, seconds: float) -> dict:
     from bench.vm_dataplanes import _capture, _iperf3, _rtt, wire_point
     from lab.substrate.local.build import up
     from lab.core.teardown import teardown
-    from lab.vpn.tunnel import tear_down
+    from lab.vpn.teardown import tear_down
 
     res: dict = {"profile": profile, "kernel": os.uname().release}
     spec = spec_of("pi_pair_middlebox")

@@ -136,7 +136,7 @@ def test_placement_per_topology():
     assert (
         "lan",
         ["ip", "-6", "route", "replace", "fd99::/64", "via", "fd00:192::1", "dev", "lan-eth0"],
-    ) in tunnel_routes(rut, p)
+    ) in tunnel_routes(rut, p.driver, p.client, p.server)
 
     s2s = spec_of("site_to_site")
     p = plan(s2s, "openvpn-none")
@@ -146,7 +146,8 @@ def test_placement_per_topology():
 
     base = plan(spec_of("pi_pair_middlebox"), "baseline")
     assert base.tunnel_addrs(base.server) == ("10.0.2.2/24", "fd00:2::2")
-    assert tunnel_routes(spec_of("router_under_test"), plan(rut, "baseline")) == []
+    base = plan(rut, "baseline")
+    assert tunnel_routes(spec_of("router_under_test"), base.driver, base.client, base.server) == []
 
 
 # ------------------------------------------------------------------------- catalogue

@@ -29,6 +29,7 @@ from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 from lab.vpn.drivers import strongswan as sw
 from lab.vpn import charon, tunnel
+from lab.vpn.teardown import tear_down
 
 from .conftest import lab_traces
 
@@ -153,7 +154,7 @@ def test_tunnel_passes_traffic_encrypted_and_leaves_nothing(profile, sw_lab_id, 
     # stop: nothing of the tunnel left in either node, the lab itself still up
     pids = [(d["pid"], d["start_time"]) for d in rec["daemons"]]
     assert len(pids) == 2
-    tunnel.tear_down(lab)
+    tear_down(lab)
     for pid, start in pids:
         assert not proc.is_same_process(pid, start)
     for node in (client, server):
@@ -173,9 +174,9 @@ def test_charon_dying_at_startup_raises_with_its_log(sw_lab_id):
     # charon refuses to start while its pid file names a live process ("already running")
     lab.node("server").run(["sh", "-c", f"echo 1 > {charon.PID_FILE}"])
     with pytest.raises(StartupError) as e:
-        tunnel.bring_up(lab, "ipsec-aes128gcm")
+        tunnel.bring_up(lab, tunnel.prepare(lab.spec, "ipsec-aes128gcm"))
     assert "charon" in str(e.value) and "already running" in str(e.value)
-    tunnel.tear_down(lab)
+    tear_down(lab)
     for node in (lab.node("client"), lab.node("server")):
         assert node.run(["ip", "link", "show", "dev", "ipsec0"], check=False).returncode != 0
         assert node.run(["test", "-e", charon.RUN_DIR], check=False).returncode != 0

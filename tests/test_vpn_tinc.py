@@ -21,7 +21,8 @@ from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 from lab.vpn.profiles import load_profile
 from lab.vpn.drivers.tinc import CIPHERS, TincDriver
-from lab.vpn.tunnel import make_context, plan, redact, render, secret_values, tear_down
+from lab.vpn.teardown import tear_down
+from lab.vpn.tunnel import make_context, plan, redact, render, secret_values
 from tests.conftest import TOPOS, lab_traces, router_capture
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,9 +21,11 @@ A plan is a TOML file (see plans/ and docs/results.md):
     name = "tcp-out"         # label, unique in the plan (default: the test name)
     duration_s = 10          # the test's own parameters
 
-`load_plan(path, overrides)` reads, applies `-o key=value` overrides and validates everything
-(topology, profiles, impairment specs, every test's parameters) without touching the system:
-every problem is a ConfigError naming the file, the field and the accepted values. `Plan.cases()`
+`load_plan(path, overrides)` reads, applies `-o key=value` overrides (lab.campaign.overrides)
+and validates everything (topology, profiles, impairment specs, every test's parameters) without
+touching the system: every problem is a ConfigError naming the file, the field and the accepted
+values. The plan keeps what it parsed (each profile a lab.vpn.profiles.Profile in Plan.loaded,
+each impairment point its DirectionalImpairment), for the runner to hand down. `Plan.cases()`
 lists the cases in the order the runner runs them (fewest lab bring-ups).
 
 The data model (tests, cases, estimates) is lab.campaign.plan, the impairment points and
@@ -32,23 +34,17 @@ sweeps lab.model.impairment.points.
 
 from __future__ import annotations
 
-from lab import REPO
-import copy
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from lab import REPO
+from lab.campaign.overrides import apply_overrides
+from lab.campaign.plan import SCHEMA, Plan, TestEntry
 from lab.core.errors import ConfigError, LabError
-from lab.campaign.plan import (
-    SCHEMA,
-    Plan,
-    TestEntry,
-    _bad,
-    _int,
-    _num,
-    _str,
-)
 from lab.model.impairment.points import NAME_RE, impairment_points
+from lab.vpn.profiles import Profile, known_profiles, load_profile
+from lab.vpn.tunnel import place
 
 PLAN_DIR = REPO / "plans"
 
@@ -94,28 +90,6 @@ TEST_META_KEYS = ("test", "name", "reps", "ip", "args", "points")
 
 
 ERROR_BARS = ("sd", "minmax")
-
-
-#: keys `-o key=value` accepts (the dotted ones reach into [topology])
-OVERRIDE_KEYS = {
-    "reps": "all repetitions (reps, impaired_reps and per-test reps) to this number",
-    "impaired_reps": "repetitions at each impairment point",
-    "duration": "duration_s of every test that takes one (wins over per-test values)",
-    "adaptive": "true or false: adaptive length of every test that has it (wins over per-test)",
-    "profiles": "comma-separated profile specs",
-    "impairments": "comma-separated impairment names ('none', presets) or ';'-separated specs",
-    "tests": "comma-separated test labels to keep",
-    "placement": "egress, ingress or middlebox",
-    "timeout_s": "grace in seconds",
-    "name": "plan name",
-    "vm": "true or false: run inside the full-kernel VM",
-    "topology.file": "topology file",
-    "topology.topo": "topology entry",
-    "topology.cpu": "CPU profile",
-    "topology.dilation": 'time dilation factor (>= 1) or "auto"',
-    "topology.nic_latency": '"auto", "on" or "off"',
-    "topology.params.KEY": "one topology parameter",
-}
 
 
 # ---------------------------------------------------------------------- loading
@@ -172,106 +146,6 @@ def plan_file(source: str) -> str:
     return source.split(WITH_OVERRIDES)[0]
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """`key=value`; the value is read as a TOML value when it is one, else as a string."""
-    if "=" not in text:
-        raise ConfigError(
-            f"expected key=value, got {text!r}; keys: {', '.join(OVERRIDE_KEYS)}", source="-o"
-        )
-    key, value = (s.strip() for s in text.split("=", 1))
-    try:
-        parsed = tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
-        parsed = value
-    return key, parsed
-
-
-def _split_list(key: str, value: Any) -> list:
-    if isinstance(value, list):
-        return value
-    if not isinstance(value, str):
-        return [value]
-    if key == "impairments" and ";" in value:
-        # specs contain spaces and commas never; ';' separates full specs
-        return [s.strip() for s in value.split(";") if s.strip()]
-    return [s.strip() for s in value.split(",") if s.strip()]
-
-
-def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
-    """Apply `-o key=value` to the raw plan. CLI values win over every level of the file."""
-    raw = copy.deepcopy(raw)
-    seen: set[str] = set()
-    for text in overrides:
-        key, value = parse_override(text)
-        if key in seen:
-            raise ConfigError(
-                f"given twice ({', '.join(overrides)}); give each key once", source="-o", field=key
-            )
-        seen.add(key)
-        if isinstance(value, str) and not value.strip():
-            raise ConfigError(
-                f"empty value; accepted: {OVERRIDE_KEYS.get(key, 'see OVERRIDE_KEYS')}",
-                source="-o",
-                field=key or "KEY",
-            )
-        if key == "reps":
-            raw["reps"] = value
-            raw["impaired_reps"] = value
-            for t in raw.get("tests") or []:
-                if isinstance(t, dict):
-                    t.pop("reps", None)
-        elif key == "duration":
-            raw["duration"] = value
-            for t in raw.get("tests") or []:
-                if isinstance(t, dict):
-                    t.pop("duration_s", None)
-            if isinstance(raw.get("defaults"), dict):
-                raw["defaults"].pop("duration_s", None)
-        elif key in ("profiles", "impairments"):
-            raw[key] = _split_list(key, value)
-        elif key == "tests":
-            keep = _split_list(key, value)
-            tests = [t for t in raw.get("tests") or [] if isinstance(t, dict)]
-            labels = [str(t.get("name") or t.get("test")) for t in tests]
-            unknown = [k for k in keep if k not in labels]
-            if unknown:
-                raise ConfigError(
-                    f"no test labelled {unknown[0]!r} in the plan; labels: {', '.join(labels)}",
-                    source="-o",
-                    field="tests",
-                )
-            raw["tests"] = [t for t, lbl in zip(tests, labels, strict=True) if lbl in keep]
-        elif key == "adaptive":
-            raw["adaptive"] = value
-            for t in raw.get("tests") or []:
-                if isinstance(t, dict):
-                    t.pop("adaptive", None)
-        elif key in ("impaired_reps", "placement", "timeout_s", "name", "vm"):
-            raw[key] = value
-        elif key.startswith("topology."):
-            parts = key.split(".")
-            topo = raw.setdefault("topology", {})
-            if not isinstance(topo, dict):
-                raise ConfigError("[topology] must be a table", source=source, field="topology")
-            if len(parts) == 2 and parts[1] in ("file", "topo", "cpu", "dilation", "nic_latency"):
-                topo[parts[1]] = value
-            elif len(parts) == 3 and parts[1] == "params":
-                topo.setdefault("params", {})[parts[2]] = value
-            else:
-                raise ConfigError(
-                    f"unknown override key {key!r}; accepted: {', '.join(OVERRIDE_KEYS)}",
-                    source="-o",
-                    field=key,
-                )
-        else:
-            raise ConfigError(
-                f"unknown override key {key!r}; accepted: {', '.join(OVERRIDE_KEYS)}",
-                source="-o",
-                field=key,
-            )
-    return raw
-
-
 # ---------------------------------------------------------------------- validation
 
 
@@ -302,7 +176,7 @@ def validate(
         raise _bad("accepted: a string or a list of strings", source, "notes")
 
     topo_file, topo, params, spec = _topology(raw, source, base_dir)
-    profiles = _profiles(raw, source, spec)
+    loaded = _profiles(raw, source, spec)
     points = impairment_points(raw, source)
     placement = raw.get("placement")
     if placement is not None:
@@ -333,7 +207,7 @@ def validate(
         topology_file=topo_file,
         topo=topo,
         topology_params=params,
-        profiles=profiles,
+        profiles=list(loaded),
         points=points,
         placement=placement,
         reps=reps,
@@ -343,6 +217,7 @@ def validate(
         tests=tests,
         vm=vm,
         raw=raw,
+        loaded=loaded,
     )
 
 
@@ -412,10 +287,9 @@ def _topology(raw: dict, source: str, base_dir: Path):
     return rel, spec.topo_name, params, spec
 
 
-def _profiles(raw: dict, source: str, spec) -> list[str]:
-    from lab.vpn.profiles import known_profiles, load_profile
-    from lab.vpn.tunnel import plan as place
-
+def _profiles(raw: dict, source: str, spec) -> dict[str, Profile]:
+    """The plan's profile specs, each loaded, validated and placed in the topology `spec`, by
+    the spec the plan gives (its name in cases and records), in the plan's order."""
     profiles = raw.get("profiles")
     if not isinstance(profiles, list) or not profiles:
         raise _bad(
@@ -423,11 +297,13 @@ def _profiles(raw: dict, source: str, spec) -> list[str]:
             source,
             "profiles",
         )
+    loaded: dict[str, Profile] = {}
     for i, p in enumerate(profiles):
         if not isinstance(p, str):
             raise _bad(f"got {p!r}; accepted: a profile name", source, f"profiles[{i}]")
         try:
-            place(spec, load_profile(p))
+            loaded[p] = load_profile(p)
+            place(spec, loaded[p])
         except ConfigError as e:
             known = ", ".join(known_profiles())
             msg = str(e) if known in str(e) else f"{e}; profiles: {known}"
@@ -435,7 +311,7 @@ def _profiles(raw: dict, source: str, spec) -> list[str]:
     dup = sorted({p for p in profiles if profiles.count(p) > 1})
     if dup:
         raise _bad(f"profile {dup[0]!r} listed twice", source, "profiles")
-    return list(profiles)
+    return loaded
 
 
 def _points(t: dict, known: set[str], source: str, fld: str) -> tuple[str, ...] | None:
@@ -525,3 +401,39 @@ def _tests(raw: dict, source: str, point_names: set[str]) -> list[TestEntry]:
     if dup:
         raise _bad(f"test label {dup[0]!r} used twice; give each a unique name=", source, "tests")
     return out
+
+
+#: repetitions a plan may ask for (a typo of 10**9 would otherwise run for years)
+MAX_REPS = 10_000
+
+
+# ---------------------------------------------------------------------- field checks
+
+
+def _bad(msg: str, source: str, fld: str) -> ConfigError:
+    return ConfigError(msg, source=source, field=fld)
+
+
+def _int(
+    raw: dict, key: str, source: str, default: int | None, lo: int = 1, hi: int = MAX_REPS
+) -> int | None:
+    v = raw.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "..."
+        raise _bad(f"got {shown}; accepted: an integer {lo}..{hi}", source, key)
+    return v
+
+
+def _num(v: Any, key: str, source: str, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+        raise _bad(f"got {v!r}; accepted: a number {lo:g}..{hi:g}", source, key)
+    return float(v)
+
+
+def _str(raw: dict, key: str, source: str, default: str = "") -> str:
+    v = raw.get(key, default)
+    if not isinstance(v, str):
+        raise _bad(f"got {type(v).__name__} {v!r}; accepted: a string", source, key)
+    return v

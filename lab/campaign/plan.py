@@ -1,5 +1,5 @@
-"""The plan as data: impairment points, test entries, cases in run order and their time estimates
-(`Plan`, built by lab.campaign.load.validate), and the checks of single plan fields the loader shares."""
+"""The plan as data: profiles, impairment points, test entries, cases in run order and their time
+estimates (`Plan`, built by lab.campaign.load.validate)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.core.errors import ConfigError
 from lab.model.impairment.points import ImpairmentPoint
+from lab.vpn.profiles import Profile
 
 SCHEMA = 1
-
-#: repetitions a plan may ask for (a typo of 10**9 would otherwise run for years)
-MAX_REPS = 10_000
 
 
 @dataclass(frozen=True)
@@ -74,6 +71,8 @@ class Plan:
     topology_file: str
     topo: str | None
     topology_params: dict[str, Any]
+    #: the profile specs (NAME[:key=value,...]) as the plan gives them: the names of cases,
+    #: records, CSV rows and the digest
     profiles: list[str]
     points: list[ImpairmentPoint]
     placement: str | None
@@ -85,6 +84,10 @@ class Plan:
     vm: bool = False
     overrides: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: each of `profiles` loaded, validated and placed in the topology by load.validate, which
+    #: the runner hands down to the lab that runs it; empty for a plan read back from its
+    #: plan.json (lab.campaign.shard.plan_from_json), which lists cases and runs none
+    loaded: dict[str, Profile] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ derived
     def reps_for(self, test: TestEntry, point: ImpairmentPoint) -> int:
@@ -174,35 +177,3 @@ def estimate_s(test: str, params: dict[str, Any]) -> float:
     from lab.measure import get_test
 
     return get_test(test).estimate_s(params)
-
-
-# ---------------------------------------------------------------------- field checks
-
-
-def _bad(msg: str, source: str, fld: str) -> ConfigError:
-    return ConfigError(msg, source=source, field=fld)
-
-
-def _int(
-    raw: dict, key: str, source: str, default: int | None, lo: int = 1, hi: int = MAX_REPS
-) -> int | None:
-    v = raw.get(key, default)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "..."
-        raise _bad(f"got {shown}; accepted: an integer {lo}..{hi}", source, key)
-    return v
-
-
-def _num(v: Any, key: str, source: str, lo: float, hi: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-        raise _bad(f"got {v!r}; accepted: a number {lo:g}..{hi:g}", source, key)
-    return float(v)
-
-
-def _str(raw: dict, key: str, source: str, default: str = "") -> str:
-    v = raw.get(key, default)
-    if not isinstance(v, str):
-        raise _bad(f"got {type(v).__name__} {v!r}; accepted: a string", source, key)
-    return v

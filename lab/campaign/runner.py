@@ -210,7 +210,9 @@ class Runner:
         t0 = time.monotonic()
         self.events.phase(f"bringing up {profile}")
         try:
-            lab = self.target.up(self.spec, self.lab_id, profile, first, self.plan.placement)
+            lab = self.target.up(
+                self.spec, self.lab_id, self.plan.loaded[profile], first, self.plan.placement
+            )
         except LabError as e:
             self._event(
                 "up",

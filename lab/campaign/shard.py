@@ -160,7 +160,7 @@ def plan_from_json(d: dict, *, source: str) -> Plan:
             topo=d["topology"].get("topo"),
             topology_params=d["topology"].get("params", {}),
             profiles=list(d["profiles"]),
-            points=[ImpairmentPoint(**p) for p in d["impairments"]],
+            points=[ImpairmentPoint.from_json(p, source=source) for p in d["impairments"]],
             placement=d.get("placement"),
             reps=d["reps"],
             impaired_reps=d["impaired_reps"],

@@ -16,30 +16,27 @@ the same end-to-end effect as netem on the router's two interfaces.
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from lab.model import dilation
 from lab.core.errors import ConfigError, PreconditionError
 from lab.model.graph import shortest_path
 from lab.model.labspec import LabSpec
 from lab.impair import kernel
+from lab.impair.effective import (
+    base_text,
+    DEFAULT_LINE_RATE_BPS,
+    limit_warning,
+    point_spec,
+    with_nic,
+    with_queue_limit,
+    with_seed,
+)
 from lab.model.impairment.directional import DirectionalImpairment, parse_directional
-from lab.model.impairment.model import Impairment, parse_spec
+from lab.model.impairment.model import Impairment
 
 DEFAULT = "default"
 BUMP_A, BUMP_B = "imp-a", "imp-b"
-
-#: Queue limits count wire packets (the engine splits GSO super-frames, the kernel path runs with
-#: segmentation offloads off: docs/impairment.md "Wire packets"). A delay line must hold what
-#: arrives during the delay: at the link's rate, (delay + 4 x jitter) x rate / 1500 bytes. When
-#: a spec sets no `limit`, the lab uses twice that (never below netem's default 1000), so the
-#: queue of a delay point is never the bottleneck of the condition it models. The rate is the
-#: link's `bw`, else the spec's `rate`, else DEFAULT_LINE_RATE_BPS. The limit in force is always
-#: written out (`loss 1% limit 1000`), so results and reports show it.
-DEFAULT_LINE_RATE_BPS = 1_000_000_000  # 1 GbE: the Raspberry Pi 4's NIC
-WIRE_PACKET_BYTES = 1500
-NETEM_DEFAULT_LIMIT = 1000
 
 #: How each backend makes every per-packet model (loss, duplicate, reorder, corrupt, limit) act
 #: on wire packets rather than on 64 KB GSO/TSO/GRO super-frames (issue 13).
@@ -157,131 +154,71 @@ def _key(p: Point) -> str:
     return f"{p.node}:{p.ifname}"
 
 
-def delay_line_packets(imp: Impairment, line_rate_bps: int) -> int:
-    """Wire packets that arrive while the first one waits out the delay, at the line rate."""
-    rate = min(x for x in (imp.rate_bps, line_rate_bps) if x)
-    hold_us = (imp.delay_us or 0) + 4 * (imp.jitter_us or 0)
-    return math.ceil(rate * hold_us / 1e6 / (8 * WIRE_PACKET_BYTES))
-
-
-def with_queue_limit(imp: Impairment, line_rate_bps: int) -> Impairment:
-    """`imp` with the lab's default queue limit when it sets none (see WIRE_PACKET_BYTES)."""
-    if imp.is_empty() or imp.limit is not None:
-        return imp
-    limit = max(NETEM_DEFAULT_LIMIT, 2 * delay_line_packets(imp, line_rate_bps))
-    return imp.merge(Impairment(limit=limit))
-
-
-def limit_warning(imp: Impairment, line_rate_bps: int) -> str | None:
-    """A warning when an explicit `limit` is smaller than what the delay line holds."""
-    need = delay_line_packets(imp, line_rate_bps)
-    limit = imp.limit
-    if limit is None or limit >= need:
-        return None
-    hold_ms = ((imp.delay_us or 0) + 4 * (imp.jitter_us or 0)) / 1000
-    cap = limit * WIRE_PACKET_BYTES * 8 / (hold_ms / 1000) / 1e6
-    return (
-        f"limit {limit} packets is below the {need} wire packets that {hold_ms:g} ms hold at "
-        f"{line_rate_bps / 1e6:g} Mbit/s: the queue, not the link, caps throughput at about "
-        f"{cap:.0f} Mbit/s (omit limit for the lab's default, or raise it)"
-    )
-
-
 def line_rate_bps(lab, p: Point) -> int:
     bw = lab.spec.links[p.link].bw
     return int(bw * 1e6) if bw else DEFAULT_LINE_RATE_BPS
 
 
-def point_spec(
-    spec: str, base: Impairment | None = None, *, a: str | None = None, b: str | None = None
-) -> DirectionalImpairment:
-    """A plan point's spec per direction: `spec` on top of `base` (the topology link's own
-    impairment) and nothing else: no earlier point, no shell setting."""
-    own = base or Impairment()
-    start = DirectionalImpairment(own, own)
-    if not spec.strip():
-        return start
-    return parse_directional(spec, source="impairment", a=a, b=b, base=start)
+def set_point(lab, imp: DirectionalImpairment, *, seed: int | None = None) -> dict:
+    """Put exactly `imp` in force on every impairment point (a plan point).
 
-
-def effective_point(
-    spec: str, line_rate: int = DEFAULT_LINE_RATE_BPS, base: Impairment | None = None
-) -> DirectionalImpairment:
-    """What set_point puts in force for `spec`: point_spec with the default queue limit."""
-    d = point_spec(spec, base)
-    return DirectionalImpairment(
-        with_queue_limit(d.a2b, line_rate), with_queue_limit(d.b2a, line_rate)
-    )
-
-
-def set_point(lab, spec: str, *, seed: int | None = None) -> dict:
-    """Put exactly `spec` in force on every impairment point (a plan point).
-
-    `seed`: the random draws' seed where `spec` gives none and has draws (jitter, loss,
+    `seed`: the random draws' seed where `imp` gives none and has draws (jitter, loss,
     duplicate, corrupt, reorder; a plan run derives it from a case id, docs/scale.md); the engine
     takes it (mixed per direction), kernel netem does not here (iproute2 < 6.6 rejects netem's
     seed), so there it is not applied and `seed` says so.
 
     Nothing of what earlier points or `lab impair set` left survives: each point gets the
-    topology's own link impairment (its `impair=` option, none for most) with `spec` on top,
-    and an empty spec leaves just that; the boards' NIC latency, where the lab applies it, is
+    topology's own link impairment (its `impair=` option, none for most) with `imp` on top,
+    and an empty one leaves just that; the boards' NIC latency, where the lab applies it, is
     added to every point's delay (_apply). Returns show_impairment() plus `expected` (the effective
     spec of every point) and `in_force` (whether what the engine or qdisc reports, read back
-    after setting, is exactly that).
+    after setting, is exactly that: the objects compared, lab.impair.kernel.differences for
+    netem).
     """
     st = _state(lab)
     base = st.get("base") or {}
-    a, b = lab.spec.endpoints("vpn")
     changes = []
     for p in [Point(**x) for x in st["points"]]:
         own = Impairment.from_json(base[_key(p)]) if base.get(_key(p)) else Impairment()
-        d = point_spec(spec, own, a=a, b=b)
-        imp = d.a2b if p.way == "fwd" else d.b2a
-        if seed is not None and st["backend"] != "kernel-netem" and _draws(imp):
-            imp = imp if imp.seed is not None else replace(imp, seed=seed)
-        changes.append((p, imp))
+        d = point_spec(imp, own)
+        one = d.a2b if p.way == "fwd" else d.b2a
+        if seed is not None and st["backend"] != "kernel-netem":
+            one = with_seed(one, seed)
+        changes.append((p, one))
     sent = _apply(lab, st, changes)
-    st["applied"] = {_key(p): imp.to_json() for p, imp in changes}
+    st["applied"] = {_key(p): one.to_json() for p, one in changes}
     lab.save()
-    shown = show_impairment(lab)
+    shown, read = _show(lab)
     shown["expected"] = {k: str(v) for k, v in sent.items()}
-    shown["in_force"] = _in_force(st["backend"], shown.get("applied") or {}, sent)
+    shown["in_force"] = in_force(st["backend"], read, sent)
     if seed is not None:
         shown["seed"] = (
             {"derived": seed, "applied": False, "why": "kernel netem: no seed with this tc"}
             if st["backend"] == "kernel-netem"
             else {"derived": seed, "applied": True}
         )
-    warnings = [w for p, imp in changes if (w := limit_warning(imp, line_rate_bps(lab, p)))]
+    warnings = [w for p, one in changes if (w := limit_warning(one, line_rate_bps(lab, p)))]
     if warnings:
         shown["warnings"] = sorted(set(warnings))
     return shown
 
 
-#: the fields whose effect is drawn at random (a seed makes them repeatable)
-RANDOM_FIELDS = ("jitter_us", "loss", "duplicate_pct", "corrupt_pct", "reorder_pct")
-
-
-def _draws(imp: Impairment) -> bool:
-    """Whether `imp` draws random numbers at all (`delay 40ms` or `rate` alone does not)."""
-    return any(getattr(imp, f) is not None for f in RANDOM_FIELDS)
-
-
-def _in_force(backend: str, applied: dict, sent: dict[str, Impairment]) -> bool:
-    """Whether the read-back state equals what was sent (keys as _apply's)."""
-    if backend == "kernel-netem":  # tc cannot report everything: kernel.differences knows what
-        return all(
-            not kernel.differences(
-                v, None if applied.get(k, "none") == "none" else parse_spec(applied[k])
-            )
-            for k, v in sent.items()
-        )
-    flat = {f"{name}:{d}": v for name, dirs in applied.items() for d, v in dirs.items()}
-    return all(flat.get(k) == str(v) for k, v in sent.items())
+def in_force(backend: str, read: dict[str, Impairment | None], sent: dict[str, Impairment]) -> bool:
+    """Whether what the backend reports (`read`, _show's) equals what was sent (keys as
+    _apply's). Netem: kernel.differences, which knows what tc cannot report; a key without a
+    netem qdisc reads None. The engine: the same object, and an engine that did not answer has
+    no key."""
+    if backend == "kernel-netem":
+        return all(not kernel.differences(v, read.get(k)) for k, v in sent.items())
+    return all(read.get(k) == v for k, v in sent.items())
 
 
 def set_impairment(lab, spec: str, target: str | None = None) -> dict:
-    """Apply `spec` (tc-netem words, preset, or directional `client->server: ...; ...`).
+    """Apply `spec` (tc-netem words, preset, or directional `client->server: ...; ...`): the
+    `lab impair set WORDS` edge, and a topology link's `impair=` words (set_base). Words, not an
+    object: they are read against each point's current state (a preset or `none` starts from
+    scratch, `delay 50ms` keeps the jitter, `gap 5` needs the reorder in force), which differs
+    from point to point.
 
     target None: every point of the lab's placement. target LINK ('router-server'), NODE
     ('router': every point on that node) or NODE:IFACE limits it to that link / node /
@@ -416,14 +353,6 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> dict[str, 
     return sent
 
 
-def with_nic(imp: Impairment, us: int) -> Impairment:
-    """`imp` with the boards' NIC latency `us` added to its delay (added, not replacing it: a
-    `delay 20ms` point on a path of two boards is 20 ms plus the NICs; jitter stays the spec's)."""
-    if not us:
-        return imp
-    return replace(imp, delay_us=(imp.delay_us or 0) + int(us))
-
-
 def engine_client(lab, eng: dict):
     """The control client of engine `eng`: its socket here, or on the board that runs it
     (lab.substrate.boards.impair puts `board_node` in its record)."""
@@ -447,9 +376,20 @@ def netem_parent(node, ifname: str) -> str:
 
 
 def show_impairment(lab) -> dict:
+    """The lab's impairment as `lab impair show` prints it: what was requested and what the
+    engine or qdisc reports in force, in tc-netem words."""
+    return _show(lab)[0]
+
+
+def _show(lab) -> tuple[dict, dict[str, Impairment | None]]:
+    """show_impairment's answer, and what the backend reports in force as objects, keyed as
+    _apply's `sent` (kernel: NODE:DEV, None where no netem qdisc is; engine: ENGINE:DIR, none
+    for an engine that did not answer)."""
+    read: dict[str, Impairment | None] = {}
     st = lab.info.get("impair")
     if not st:
-        return {"backend": None, "placement": None, "applied": None, "note": "no impairment points"}
+        out = {"backend": None, "placement": None, "applied": None, "note": "no impairment points"}
+        return out, read
     out = {k: st[k] for k in ("backend", "placement", "why") if k in st}
     if dilation.factor(lab.spec.dilation) != 1.0:
         out["dilation"] = dilation.factor(lab.spec.dilation)
@@ -479,6 +419,7 @@ def show_impairment(lab) -> dict:
                 if cp.returncode == 0
                 else None
             )
+            read[f"{p['node']}:{dev}"] = imp
             real[f"{p['node']}:{dev}"] = str(imp) if imp is not None else "none"
         out["applied"] = real
     else:
@@ -489,32 +430,18 @@ def show_impairment(lab) -> dict:
             except Exception as e:  # an engine that died is part of what "show" must tell
                 eng_out[eng["name"]] = {"error": str(e)}
         out["engines"] = eng_out
-        out["applied"] = {
-            name: {
-                d: str(Impairment.from_json(v["spec"]))
-                if isinstance(v, dict) and "spec" in v
-                else v
-                for d, v in e.items()
-                if d in ("a2b", "b2a")
-            }
-            for name, e in eng_out.items()
-        }
-    return out
-
-
-def base_text(st: dict) -> dict[str, str]:
-    """What each point keeps under every spec: the link's own `impair=` (replaced field by
-    field by a point's words) and the boards' NIC latency (added to the point's delay)."""
-    base, nic = st.get("base") or {}, st.get("nic_us") or {}
-    out = {}
-    for p in st["points"]:
-        k = f"{p['node']}:{p['ifname']}"
-        parts = [str(Impairment.from_json(base[k]))] if base.get(k) else []
-        if nic.get(k):
-            parts.append(f"+{nic[k]}us delay (the boards' NICs, added to the point's own delay)")
-        if parts:
-            out[k] = "; ".join(parts)
-    return out
+        applied: dict[str, dict] = {}
+        for name, e in eng_out.items():
+            applied[name] = {}
+            for d, v in e.items():
+                if d not in ("a2b", "b2a"):
+                    continue
+                if isinstance(v, dict) and "spec" in v:
+                    read[f"{name}:{d}"] = Impairment.from_json(v["spec"], source=name)
+                    v = str(read[f"{name}:{d}"])
+                applied[name][d] = v
+        out["applied"] = applied
+    return out, read
 
 
 # ------------------------------------------------------------------------------- build time
@@ -527,21 +454,23 @@ class ImpairPlan:
     placement: str
     points: list[Point]
     engine_links: list[int]
-    initial: str
+    #: what the lab starts with, put in force by set_point once the points exist
+    initial: DirectionalImpairment
 
 
 def plan_for(
     spec: LabSpec, placement: str | None, initial: str, backend: str, why: str
 ) -> ImpairPlan:
+    """The plan of a lab's impairment points; `initial` is the `lab up --impair` words (or
+    "none"), parsed here, once: bad input is refused before anything is created."""
     placement = placement or default_placement(spec)
     pts = points(spec, placement)
-    # validate the spec now: bad input is refused before anything is created
     a, b = spec.endpoints("vpn")
-    parse_directional(initial, source="--impair", a=a, b=b)
+    first = parse_directional(initial, source="--impair", a=a, b=b)
     links = engine_links(spec, placement) if backend == "userspace" else []
     if backend == "userspace" and placement == "ingress":
         why += "; with the engine, ingress and egress placements both act on the wire"
-    return ImpairPlan(backend, why, placement, pts, links, initial)
+    return ImpairPlan(backend, why, placement, pts, links, first)
 
 
 def plan_json(p: ImpairPlan) -> dict:

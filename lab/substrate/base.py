@@ -155,9 +155,9 @@ class Substrate(ABC):
         is really applied (show_impairment), PreconditionError when it is not in force."""
         if not built_impaired and not point.impaired:
             return {"requested": "", "applied": "none (lab built without impairment)"}
-        # exactly the point's own spec, whatever earlier points left (set_point, not the shell's
-        # merge rule); what is recorded is read back from the engine or qdisc, not the request
-        shown = runtime.set_point(lab, point.spec, seed=seed)
+        # exactly the point's own impairment, whatever earlier points left (set_point, not the
+        # shell's merge rule); what is recorded is read back from the engine or qdisc
+        shown = runtime.set_point(lab, point.impairment, seed=seed)
         if not shown.get("in_force"):
             raise PreconditionError(
                 f"impairment {point.name!r} is not in force: expected {shown.get('expected')}, "

@@ -22,6 +22,7 @@ from lab.core.errors import LabError
 from lab.core.state import check_id
 from lab.impair.runtime import plan_for
 from lab.model.labspec import LabSpec
+from lab.vpn.profiles import Profile
 from lab.vpn.tunnel import bring_up
 
 #: the lab id when none is given (`lab up` without --id)
@@ -38,9 +39,9 @@ class Build(ABC):
         self.spec = spec
 
     @abstractmethod
-    def prepare_vpn(self, profile: str):
-        """A profile spec ("wireguard:mtu=1280") -> the TunnelPlan bring_up takes, checked as
-        far as this substrate can before anything exists."""
+    def prepare_vpn(self, profile: str | Profile):
+        """A profile spec ("wireguard:mtu=1280") or a loaded Profile -> the TunnelPlan bring_up
+        takes, checked as far as this substrate can before anything exists."""
 
     def check(self, lab_id: str, vpn) -> None:  # noqa: B027 - optional phase, nothing by default
         """Preconditions of this substrate, before anything is created."""
@@ -67,7 +68,7 @@ def up(build: Build, lab_id: str | None, *, vpn=None, impair=None, placement=Non
         impair = "none"  # links with their own impairment options need the points
     if impair is not None:
         plan_for(spec, placement, impair, build.check_backend, "")  # the backend comes later
-    if isinstance(vpn, str):
+    if isinstance(vpn, str | Profile):
         vpn = build.prepare_vpn(vpn)
     lab_id = check_id(lab_id or DEFAULT_LAB_ID)
     build.check(lab_id, vpn)

@@ -1,12 +1,14 @@
 """Tunnel orchestration: from a lab and a profile to a tunnel that really passes traffic.
 
-    prepare(spec, profile)  validate the profile, place the tunnel in the topology, check the
+    prepare(spec, profile)  load the profile (a spec) or take it loaded (a Profile), place the
+                            tunnel in the topology (place()), check (check_plan()) the
                             driver can run on the nodes that will run it -- before anything is
                             created (no lab node exists yet: this machine, whose namespaces
                             become the nodes, answers for them; see nodes_for())
-    bring_up(lab, profile)  secrets -> render -> start -> wait until a ping passes -> describe;
-                            the result is a TunnelRecord (lab.vpn.record), in lab.json
-    tear_down(lab)          stop the tunnel, keep the lab
+    bring_up(lab, prepared) the TunnelPlan prepare() made: secrets -> render -> start -> wait
+                            until a ping passes -> describe; the result is a TunnelRecord
+                            (lab.vpn.record), in lab.json
+    (lab.vpn.teardown.tear_down(lab) stops it again from its TunnelRecord, keeping the lab)
     render(spec, profile)   the config files per node, for `lab render` (no lab needed)
 
 Placement is pure topology arithmetic: the VPN endpoints come from LabSpec.endpoints("vpn"), each
@@ -19,7 +21,6 @@ e.g. a router's LAN) are routed through the tunnel so traffic between the traffi
 from __future__ import annotations
 
 import ipaddress
-import shutil
 import subprocess
 import tempfile
 import time
@@ -30,7 +31,6 @@ from lab.core.hostnode import this_machine
 from lab.core.errors import (
     ConfigError,
     KernelFeatureMissing,
-    LabError,
     PreconditionError,
     StartupError,
 )
@@ -77,16 +77,7 @@ class TunnelPlan:
         return self.profile.driver
 
     def tunnel_addrs(self, side: Side) -> tuple[str, str]:
-        if not self.driver.has_tunnel:
-            return f"{side.underlay_v4}/{side.underlay_prefix}", side.underlay_v6 or ""
-        hosts, v6 = (1, 2), True
-        if self.profile.configs:  # the user's files decide (OpenVPN's `server`: server is .1)
-            *hosts, v6 = tunnel_layout(self.driver.name, self.profile.configs)
-        host = hosts[0] if side is self.client else hosts[1]
-        return (
-            f"{TUNNEL_V4.network_address + host}/{TUNNEL_V4.prefixlen}",
-            f"{TUNNEL_V6.network_address + host}/{TUNNEL_V6.prefixlen}" if v6 else "",
-        )
+        return tunnel_addrs(self.driver, self.profile.configs, side, side is self.client)
 
     def traffic_target(self, spec: LabSpec) -> dict:
         """Where the traffic client sends to: the server's tunnel address, or a host behind it."""
@@ -98,6 +89,22 @@ class TunnelPlan:
 
 
 # ------------------------------------------------------------------------------- placement
+
+
+def tunnel_addrs(drv: Driver, configs: dict, side: Side, client: bool) -> tuple[str, str]:
+    """(v4, v6 or "") tunnel addresses of one end, with prefix: the underlay's for a driver
+    without a tunnel; the user's files (`configs`) decide the layout where a profile has them
+    (OpenVPN's `server`: the server is .1)."""
+    if not drv.has_tunnel:
+        return f"{side.underlay_v4}/{side.underlay_prefix}", side.underlay_v6 or ""
+    hosts, v6 = (1, 2), True
+    if configs:
+        *hosts, v6 = tunnel_layout(drv.name, configs)
+    host = hosts[0] if client else hosts[1]
+    return (
+        f"{TUNNEL_V4.network_address + host}/{TUNNEL_V4.prefixlen}",
+        f"{TUNNEL_V6.network_address + host}/{TUNNEL_V6.prefixlen}" if v6 else "",
+    )
 
 
 def _nearest_iface(spec: LabSpec, frm: str, to: str) -> Interface:
@@ -113,7 +120,7 @@ def _nearest_iface(spec: LabSpec, frm: str, to: str) -> Interface:
     return min(best, key=lambda t: t[:2])[2]
 
 
-def _side(spec: LabSpec, node: str, peer: str) -> Side:
+def end_side(spec: LabSpec, node: str, peer: str) -> Side:
     # my interface nearest to the peer: its address is what the peer sends to, and it faces
     # the peer; everything reachable from my other interfaces (not through the peer) is behind me
     mine = _nearest_iface(spec, peer, node)
@@ -133,19 +140,21 @@ def _side(spec: LabSpec, node: str, peer: str) -> Side:
     )
 
 
-def tunnel_routes(spec: LabSpec, p: TunnelPlan) -> list[tuple[str, list[str]]]:
+def tunnel_routes(
+    spec: LabSpec, drv: Driver, client: Side, server: Side
+) -> list[tuple[str, list[str]]]:
     """(node, `ip route replace` argv) for hosts behind either end: the tunnel nets via the
     router that leads them to that end (their default route may be IPv4 only, or absent)."""
-    if not p.driver.has_tunnel:
+    if not drv.has_tunnel:
         return []
     out = []
-    for side in (p.client, p.server):
+    for side in (client, server):
         end_seg = next(
             i.segment for i in spec.nodes[side.node].interfaces if i.name == side.underlay_if
         )
         far = set(side.behind)
         for n in spec.hosts():
-            if n.name in (p.client.node, p.server.node):
+            if n.name in (client.node, server.node):
                 continue
             if not any(
                 i.segment < len(spec.segments) and spec.segments[i.segment].v4 in far
@@ -157,32 +166,24 @@ def tunnel_routes(spec: LabSpec, p: TunnelPlan) -> list[tuple[str, list[str]]]:
                 r = next((r for r in n.routes if r["dst"] == dst), None)
                 if r:
                     fam = "-6" if net.version == 6 else "-4"
-                    out.append(
-                        (
-                            n.name,
-                            [
-                                "ip",
-                                fam,
-                                "route",
-                                "replace",
-                                str(net),
-                                "via",
-                                r["via"],
-                                "dev",
-                                r["dev"],
-                            ],
-                        )
-                    )
+                    via = ["via", r["via"], "dev", r["dev"]]
+                    out.append((n.name, ["ip", fam, "route", "replace", str(net), *via]))
     return out
 
 
 def plan(spec: LabSpec, profile: str | Profile) -> TunnelPlan:
-    """Validate the profile and place the tunnel in `spec`. Pure: nothing is touched."""
-    if isinstance(profile, str):
-        profile = load_profile(profile)
+    """place() for a profile spec as a command line gives it (NAME[:key=value,...], loaded and
+    validated here) or a loaded Profile. Pure: nothing is touched."""
+    return place(spec, load_profile(profile) if isinstance(profile, str) else profile)
+
+
+def place(spec: LabSpec, profile: Profile) -> TunnelPlan:
+    """Place the loaded profile's tunnel in `spec`. Pure: nothing is touched."""
     client, server = spec.endpoints("vpn")
     tc, ts = spec.endpoints("traffic")
-    return TunnelPlan(profile, _side(spec, client, server), _side(spec, server, client), tc, ts)
+    return TunnelPlan(
+        profile, end_side(spec, client, server), end_side(spec, server, client), tc, ts
+    )
 
 
 def nodes_for(p: TunnelPlan, nodes: dict[str, Node] | None = None) -> dict[str, Node]:
@@ -242,12 +243,19 @@ def prepare(
     kernel: bool = True,
     nodes: dict[str, Node] | None = None,
 ) -> TunnelPlan:
-    """plan() plus: the driver accepts the topology (an L2 technology needs both ends on one
+    """plan() plus check_plan(): the profile (a spec, loaded here, or a Profile) placed in
+    `spec` and checked on the nodes that will run it."""
+    return check_plan(spec, plan(spec, profile), kernel=kernel, nodes=nodes)
+
+
+def check_plan(
+    spec: LabSpec, p: TunnelPlan, *, kernel: bool = True, nodes: dict[str, Node] | None = None
+) -> TunnelPlan:
+    """`p` once the driver accepts the topology (an L2 technology needs both ends on one
     segment: ConfigError), every tool is present on the nodes and, with `kernel`, the driver can
     run on their kernels (KernelFeatureMissing). `nodes`: {end node name: Node} that will run
     the ends; default this machine (see nodes_for). kernel=False for a lab that will run in the
     full-kernel VM, which runs the host's tools on a kernel that has every feature."""
-    p = plan(spec, profile)
     drv, params = p.driver, p.profile.params
     drv.check_topology(spec, p)
     on = nodes_for(p, nodes)
@@ -280,8 +288,9 @@ def availability(profile: Profile, nodes: dict[str, Node] | None = None) -> dict
 # ------------------------------------------------------------------------------- context
 
 
-def _endpoint(p: TunnelPlan, side: Side, node) -> Endpoint:
-    t4, t6 = p.tunnel_addrs(side)
+def endpoint(side: Side, node, addrs: tuple[str, str]) -> Endpoint:
+    """One end for a TunnelContext: its place `side`, its Node, its tunnel addresses (v4, v6)."""
+    t4, t6 = addrs
     return Endpoint(
         name=side.node,
         node=node,
@@ -297,8 +306,8 @@ def _endpoint(p: TunnelPlan, side: Side, node) -> Endpoint:
 def make_context(lab_id: str, p: TunnelPlan, nodes: dict, base: Path) -> TunnelContext:
     return TunnelContext(
         lab_id=lab_id,
-        client=_endpoint(p, p.client, nodes.get(p.client.node)),
-        server=_endpoint(p, p.server, nodes.get(p.server.node)),
+        client=endpoint(p.client, nodes.get(p.client.node), p.tunnel_addrs(p.client)),
+        server=endpoint(p.server, nodes.get(p.server.node), p.tunnel_addrs(p.server)),
         secrets_dir=base / "secrets",
         config_dir=base / "config" / "vpn",
         log_dir=base / "logs",
@@ -363,8 +372,10 @@ def write_rendered(result: dict, out: Path) -> list[Path]:
 # ------------------------------------------------------------------------------- bring-up
 
 
-def bring_up(lab, profile: str | Profile | TunnelPlan) -> TunnelRecord:
-    """Start the profile's tunnel in a running lab and wait until traffic passes it.
+def bring_up(lab, p: TunnelPlan) -> TunnelRecord:
+    """Start the tunnel of `p` (prepare()'s, or plan()'s where the nodes are asked here) in a
+    running lab and wait until traffic passes it. One type: the profile is loaded, validated and
+    placed before anything of the lab exists, and not again here.
 
     Records it (profile, driver, describe(), addresses, traffic target, timing: a TunnelRecord)
     in lab.json, before the daemons start and again once it is up. A daemon that dies or a
@@ -372,7 +383,6 @@ def bring_up(lab, profile: str | Profile | TunnelPlan) -> TunnelRecord:
     (lab.up) then unwinds the whole lab.
     """
     t0 = time.monotonic()
-    p = profile if isinstance(profile, TunnelPlan) else prepare(lab.spec, profile)
     old = TunnelRecord.of(lab)
     if old is not None:
         raise PreconditionError(f"lab {lab.id!r} already has a VPN ({old.profile})")
@@ -394,7 +404,7 @@ def bring_up(lab, profile: str | Profile | TunnelPlan) -> TunnelRecord:
     rendered = drv.render(ctx, params, secrets)
     try:
         drv.start(ctx, params, rendered)
-        for node, argv in tunnel_routes(lab.spec, p):
+        for node, argv in tunnel_routes(lab.spec, drv, p.client, p.server):
             lab.node(node).run(argv)
         t_started = time.monotonic()
         ready = wait_ready(ctx, p, timeout=READY_TIMEOUT)
@@ -481,46 +491,3 @@ def _tails(daemons: list[Daemon], lines: int = 15) -> str:
         tail = d.log_tail(lines)
         out += f"\n--- {d.name} on {d.node} ({d.log}) ---\n{tail or '(empty log)'}"
     return out
-
-
-def tear_down(lab) -> None:
-    """Stop the lab's tunnel and undo its routes; the lab itself stays up."""
-    rec = TunnelRecord.of(lab)
-    if rec is None:
-        return
-    profile = Profile(rec.profile, Path(), rec.driver, "", "", rec.params)
-    p = TunnelPlan(profile, *_sides_from_record(lab.spec, rec), rec.client, rec.server)
-    nodes = {p.client.node: lab.node(p.client.node), p.server.node: lab.node(p.server.node)}
-    ctx = make_context(lab.id, p, nodes, lab.dir)
-    ctx.daemons = [d.daemon() for d in rec.daemons]
-    errors = []
-    try:
-        p.driver.stop(ctx, rec.params)
-    except (LabError, OSError) as e:  # keep going: the routes and files still have to go
-        errors.append(f"stop: {e}")
-    for end in ctx.ends():
-        peer = ctx.peer(end)
-        underlay = {r["dst"]: r for r in lab.spec.nodes[end.name].routes}
-        for net in peer.behind:
-            fam = "-6" if ":" in net else "-4"
-            r = underlay.get(net)
-            argv = (
-                ["ip", fam, "route", "replace", net, "via", r["via"], "dev", r["dev"]]
-                if r
-                else ["ip", fam, "route", "del", net]
-            )
-            end.node.run(argv, check=False)
-    for node, argv in tunnel_routes(lab.spec, p):
-        lab.node(node).run(["ip", argv[1], "route", "del", argv[4]], check=False)
-    shutil.rmtree(ctx.config_dir, ignore_errors=True)
-    for f in ctx.secrets_dir.glob("*"):
-        f.unlink(missing_ok=True)
-    del lab.info["vpn"]
-    lab.save()
-    if errors:
-        raise StartupError("; ".join(errors))
-
-
-def _sides_from_record(spec: LabSpec, rec: TunnelRecord) -> tuple[Side, Side]:
-    c, s = rec.client, rec.server
-    return _side(spec, c, s), _side(spec, s, c)

@@ -137,13 +137,19 @@ OPENVPN_FILES = {
 @dataclass(frozen=True)
 class UserConfig:
     """One user file of a profile: its role, where it is, its text and hash, the placeholders
-    it uses."""
+    it uses, and what the lab applies itself from it, read once at load time."""
 
     role: str
     path: Path
     text: str
     sha256: str
     names: frozenset[str]
+    #: the tunnel MTU the file sets (a wg-quick [Interface] MTU, which `wg setconf` does not
+    #: take: the lab sets it on the link); None: the profile's `mtu`
+    mtu: int | None = None
+    #: whether the file gives its own listening port (a wg-quick [Interface] ListenPort); when
+    #: not, the lab gives wg the port the peer's Endpoint names
+    listen_port: bool = False
 
     def to_json(self) -> dict:
         return {"file": str(self.path), "sha256": self.sha256}
@@ -221,7 +227,15 @@ def load_configs(driver: str, table: dict, profile_path: Path) -> dict[str, User
                     source=str(path),
                     field=f"configs.{role}",
                 )
-        out[role] = UserConfig(role, path, text, hashlib.sha256(text.encode()).hexdigest(), names)
+        out[role] = UserConfig(
+            role,
+            path,
+            text,
+            hashlib.sha256(text.encode()).hexdigest(),
+            names,
+            wg_mtu(text) if driver == "wireguard" else None,
+            driver == "wireguard" and "listenport" in wg_interface(text),
+        )
     return out
 
 
@@ -325,6 +339,18 @@ def wg_keys(text: str) -> list[tuple[int, str, str, str]]:
             key, value = (s.strip() for s in line.split("=", 1))
             out.append((n, section, key.lower(), value))
     return out
+
+
+def wg_interface(text: str) -> dict[str, str]:
+    """The [Interface] keys (lowercased) of a wg-quick file and their values, the last one
+    given where a key repeats (as wg-quick reads it)."""
+    return {k: v for _, sec, k, v in wg_keys(text) if sec == "interface"}
+
+
+def wg_mtu(text: str) -> int | None:
+    """The [Interface] MTU of a wg-quick file, or None when it sets none or no number."""
+    v = wg_interface(text).get("mtu", "")
+    return int(v) if v.isdigit() else None
 
 
 def wg_check(cfg: UserConfig, rendered: str, peer: Endpoint) -> None:

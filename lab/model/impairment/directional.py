@@ -58,9 +58,9 @@ class DirectionalImpairment:
             return str(self.a2b)
         return f"a2b: {self.a2b}; b2a: {self.b2a}"
 
-    def merge(self, other: DirectionalImpairment | str, *, source: str = "--impair"):
-        if isinstance(other, str):
-            return parse_directional(other, source=source, base=self)
+    def merge(self, other: DirectionalImpairment, *, source: str = "--impair"):
+        """Each direction merged field by field (Impairment.merge); words over a base are
+        parse_directional(text, base=self)."""
         return DirectionalImpairment(self.a2b.merge(other.a2b, source=source),
                                      self.b2a.merge(other.b2a, source=source))  # fmt: skip
 

@@ -154,14 +154,11 @@ class Impairment:
     def __str__(self) -> str:
         return " ".join(self.to_netem_words()) or "none"
 
-    def merge(self, other: Impairment | str, *, source: str = "--impair") -> Impairment:
-        """Setting one parameter keeps the others.
-
-        `other` as words follows parse_spec(text, base=self). As an Impairment, each field that
-        is on in `other` replaces the same field here (the loss model as a whole).
+    def merge(self, other: Impairment, *, source: str = "--impair") -> Impairment:
+        """Setting one parameter keeps the others: each field that is on in `other` replaces the
+        same field here (the loss model as a whole). Words over a base are parse_spec(text,
+        base=self), whose presets and `none` start from scratch.
         """
-        if isinstance(other, str):
-            return parse_spec(other, source=source, base=self)
         merged = merge_fields(self._fields(), other._fields())
         return build(merged, source)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from lab.core.errors import ConfigError
 from dataclasses import dataclass
 
-from lab.model.impairment.directional import parse_directional
+from lab.core.errors import ConfigError
+from lab.model.impairment.directional import DirectionalImpairment, parse_directional
 from lab.model.impairment.presets import SWEEP_PARAMETERS, preset, sweep
 from lab.model.impairment.words import PRESETS
 
@@ -17,17 +17,24 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}\Z")  # names become fil
 
 @dataclass(frozen=True)
 class ImpairmentPoint:
-    """One network condition: `name` (file-name safe) and the spec handed to set_impairment."""
+    """One network condition: `name` (file-name safe) and its parsed `impairment`, which the
+    runner hands to lab.impair.runtime.set_point as it is; `spec` is its canonical text, for
+    names, records and manifests."""
 
     name: str
-    spec: str  # canonical tc-netem words ("" = none); directional as 'a2b: ...; b2a: ...'
+    impairment: DirectionalImpairment  # empty = none
     group: str  # the plan entry it came from: "none", a preset, a sweep name
     parameter: str | None = None  # the swept parameter, e.g. "delay"
     value: float | None = None  # its value at this point (ms, %, Mbit/s)
 
     @property
+    def spec(self) -> str:
+        """Canonical tc-netem words ("" = none); directional as 'a2b: ...; b2a: ...'."""
+        return "" if self.impairment.is_empty() else str(self.impairment)
+
+    @property
     def impaired(self) -> bool:
-        return bool(self.spec)
+        return not self.impairment.is_empty()
 
     def to_json(self) -> dict:
         return {
@@ -37,6 +44,17 @@ class ImpairmentPoint:
             "parameter": self.parameter,
             "value": self.value,
         }
+
+    @classmethod
+    def from_json(cls, d: dict, *, source: str = "impairment point") -> ImpairmentPoint:
+        """The point to_json wrote (a shard's or a run's plan): its canonical spec parsed."""
+        return cls(
+            d["name"],
+            parse_directional(d["spec"], source=source),
+            d["group"],
+            d.get("parameter"),
+            d.get("value"),
+        )
 
 
 SWEEP_KEYS = {"sweep", "from", "to", "step", "base", "name"}
@@ -113,11 +131,7 @@ def impairment_points(raw: dict, source: str) -> list[ImpairmentPoint]:
             group = prefix or par
             points += [
                 ImpairmentPoint(
-                    p.name,
-                    "" if p.impairment.is_empty() else str(p.impairment),
-                    group,
-                    par,
-                    p.value,
+                    p.name, DirectionalImpairment.symmetric(p.impairment), group, par, p.value
                 )
                 for p in pts
             ]
@@ -142,23 +156,22 @@ def impairment_points(raw: dict, source: str) -> list[ImpairmentPoint]:
         words = text.strip()
         try:
             if words in PRESETS:
-                imp = preset(words, source=f"{source}: {fld}")
+                imp = DirectionalImpairment.symmetric(preset(words, source=f"{source}: {fld}"))
             else:
                 imp = parse_directional(words, source=f"{source}: {fld}")
-            canonical = "" if imp.is_empty() else str(imp)
         except ConfigError as e:
             msg = _inner(e)
             if "presets:" not in msg:
                 msg += f"; presets: {', '.join(PRESETS)}"
             raise _bad(msg, source, fld) from None
         name = item.get("name") or (words if words in PRESETS else slug(words))
-        if not canonical:
+        if imp.is_empty():
             name = item.get("name") or "none"
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise _bad(
                 f"name {name!r}: accepted letters, digits, '-', '_', '.'", source, f"{fld}.name"
             )
-        points.append(ImpairmentPoint(name, canonical, name if canonical else "none"))
+        points.append(ImpairmentPoint(name, imp, "none" if imp.is_empty() else name))
     names = [p.name for p in points]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

@@ -18,6 +18,7 @@ from lab.substrate.boards.snapshot import _sh, snapshot
 from lab.substrate.boards.mapping import board_spec, check_management, map_nodes
 from lab.substrate.boards.restore import restore
 from lab.substrate.boards.types import BoardMap, Inventory
+from lab.vpn.profiles import Profile
 from lab.vpn.tunnel import plan as tunnel_plan
 
 
@@ -41,7 +42,7 @@ class BoardsBuild(lifecycle.Build):
         self.bmap = map_nodes(spec, inventory, mapping)
         super().__init__(board_spec(spec, self.bmap))
 
-    def prepare_vpn(self, profile: str):
+    def prepare_vpn(self, profile: str | Profile):
         return tunnel_plan(self.spec, profile)  # checked on the boards themselves once connected
 
     def create(self, lab_id: str) -> BoardLab:

@@ -11,7 +11,9 @@ from __future__ import annotations
 from lab import REPO
 
 from lab.core.errors import LabError, PreconditionError
+from lab.vpn.profiles import Profile
 from lab.vpn.record import TunnelRecord, daemons_of
+from lab.vpn.tunnel import place
 from lab.substrate.boards.inventory import load_inventory
 from lab.substrate.boards.mapping import map_nodes
 from lab.substrate.boards.monitor import BoardMonitor
@@ -42,7 +44,6 @@ class BoardsTarget:
         """The plan's topology, once it maps onto the inventory and every profile is a valid
         profile for it (whether a board can run it is asked on the board at bring-up)."""
         from lab.model.topology import load_topology
-        from lab.vpn.tunnel import plan as tunnel_plan
 
         from lab.measure import TESTS
 
@@ -52,16 +53,16 @@ class BoardsTarget:
             self.client_tools |= set(TESTS[t.test].client_tools)
             self.server_tools |= set(TESTS[t.test].server_tools)
         problems = []
-        for p in plan.profiles:
+        for p in plan.loaded.values():
             try:
-                tunnel_plan(spec, p)
+                place(spec, p)
             except LabError as e:
                 problems.append(str(e))
         if problems:
             raise PreconditionError("cannot run this plan on boards:\n  " + "\n  ".join(problems))
         return spec
 
-    def up(self, spec, lab_id: str, profile: str, point, placement):
+    def up(self, spec, lab_id: str, profile: Profile, point, placement):
         from lab.substrate.boards.build import up
 
         # points only: the runner applies each point once the tunnel is up and ready

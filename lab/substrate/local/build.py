@@ -33,7 +33,8 @@ from lab.substrate.local.lab import (
     current_substrate,
 )
 from lab.substrate.local.node import LocalNode
-from lab.vpn.tunnel import prepare
+from lab.vpn.profiles import Profile
+from lab.vpn.tunnel import check_plan, place, prepare
 
 
 class LocalBuild(lifecycle.Build):
@@ -48,8 +49,11 @@ class LocalBuild(lifecycle.Build):
         self.cpu: dict = {}
         self.warnings: list[str] = []
 
-    def prepare_vpn(self, profile: str):
-        return prepare(self.spec, profile)  # checked on this machine: its nodes will be these
+    def prepare_vpn(self, profile: str | Profile):
+        # checked on this machine: its nodes will be these
+        if isinstance(profile, Profile):  # as a plan loaded it: placed and checked, not re-read
+            return check_plan(self.spec, place(self.spec, profile))
+        return prepare(self.spec, profile)
 
     def check(self, lab_id: str, vpn) -> None:
         netops.check_root()

@@ -20,6 +20,8 @@ from lab.model import dilation
 from lab.substrate.local.build import impair_plan, offloads_off, start_engines
 from lab.substrate.local.lab import CGROUP_PARENT, Lab
 from lab.core.state import write_json_atomic
+from lab.impair import runtime
+from lab.model.impairment.directional import DirectionalImpairment
 from lab.model.labspec import LabSpec
 
 
@@ -29,8 +31,6 @@ def ensure_points(lab: Lab) -> bool:
     if lab.info.get("impair"):
         return False
     iplan = impair_plan(lab.spec, lab.id, lab.info, "none", None, "auto")
-    from lab.impair import runtime
-
     st = runtime.plan_json(iplan)
     st["added_at_run_time"] = True
     lab.info["impair"] = st
@@ -42,7 +42,7 @@ def ensure_points(lab: Lab) -> bool:
         start_engines(lab, iplan)
     else:
         offloads_off(lab, iplan)
-    runtime.set_point(lab, "")
+    runtime.set_point(lab, DirectionalImpairment())
     return True
 
 
@@ -59,8 +59,6 @@ def splice_side(spec: LabSpec, link: int) -> tuple[str, str]:
 
 def splice_bump(lab: Lab, link: int) -> None:
     """Splice a pass-through bump namespace into live link `link` (see the module doc)."""
-    from lab.impair import runtime
-
     lk = lab.spec.links[link]
     layout = lab.cg
     name = f"imp{link}"

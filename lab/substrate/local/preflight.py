@@ -8,7 +8,7 @@ from lab.core import proc
 from lab.core.errors import KernelFeatureMissing, PreconditionError
 from lab.measure import TESTS
 from lab.model.topology import load_topology
-from lab.vpn.tunnel import prepare
+from lab.vpn.tunnel import check_plan, place
 
 
 def preflight(plan, *, kernel: bool = True):
@@ -20,7 +20,7 @@ def preflight(plan, *, kernel: bool = True):
     problems, runnable, need_vm = [], [], []
     for p in plan.profiles:
         try:
-            prepare(spec, p, kernel=kernel)
+            check_plan(spec, place(spec, plan.loaded[p]), kernel=kernel)
             runnable.append(p)
         except KernelFeatureMissing as e:
             problems.append(str(e))

@@ -215,8 +215,7 @@ class WireGuardDriver(Driver):
             ctx.write_config(end, rendered[end.name])
             wg_quick = rendered[end.name][f"{IFNAME}.conf"]
             setconf = setconf_text(wg_quick)
-            keys = {k: v for _, sec, k, v in userconfig.wg_keys(wg_quick) if sec == "interface"}
-            if ctx.configs and "listenport" not in keys:
+            if ctx.configs and not userconfig.config_of(ctx, end).listen_port:
                 # the lab owns the port the peer's Endpoint names: given to wg with the rest
                 # (set later, the port moves under a handshake already under way)
                 setconf = re.sub(
@@ -245,13 +244,13 @@ class WireGuardDriver(Driver):
                 self._wait_uapi(ctx, end, d)
             mtu = params["mtu"]
             if ctx.configs:  # the user's file: wg's own parser judges it, errors name its line
+                cfg = userconfig.config_of(ctx, end)
                 cp = node.run(
                     ["wg", "setconf", IFNAME, str(conf[f"{IFNAME}.setconf"])], check=False
                 )
                 if cp.returncode != 0:
-                    cfg = userconfig.config_of(ctx, end)
                     raise userconfig.wg_setconf_error(cfg, wg_quick, setconf, cp.stderr)
-                mtu = int(keys["mtu"]) if keys.get("mtu", "").isdigit() else mtu
+                mtu = cfg.mtu or mtu  # the file's own MTU, read when the profile was loaded
             else:
                 node.run(["wg", "setconf", IFNAME, str(conf[f"{IFNAME}.setconf"])])
             node.run(["ip", "-4", "addr", "add", end.tunnel_v4, "dev", IFNAME])
