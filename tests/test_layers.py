@@ -244,3 +244,63 @@ def test_checker_finds_an_upward_import(tmp_path):
     assert layer_of("lab.impair.runtime") > layer_of("lab.substrate.local.lab")
     layers2 = [("a", ["pkg.*"]), ("b", ["pkg.low"])]
     assert layer_of("pkg.low", layers2) == 1 and layer_of("pkg.top", layers2) == 0
+
+
+def test_no_module_over_500_lines():
+    big = {
+        str(p.relative_to(LAB)): n
+        for p in LAB.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert big == {}
+
+
+def _function_level_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every import inside a function of `path`."""
+    text = path.read_text()
+    lines = text.splitlines()
+    found = []
+    for fn in ast.walk(ast.parse(text)):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    found.append((node.lineno, lines[node.lineno - 1]))
+    return sorted(set(found))
+
+
+def test_function_level_imports_are_few_and_say_why():
+    """An import inside a function is the exception (a heavy library paid only by its users, a
+    back end chosen before pyplot loads): at most 40 in lab/, each with its reason on its line
+    or the comment line above it."""
+    found = {}
+    for p in sorted(LAB.rglob("*.py")):
+        lines = p.read_text().splitlines()
+        for lineno, line in _function_level_imports(p):
+            above = lines[lineno - 2].strip() if lineno >= 2 else ""
+            found[f"{p.relative_to(LAB)}:{lineno}"] = "#" in line or above.startswith("#")
+    assert len(found) <= 40, sorted(found)
+    assert [k for k, has_reason in found.items() if not has_reason] == []
+
+
+def test_no_module_imports_another_modules_private_names():
+    offenders = []
+    for p in sorted(LAB.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lab"):
+                offenders += [
+                    f"{p.relative_to(LAB)}:{node.lineno} {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    assert offenders == []
+
+
+def test_the_structure_checks_can_fail(tmp_path):
+    root = _package(
+        tmp_path,
+        {
+            "a.py": "def f():\n    import os\n    from .b import _private\n    return os\n",
+            "b.py": "_private = 1\n",
+        },
+    )
+    assert [n for n, _ in _function_level_imports(root / "a.py")] == [2, 3]

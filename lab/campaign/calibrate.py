@@ -43,6 +43,8 @@ from lab.model.cpucalibration import (
 from lab.model.cpuprofile import PRIMITIVES, CpuProfile, Reference, load_profile
 from lab.core.errors import CommandError, ConfigError, LabError, PreconditionError
 from lab.core.state import write_json_atomic
+from lab.core.netops import check_root
+from lab.model.dilation import cfs_period_us
 
 GOBENCH = REPO / "tools" / "gobench" / "gobench"
 MSG_BYTES = 16384
@@ -294,8 +296,6 @@ def calibrate(
             field="cores",
         )
     if verify:
-        from lab.core.netops import check_root
-
         check_root()
     mode = "quick" if quick else "full"
     rounds, secs, vsecs = MODES[mode]
@@ -441,7 +441,6 @@ def verify_in_cgroup(
         cgroups.ensure_dir(layout, rel)
         # the CFS period a lab's nodes get (docs/cpu.md "The CFS period"), so the check runs
         # as the nodes will
-        from lab.model.dilation import cfs_period_us
 
         period = cfs_period_us(1.0, min_share=share)
         out["period_us"] = period

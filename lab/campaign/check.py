@@ -28,6 +28,7 @@ from lab.campaign.plan import Plan
 from lab.results.report import headline
 from lab.results.rundir import RunDir, rows
 from lab.core.state import write_text_atomic
+import tomllib
 
 #: what `lab ci init` writes into a user's repository: destination -> template in this repository
 CI_FILES = {
@@ -101,8 +102,6 @@ def run_expectations(run: RunDir, plan_name: str | None, overrides: list[str]) -
         return parse_expectations(json.loads(stored.read_text()), source=str(stored), **ctx)
     src = Path(plan_file(pj.get("source", "")))
     if src.is_file():
-        import tomllib
-
         raw = tomllib.loads(src.read_text()).get("expect")
         if raw is not None:
             return parse_expectations(raw, source=str(src), **ctx)

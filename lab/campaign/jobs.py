@@ -40,6 +40,7 @@ from lab.campaign.plan import Plan
 from lab.campaign.shard import Shard, cells, shard_cases
 from lab.model.stats import mean_sd, t_sf, welch_worse
 from lab.model.stoprule import Rule
+from lab.core.errors import ConfigError
 
 #: significance of the interference test: a probe whose results beside others differ from its
 #: results alone with p below this (and by the margin or more) is refused
@@ -309,7 +310,6 @@ MAX_JOBS = 256
 
 def parse_jobs(text: str) -> int | str:
     """`auto` or a whole number from 1 to MAX_JOBS; else a ConfigError naming both."""
-    from lab.core.errors import ConfigError
 
     t = (text or "").strip().lower()
     if t == "auto":

@@ -45,6 +45,12 @@ from lab.core.errors import ConfigError, LabError
 from lab.model.impairment.points import NAME_RE, impairment_points
 from lab.vpn.profiles import Profile, known_profiles, load_profile
 from lab.vpn.tunnel import place
+from lab.model.cpuprofile import known_profiles as known_cpu
+from lab.model.cpuprofile import parse_nic_latency
+from lab.model.dilation import parse_dilation
+from lab.model.topology import load_topology
+from lab.measure import TESTS, get_test
+from lab.model.impairment.presets import PLACEMENTS
 
 PLAN_DIR = REPO / "plans"
 
@@ -180,8 +186,6 @@ def validate(
     points = impairment_points(raw, source)
     placement = raw.get("placement")
     if placement is not None:
-        from lab.model.impairment.presets import PLACEMENTS
-
         if placement not in PLACEMENTS:
             raise _bad(f"got {placement!r}; accepted: {', '.join(PLACEMENTS)}", source, "placement")
     reps = _int(raw, "reps", source, 1)
@@ -222,11 +226,6 @@ def validate(
 
 
 def _topology(raw: dict, source: str, base_dir: Path):
-    from lab.model.cpuprofile import known_profiles as known_cpu
-    from lab.model.cpuprofile import parse_nic_latency
-    from lab.model.dilation import parse_dilation
-    from lab.model.topology import load_topology
-
     t = raw.get("topology")
     if not isinstance(t, dict):
         raise _bad(f"missing or not a table; keys: {', '.join(TOPOLOGY_KEYS)}", source, "topology")
@@ -329,8 +328,6 @@ def _points(t: dict, known: set[str], source: str, fld: str) -> tuple[str, ...] 
 
 
 def _tests(raw: dict, source: str, point_names: set[str]) -> list[TestEntry]:
-    from lab.measure import TESTS, get_test
-
     tests = raw.get("tests")
     if not isinstance(tests, list) or not tests:
         raise _bad(

@@ -10,6 +10,7 @@ from typing import Any
 
 from lab.model.impairment.points import ImpairmentPoint
 from lab.vpn.profiles import Profile
+from lab.measure import get_test
 
 SCHEMA = 1
 
@@ -174,6 +175,5 @@ class Plan:
 
 def estimate_s(test: str, params: dict[str, Any]) -> float:
     """Expected wall time of one run of `test` (for the progress bar's ETA): the test's own."""
-    from lab.measure import get_test
 
     return get_test(test).estimate_s(params)

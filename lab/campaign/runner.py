@@ -19,7 +19,6 @@ import time
 import traceback
 from pathlib import Path
 
-from lab import __version__
 from lab.model import dilation
 from lab.core.errors import CommandError, LabError
 from lab.core.interrupts import Interrupts
@@ -28,16 +27,9 @@ from lab.campaign.plan import Case, Plan
 from lab.model.impairment.points import ImpairmentPoint
 from lab.model.impairment.points import slug
 from lab.campaign.repstop import converged, skipped_record
+from lab.campaign.runrecord import RunRecord, utc_now
 from lab.results.rundir import RESULT_SCHEMA, RunDir
-from lab.campaign.shard import case_id, case_seed, shard_cases, shard_record, source_hash
-from lab.campaign.setup import (
-    arch_tool_versions,
-    git_revision,
-    kernel_info,
-    node_tool_versions,
-    tool_versions,
-)
-from lab.impair import runtime
+from lab.campaign.shard import case_id, case_seed, shard_cases
 from lab.substrate.registry import select
 from lab.core.state import lab_dir, new_lab_id, write_json_atomic
 from lab.vpn.record import TrafficTarget, TunnelRecord
@@ -62,7 +54,7 @@ class RunEvents:
 # ---------------------------------------------------------------------- the runner
 
 
-class Runner:
+class Runner(RunRecord):
     def __init__(
         self,
         plan: Plan,
@@ -116,94 +108,6 @@ class Runner:
                     f"removed lab {lab_id} left by an earlier session"
                     + (f" (left over: {'; '.join(left)})" if left else "")
                 )
-
-    # ------------------------------------------------------------------ manifest
-    def _write_manifest(self) -> None:
-        write_json_atomic(self.run_dir.file("manifest.json"), self.manifest)
-
-    def init_manifest(self) -> None:
-        m = self.run_dir.manifest()
-        session = {
-            "session": self.session,
-            "command_line": self.argv,
-            "started_utc": _utc(),
-            "lab_version": __version__,
-            "git_revision": git_revision(),
-            "kernel": kernel_info(),
-            "substrate": self.target.describe(),
-            "lab_id": self.lab_id,
-            # a resumed shard may run newer code than its first session: lab merge checks each
-            "source_sha256": source_hash(),
-        }
-        if not m:
-            m = {
-                "schema": RESULT_SCHEMA,
-                "kind": "lab-run",
-                "run": self.run_dir.name,
-                "created_utc": session["started_utc"],
-                "lab_version": __version__,
-                "git_revision": session["git_revision"],
-                "command_line": self.argv,
-                "kernel": session["kernel"],
-                "substrate": session["substrate"],
-                "tool_versions": tool_versions(),
-                "plan": self.plan.to_json(),
-                "plan_digest": self.plan.digest(),
-                "topology": self.spec.to_json(),
-                "cpu": {},
-                "profiles": {},
-                "impairment": {},
-                "sessions": [],
-                # plan digest, code version, shard i/N, calibration: what `lab merge` checks
-                **shard_record(self.shard, self.spec, session["git_revision"]),
-            }
-        m["sessions"].append(session)
-        self.manifest = m
-        self._write_manifest()
-
-    def _record_profile(self, profile: str, lab) -> None:
-        from lab.vpn.tunnel import render
-
-        rec = TunnelRecord.of(lab)
-        vpn = rec.to_dict() if rec else {}  # the manifest: an edge, in lab.json's form
-        entry = self.manifest["profiles"].setdefault(profile, {})
-        entry.update(
-            {
-                k: vpn.get(k)
-                for k in ("driver", "path", "describe", "params", "timing", "tunnel", "traffic")
-            }
-        )
-        if "configs" not in entry:
-            try:
-                r = render(lab.spec, profile, show_secrets=False)
-                entry["configs"] = {
-                    "files": r["files"],
-                    "config_hash": r["config_hash"],
-                    "redacted": True,
-                }
-            except LabError as e:
-                entry["configs"] = {"error": str(e)}
-        self.manifest["cpu"] = {n: rt.get("cpu") for n, rt in lab.info.get("nodes", {}).items()}
-        # what the substrate records of its labs (the boards; the boards' per-hop NIC latency
-        # per direction, applied or why not: lab.substrate.local.cpuplan)
-        self.manifest.update(self.target.lab_record(lab))
-        self._record_node_tools(lab)
-        self.manifest["lab_warnings"] = lab.info.get("warnings", [])
-        self.manifest["dilation"] = dilation.factor(lab.spec.dilation)
-        self._write_manifest()
-
-    def _record_node_tools(self, lab) -> None:
-        """`tool_versions` is this machine's; a board over SSH or a node of another architecture
-        runs its own binaries: their versions, asked on each such node once per run."""
-        # a board's tools are all its own; an arch node runs the board tools from its root,
-        # the rest from this machine
-        probes = {"own": node_tool_versions, "arch": arch_tool_versions}
-        seen = self.manifest.setdefault("node_tool_versions", {})
-        for name, which in self.target.tool_nodes(lab).items():
-            if name not in seen:
-                seen[name] = probes[which](lab.node(name))
-        if not seen:
-            del self.manifest["node_tool_versions"]
 
     # ------------------------------------------------------------------ lab lifecycle
     def _up(self, profile: str, first: ImpairmentPoint | None):
@@ -286,7 +190,7 @@ class Runner:
             case,
             ok=False,
             error=error,
-            started_utc=_utc(),
+            started_utc=utc_now(),
             seconds=0.0,
             ended_t=time.time(),
             records=[],
@@ -327,7 +231,7 @@ class Runner:
             state_dir=lab.dir / "measure",
         )
         test = TESTS[case.test.test]
-        started = _utc()
+        started = utc_now()
         mon = self.target.monitor(lab).start()
         t0 = time.monotonic()
         error, records = None, []
@@ -478,18 +382,6 @@ class Runner:
             self.events.case_done(case, entry, est)
         self._record_after(pt)
 
-    def _record_after(self, pt: ImpairmentPoint) -> None:
-        """The impairment's counters once the point's cases ran (losses really applied)."""
-        if self.lab is None or not pt.impaired:
-            return
-        try:
-            after = runtime.show_impairment(self.lab)
-        except LabError as e:
-            after = {"error": str(e)}
-        profile = self._profile_up()
-        self.manifest["impairment"].setdefault(pt.name, {}).setdefault(profile, {})["after"] = after
-        self._write_manifest()
-
     def _profile_up(self) -> str:
         rec = TunnelRecord.of(self.lab)
         return rec.profile if rec else "?"
@@ -532,7 +424,3 @@ def _raw_tails(raw_dir: Path, run: RunDir) -> dict[str, str]:
             lines = p.read_text(errors="replace").splitlines()
             out[run.rel(p)] = "\n".join(lines[-RAW_TAIL_LINES:])
     return out
-
-
-def _utc() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

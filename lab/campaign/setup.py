@@ -20,6 +20,7 @@ from lab.campaign.plan import Plan
 from lab.results.rundir import RunDir
 from lab.core.state import write_json_atomic
 from lab.substrate.tools import board_tools, version_commands
+from lab.campaign.load import load_plan
 
 #: tools whose version every manifest records: name -> argv
 TOOL_VERSIONS: dict[str, list[str]] = version_commands()
@@ -68,7 +69,6 @@ def create_run_dir(plan: Plan, path: Path | None = None, *, root: Path | None = 
 
 def resume_plan(run: RunDir, plan_path: str | None, overrides: list[str]) -> Plan:
     """The plan a resumed run continues: the one it stored (PLAN, if given, must match it)."""
-    from lab.campaign.load import load_plan
 
     stored = run.check().plan_json()
     base = plan_path or plan_file(stored.get("source", ""))

@@ -23,6 +23,10 @@ from pathlib import Path
 from lab import __version__
 from lab.core.errors import ConfigError
 from lab.campaign.plan import Case, Plan
+from lab.model.cpucalibration import host_cpu_model
+from lab.model.cpuprofile import load_profile
+from lab.campaign.plan import TestEntry
+from lab.model.impairment.points import ImpairmentPoint
 
 #: lab/ itself: the source the code version hashes
 #: shards a plan may be cut into (a typo of 10**6 would make a million empty shards)
@@ -119,8 +123,6 @@ def code_version(git_describe: str | None) -> dict:
 def calibration_of(spec) -> dict:
     """This machine's calibration of every CPU profile the topology's nodes name: the merged
     calibration summary, or why there is none (each machine of a sharded run fits its own)."""
-    from lab.model.cpucalibration import host_cpu_model
-    from lab.model.cpuprofile import load_profile
 
     out: dict = {"host_cpu_model": host_cpu_model(), "profiles": {}}
     for name in sorted({n.cpu for n in spec.hosts() if isinstance(n.cpu, str)}):
@@ -146,8 +148,6 @@ def shard_record(shard: Shard | None, spec, git_describe: str | None) -> dict:
 def plan_from_json(d: dict, *, source: str) -> Plan:
     """The Plan a run directory's plan.json describes, enough to list its cases (no topology
     or profile is loaded, so a merge needs neither); its digest must be the one stored."""
-    from lab.campaign.plan import TestEntry
-    from lab.model.impairment.points import ImpairmentPoint
 
     try:
         plan = Plan(

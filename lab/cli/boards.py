@@ -19,6 +19,7 @@ from lab.cli.printing import out
 from lab.core.errors import TeardownIncomplete, ConfigError, PreconditionError
 from lab.vpn.profiles import known_profiles, load_profile
 from lab.substrate.boards import farm
+from lab.model.topology import load_topology, parse_params
 
 
 def _profiles(option: str | None) -> list:
@@ -191,7 +192,6 @@ def cmd_boards(args) -> int:
                 "lab boards emulate TOPOLOGY --out INVENTORY (or --down to remove a farm)",
                 source="lab boards emulate",
             )
-        from lab.model.topology import load_topology, parse_params
 
         spec = load_topology(args.topology, args.topo, parse_params(args.param))
         t0 = time.monotonic()

@@ -20,6 +20,7 @@ from lab.substrate.registry import (
     remove,
     select,
 )
+from lab.model.impairment.directional import check_words
 
 
 def cmd_up(args) -> int:
@@ -169,8 +170,6 @@ def cmd_shell(args) -> int:
 def cmd_impair(args) -> int:
 
     if args.impair_cmd == "set":
-        from lab.model.impairment.directional import check_words
-
         # the words first: bad words are bad input whether or not a lab is up
         check_words(" ".join(args.spec), source="lab impair set")
     _known_id(args.lab_id)

@@ -15,6 +15,7 @@ from lab.cli.help import exec_words
 from lab.cli.parser import build_parser, check_args, impair_set_words
 from lab.cli.printing import err
 from lab.core.errors import LabError, TeardownIncomplete
+import traceback
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,8 +58,6 @@ INTERNAL_ERROR = 70
 
 def _debug(args: argparse.Namespace) -> None:
     if getattr(args, "debug", False):
-        import traceback
-
         err.print(traceback.format_exc().rstrip(), markup=False, highlight=False)
 
 

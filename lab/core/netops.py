@@ -14,6 +14,11 @@ from pathlib import Path
 
 from lab.core import proc
 from lab.core.errors import CommandError, PreconditionError
+import socket
+from pyroute2 import netns
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2 import NetNS
 
 # pyroute2 is imported inside the functions that build things: `lab down`, `lab exec` and
 # `lab status` never need it, and importing it costs a quarter of a second.
@@ -64,7 +69,6 @@ def create_netns(name: str) -> None:
         raise PreconditionError(
             f"network namespace {name!r} already exists (not created by this lab)"
         )
-    from pyroute2 import netns
 
     netns.create(name)
 
@@ -130,8 +134,6 @@ def remove_node_mntns(handle: Path) -> None:
 
 def create_veth(ns1: str, if1: str, ns2: str, if2: str, mtu: int | None = None) -> None:
     """A veth pair born directly inside the two namespaces (never visible in the root netns)."""
-    from pyroute2 import IPRoute
-    from pyroute2.netlink.exceptions import NetlinkError
 
     kw = {"mtu": mtu} if mtu else {}
     peer = {"ifname": if2, "net_ns_fd": ns2, **kw}
@@ -149,7 +151,6 @@ def create_veth(ns1: str, if1: str, ns2: str, if2: str, mtu: int | None = None) 
 
 def _netlink(ns: str | None):
     """A pyroute2 socket in namespace `ns` (None: the root namespace)."""
-    from pyroute2 import IPRoute, NetNS
 
     return IPRoute() if ns is None else NetNS(ns)
 
@@ -166,7 +167,6 @@ def remove_link(ns: str | None, ifname: str) -> None:
     """Delete interface `ifname` of namespace `ns` (None: the root namespace), if still there."""
     if ns is not None and not netns_exists(ns):
         return
-    from pyroute2.netlink.exceptions import NetlinkError
 
     with _netlink(ns) as ipr:
         idx = ipr.link_lookup(ifname=ifname)
@@ -186,9 +186,6 @@ def read_interface(ns: str, ifname: str) -> dict:
     MAC, MTU, addresses (not IPv6 link-local: the kernel makes it again from the MAC) and the
     routes through it that someone added (not the kernel's connected and local routes).
     JSON-able, so the lab can record what it is about to restore (restore_interface)."""
-    import socket
-
-    from pyroute2 import NetNS
 
     with NetNS(ns) as ipr:
         idx = ipr.link_lookup(ifname=ifname)[0]
@@ -244,7 +241,6 @@ def splice_veth_end(ns: str, state: dict, bump_ns: str, moved_name: str, new_nam
     routes restored. Everything new is prepared before the old end goes down, so the link is cut
     only for the few netlink calls of the swap (bench/impair_speed.py --splice measures it).
     """
-    from pyroute2 import NetNS
 
     ifname = state["ifname"]
     tmp = f"lspl{os.getpid() % 100000}"
@@ -277,7 +273,6 @@ def random_mac() -> str:
 
 def restore_interface(ipr, idx: int, state: dict) -> None:
     """Addresses, then routes (a gateway needs its connected route first) of read_interface."""
-    from pyroute2.netlink.exceptions import NetlinkError
 
     for a in state["addrs"]:
         try:
@@ -302,7 +297,6 @@ def configure_node(
     default_route: str | None = None,
 ) -> None:
     """Bring up lo and the interfaces, add addresses and routes (all in one netlink session)."""
-    from pyroute2 import NetNS
 
     with NetNS(ns) as ipr:
         ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")

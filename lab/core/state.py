@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.core.errors import ConfigError, PreconditionError
+import secrets
 
 ID_RE = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 
@@ -47,7 +48,6 @@ def lab_dir(lab_id: str) -> Path:
 def new_lab_id(prefix: str) -> str:
     """`prefix` + 5 hex digits, not taken by any lab on this machine (run labs: "r", the VM of
     a `lab run --vm`: "v"). create_lab_dir still claims it atomically."""
-    import secrets
 
     while True:
         lab_id = prefix + secrets.token_hex(3)[:5]

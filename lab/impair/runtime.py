@@ -34,6 +34,7 @@ from lab.impair.effective import (
 )
 from lab.model.impairment.directional import DirectionalImpairment, parse_directional
 from lab.model.impairment.model import Impairment
+from lab.impair.engine import EngineClient, NodeEngineClient
 
 DEFAULT = "default"
 BUMP_A, BUMP_B = "imp-a", "imp-b"
@@ -356,7 +357,6 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> dict[str, 
 def engine_client(lab, eng: dict):
     """The control client of engine `eng`: its socket here, or on the board that runs it
     (lab.substrate.boards.impair puts `board_node` in its record)."""
-    from lab.impair.engine import EngineClient, NodeEngineClient
 
     if eng.get("board_node"):
         return NodeEngineClient(lab.node(eng["board_node"]), eng["control"])

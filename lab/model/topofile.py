@@ -15,6 +15,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from mininet.topo import Topo
+
 from lab.core.errors import ConfigError
 
 
@@ -73,11 +75,6 @@ def build_topo(path: str | Path, topo: str | None, params: dict[str, Any]) -> tu
 def _refuse_duplicate_nodes(source: str):
     """While a Topo builds: a node name added twice is an error (Mininet's Topo silently keeps
     the last definition)."""
-    try:
-        from mininet.topo import Topo
-    except ImportError:  # pragma: no cover - mininet is a dependency
-        yield
-        return
     original, original_link = Topo.addNode, Topo.addLink
 
     def add_link(self, node1, node2, *args, **opts):

@@ -25,6 +25,7 @@ from lab.measure import TESTS, metric_columns
 from lab.model.stats import kendall_tau_b
 from lab.results.doc import Doc, fmt_value, primary
 from lab.results.rundir import to_csv
+from lab.core.state import write_text_atomic
 
 #: metrics where a smaller value is the better one (everything else: larger is better)
 LOWER_IS_BETTER = frozenset(
@@ -253,7 +254,6 @@ def sentence(f: dict) -> str:
 
 def write(out, result: dict) -> list[str]:
     """fidelity.csv, fidelity-ranks.csv, fidelity-flips.csv into `out`; returns their names."""
-    from lab.core.state import write_text_atomic
 
     files = {
         "fidelity.csv": (result["cases"], CASE_COLUMNS),

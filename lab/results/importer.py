@@ -30,6 +30,9 @@ from lab.core.errors import ConfigError
 from lab.measure import TESTS, metric_columns
 from lab.results.rundir import RESULT_SCHEMA, RunDir, write_tables
 from lab.core.state import write_text_atomic
+from lab.model.impairment.words import PRESETS
+from lab.model.impairment.points import impairment_points
+from lab.vpn.profiles import known_profiles, load_profile
 
 #: columns every table has, in this order in the documentation (any order in the file)
 COLUMNS = ("profile", "condition", "test", "metric", "value", "n", "sd", "source")
@@ -72,8 +75,6 @@ def accepted_metrics(test: str) -> dict[str, tuple[str, float]]:
 
 def _condition(text: str, where: str) -> dict:
     """The impairment point a condition names, named as a plan names it (so cases match)."""
-    from lab.model.impairment.words import PRESETS
-    from lab.model.impairment.points import impairment_points
 
     words = text.strip()
     if words.lower() in IDEAL or not words:
@@ -103,7 +104,6 @@ def _number(text: str, where: str, col: str, *, integer: bool = False, minimum: 
 
 def read_table(path: Path) -> list[Case]:
     """Parse and validate the whole table; ConfigError naming file, line, column, accepted."""
-    from lab.vpn.profiles import known_profiles, load_profile
 
     src = str(path)
     try:

@@ -18,10 +18,10 @@ def load_pyplot():
     """matplotlib's pyplot with the Agg back end (no display)."""
     # here, not at the top: the back end must be chosen before pyplot loads, and a report
     # without plots (or `lab` commands that import this module) need not load matplotlib
-    import matplotlib
+    import matplotlib  # ~0.15 s: see above
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"), by matplotlib's rule
 
     return plt
 

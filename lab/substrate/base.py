@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from lab.core.errors import ConfigError, PreconditionError
+from lab.core.errors import ConfigError, LabError, PreconditionError
 from lab.impair import runtime
 
 
@@ -50,6 +50,30 @@ class LabHandle(ABC):
     def down(self, notes: list[str]) -> list[str]:
         """Remove exactly what the lab created; notes get what the user should know; returns
         what is left over."""
+
+
+class DrivenLab(LabHandle):
+    """A LabHandle over a lab object this process drives itself (namespaces here, boards over
+    SSH): opened from its records on first use (`opener`), its status that object's."""
+
+    #: the lab class whose `open(lab_id)` reads a lab that is up
+    opener: ClassVar[Any]
+
+    def __init__(self, lab_id: str, lab=None):
+        super().__init__(lab_id)
+        self._lab = lab
+
+    @property
+    def lab(self):
+        if self._lab is None:
+            self._lab = self.opener.open(self.id)
+        return self._lab
+
+    def status(self) -> dict:
+        try:
+            return self.lab.status()
+        except LabError as e:
+            return {"id": self.id, "state": f"broken ({e}); run `lab clean`"}
 
 
 def impair_on(lab, action: str, spec: str = "", target: str | None = None) -> dict:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from lab.core.errors import ConfigError
 from lab.vpn.charon import PROPOSAL_RE
+from lab.vpn.profiles import load_profile
 
 COMMENTED = "# lab import: "
 
@@ -383,7 +384,6 @@ def _openvpn(path: Path, text: str, notes: list[Note], params: dict) -> Template
 def import_profile(files: list[str], out: str | None) -> tuple[list[Path], list[Note]]:
     """`lab profiles import FILE... --out PROFILE.toml`: (files written, notes). Nothing is
     left written when the profile would not load."""
-    from lab.vpn.profiles import load_profile
 
     if not files:
         raise ConfigError("give the config file(s) to import", source="lab profiles import")

@@ -14,12 +14,14 @@ from lab.model.labspec import LabSpec
 from lab.substrate import lifecycle
 from lab.substrate.boards.lab import KIND, BoardLab
 from lab.substrate.local.lab import ROUTER_SYSCTLS
-from lab.substrate.boards.snapshot import _sh, snapshot
+from lab.substrate.boards.snapshot import run_sh, snapshot
 from lab.substrate.boards.mapping import board_spec, check_management, map_nodes
 from lab.substrate.boards.restore import restore
 from lab.substrate.boards.types import BoardMap, Inventory
 from lab.vpn.profiles import Profile
 from lab.vpn.tunnel import plan as tunnel_plan
+from lab.model.cpuprofile import OS_SYSCTLS
+from lab.substrate.boards.impair import apply
 
 
 class BoardsBuild(lifecycle.Build):
@@ -122,7 +124,7 @@ def _build(lab: BoardLab, spec: LabSpec, bmap: BoardMap, impair, placement) -> N
         lab.ledger.record("board-snapshot", node=name, snapshot=snapshot(node, lab.board(name)))
     for name, node in nodes.items():
         lab.ledger.record("board-dir", node=name, path=str(lab.dir))
-        _sh(node, f"umask 077; mkdir -p '{lab.dir}/logs' '{lab.dir}/config' '{lab.dir}/secrets'")
+        run_sh(node, f"umask 077; mkdir -p '{lab.dir}/logs' '{lab.dir}/config' '{lab.dir}/secrets'")
 
     # data ports up (state and MTU recorded), then every cable verified before any address
     for name, node in nodes.items():
@@ -161,8 +163,6 @@ def _build(lab: BoardLab, spec: LabSpec, bmap: BoardMap, impair, placement) -> N
         )
     lab.save()
     if impair is not None:
-        from lab.substrate.boards.impair import apply
-
         apply(lab, spec, impair, placement)
 
 
@@ -170,7 +170,6 @@ def _os_facts(node) -> dict:
     """What shapes a board's TCP figures: its congestion control and buffer limits, read on
     it (the lab does not change them on a board; a local node gets its profile's, lab.model.cpuprofile
     OS_SYSCTLS)."""
-    from lab.model.cpuprofile import OS_SYSCTLS
 
     out = {}
     for key in [*OS_SYSCTLS.values(), "net.core.rmem_max", "net.core.wmem_max"]:

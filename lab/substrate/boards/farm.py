@@ -44,6 +44,14 @@ from lab.core.errors import ConfigError, PreconditionError
 from lab.core.state import lab_dir, list_lab_ids, new_lab_id, state_root, write_json_atomic
 from lab.model.labspec import LabSpec
 from lab.model.topology import resolve
+import time
+import json
+from lab.core.state import Ledger
+from lab.core.teardown import teardown
+from lab.substrate.boards.lab import is_board_lab
+from lab.substrate.boards.restore import restore
+from pyroute2 import IPRoute
+from pyroute2 import NetNS
 
 MGMT_SWITCH = "mgmt"
 MGMT_IF = "eth0"
@@ -135,8 +143,6 @@ def farm_spec(spec: LabSpec, subnet: ipaddress.IPv4Network) -> LabSpec:
 
 
 def _routed_networks() -> list[ipaddress.IPv4Network]:
-    from pyroute2 import IPRoute
-
     nets = []
     with IPRoute() as ipr:
         for r in ipr.get_routes(family=2):
@@ -162,8 +168,6 @@ def list_farms() -> list[dict]:
     out = []
     for lab_id in list_lab_ids():
         try:
-            import json
-
             info = json.loads((lab_dir(lab_id) / "lab.json").read_text())
         except (OSError, ValueError):
             continue
@@ -204,8 +208,6 @@ def emulate(
     try:
         record = _finish(lab, spec, subnet, out, sudo)
     except BaseException:
-        from lab.core.teardown import teardown
-
         teardown(farm_id)
         raise
     return record
@@ -342,8 +344,6 @@ def _sudo_user(bdir: Path, keep_env: list[str]) -> str:
 
 
 def _host_veth(host_if: str, mgmt_ns: str, cidr: str) -> None:
-    from pyroute2 import IPRoute, NetNS
-
     addr, plen = cidr.split("/")
     with IPRoute() as ipr:
         ipr.link("add", ifname=host_if, kind="veth", peer={"ifname": "ctl0", "net_ns_fd": mgmt_ns})
@@ -358,7 +358,6 @@ def _host_veth(host_if: str, mgmt_ns: str, cidr: str) -> None:
 
 def _wait_sshd(lab: Lab, boards: dict, timeout: float = 15.0) -> None:
     """Until each board's sshd listens on its management address."""
-    import time
 
     for name, b in boards.items():
         node = lab.node(name)
@@ -378,8 +377,6 @@ def _wait_link_local(lab: Lab, boards: dict, timeout: float = 10.0) -> None:
     """Until every up interface of each board that has IPv6 has its link-local address (the
     kernel adds it when the link comes up, a moment after): a snapshot taken at once must not
     see it appear afterwards, as a fresh board has it from boot."""
-    import json
-    import time
 
     for name in boards:
         node = lab.node(name)
@@ -421,10 +418,6 @@ def remove(lab_id: str) -> list[str]:
     """Tear the farm down (its lab's ledger) and delete the inventory it wrote. Labs still up
     on its boards are restored first: once the farm is gone nothing could reach them, and
     `lab clean` would report them forever."""
-    from lab.core.state import Ledger
-    from lab.core.teardown import teardown
-    from lab.substrate.boards.lab import is_board_lab
-    from lab.substrate.boards.restore import restore
 
     info = next(f for f in list_farms() if f["id"] == lab_id)
     left = []

@@ -25,6 +25,13 @@ from lab.core.errors import ConfigError, PreconditionError
 from lab.core.state import Ledger, lab_dir, write_json_atomic
 from lab.model.labspec import LabSpec
 from lab.substrate.boards.types import Board
+import subprocess
+import sys
+from lab.substrate.boards.connection import ssh_argv
+from lab.substrate.boards.connection import BoardConnection
+from concurrent.futures import ThreadPoolExecutor
+from lab.substrate.local.lab import lab_status
+from lab.substrate.boards.node import BoardNode
 
 KIND = "boards"
 
@@ -66,8 +73,6 @@ class BoardLab:
         )  # fmt: skip
 
     def connection(self, node: str):
-        from lab.substrate.boards.connection import BoardConnection
-
         board = self.board(node)
         conn = self._conns.get(board.name)
         if conn is None or not conn.alive():
@@ -84,8 +89,6 @@ class BoardLab:
             )
         n = self._nodes.get(name)
         if n is None or not n.conn.alive():
-            from lab.substrate.boards.node import BoardNode
-
             n = BoardNode(
                 name,
                 self.connection(name),
@@ -98,7 +101,6 @@ class BoardLab:
 
     def nodes(self) -> dict:
         """Every node, its board's SSH session opened in parallel (each takes ~0.3 s)."""
-        from concurrent.futures import ThreadPoolExecutor
 
         names = list(self.info["boards"])
         with ThreadPoolExecutor(max_workers=len(names) or 1) as pool:
@@ -112,8 +114,6 @@ class BoardLab:
         self._nodes.clear()
 
     def status(self) -> dict:
-        from lab.substrate.local.lab import lab_status
-
         where = {
             name: {"kind": "board", "board": b["name"], "host": b["host"]}
             for name, b in self.info["boards"].items()
@@ -124,10 +124,6 @@ class BoardLab:
 def interactive(board: Board, argv: list[str]) -> int:
     """Run argv on the board attached to this terminal (`lab exec`, `lab shell`): plain ssh
     with a tty when this process has one."""
-    import subprocess
-    import sys
-
-    from lab.substrate.boards.connection import ssh_argv
 
     ssh = ssh_argv(board, argv)
     if sys.stdin.isatty():

@@ -13,12 +13,13 @@ from lab.substrate.boards.impair import remove_bump, unsplice
 from lab.substrate.boards.lab import BoardLab
 from lab.substrate.boards.snapshot import DEFAULT_QDISCS, diff, read_addrs, read_routes, snapshot
 from lab.substrate.boards.types import Board
+import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 
 def restore(lab_id: str, notes: list[str] | None = None) -> list[str]:
     """Put every board back as the ledger says it was. Returns what is left (unreachable
     boards, changes that could not be undone); the lab's state stays until nothing is left."""
-    import shutil
 
     d = lab_dir(lab_id)
     ledger = Ledger(d / "ledger.jsonl")
@@ -47,8 +48,6 @@ def restore(lab_id: str, notes: list[str] | None = None) -> list[str]:
             return [f"board {bname}: unreachable ({str(ex).splitlines()[0]}); run `lab clean` "
                     "when it is back"]  # fmt: skip
         return [f"board {bname}: {x}" for x in _restore_node(node, es)]
-
-    from concurrent.futures import ThreadPoolExecutor
 
     # boards are independent: restore them at once (each its own SSH session)
     with ThreadPoolExecutor(max_workers=len(by_node) or 1) as pool:

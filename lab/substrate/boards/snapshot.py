@@ -16,7 +16,7 @@ from lab.substrate.boards.types import Board
 DEFAULT_QDISCS = {"noqueue", "pfifo_fast", "mq"}
 
 
-def _sh(node, script: str, *, check: bool = True):
+def run_sh(node, script: str, *, check: bool = True):
     return node.run(["sh", "-c", script], check=check, timeout=30)
 
 

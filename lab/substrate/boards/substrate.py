@@ -4,9 +4,8 @@ lab.substrate.boards.restore puts them back, lab.substrate.boards.target holds t
 
 from __future__ import annotations
 
-from lab.core.errors import LabError
 from lab.impair.runtime import check_request
-from lab.substrate.base import LabHandle, Substrate, UpRequest, impair_on
+from lab.substrate.base import DrivenLab, LabHandle, Substrate, UpRequest, impair_on
 from lab.substrate.boards import build
 from lab.substrate.boards.farm import list_farms
 from lab.substrate.boards.impair import apply
@@ -16,27 +15,13 @@ from lab.substrate.boards.restore import restore
 from lab.substrate.boards.target import BoardsTarget
 
 
-class BoardsLab(LabHandle):
+class BoardsLab(DrivenLab):
     """A lab on boards over SSH; this machine keeps its ledger (lab.substrate.boards.lab)."""
 
-    def __init__(self, lab_id: str, lab: BoardLab | None = None):
-        super().__init__(lab_id)
-        self._lab = lab
-
-    @property
-    def lab(self) -> BoardLab:
-        if self._lab is None:
-            self._lab = BoardLab.open(self.id)
-        return self._lab
+    opener = BoardLab
 
     def up_note(self, status: dict, seconds: float) -> str:
         return f"on {len(status.get('nodes') or {})} boards in {seconds:.2f} s"
-
-    def status(self) -> dict:
-        try:
-            return self.lab.status()
-        except LabError as e:
-            return {"id": self.id, "state": f"broken ({e}); run `lab clean`"}
 
     def exec(self, node: str, argv: list[str]) -> int:
         return interactive(self.lab.board(node), argv)

@@ -17,6 +17,11 @@ from lab.vpn.tunnel import place
 from lab.substrate.boards.inventory import load_inventory
 from lab.substrate.boards.mapping import map_nodes
 from lab.substrate.boards.monitor import BoardMonitor
+from lab.model.topology import load_topology
+from lab.measure import TESTS
+from lab.substrate.boards.build import up
+from lab.substrate.boards.restore import restore
+from lab.substrate.boards.lab import is_board_lab
 
 
 #: the project directory, which plan files name their topology relative to (as lab.campaign.load does)
@@ -43,9 +48,6 @@ class BoardsTarget:
     def preflight(self, plan):
         """The plan's topology, once it maps onto the inventory and every profile is a valid
         profile for it (whether a board can run it is asked on the board at bring-up)."""
-        from lab.model.topology import load_topology
-
-        from lab.measure import TESTS
 
         spec = load_topology(REPO / plan.topology_file, plan.topo, plan.topology_params)
         map_nodes(spec, self.inventory, self.mapping)
@@ -63,8 +65,6 @@ class BoardsTarget:
         return spec
 
     def up(self, spec, lab_id: str, profile: Profile, point, placement):
-        from lab.substrate.boards.build import up
-
         # points only: the runner applies each point once the tunnel is up and ready
         impair = "none" if point is not None and point.impaired else None
         lab = up(
@@ -79,7 +79,6 @@ class BoardsTarget:
         missing = self._missing_tools(lab)
         if missing:
             lab.close()
-            from lab.substrate.boards.restore import restore
 
             restore(lab.id)
             raise PreconditionError("; ".join(missing))
@@ -102,8 +101,6 @@ class BoardsTarget:
         return out
 
     def down(self, lab_id: str) -> list[str]:
-        from lab.substrate.boards.restore import restore
-
         lab = self._labs.pop(lab_id, None)
         if lab is not None:
             lab.close()
@@ -121,6 +118,4 @@ class BoardsTarget:
         return BoardMonitor(lab.nodes(), [d.to_dict() for d in daemons_of(lab)])
 
     def owns(self, lab_id: str) -> bool:
-        from lab.substrate.boards.lab import is_board_lab
-
         return is_board_lab(lab_id)

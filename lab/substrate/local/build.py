@@ -35,6 +35,7 @@ from lab.substrate.local.lab import (
 from lab.substrate.local.node import LocalNode
 from lab.vpn.profiles import Profile
 from lab.vpn.tunnel import check_plan, place, prepare
+from lab.core.errors import StartupError
 
 
 class LocalBuild(lifecycle.Build):
@@ -251,8 +252,6 @@ def start_engines(lab: Lab, iplan) -> None:
         try:
             EngineClient(control).wait_ready(5.0, proc=d.popen)
         except Exception as e:
-            from lab.core.errors import StartupError
-
             raise StartupError(f"{e}\n{d.log_tail()}") from e
     lab.save()
 

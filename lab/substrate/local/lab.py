@@ -23,6 +23,7 @@ from lab.core.state import (
     write_json_atomic,
 )
 from lab.model.labspec import LabSpec
+import json
 
 CGROUP_PARENT = "lab"
 ROUTER_SYSCTLS = {"net.ipv4.ip_forward": "1", "net.ipv6.conf.all.forwarding": "1"}
@@ -67,7 +68,6 @@ class Lab:
     @classmethod
     def open(cls, lab_id: str | None = None) -> Lab:
         lab_id = resolve_id(lab_id)
-        import json
 
         path = lab_dir(lab_id) / "lab.json"
         try:
@@ -166,7 +166,5 @@ def current_substrate() -> dict:
     `lab up` it runs in a guest) the full-kernel VM with its accelerator and evidence class."""
     given = os.environ.get("LAB_SUBSTRATE")
     if given:
-        import json
-
         return json.loads(given)
     return {"kind": "local", "kernel": os.uname().release}

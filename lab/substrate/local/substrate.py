@@ -10,10 +10,9 @@ import shutil
 import sys
 
 from lab.core import proc
-from lab.core.errors import LabError
 from lab.core.teardown import teardown
 from lab.impair.runtime import check_request
-from lab.substrate.base import LabHandle, Substrate, UpRequest, impair_on
+from lab.substrate.base import DrivenLab, LabHandle, Substrate, UpRequest, impair_on
 from lab.substrate.local.impair import ensure_points
 from lab.substrate.local.build import up
 from lab.substrate.local.lab import Lab, current_substrate
@@ -23,24 +22,10 @@ from lab.vpn.record import daemons_of
 from lab.vpn.tunnel import prepare
 
 
-class LocalLab(LabHandle):
+class LocalLab(DrivenLab):
     """A lab of namespaces on this machine."""
 
-    def __init__(self, lab_id: str, lab: Lab | None = None):
-        super().__init__(lab_id)
-        self._lab = lab
-
-    @property
-    def lab(self) -> Lab:
-        if self._lab is None:
-            self._lab = Lab.open(self.id)
-        return self._lab
-
-    def status(self) -> dict:
-        try:
-            return self.lab.status()
-        except LabError as e:
-            return {"id": self.id, "state": f"broken ({e}); run `lab clean`"}
+    opener = Lab
 
     def exec(self, node: str, argv: list[str]) -> int:
         n = self.lab.node(node)

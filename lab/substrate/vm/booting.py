@@ -21,8 +21,8 @@ from lab.substrate.vm.machine import (
     STATE_FILES,
     TCG_BOOT_RETRIES,
     VM,
-    _agent_socket_name,
-    _write_record,
+    agent_socket_name,
+    write_record,
     tail,
 )
 from lab.substrate.vm.qemu import (
@@ -141,7 +141,7 @@ def boot(
         "LAB_AGENT": AGENT_ARGV,
     }
     console = state_dir / "console.log"
-    socks = [state_dir / _agent_socket_name(i) for i in range(AGENT_PORTS)]
+    socks = [state_dir / agent_socket_name(i) for i in range(AGENT_PORTS)]
     panics: list[str] = []
     while True:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -168,7 +168,7 @@ def boot(
             "argv": argv,
             "boot_panics": panics,
         }
-        _write_record(state_dir, record)
+        write_record(state_dir, record)
         vm = VM(state_dir, record, popen)
         try:
             if on_spawn is not None:
@@ -186,7 +186,7 @@ def boot(
             console.replace(kept)
             panics.append(kept.name)
     record["boot_seconds"] = round(time.monotonic() - started, 3)
-    _write_record(state_dir, record)
+    write_record(state_dir, record)
     return vm
 
 

@@ -48,6 +48,16 @@ from lab.core.state import (
     new_lab_id,
     write_json_atomic,
 )
+from lab.substrate.vm import boot
+from lab.core.teardown import teardown
+from lab.core import netops
+from lab.substrate.vm import find_kernel
+from lab.substrate.vm.qemu import require_qemu
+from lab.substrate.vm.terminal import attach
+from lab.substrate.vm import VM
+from lab.core.proc import is_same_process
+from lab.vpn.tunnel import prepare
+from lab.impair.runtime import plan_for
 
 PROJECT = REPO
 #: where the guest mounts the host lab's share/ directory
@@ -114,12 +124,8 @@ def preflight(spec, vpn: str | None, impair: str | None, placement: str | None) 
     topology, the tools exist (the guest runs the host's root), an L2 technology has its two
     ends on one segment. Kernel features are not checked here: the guest has them."""
     if vpn:
-        from lab.vpn.tunnel import prepare
-
         prepare(spec, vpn, kernel=False)
     if impair is not None:
-        from lab.impair.runtime import plan_for
-
         plan_for(spec, placement, impair, "kernel-netem", "")
 
 
@@ -138,7 +144,6 @@ def _boot_lab(
     ledger right after the spawn. On any failure the VM is shut down, the host lab removed
     and the error raised (with the console tail when the boot failed).
     """
-    from lab.substrate.vm import boot
 
     d = create_lab_dir(lab_id)
     ledger = Ledger(d / "ledger.jsonl")
@@ -206,7 +211,6 @@ def _boot_lab(
 
 def _unwind(lab_id: str, vm, e: BaseException) -> None:
     """Shut the VM down and remove the host lab; what is left goes into the error's text."""
-    from lab.core.teardown import teardown
 
     notes: list[str] = []
     if vm is not None:
@@ -237,9 +241,6 @@ def up(
     Returns the host record (lab.json). Any failure shuts the VM down and removes the host
     lab (QEMU is stopped by PID; the console tail is in the error).
     """
-    from lab.core import netops
-    from lab.substrate.vm import find_kernel
-    from lab.substrate.vm.qemu import require_qemu
 
     netops.check_root()
     lab_id = check_id(lab_id or "lab")
@@ -296,10 +297,6 @@ def run_plan(
     take seconds, not minutes. Returns (the guest's exit code, what was left over on the
     host, notes).
     """
-    from lab.core import netops
-    from lab.substrate.vm import find_kernel
-    from lab.substrate.vm.qemu import require_qemu
-    from lab.substrate.vm.terminal import attach
 
     netops.check_root()
     require_qemu()
@@ -344,7 +341,6 @@ def run_plan(
         _unwind(lab_id, vm, e)
         raise
     # Power off through the VM object that spawned QEMU (it reaps its child), then the ledger.
-    from lab.core.teardown import teardown
 
     left: list[str] = []
     try:
@@ -370,8 +366,6 @@ def _guest_error(what: str, cp: subprocess.CompletedProcess) -> LabError:
 
 
 def _attach(lab_id: str):
-    from lab.substrate.vm import VM
-
     info = read_info(lab_id)
     vm = VM.attach(Path(info.get("vm", {}).get("state_dir") or lab_dir(lab_id) / "vm"))
     if not vm.alive():
@@ -430,7 +424,6 @@ def forward_interactive(lab_id: str, argv: list[str]) -> int:
     """Run `lab ARGV` in the VM of lab `lab_id` attached to this terminal (or to these pipes):
     output is streamed as it comes, stdin is forwarded, a pty is used when stdin and stdout are
     terminals, Ctrl-C reaches the guest command. Returns its exit code."""
-    from lab.substrate.vm.terminal import attach
 
     vm = _attach(lab_id)
     try:
@@ -469,8 +462,6 @@ def status(lab_id: str) -> dict:
 
 
 def _qemu_alive(info: dict) -> bool:
-    from lab.core.proc import is_same_process
-
     vm = info.get("vm") or {}
     return bool(vm.get("pid")) and is_same_process(vm["pid"], vm.get("start_time"))
 
@@ -479,8 +470,6 @@ def down(lab_id: str, notes: list[str]) -> list[str]:
     """Take the guest lab down (its own teardown runs and is reported), power the VM off, then
     remove the host lab by its ledger (QEMU by PID if it is somehow still there). Returns what
     is left over on the host; never leaves QEMU running if it can be stopped at all."""
-    from lab.core.teardown import teardown
-    from lab.substrate.vm import VM
 
     left: list[str] = []
     state_dir = Path(read_info(lab_id).get("vm", {}).get("state_dir") or lab_dir(lab_id) / "vm")

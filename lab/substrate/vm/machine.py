@@ -36,11 +36,11 @@ from lab.substrate.vm.qemu import AGENT_PORTS
 PROJECT_DIR = REPO
 
 
-def _agent_socket_name(i: int) -> str:
+def agent_socket_name(i: int) -> str:
     return "agent.sock" if i == 0 else f"agent-{i}.sock"
 
 
-AGENT_FILES = tuple(_agent_socket_name(i) for i in range(AGENT_PORTS)) + tuple(
+AGENT_FILES = tuple(agent_socket_name(i) for i in range(AGENT_PORTS)) + tuple(
     f"agent-{i}.lock" for i in range(AGENT_PORTS)
 )
 #: How many times boot() starts the guest again after it panicked during boot under TCG
@@ -95,7 +95,7 @@ class VM:
     def agent_sockets(self) -> list[Path]:
         """One per agent port (a VM booted before there were several has one)."""
         n = self.record.get("agent_ports", 1)
-        return [self.state_dir / _agent_socket_name(i) for i in range(n)]
+        return [self.state_dir / agent_socket_name(i) for i in range(n)]
 
     def _claim_port(self, deadline: float) -> int:
         """Index of a free agent port, now flock'd by this client (freed by disconnect() or
@@ -428,7 +428,7 @@ class Stream:
         return f"Stream({self.argv!r}, returncode={self.returncode})"
 
 
-def _write_record(state_dir: Path, record: dict) -> None:
+def write_record(state_dir: Path, record: dict) -> None:
     tmp = state_dir / "vm.json.tmp"
     tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, state_dir / "vm.json")

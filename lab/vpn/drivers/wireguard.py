@@ -30,6 +30,7 @@ from lab.core.tools import IP, Tool
 from lab.model.params import Param
 from lab.vpn import userconfig
 from lab.vpn.kernelfeatures import has_char_device, probe_netns
+import base64
 
 IFNAME = "wg0"
 WG_QUICK_ONLY = {
@@ -75,7 +76,6 @@ def x25519(k: bytes, u: bytes) -> bytes:
 
 def genkey() -> tuple[str, str]:
     """(private, public) base64, as `wg genkey | tee priv | wg pubkey`."""
-    import base64
 
     priv = bytearray(os.urandom(32))
     priv[0] &= 248
@@ -150,8 +150,6 @@ class WireGuardDriver(Driver):
             write_secret(ctx.secrets_dir, f"wg-{role}.key", priv + "\n")
             out[f"{role}_private"], out[f"{role}_public"] = priv, pub
         if ctx.configs:  # the user's files may have a PresharedKey: the lab's, per lab
-            import base64
-
             out["preshared"] = base64.b64encode(os.urandom(32)).decode()
             write_secret(ctx.secrets_dir, "wg-preshared.key", out["preshared"] + "\n")
         return out
