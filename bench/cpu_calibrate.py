@@ -40,7 +40,7 @@ from lab.campaign.calibrate import (
     measure_openssl,
     parse_openssl_mr,
 )
-from lab.model.cpuprofile import PRIMITIVES, load_profile  # noqa: E402
+from lab.model.cpuprofile import PRIMITIVES, load_cpu_profile  # noqa: E402
 from lab.substrate.local.build import up  # noqa: E402
 from lab.core.teardown import teardown  # noqa: E402
 from lab.model.topology import load_topology  # noqa: E402
@@ -72,7 +72,7 @@ def bench_calibration(profile: str, quick: bool) -> dict:
 
 
 def bench_capped_node(profile: str, lab_id: str) -> None:
-    prof = load_profile(profile)
+    prof = load_cpu_profile(profile)
     env = measure_env(prof)
     prims = [p for p in prof.references if PRIMITIVES[p]["tool"] == "openssl"]
     spec = load_topology(REPO / "topologies" / "pi_pair.py", params={"cpu": profile})

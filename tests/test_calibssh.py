@@ -9,7 +9,7 @@ import pytest
 from lab.campaign import calibrate as calibrate_mod
 from lab.campaign import calibssh
 from lab.campaign.calibrate import Measurement, implementation_coverage
-from lab.model.cpuprofile import PRIMITIVES, load_profile
+from lab.model.cpuprofile import PRIMITIVES, load_cpu_profile
 
 
 def test_rate_per_cpu_second_subtracts_the_handshake():
@@ -35,7 +35,7 @@ def fake(monkeypatch, tmp_path):
     """calibrate() with set measurements: every OpenSSL/Go primitive at its pi4 reference / 0.25
     (so core_share = 0.25 exactly), each ssh session 100 MB in 0.6 s CPU with a 0.1 s handshake."""
     monkeypatch.setenv("LAB_CALIBRATION_DIR", str(tmp_path / "cal"))
-    refs = load_profile("pi4", merge_calibration=False).references
+    refs = load_cpu_profile("pi4", merge_calibration=False).references
     asked: dict = {}
 
     def openssl(primitive, env, seconds, preexec=None):
@@ -80,7 +80,7 @@ def test_quick_calibration_measures_scp_cipher_only_and_says_why_not_the_others(
 
 
 def test_implementation_table_states_each_primitive():
-    prof = load_profile("pi4", merge_calibration=False)
+    prof = load_cpu_profile("pi4", merge_calibration=False)
     measured = {"aes-128-gcm": 300.0, "ssh-aes128-gcm": 250.0}
     rows = {
         r["primitive"]: r

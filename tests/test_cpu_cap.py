@@ -59,10 +59,10 @@ def test_pi4_nodes_run_the_board_os_tcp_defaults(lab_id):
     machine's; lab.json records what each node got."""
     from pathlib import Path
 
-    from lab.model.cpuprofile import load_profile
+    from lab.model.cpuprofile import load_cpu_profile
     from lab.substrate.local.cpuplan import congestion_control_refused
 
-    want = dict(load_profile("pi4").os)
+    want = dict(load_cpu_profile("pi4").os)
     refused = congestion_control_refused(want["net.ipv4.tcp_congestion_control"])
     host = {k: " ".join(Path("/proc/sys/" + k.replace(".", "/")).read_text().split()) for k in want}
     if refused:  # ./setup.sh allows cubic; without it, the node keeps this machine's (warned)

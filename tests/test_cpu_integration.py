@@ -18,7 +18,7 @@ import pytest
 from lab.core import cgroups
 from lab.campaign.calibrate import calibrate, measure_openssl, parse_openssl_mr
 from lab.model.cpucalibration import CORE_SHARE_MAX, RESIDUAL_THRESHOLD
-from lab.model.cpuprofile import PRIMITIVES, load_profile
+from lab.model.cpuprofile import PRIMITIVES, load_cpu_profile
 
 from .conftest import REPO, kernel_quota_cores, lab_traces, run_lab
 
@@ -56,7 +56,7 @@ def test_calibrate_cli_quick(tmp_path):
     r = run_lab("calibrate", "pi4", "--quick", "--json", env={"LAB_CALIBRATION_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    refs = load_profile("pi4", merge_calibration=False).references
+    refs = load_cpu_profile("pi4", merge_calibration=False).references
     # the kernel's figure is a record only: never measured or fitted, and said so
     assert "kernel crypto is not measured" in res["skipped"].pop("kernel-aes-128-cbc")
     refs = {p: r for p, r in refs.items() if PRIMITIVES[p]["tool"] != "kernel"}
@@ -94,10 +94,10 @@ def test_calibrate_cli_quick(tmp_path):
     if "go-chacha20-poly1305" in res["measured"]:
         # GODEBUG reached the Go program: x/sys/cpu saw no AES, no AVX2
         assert res["go_features_seen"]["aes"] is False and res["go_features_seen"]["avx2"] is False
-    # and load_profile now uses it
+    # and load_cpu_profile now uses it
     os.environ["LAB_CALIBRATION_DIR"] = str(tmp_path)
     try:
-        p = load_profile("pi4")
+        p = load_cpu_profile("pi4")
     finally:
         del os.environ["LAB_CALIBRATION_DIR"]
     assert p.calibrated and p.core_share == pytest.approx(res["core_share"])
@@ -122,7 +122,7 @@ def test_masks_slow_aes_and_chacha(prim, flag, at_least):
     Interleaved rounds, best of each, as calibration does: one disturbed run does not decide."""
     if flag not in _cpu_flags():
         pytest.skip(f"host CPU lacks {flag}: nothing faster than the masked path to compare with")
-    prof = load_profile("pi4", merge_calibration=False)
+    prof = load_cpu_profile("pi4", merge_calibration=False)
     plain = {k: v for k, v in os.environ.items() if k != "OPENSSL_ia32cap"}
     masked = dict(plain, **prof.env)
     fast, slow = [], []
@@ -153,7 +153,7 @@ def test_capped_pi4_node_holds_its_quota_and_masks_reach_daemons(calibrated, lab
         assert cpu["coverage"]["kernel"]["masked"] is False
         assert Lab.open(lab_id).info["nodes"]["client"]["cpu"]["core_share"] == cpu["core_share"]
         node = lab.node("client")
-        prof = load_profile("pi4")
+        prof = load_cpu_profile("pi4")
         rel = lab.runtime["client"].cgroup
         # the kernel holds whole microseconds per CFS period (10 ms): rounding <= 0.5 / period
         tick = 0.5 / cpu["period_us"] + 1e-9

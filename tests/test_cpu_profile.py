@@ -11,7 +11,7 @@ from lab.campaign import calibrate as calibrate_mod
 from lab.core import cgroups
 from lab.campaign.calibrate import Measurement, fit_core_share, parse_openssl_mr
 from lab.model.cpucalibration import CORE_SHARE_MAX, RESIDUAL_THRESHOLD, fit_quality, host_cpu_model
-from lab.model.cpuprofile import PRIMITIVES, Reference, known_profiles, load_profile
+from lab.model.cpuprofile import PRIMITIVES, Reference, known_profiles, load_cpu_profile
 from lab.substrate.local.cpuplan import coverage, plan_entry, scale_to_host
 from lab.core.errors import ConfigError, PreconditionError
 
@@ -44,7 +44,7 @@ def profdir(tmp_path, monkeypatch):
 def test_shipped_profiles_load(name, monkeypatch, tmp_path):
     monkeypatch.setenv("LAB_CALIBRATION_DIR", str(tmp_path))
     assert name in known_profiles()
-    p = load_profile(name)
+    p = load_cpu_profile(name)
     if name == "host":
         assert p.quota_cores is None and p.calibrated and p.env == {}
         return
@@ -64,8 +64,8 @@ def test_shipped_profiles_load(name, monkeypatch, tmp_path):
 def test_pi4_figures_follow_the_stated_derivation():
     """pi4 (armv7l, 1.5 GHz) AES-128-GCM = lelegard 64-bit 1.8 GHz x 2.3 x 1.5/1.8."""
     pi4, pi64 = (
-        load_profile("pi4", merge_calibration=False),
-        load_profile("pi4-64", merge_calibration=False),
+        load_cpu_profile("pi4", merge_calibration=False),
+        load_cpu_profile("pi4-64", merge_calibration=False),
     )
     derived = pi64.references["aes-128-gcm"].mbps * 2.3 * pi4.clock_mhz / pi64.clock_mhz
     assert pi4.references["aes-128-gcm"].mbps == pytest.approx(derived, rel=0.01)
@@ -133,7 +133,7 @@ def test_bad_profile_rejected_naming_file_field_and_accepted_values(case, profdi
     text, field, accepted = BAD[case]
     (profdir / f"bad-{case}.toml").write_text(text)
     with pytest.raises(ConfigError) as ei:
-        load_profile(f"bad-{case}")
+        load_cpu_profile(f"bad-{case}")
     msg = str(ei.value)
     assert f"bad-{case}.toml" in msg
     if field:
@@ -143,13 +143,13 @@ def test_bad_profile_rejected_naming_file_field_and_accepted_values(case, profdi
 
 def test_unknown_profile_lists_valid_ones(profdir):
     with pytest.raises(ConfigError, match="valid: .*pi4"):
-        load_profile("pi9")
+        load_cpu_profile("pi9")
 
 
 def test_adding_a_profile_is_adding_a_file(profdir):
     (profdir / "board.toml").write_text(GOOD)
     assert "board" in known_profiles()
-    p = load_profile("board")
+    p = load_cpu_profile("board")
     # emulated_cores defaults to all the board's cores (4 x 0.3), one capped group each
     assert p.emulated_cores == 4 and p.quota_cores == pytest.approx(1.2) and not p.calibrated
     assert plan_entry(p)["slots"] == 4
@@ -175,10 +175,10 @@ def _calibration(prof, **over):
 
 def test_calibration_is_merged(profdir, tmp_path):
     (profdir / "board.toml").write_text(GOOD)
-    cal = _calibration(load_profile("board"))
+    cal = _calibration(load_cpu_profile("board"))
     (tmp_path / "cal").mkdir()
     (tmp_path / "cal" / "board.json").write_text(json.dumps(cal))
-    p = load_profile("board")
+    p = load_cpu_profile("board")
     assert (
         p.calibrated
         and p.core_share == 0.25
@@ -201,9 +201,9 @@ def test_stale_calibration_is_not_used(profdir, tmp_path, over, why):
     (profdir / "board.toml").write_text(GOOD)
     (tmp_path / "cal").mkdir()
     (tmp_path / "cal" / "board.json").write_text(
-        json.dumps(_calibration(load_profile("board"), **over))
+        json.dumps(_calibration(load_cpu_profile("board"), **over))
     )
-    p = load_profile("board")
+    p = load_cpu_profile("board")
     assert not p.calibrated and p.core_share == 0.3
     assert why in p.uncalibrated_reason and "lab calibrate board" in p.uncalibrated_reason
 
@@ -254,7 +254,7 @@ def test_fit_quality_names_the_primitive_how_far_and_what_it_means():
 
 #: fake host rates: the pi4 reference / 0.25, aes-256-gcm 1.6x as fast as that
 def _fake_rates(off: float) -> dict[str, float]:
-    prof = load_profile("pi4", merge_calibration=False)
+    prof = load_cpu_profile("pi4", merge_calibration=False)
     rates = {p: r.mbps / 0.25 for p, r in prof.references.items()}
     rates["aes-256-gcm"] *= off
     rates["go-chacha20-poly1305"] = 1000.0
@@ -287,7 +287,7 @@ def fake_measurements(monkeypatch, tmp_path):
 
 def _expected_fit(rates: dict[str, float]) -> tuple[float, dict[str, float]]:
     """core_share and residuals by the definition in docs/cpu.md, from the fake rates."""
-    refs = load_profile("pi4", merge_calibration=False).references
+    refs = load_cpu_profile("pi4", merge_calibration=False).references
     # kernel crypto is a record only: calibration neither measures nor fits it
     refs = {p: r for p, r in refs.items() if PRIMITIVES[p]["tool"] != "kernel"}
     wsum = sum(r.weight for r in refs.values())
@@ -314,7 +314,7 @@ def test_poor_fit_is_recorded_merged_and_warned_at_up(fake_measurements, tmp_pat
     stored = json.loads((tmp_path / "cal" / "pi4.json").read_text())
     assert stored["fit"] == fit
     # every lab (and so every run's manifest: node cpu dicts and lab_warnings) carries it
-    prof = load_profile("pi4")
+    prof = load_cpu_profile("pi4")
     assert prof.calibrated and prof.calibration["fit"]["warning"] == fit["warning"]
     plan, warnings = cpu_plan(
         load_topology(TOPOS / "pi_pair.py", params={"cpu": "pi4"}), None, HOST
@@ -384,7 +384,7 @@ def test_primitives_catalogue():
 
 
 def _plan(n, share=0.26, emulated=1, fixed=()):
-    prof = load_profile("pi4", merge_calibration=False)
+    prof = load_cpu_profile("pi4", merge_calibration=False)
     prof.core_share, prof.emulated_cores = share, emulated
     plan = {f"n{i}": plan_entry(prof) for i in range(n)}
     for i, c in enumerate(fixed):
@@ -457,12 +457,12 @@ def test_fixed_caps_leave_less_room_for_profiles():
 
 
 def test_coverage_states_what_is_and_is_not_masked():
-    c = coverage(load_profile("pi4", merge_calibration=False))
+    c = coverage(load_cpu_profile("pi4", merge_calibration=False))
     assert c["userspace_openssl"]["masked"] and c["userspace_openssl"]["quota_scaled"]
     assert c["userspace_go"]["masked"] and "wireguard-go" in c["userspace_go"]["used_by"][0]
     assert c["kernel"]["masked"] is False and c["kernel"]["quota_scaled"] == "partial"
     assert "kernel WireGuard" in c["kernel"]["used_by"]
-    h = coverage(load_profile("host"))
+    h = coverage(load_cpu_profile("host"))
     assert not h["userspace_openssl"]["masked"] and not h["kernel"]["quota_scaled"]
 
 
@@ -549,15 +549,15 @@ def test_tcg_vm_substrate_applies_masks_but_no_caps(monkeypatch):
 def test_a_profile_defines_the_mask_environment_entirely(monkeypatch):
     """A `host` node must not inherit a mask the caller exported; pi4 gets exactly its own."""
     from lab.substrate.local.cpuplan import plan_entry
-    from lab.model.cpuprofile import load_profile
+    from lab.model.cpuprofile import load_cpu_profile
     from lab.core.node import merged_env
 
     monkeypatch.setenv("OPENSSL_ia32cap", "~0x2")
     monkeypatch.setenv("GODEBUG", "cpu.all=off")
     monkeypatch.setenv("LAB_KEEP_ME", "1")
-    host = merged_env(plan_entry(load_profile("host", merge_calibration=False))["env"])
+    host = merged_env(plan_entry(load_cpu_profile("host", merge_calibration=False))["env"])
     assert "OPENSSL_ia32cap" not in host and "GODEBUG" not in host and host["LAB_KEEP_ME"] == "1"
-    pi4 = load_profile("pi4", merge_calibration=False)
+    pi4 = load_cpu_profile("pi4", merge_calibration=False)
     env = merged_env(plan_entry(pi4)["env"], {"EXTRA": "x"})
     assert env["OPENSSL_ia32cap"] == pi4.env["OPENSSL_ia32cap"]
     assert env["GODEBUG"] == pi4.env["GODEBUG"] and env["EXTRA"] == "x"
@@ -571,7 +571,7 @@ def test_a_profile_defines_the_mask_environment_entirely(monkeypatch):
 def test_pi_profiles_state_the_board_os_tcp_defaults_with_a_source(monkeypatch, tmp_path):
     monkeypatch.setenv("LAB_CALIBRATION_DIR", str(tmp_path))
     for name in ("pi4", "pi4-64"):
-        p = load_profile(name)
+        p = load_cpu_profile(name)
         assert p.os == {
             "net.ipv4.tcp_congestion_control": "cubic",
             "net.ipv4.tcp_rmem": "4096 131072 6291456",
@@ -579,7 +579,7 @@ def test_pi_profiles_state_the_board_os_tcp_defaults_with_a_source(monkeypatch, 
         }
         assert "ip-sysctl" in p.os_source
         assert plan_entry(p)["os"] == p.os
-    assert load_profile("host").os == {} and "os" not in plan_entry(load_profile("host"))
+    assert load_cpu_profile("host").os == {} and "os" not in plan_entry(load_cpu_profile("host"))
 
 
 @pytest.mark.parametrize(
@@ -595,5 +595,5 @@ def test_bad_os_tables_are_refused_naming_the_field(profdir, table, field):
     text = GOOD.replace("[env]", table + "[env]") if table.startswith("[") else table + GOOD
     (profdir / "bad.toml").write_text(text)
     with pytest.raises(ConfigError) as e:
-        load_profile("bad")
+        load_cpu_profile("bad")
     assert e.value.field == field and "bad.toml" in str(e.value)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab.model.cpuprofile import load_profile
+from lab.model.cpuprofile import load_cpu_profile
 from lab.core.errors import ConfigError
 from lab.campaign.jobs import (
     FIXED_MARGIN,
@@ -50,7 +50,7 @@ def test_lab_quota_counts_profiles_fractions_and_uncapped_nodes():
     node = lambda name, cpu: SimpleNamespace(name=name, cpu=cpu)  # noqa: E731
     spec = SimpleNamespace(hosts=lambda: [node("a", 0.25), node("b", "pi4"), node("c", None)])
     total, per = lab_quota(spec, host_cores=2)
-    pi4 = load_profile("pi4").quota_cores  # emulated cores x core share, not scaled to the host
+    pi4 = load_cpu_profile("pi4").quota_cores  # emulated cores x core share, not scaled to the host
     assert per == {"a": 0.25, "b": pi4, "c": 2.0}  # an uncapped node may take every core
     assert total == pytest.approx(0.25 + pi4 + 2.0)
 

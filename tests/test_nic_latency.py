@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from lab.substrate.local import cpuplan
-from lab.model.cpuprofile import PROFILE_DIR, load_profile, parse_nic_latency, parse_profile
+from lab.model.cpuprofile import PROFILE_DIR, load_cpu_profile, parse_nic_latency, parse_profile
 from lab.core.errors import ConfigError
 from lab.impair import effective, runtime
 from lab.model.impairment.model import Impairment
@@ -23,7 +23,7 @@ from lab.model.topology import load_topology
 
 from .conftest import TOPOS, run_lab
 
-PI4 = load_profile("pi4", merge_calibration=False)
+PI4 = load_cpu_profile("pi4", merge_calibration=False)
 NIC = PI4.nic_latency_us  # one traversal of a Pi 4's NIC, us
 
 
@@ -32,7 +32,7 @@ def _cpu(spec) -> dict[str, dict]:
     out = {}
     for n in spec.hosts():
         if isinstance(n.cpu, str):
-            out[n.name] = cpuplan.plan_entry(load_profile(n.cpu, merge_calibration=False))
+            out[n.name] = cpuplan.plan_entry(load_cpu_profile(n.cpu, merge_calibration=False))
         else:
             out[n.name] = {"profile": None, "cores": n.cpu}
     return out
@@ -50,7 +50,7 @@ def test_pi4_profile_states_nic_latency_with_its_derivation():
     assert "issue 16" in PI4.nic_source and "BPI-Router-Linux issue 156" in PI4.nic_source
     assert "/ 4" in PI4.nic_derivation  # from an RTT, per traversal: said in the file
     assert cpuplan.plan_entry(PI4)["nic_latency_us"] == 40.0
-    assert "nic_latency_us" not in cpuplan.plan_entry(load_profile("host"))
+    assert "nic_latency_us" not in cpuplan.plan_entry(load_cpu_profile("host"))
 
 
 @pytest.mark.parametrize(

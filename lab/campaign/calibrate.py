@@ -8,7 +8,7 @@
    far, and what that means for results (cpucalibration.fit_quality);
 3. verify: re-measure with `openssl speed -elapsed` inside a throwaway cgroup lab/calib-<pid>
    capped at one board core (removed in `finally`);
-4. store the result in the machine-local calibration file that load_profile() merges in.
+4. store the result in the machine-local calibration file that load_cpu_profile() merges in.
 
 Throughput is measured per CPU second (the child's rusage), not per elapsed second: the CPU the
 lab runs on is shared with other work, and what a cgroup quota hands out is CPU time. Each
@@ -40,7 +40,7 @@ from lab.model.cpucalibration import (
     fit_quality,
     host_cpu_model,
 )
-from lab.model.cpuprofile import PRIMITIVES, CpuProfile, Reference, load_profile
+from lab.model.cpuprofile import PRIMITIVES, CpuProfile, Reference, load_cpu_profile
 from lab.core.errors import CommandError, ConfigError, LabError, PreconditionError
 from lab.core.state import write_json_atomic
 from lab.core.netops import check_root
@@ -288,7 +288,7 @@ def calibrate(
     """Calibrate profile `name` on this machine; returns (and stores) the calibration record."""
     t0 = time.monotonic()
     say = progress or (lambda s: None)
-    prof = load_profile(name, merge_calibration=False)
+    prof = load_cpu_profile(name, merge_calibration=False)
     if not prof.capped:
         raise ConfigError(
             f"profile {name!r} is uncapped (cores = 0): nothing to calibrate",

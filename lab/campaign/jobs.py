@@ -35,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from lab.substrate.local.cpuplan import HOST_BUDGET_FRACTION
-from lab.model.cpuprofile import load_profile
+from lab.model.cpuprofile import load_cpu_profile
 from lab.campaign.plan import Plan
 from lab.campaign.shard import Shard, cells, shard_cases
 from lab.model.stats import mean_sd, t_sf, welch_worse
@@ -121,7 +121,7 @@ def lab_quota(spec, host_cores: int) -> tuple[float, dict[str, float]]:
         elif isinstance(n.cpu, float):
             per[n.name] = n.cpu
         else:
-            q = load_profile(n.cpu).quota_cores
+            q = load_cpu_profile(n.cpu).quota_cores
             per[n.name] = float(host_cores) if q is None else q
     return sum(per.values()), per
 

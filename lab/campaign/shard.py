@@ -24,7 +24,7 @@ from lab import __version__
 from lab.core.errors import ConfigError
 from lab.campaign.plan import Case, Plan
 from lab.model.cpucalibration import host_cpu_model
-from lab.model.cpuprofile import load_profile
+from lab.model.cpuprofile import load_cpu_profile
 from lab.campaign.plan import TestEntry
 from lab.model.impairment.points import ImpairmentPoint
 
@@ -126,7 +126,7 @@ def calibration_of(spec) -> dict:
 
     out: dict = {"host_cpu_model": host_cpu_model(), "profiles": {}}
     for name in sorted({n.cpu for n in spec.hosts() if isinstance(n.cpu, str)}):
-        prof = load_profile(name)
+        prof = load_cpu_profile(name)
         out["profiles"][name] = (
             {"calibrated": True, "core_share": prof.core_share, **(prof.calibration or {})}
             if prof.calibrated

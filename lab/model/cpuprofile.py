@@ -6,7 +6,7 @@ instruction set (environment masks every process of a capped node gets). This mo
 their fields, their validation (errors name the file, the field and what is accepted), and
 loading one by name. `lab calibrate` measures this machine and fits `core_share` (host cores per
 board core); the result lives in a machine-local calibration file (lab.model.cpucalibration) that
-`load_profile` merges in. lab.substrate.local.cpuplan turns profiles into per-node cgroup quotas.
+`load_cpu_profile` merges in. lab.substrate.local.cpuplan turns profiles into per-node cgroup quotas.
 """
 
 from __future__ import annotations
@@ -400,7 +400,7 @@ def parse_nic_latency(value: Any, *, source: str, field: str = "nic_latency") ->
     )
 
 
-def load_profile(name: str, *, merge_calibration: bool = True) -> CpuProfile:
+def load_cpu_profile(name: str, *, merge_calibration: bool = True) -> CpuProfile:
     """Load and validate cpu_profiles/NAME.toml and merge this machine's calibration if valid."""
     p = _find(name)
     try:

@@ -26,7 +26,7 @@ from lab.core.errors import ConfigError
 from lab.vpn import get_driver
 from lab.model.params import validate, value_error
 from lab.vpn.userconfig import UserConfig, hashes, load_configs
-from lab.vpn.base import TEMPLATE_DIR, Driver
+from lab.vpn.base import Driver
 
 PROFILE_DIR = REPO / "vpn_profiles"
 TOP_KEYS = {"driver": str, "description": str, "study": str, "params": dict, "configs": dict}
@@ -37,10 +37,6 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._\-]{0,63}\Z")
 def profile_dirs() -> list[Path]:
     extra = os.environ.get("LAB_VPN_PROFILES")
     return ([Path(extra)] if extra else []) + [PROFILE_DIR]
-
-
-def template_dir() -> Path:
-    return TEMPLATE_DIR
 
 
 @dataclass

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from lab.core import cgroups, proc
-from lab.model.cpuprofile import MASK_VARS, CpuProfile, load_profile
+from lab.model.cpuprofile import MASK_VARS, CpuProfile, load_cpu_profile
 from lab.model.dilation import MAX_DILATION, auto_factor
 from lab.core.errors import ConfigError, PreconditionError
 from lab.model.graph import shortest_path
@@ -231,7 +231,7 @@ def cpu_plan(
         elif isinstance(n.cpu, float):
             plan[n.name] = {"profile": None, "cores": n.cpu, "env": {}}
         else:
-            prof = load_profile(n.cpu)
+            prof = load_cpu_profile(n.cpu)
             if not prof.calibrated:
                 warnings.append(
                     f"CPU profile {prof.name!r} is uncalibrated on this machine (core_share "
