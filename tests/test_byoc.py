@@ -353,3 +353,18 @@ def test_ipv4_only_wg_quick_pair_runs_as_written(lab_id, tmp_path):
     finally:
         assert teardown(lab_id) == []
     assert lab_traces(lab_id) == []
+
+
+def test_import_creates_the_out_directory_and_removes_it_when_refused(tmp_path):
+    wg = EXAMPLES / "wireguard" / "wg0.conf"
+    out = tmp_path / "team" / "sub" / "wg.toml"
+    cp = run_lab("profiles", "import", wg, "--out", out)
+    assert cp.returncode == 0, cp.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == ["wg.toml", "wg.wg0.conf.j2"]
+    (tmp_path / "ref").mkdir()  # the mode any other directory gets (the umask's)
+    assert out.parent.stat().st_mode & 0o777 == (tmp_path / "ref").stat().st_mode & 0o777
+    bad = tmp_path / "bad.conf"
+    bad.write_text("[Interface]\nAddress = 10.200.1.1/24\nPrivateKey = x\n")  # no PublicKey
+    cp = run_lab("profiles", "import", bad, "--out", tmp_path / "new" / "dir" / "p.toml")
+    assert cp.returncode == 2 and "peer_public_key" in cp.stderr
+    assert not (tmp_path / "new").exists()

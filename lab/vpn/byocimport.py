@@ -444,12 +444,23 @@ def import_profile(files: list[str], out: str | None) -> tuple[list[Path], Impor
             "missing: the profile file to write", source="lab profiles import", field="--out"
         )
     imported = import_files([Path(f) for f in files])
-    written = write(imported, Path(out))
+    target = Path(out)
+    made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)  # `--out team/wg.toml`: team/ made
+    except OSError as e:
+        raise ConfigError(
+            f"cannot create the directory {target.parent}: {e.strerror}", source=out, field="--out"
+        ) from None
+    written: list[Path] = []
+    try:
+        written = write(imported, target)
         load_profile(out)  # what was written loads: placeholders and roles complete
     except ConfigError:
         for path in written:
             path.unlink(missing_ok=True)
+        for d in made:  # innermost first: nothing is left
+            d.rmdir()
         raise
     return written, imported
 
