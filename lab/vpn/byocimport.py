@@ -263,7 +263,7 @@ def _swanctl(path: Path, text: str, notes: list[Note], params: dict) -> Template
         key, value = (s.strip() for s in line.split("=", 1))
         if key in SWAN_VALUES:
             if key == "local_ts":
-                t.addrs += _first_hosts(path, n, value)
+                t.addrs += tunneladdr.first_hosts(n, value)
             _set_value(t, n, SWAN_VALUES[key])
         elif block[:1] == ["secrets"] and key == "secret":
             if block[-1].startswith("ike"):
@@ -276,22 +276,6 @@ def _swanctl(path: Path, text: str, notes: list[Note], params: dict) -> Template
         elif key in ("proposals", "esp_proposals") and PROPOSAL_RE.match(value):
             params.setdefault(f"{'ike' if key == 'proposals' else 'esp'}_proposals", value)
     return t
-
-
-def _first_hosts(path: Path, n: int, value: str) -> list:
-    """(line, first host of the first net of each family) of a traffic selector list: the
-    tunnel address the lab puts on that end (10.1.0.0/16 -> 10.1.0.1/16)."""
-    out, seen = [], set()
-    for item in (x.strip() for x in value.split(",") if x.strip()):
-        try:
-            net = ipaddress.ip_network(item.split("[")[0], strict=False)
-        except ValueError:
-            continue  # a range or `dynamic`: strongSwan's business, no address to keep
-        if net.version not in seen:
-            seen.add(net.version)
-            host = net[1] if net.num_addresses > 2 else net[0]
-            out.append((n, ipaddress.ip_interface(f"{host}/{net.prefixlen}")))
-    return out
 
 
 # ------------------------------------------------------------------------ OpenVPN
@@ -396,7 +380,7 @@ def _openvpn(path: Path, text: str, notes: list[Note], params: dict) -> Template
             t.changed.add(n)
         elif d in OVPN_ARGS and not (d == "dh" and words[1:2] == ["none"]):
             if d in ("server", "server-ipv6"):
-                _ovpn_net(t, n, words)
+                tunneladdr.openvpn_net(t, n, words)
             if d == "port" and words[1:2] and words[1].isdigit():
                 params["port"] = int(words[1])
             if d == "dev" and not words[1:2] == ["tun"] and not words[1].startswith("tun"):
@@ -415,18 +399,6 @@ def _openvpn(path: Path, text: str, notes: list[Note], params: dict) -> Template
         else:
             t.lines.append(raw)
     return t
-
-
-def _ovpn_net(t: Template, n: int, words: list[str]) -> None:
-    """`server NET MASK` / `server-ipv6 NET/LEN`: the server takes the net's first address, the
-    client (whatever the server pushes, read after start) is given the second."""
-    try:
-        net = ipaddress.ip_network("/".join(words[1:3]) if words[0] == "server" else words[1])
-    except (ValueError, IndexError):
-        return
-    if net.num_addresses > 4:
-        t.addrs.append((n, ipaddress.ip_interface(f"{net[1]}/{net.prefixlen}")))
-        t.peer_addrs.append((n, ipaddress.ip_interface(f"{net[2]}/{net.prefixlen}")))
 
 
 # ------------------------------------------------------------------------ writing

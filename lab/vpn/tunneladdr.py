@@ -227,3 +227,31 @@ def tunnel_routes(
                     via = ["via", r["via"], "dev", r["dev"]]
                     out.append((n.name, ["ip", fam, "route", "replace", str(net), *via]))
     return out
+
+
+def first_hosts(n: int, value: str) -> list:
+    """(line, first host of the first net of each family) of a traffic selector list: the
+    tunnel address the lab puts on that end (10.1.0.0/16 -> 10.1.0.1/16)."""
+    out, seen = [], set()
+    for item in (x.strip() for x in value.split(",") if x.strip()):
+        try:
+            net = ipaddress.ip_network(item.split("[")[0], strict=False)
+        except ValueError:
+            continue  # a range or `dynamic`: strongSwan's business, no address to keep
+        if net.version not in seen:
+            seen.add(net.version)
+            host = net[1] if net.num_addresses > 2 else net[0]
+            out.append((n, ipaddress.ip_interface(f"{host}/{net.prefixlen}")))
+    return out
+
+
+def openvpn_net(t, n: int, words: list[str]) -> None:
+    """`server NET MASK` / `server-ipv6 NET/LEN`: the server takes the net's first address, the
+    client (whatever the server pushes, read after start) is given the second."""
+    try:
+        net = ipaddress.ip_network("/".join(words[1:3]) if words[0] == "server" else words[1])
+    except (ValueError, IndexError):
+        return
+    if net.num_addresses > 4:
+        t.addrs.append((n, ipaddress.ip_interface(f"{net[1]}/{net.prefixlen}")))
+        t.peer_addrs.append((n, ipaddress.ip_interface(f"{net[2]}/{net.prefixlen}")))
