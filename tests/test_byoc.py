@@ -240,3 +240,131 @@ def test_import_refuses_bad_input_and_writes_nothing(tmp_path):
     with pytest.raises(ConfigError, match="exists"):
         byocimport.import_profile([str(EXAMPLES / "wireguard" / "wg0.conf")], str(out))
     assert out.read_text() == "# mine\n" and len(list(tmp_path.iterdir())) == 2
+
+
+# ------------------------------------------------------------------------ the user's addressing
+
+WG_SERVER = """[Interface]
+# our office gateway
+Address = 172.30.9.1/24
+ListenPort = 51820
+PrivateKey = aGVsbG8gd29ybGQgdGhpcyBpcyBub3QgYSByZWFsIGs=
+
+[Peer]
+PublicKey = aGVsbG8gd29ybGQgdGhpcyBpcyBub3QgYSByZWFsIGs=
+AllowedIPs = 172.30.9.2/32
+"""
+WG_CLIENT = """[Interface]
+Address = 172.30.9.2/24
+PrivateKey = aGVsbG8gd29ybGQgdGhpcyBpcyBub3QgYSByZWFsIGs=
+
+[Peer]
+PublicKey = aGVsbG8gd29ybGQgdGhpcyBpcyBub3QgYSByZWFsIGs=
+Endpoint = vpn.example.com:51820
+AllowedIPs = 172.30.9.0/24
+PersistentKeepalive = 25
+"""
+
+
+def ipv4_pair(tmp: Path, server: str = WG_SERVER, client: str = WG_CLIENT) -> Path:
+    (tmp / "server.conf").write_text(server)
+    (tmp / "client.conf").write_text(client)
+    out = tmp / "wg.toml"
+    cp = run_lab("profiles", "import", tmp / "server.conf", tmp / "client.conf", "--out", out)
+    assert cp.returncode == 0, cp.stderr
+    return out
+
+
+def test_ipv4_only_wg_quick_pair_keeps_its_addresses(tmp_path):
+    out = ipv4_pair(tmp_path)
+    assert load_profile(str(out)).tunnel == {
+        "client": ("172.30.9.2/24", ""),
+        "server": ("172.30.9.1/24", ""),
+    }
+    files = tunnel.render(spec(), str(out))["files"]
+    client, server = files["client"]["wg0.conf"], files["server"]["wg0.conf"]
+    assert "Address = 172.30.9.2/24\n" in client and "AllowedIPs = 172.30.9.0/24\n" in client
+    assert "Address = 172.30.9.1/24\n" in server and "AllowedIPs = 172.30.9.2/32\n" in server
+    assert "fd99" not in client + server and "10.99." not in client + server
+    p = tunnel.plan(spec(), str(out))
+    assert p.tunnel_addrs(p.client) == ("172.30.9.2/24", "")
+    assert p.traffic_target(spec()) == {"v4": "172.30.9.1", "v6": None}
+
+
+def test_import_says_what_it_replaced_in_the_underlay(tmp_path):
+    cp_out = ipv4_pair(
+        tmp_path, WG_SERVER.replace("172.30.9", "10.0.2"), WG_CLIENT.replace("172.30.9", "10.0.2")
+    )
+    cp = run_lab(
+        "profiles",
+        "import",
+        tmp_path / "server.conf",
+        tmp_path / "client.conf",
+        "--out",
+        tmp_path / "again.toml",
+    )
+    said = " ".join(cp.stdout.split())  # the console wraps long lines
+    assert "replaced:" in said and "10.0.2.0/24 falls in the lab's underlay" in said
+    assert "the lab's 10.99.0.0/24 replaces it" in said
+    assert load_profile(str(cp_out)).tunnel == {
+        "client": ("10.99.0.1/24", ""),
+        "server": ("10.99.0.2/24", ""),
+    }
+
+
+def test_tunnel_table_checked_at_load_and_against_the_topology(tmp_path):
+    out = ipv4_pair(tmp_path)
+    text = out.read_text()
+    out.write_text(text.replace('client = ["172.30.9.2/24"]', 'client = ["10.0.2.9/24"]'))
+    with pytest.raises(ConfigError, match=r"overlaps the underlay segment 10.0.2.0/24") as e:
+        tunnel.plan(spec(), str(out))
+    assert "wg.toml" in str(e.value) and "tunnel.client" in str(e.value)
+    out.write_text(text.replace('client = ["172.30.9.2/24"]', 'client = ["fd99::1/64"]'))
+    with pytest.raises(ConfigError, match="needs an IPv4 address"):
+        load_profile(str(out))
+    out.write_text(text.replace('client = ["172.30.9.2/24"]', 'client = ["172.30.9.2"]'))
+    with pytest.raises(ConfigError, match="not an address with prefix"):
+        load_profile(str(out))
+
+
+def test_allowed_ips_error_quotes_the_allowed_ips_line(tmp_path):
+    out = ipv4_pair(tmp_path)
+    # the user's tunnel with IPv6 on both ends, the client's AllowedIPs without it
+    text = out.read_text().replace('2/24"]', '2/24", "fd42::2/64"]')
+    out.write_text(text.replace('1/24"]', '1/24", "fd42::1/64"]'))
+    with pytest.raises(ConfigError) as e:
+        tunnel.render(spec(), str(out))
+    assert "line 8 ('AllowedIPs = {{ tunnel_prefix_v4 }}')" in str(e.value)
+    assert "fd42::1" in str(e.value) and "{{ peer_tunnel_v6 }}/128" in str(e.value)
+
+
+@pytest.mark.root
+def test_ipv4_only_wg_quick_pair_runs_as_written(lab_id, tmp_path):
+    need("wireguard")
+    out = ipv4_pair(tmp_path)
+    lab = up(spec(), lab_id, vpn=str(out))
+    try:
+        v = lab.info["vpn"]
+        assert v["traffic"]["v4"] == "172.30.9.1" and v["traffic"]["v6"] is None
+        cp = lab.node("client").run(["ping", "-c", "2", "-i", "0.2", "-W", "2", "172.30.9.1"])
+        assert cp.returncode == 0
+        addrs = lab.node("client").run(["ip", "-br", "addr", "show", "wg0"]).stdout
+        assert "172.30.9.2/24" in addrs and "fd99" not in addrs
+    finally:
+        assert teardown(lab_id) == []
+    assert lab_traces(lab_id) == []
+
+
+def test_import_creates_the_out_directory_and_removes_it_when_refused(tmp_path):
+    wg = EXAMPLES / "wireguard" / "wg0.conf"
+    out = tmp_path / "team" / "sub" / "wg.toml"
+    cp = run_lab("profiles", "import", wg, "--out", out)
+    assert cp.returncode == 0, cp.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == ["wg.toml", "wg.wg0.conf.j2"]
+    (tmp_path / "ref").mkdir()  # the mode any other directory gets (the umask's)
+    assert out.parent.stat().st_mode & 0o777 == (tmp_path / "ref").stat().st_mode & 0o777
+    bad = tmp_path / "bad.conf"
+    bad.write_text("[Interface]\nAddress = 10.200.1.1/24\nPrivateKey = x\n")  # no PublicKey
+    cp = run_lab("profiles", "import", bad, "--out", tmp_path / "new" / "dir" / "p.toml")
+    assert cp.returncode == 2 and "peer_public_key" in cp.stderr
+    assert not (tmp_path / "new").exists()

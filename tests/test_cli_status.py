@@ -100,3 +100,15 @@ def test_status_of_an_unknown_lab_exits_non_zero_and_names_it(capsys):
     err = capsys.readouterr().err
     assert rc != 0
     assert "no lab 'nolab21x'" in err and "lab clean" not in err
+
+
+def test_impair_set_without_target_says_the_target_is_missing(capsys):
+    # `delay` in the TARGET position: the target was forgotten, not a bad keyword '40ms'
+    assert main(["impair", "set", "delay", "40ms", "5ms", "loss", "0.5%"]) == 2
+    msg = capsys.readouterr().err
+    assert "TARGET: missing: the TARGET ('delay' is an impairment word)" in msg
+    assert "a link name, a node, NODE:IFACE or all" in msg
+    assert "lab impair set all delay 40ms 5ms loss 0.5%" in msg
+    assert main(["impair", "set", "network1"]) == 2  # a preset alone: no SPEC, usage
+    assert main(["impair", "set", "lossy", "delay", "5ms"]) == 2
+    assert "('lossy' is an impairment word)" in capsys.readouterr().err

@@ -17,7 +17,8 @@ from lab.core.errors import ConfigError
 from lab.model.topology import load_topology
 from lab.vpn import driver_classes, get_driver
 from lab.vpn.profiles import known_profiles, load_profile, split_spec
-from lab.vpn.tunnel import TUNNEL_V4, plan, redact, render, tunnel_routes, write_rendered
+from lab.vpn.tunnel import TUNNEL_V4, plan, redact, render, write_rendered
+from lab.vpn.tunneladdr import tunnel_routes
 from lab.vpn.drivers.wireguard import genkey, setconf_text, x25519
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,6 +21,8 @@ from lab.substrate.registry import (
     select,
 )
 from lab.model.impairment.directional import check_words
+from lab.model.impairment.vocab import KEYWORDS
+from lab.model.impairment.words import PRESETS
 
 
 def cmd_up(args) -> int:
@@ -170,6 +172,14 @@ def cmd_shell(args) -> int:
 def cmd_impair(args) -> int:
 
     if args.impair_cmd == "set":
+        if args.target in KEYWORDS or args.target in PRESETS:  # `impair set delay 40ms`
+            raise ConfigError(
+                f"missing: the TARGET ({args.target!r} is an impairment word); usage: lab "
+                "impair set TARGET SPEC..., TARGET one of: a link name, a node, NODE:IFACE or "
+                f"all (e.g. lab impair set all {' '.join([args.target, *args.spec])})",
+                source="lab impair set",
+                field="TARGET",
+            )
         # the words first: bad words are bad input whether or not a lab is up
         check_words(" ".join(args.spec), source="lab impair set")
     _known_id(args.lab_id)

@@ -66,11 +66,20 @@ def print_rendered(result: dict) -> None:
 def cmd_profiles_import(args) -> int:
     """`lab profiles import FILE... --out PROFILE.toml` (docs/byoc.md)."""
 
-    written, notes = import_profile(args.files, args.out)
+    written, imported = import_profile(args.files, args.out)
     for path in written:
         out.print(f"wrote {path}", highlight=False)
-    for n in notes:
-        out.print(f"not carried over: {n.file}:{n.line}: {n.text}  ({n.why})", markup=False)
+    for n in imported.notes:
+        out.print(f"{n.kind}: {n.file}:{n.line}: {n.text}  ({n.why})", markup=False)
+    if imported.tunnel:
+        fams = {a.version for addrs in imported.tunnel.values() for a in addrs}
+        out.print(
+            "tunnel addresses: "
+            + ", ".join(f"{r} {' '.join(map(str, a))}" for r, a in imported.tunnel.items())
+            + ("" if 6 in fams else " (IPv4 only: tests that need IPv6 do not apply)"),
+            markup=False,
+            highlight=False,
+        )
     return 0
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.core.errors import ConfigError
+from lab.vpn import tunneladdr
 from lab.vpn.charon import PROPOSAL_RE
 from lab.vpn.profiles import load_profile
 
@@ -32,6 +33,9 @@ class Note:
     line: int  # 1-based, in the user's file
     text: str
     why: str
+    #: "not carried over" (commented out or kept and listed) or "replaced" (a value the lab
+    #: could not keep, e.g. a tunnel network inside its underlay)
+    kind: str = "not carried over"
 
 
 @dataclass
@@ -40,6 +44,10 @@ class Template:
     lines: list[str]
     role: str = ""  # "client", "server" or "" (both)
     changed: set[int] = field(default_factory=set)  # the user's line numbers replaced
+    #: (line, interface): this end's tunnel addresses as the file gives them, and the peer's
+    #: where the file names them (an AllowedIPs host, OpenVPN's `server` net)
+    addrs: list = field(default_factory=list)
+    peer_addrs: list = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -52,6 +60,8 @@ class Imported:
     templates: list[Template]
     params: dict
     notes: list[Note]
+    #: role -> the tunnel's addresses ([tunnel] of the profile); None: the lab's layout
+    tunnel: dict | None = None
 
 
 def detect(text: str) -> str:
@@ -96,7 +106,13 @@ def import_files(paths: list[Path]) -> Imported:
         for p, t in zip(paths, texts, strict=True)
     ]
     _roles(driver, tpls, paths)
-    return Imported(driver, tpls, params, notes)
+    texts_of = {str(p): t.splitlines() for p, t in zip(paths, texts, strict=True)}
+
+    def note(source: Path, n: int, why: str) -> None:
+        line = texts_of[str(source)][n - 1].strip()
+        notes.append(Note(str(source), n, line, why, "replaced"))
+
+    return Imported(driver, tpls, params, notes, tunneladdr.from_files(driver, tpls, note))
 
 
 def _roles(driver: str, tpls: list[Template], paths: list[Path]) -> None:
@@ -174,7 +190,9 @@ def _wireguard_lines(path: Path, text: str, notes: list[Note], params: dict) -> 
         k = key.lower()
         if section == "interface":
             if k == "address":
-                nets = [_net(n, a.strip(), iface=True).network for a in value.split(",")]
+                ifaces = [_net(n, a.strip(), iface=True) for a in value.split(",") if a.strip()]
+                nets = [a.network for a in ifaces]
+                t.addrs += [(n, a) for a in ifaces]
                 _set_value(t, n, "{{ address }}")
             elif k == "privatekey":
                 _set_value(t, n, "{{ private_key }}")
@@ -194,18 +212,19 @@ def _wireguard_lines(path: Path, text: str, notes: list[Note], params: dict) -> 
                 _set_value(t, n, "{{ peer_endpoint }}")
                 t.role = "client"
             elif k == "allowedips":
-                _set_value(t, n, ", ".join(_allowed(path, n, value, nets, notes)))
+                _set_value(t, n, ", ".join(_allowed(t, n, value, nets, notes)))
     t.role = t.role or "server"
     return t
 
 
-def _allowed(path: Path, n: int, value: str, nets: list, notes: list[Note]) -> list[str]:
-    out = []
+def _allowed(t: Template, n: int, value: str, nets: list, notes: list[Note]) -> list[str]:
+    path, out = t.source, []
     for item in (x.strip() for x in value.split(",") if x.strip()):
         net = _net(n, item)
         fam = "v4" if net.version == 4 else "v6"
         inside = [a for a in nets if a.version == net.version and net.subnet_of(a)]
         if inside and net.num_addresses == 1:
+            t.peer_addrs.append((n, ipaddress.ip_interface(f"{net[0]}/{inside[0].prefixlen}")))
             out.append(f"{{{{ peer_tunnel_{fam} }}}}/{net.prefixlen}")
         elif inside and net == inside[0]:
             out.append("{{ tunnel_prefix_v4 }}" if fam == "v4" else "{{ tunnel_net_v6 }}")
@@ -243,6 +262,8 @@ def _swanctl(path: Path, text: str, notes: list[Note], params: dict) -> Template
             continue
         key, value = (s.strip() for s in line.split("=", 1))
         if key in SWAN_VALUES:
+            if key == "local_ts":
+                t.addrs += tunneladdr.first_hosts(n, value)
             _set_value(t, n, SWAN_VALUES[key])
         elif block[:1] == ["secrets"] and key == "secret":
             if block[-1].startswith("ike"):
@@ -358,6 +379,8 @@ def _openvpn(path: Path, text: str, notes: list[Note], params: dict) -> Template
                 t.lines.append(lead + " ".join(["remote", "{{ remote }}", "{{ port }}", *rest]))
             t.changed.add(n)
         elif d in OVPN_ARGS and not (d == "dh" and words[1:2] == ["none"]):
+            if d in ("server", "server-ipv6"):
+                tunneladdr.openvpn_net(t, n, words)
             if d == "port" and words[1:2] and words[1].isdigit():
                 params["port"] = int(words[1])
             if d == "dev" and not words[1:2] == ["tun"] and not words[1].startswith("tun"):
@@ -381,9 +404,10 @@ def _openvpn(path: Path, text: str, notes: list[Note], params: dict) -> Template
 # ------------------------------------------------------------------------ writing
 
 
-def import_profile(files: list[str], out: str | None) -> tuple[list[Path], list[Note]]:
-    """`lab profiles import FILE... --out PROFILE.toml`: (files written, notes). Nothing is
-    left written when the profile would not load."""
+def import_profile(files: list[str], out: str | None) -> tuple[list[Path], Imported]:
+    """`lab profiles import FILE... --out PROFILE.toml`: (files written, what was imported:
+    its notes and tunnel addresses). Nothing is left written when the profile would not
+    load."""
 
     if not files:
         raise ConfigError("give the config file(s) to import", source="lab profiles import")
@@ -392,14 +416,25 @@ def import_profile(files: list[str], out: str | None) -> tuple[list[Path], list[
             "missing: the profile file to write", source="lab profiles import", field="--out"
         )
     imported = import_files([Path(f) for f in files])
-    written = write(imported, Path(out))
+    target = Path(out)
+    made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)  # `--out team/wg.toml`: team/ made
+    except OSError as e:
+        raise ConfigError(
+            f"cannot create the directory {target.parent}: {e.strerror}", source=out, field="--out"
+        ) from None
+    written: list[Path] = []
+    try:
+        written = write(imported, target)
         load_profile(out)  # what was written loads: placeholders and roles complete
     except ConfigError:
         for path in written:
             path.unlink(missing_ok=True)
+        for d in made:  # innermost first: nothing is left
+            d.rmdir()
         raise
-    return written, imported.notes
+    return written, imported
 
 
 def write(imp: Imported, out: Path) -> list[Path]:
@@ -432,6 +467,7 @@ def write(imp: Imported, out: Path) -> list[Path]:
         "[configs]",
         *(f'{role} = "{_toml_str(configs[role])}"' for role in ("client", "server")),
         "",
+        *(tunneladdr.toml_lines(imp.tunnel) if imp.tunnel else []),
     ]
     text = "\n".join(lines)
     tomllib.loads(text)  # what we write must read back

@@ -25,11 +25,19 @@ from typing import Any
 from lab.core.errors import ConfigError
 from lab.vpn import get_driver
 from lab.model.params import validate, value_error
+from lab.vpn import tunneladdr
 from lab.vpn.userconfig import UserConfig, hashes, load_configs
 from lab.vpn.base import Driver
 
 PROFILE_DIR = REPO / "vpn_profiles"
-TOP_KEYS = {"driver": str, "description": str, "study": str, "params": dict, "configs": dict}
+TOP_KEYS = {
+    "driver": str,
+    "description": str,
+    "study": str,
+    "params": dict,
+    "configs": dict,
+    "tunnel": dict,
+}
 #: a profile name: a file name in vpn_profiles/ without .toml
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._\-]{0,63}\Z")
 
@@ -50,6 +58,9 @@ class Profile:
     overrides: dict[str, Any] = field(default_factory=dict)
     #: role -> the user's own config file ([configs], lab.vpn.userconfig; docs/byoc.md)
     configs: dict[str, UserConfig] = field(default_factory=dict)
+    #: role -> (v4, v6 or ""): the tunnel addresses of the user's files ([tunnel],
+    #: lab.vpn.tunneladdr); empty: the lab's layout
+    tunnel: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def driver(self) -> Driver:
@@ -65,6 +76,7 @@ class Profile:
             "params": dict(self.params),
             "overrides": dict(self.overrides),
             **({"configs": hashes(self.configs)} if self.configs else {}),
+            **({"tunnel": dict(self.tunnel)} if self.tunnel else {}),
         }
 
 
@@ -176,6 +188,7 @@ def load_profile(spec: str) -> Profile:
         params=params,
         overrides=typed,
         configs=load_configs(driver.name, data["configs"], path) if "configs" in data else {},
+        tunnel=tunneladdr.load(data["tunnel"], src) if "tunnel" in data else {},
     )
 
 

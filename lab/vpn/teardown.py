@@ -11,7 +11,8 @@ from lab.core.errors import LabError, StartupError
 from lab.vpn import get_driver
 from lab.vpn.base import TunnelContext
 from lab.vpn.record import TunnelRecord
-from lab.vpn.tunnel import end_side, endpoint, tunnel_addrs, tunnel_routes
+from lab.vpn.tunnel import end_side, endpoint, tunnel_addrs
+from lab.vpn.tunneladdr import tunnel_routes
 
 
 def tear_down(lab) -> None:
@@ -56,7 +57,8 @@ def tear_down(lab) -> None:
                 else ["ip", fam, "route", "del", net]
             )
             end.node.run(argv, check=False)
-    for node, argv in tunnel_routes(lab.spec, drv, client, server):
+    addrs = [a for e in ctx.ends() for a in (e.tunnel_v4, e.tunnel_v6)]
+    for node, argv in tunnel_routes(lab.spec, drv, client, server, addrs):
         lab.node(node).run(["ip", argv[1], "route", "del", argv[4]], check=False)
     shutil.rmtree(ctx.config_dir, ignore_errors=True)
     for f in ctx.secrets_dir.glob("*"):

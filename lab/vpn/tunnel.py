@@ -13,7 +13,7 @@
 
 Placement is pure topology arithmetic: the VPN endpoints come from LabSpec.endpoints("vpn"), each
 end's underlay address is its address nearest to the peer, the tunnel net is 10.99.0.0/24 +
-fd99::/64 (client .1, server .2), and the networks behind each end (segments on its far side,
+fd99::/64 (client .1, server .2) or the user's own ([tunnel], lab.vpn.tunneladdr), and the networks behind each end (segments on its far side,
 e.g. a router's LAN) are routed through the tunnel so traffic between the traffic endpoints
 (LabSpec.endpoints("traffic")) crosses it.
 """
@@ -37,6 +37,7 @@ from lab.core.errors import (
 from lab.core.node import Daemon, Node
 from lab.model.graph import reachable_segments
 from lab.model.labspec import Interface, LabSpec
+from lab.vpn import tunneladdr
 from lab.vpn.base import Availability, Driver, Endpoint, TunnelContext, config_hash
 from lab.vpn.profiles import Profile, load_profile
 from lab.vpn.record import DaemonRecord, Timing, TrafficTarget, TunnelEnd, TunnelRecord
@@ -77,7 +78,9 @@ class TunnelPlan:
         return self.profile.driver
 
     def tunnel_addrs(self, side: Side) -> tuple[str, str]:
-        return tunnel_addrs(self.driver, self.profile.configs, side, side is self.client)
+        return tunnel_addrs(
+            self.driver, self.profile.configs, side, side is self.client, self.profile.tunnel
+        )
 
     def traffic_target(self, spec: LabSpec) -> dict:
         """Where the traffic client sends to: the server's tunnel address, or a host behind it."""
@@ -91,12 +94,17 @@ class TunnelPlan:
 # ------------------------------------------------------------------------------- placement
 
 
-def tunnel_addrs(drv: Driver, configs: dict, side: Side, client: bool) -> tuple[str, str]:
+def tunnel_addrs(
+    drv: Driver, configs: dict, side: Side, client: bool, table: dict | None = None
+) -> tuple[str, str]:
     """(v4, v6 or "") tunnel addresses of one end, with prefix: the underlay's for a driver
-    without a tunnel; the user's files (`configs`) decide the layout where a profile has them
+    without a tunnel; the profile's [tunnel] `table` (the user's own addressing) where it has
+    one; else the user's files (`configs`) decide the layout where a profile has them
     (OpenVPN's `server`: the server is .1)."""
     if not drv.has_tunnel:
         return f"{side.underlay_v4}/{side.underlay_prefix}", side.underlay_v6 or ""
+    if table:
+        return table["client" if client else "server"]
     hosts, v6 = (1, 2), True
     if configs:
         *hosts, v6 = tunnel_layout(drv.name, configs)
@@ -140,37 +148,6 @@ def end_side(spec: LabSpec, node: str, peer: str) -> Side:
     )
 
 
-def tunnel_routes(
-    spec: LabSpec, drv: Driver, client: Side, server: Side
-) -> list[tuple[str, list[str]]]:
-    """(node, `ip route replace` argv) for hosts behind either end: the tunnel nets via the
-    router that leads them to that end (their default route may be IPv4 only, or absent)."""
-    if not drv.has_tunnel:
-        return []
-    out = []
-    for side in (client, server):
-        end_seg = next(
-            i.segment for i in spec.nodes[side.node].interfaces if i.name == side.underlay_if
-        )
-        far = set(side.behind)
-        for n in spec.hosts():
-            if n.name in (client.node, server.node):
-                continue
-            if not any(
-                i.segment < len(spec.segments) and spec.segments[i.segment].v4 in far
-                for i in n.interfaces
-            ):
-                continue
-            seg = spec.segments[end_seg]
-            for net, dst in ((TUNNEL_V4, seg.v4), (TUNNEL_V6, seg.v6)):
-                r = next((r for r in n.routes if r["dst"] == dst), None)
-                if r:
-                    fam = "-6" if net.version == 6 else "-4"
-                    via = ["via", r["via"], "dev", r["dev"]]
-                    out.append((n.name, ["ip", fam, "route", "replace", str(net), *via]))
-    return out
-
-
 def plan(spec: LabSpec, profile: str | Profile) -> TunnelPlan:
     """place() for a profile spec as a command line gives it (NAME[:key=value,...], loaded and
     validated here) or a loaded Profile. Pure: nothing is touched."""
@@ -181,6 +158,8 @@ def place(spec: LabSpec, profile: Profile) -> TunnelPlan:
     """Place the loaded profile's tunnel in `spec`. Pure: nothing is touched."""
     client, server = spec.endpoints("vpn")
     tc, ts = spec.endpoints("traffic")
+    if profile.tunnel and profile.driver.has_tunnel:
+        tunneladdr.collision(spec, profile.tunnel, str(profile.path))
     return TunnelPlan(
         profile, end_side(spec, client, server), end_side(spec, server, client), tc, ts
     )
@@ -404,7 +383,8 @@ def bring_up(lab, p: TunnelPlan) -> TunnelRecord:
     rendered = drv.render(ctx, params, secrets)
     try:
         drv.start(ctx, params, rendered)
-        for node, argv in tunnel_routes(lab.spec, drv, p.client, p.server):
+        addrs = [a for e in ctx.ends() for a in (e.tunnel_v4, e.tunnel_v6)]
+        for node, argv in tunneladdr.tunnel_routes(lab.spec, drv, p.client, p.server, addrs):
             lab.node(node).run(argv)
         t_started = time.monotonic()
         ready = wait_ready(ctx, p, timeout=READY_TIMEOUT)

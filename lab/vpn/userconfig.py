@@ -298,11 +298,13 @@ def config_of(ctx: TunnelContext, end: Endpoint) -> UserConfig:
 def template_line(template: str, rendered: str, lineno: int) -> int:
     """The template line (1-based) that produced rendered line `lineno`: lines the diff finds
     equal map one to one; a changed run (a placeholder, a multi-line value) maps to the first
-    template line of its run."""
+    template line of its run; a changed run of as many lines on both sides (consecutive
+    placeholder lines) maps one to one."""
     a, b = template.splitlines(), rendered.splitlines()
-    for tag, i1, _i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if j1 <= lineno - 1 < j2:
-            return i1 + 1 + (lineno - 1 - j1 if tag == "equal" else 0)
+            one_to_one = tag == "equal" or i2 - i1 == j2 - j1  # a run of one-line values
+            return i1 + 1 + (lineno - 1 - j1 if one_to_one else 0)
     return min(lineno, len(a))
 
 
@@ -372,12 +374,13 @@ def wg_check(cfg: UserConfig, rendered: str, peer: Endpoint) -> None:
                 except ValueError:
                     raise file_error(cfg, rendered, n, f"{x!r} is not an address/prefix") from None
         if not any(ip in net for net in nets if net.version == ip.version):
+            fam = "{{ peer_tunnel_v4 }}/32" if ip.version == 4 else "{{ peer_tunnel_v6 }}/128"
             raise file_error(
                 cfg,
                 rendered,
                 allowed[0][0] if allowed else None,
                 f"AllowedIPs excludes the peer's tunnel address {host}: WireGuard would drop "
-                "its packets (add it, e.g. {{ peer_tunnel_v4 }}/32, or {{ peer_allowed_ips }})",
+                f"its packets (add it, e.g. {fam}, or {{{{ peer_allowed_ips }}}})",
             )
 
 
