@@ -36,7 +36,7 @@ from lab.results.preamble import (
     throttling_section,
     warnings_section,
 )
-from lab.results.ranking import recommendation_section
+from lab.results.ranking import recommendation_section, summary_section
 from lab.results.rundir import RunDir, imported_figure, time_budget, write_tables
 
 
@@ -62,6 +62,7 @@ def generate(run_path: Path) -> dict:
     if (d := dilation.factor(manifest.get("dilation"))) != 1.0:
         doc.p(dilation.report_line(d, (manifest.get("kernel") or {}).get("cpus")))
     warnings_section(doc, results, manifest)
+    summary_section(doc, table, profiles, points, plan, manifest)
     if plan.get("description"):
         doc.p(plan["description"])
     for n in plan.get("notes") or []:

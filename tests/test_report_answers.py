@@ -1,0 +1,116 @@
+"""The report answers the question first (issue 32, items 3-9), on small synthetic runs (no root):
+the Summary's verdicts by `lab check`'s rule, UDP loss and jitter beside the rate, no error bars
+for n=1, tests too short for their RTT, what really ran, received-rate plots, short warnings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lab.results.report import generate
+from lab.results.rundir import RunDir
+
+DRIVERS = {
+    "baseline": "none",
+    "ipsec": "strongswan",
+    "openvpn": "openvpn",
+    "wireguard": "wireguard",
+}
+
+
+def tiny_run(path: Path, values: dict, *, tests=(("tcp", "tcp"),), plan_extra=None,
+             record=None, entry=None) -> RunDir:  # fmt: skip
+    """A run whose `values[(profile, condition, label)]` are the primary metric of each
+    repetition (bit/s for throughput, ms for RTT); conditions other than 'none' are impaired
+    with `delay 40ms`. `record(profile, cond, label, rep, value)` adds to each record,
+    `entry(...)` to each results.jsonl line."""
+    path.mkdir(parents=True)
+    profiles = list(dict.fromkeys(k[0] for k in values))
+    conds = list(dict.fromkeys(k[1] for k in values))
+    points = {
+        c: {"name": c, "spec": "" if c == "none" else "delay 40ms", "group": c,
+            "parameter": None, "value": None}
+        for c in conds
+    }  # fmt: skip
+    plan = {
+        "name": "tiny", "profiles": profiles, "impairments": list(points.values()),
+        "tests": [{"label": lb, "test": t, "reps": None, "params": {"duration_s": 10.0}}
+                  for lb, t in tests],
+        "reps": 3, "impaired_reps": 3, "error_bars": "sd", "overrides": [],
+        "topology": {"file": "topologies/pi_pair.py", "params": {}},
+        **(plan_extra or {}),
+    }  # fmt: skip
+    (path / "plan.json").write_text(json.dumps(plan))
+    (path / "manifest.json").write_text(json.dumps(
+        {"profiles": {p: {"driver": DRIVERS.get(p, p), "path": p} for p in profiles}}
+    ))  # fmt: skip
+    run = RunDir(path)
+    run.event({"t": 0.0, "session": "s1", "event": "session-start"})
+    test_of = dict(tests)
+    for (prof, cond, label), vals in values.items():
+        for rep, v in enumerate(vals):
+            test = test_of[label]
+            rec = {"test": test, "ok": True}
+            if test == "ping":
+                rec["rtt_avg_ms"] = v
+            else:
+                rec["receiver_bps"] = v
+            rec.update((record or (lambda *a: {}))(prof, cond, label, rep, v))
+            e = {"case": f"{prof}|{cond}|{label}|{rep}", "session": "s1", "profile": prof,
+                 "vpn": {"driver": DRIVERS.get(prof, prof), "path": prof},
+                 "impairment": points[cond], "test": test, "label": label, "rep": rep,
+                 "ok": True, "seconds": 10.5, "records": [rec]}  # fmt: skip
+            e.update((entry or (lambda *a: {}))(prof, cond, label, rep, v))
+            run.add_result(e)
+    run.event({"t": 100.0, "session": "s1", "event": "session-end"})
+    return run
+
+
+def _md(run: RunDir) -> str:
+    generate(run.path)
+    return run.file("report.md").read_text()
+
+
+def _section(md: str, title: str) -> str:
+    return md[md.index(f"## {title}") :].split("\n## ")[0]
+
+
+def test_summary_declares_no_winner_from_one_repetition(tmp_path):
+    """Issue 32: under network1 with n=1 the recommendation picked IPsec at 10.1 Mbit/s while
+    the no-VPN baseline got 4.6: noise, unflagged."""
+    run = tiny_run(tmp_path / "r", {
+        ("baseline", "network1", "tcp"): [4.6e6],
+        ("ipsec", "network1", "tcp"): [10.1e6],
+        ("wireguard", "network1", "tcp"): [8.0e6],
+    })  # fmt: skip
+    md = _md(run)
+    assert md.index("## Summary") < md.index("## Set-up") < md.index("## Results")
+    s = _section(md, "Summary")
+    assert "No winner is declared where a profile ran once" in s
+    assert (
+        "| network1 | tcp (Mbit/s) | ipsec 10.1 vs wireguard 8.00 (26 % ahead) | no winner "
+        "declared: one repetition" in s
+    )
+    assert "4.60 (the VPN did better than no VPN: noise, or a disturbed baseline)" in s
+    rec = _section(md, "Recommendation")
+    assert "26 % (n=1: no winner declared)" in rec
+
+
+def test_summary_uses_the_welch_rule_of_lab_check(tmp_path):
+    run = tiny_run(tmp_path / "r", {
+        ("baseline", "none", "tcp"): [100e6, 101e6, 99e6],
+        ("ipsec", "none", "tcp"): [50e6, 51e6, 49e6],
+        ("wireguard", "none", "tcp"): [80e6, 81e6, 79e6],
+        ("ipsec", "lossy", "tcp"): [20e6, 30e6, 25e6],
+        ("wireguard", "lossy", "tcp"): [22e6, 31e6, 26e6],
+    })  # fmt: skip
+    s = _section(_md(run), "Summary")
+    assert (
+        "| none | tcp (Mbit/s) | wireguard 80.0 vs ipsec 50.0 (60 % ahead) | wireguard wins: "
+        "beyond the noise (Welch p = " in s
+    )
+    assert (
+        "| lossy | tcp (Mbit/s) | wireguard 26.3 vs ipsec 25.0 (5 % ahead) | no winner: "
+        "within the noise (Welch p = " in s
+    )
+    assert "No winner is declared where a profile ran once" not in s
