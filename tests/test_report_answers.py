@@ -114,3 +114,32 @@ def test_summary_uses_the_welch_rule_of_lab_check(tmp_path):
         "within the noise (Welch p = " in s
     )
     assert "No winner is declared where a profile ran once" not in s
+
+
+def _udp(prof, cond, label, rep, v):
+    """network1 of issue 32: 100 Mbit/s sent, loss by profile, reordering counted."""
+    loss = {"openvpn": 67.6, "ipsec": 23.7, "wireguard": 0.5}[prof]
+    return {"rate_mbit": 100, "target_pps": 9615, "sent_pps": 9600, "received_pps": 9600 * (
+        1 - loss / 100), "loss_pct": loss, "jitter_ms": 0.8, "out_of_order": 120}  # fmt: skip
+
+
+def test_udp_tables_show_loss_and_jitter_and_where_loss_comes_from(tmp_path):
+    run = tiny_run(tmp_path / "r", {
+        ("openvpn", "network1", "udp"): [31.4e6],
+        ("ipsec", "network1", "udp"): [73.9e6],
+        ("wireguard", "network1", "udp"): [96.8e6],
+    }, tests=(("udp", "udp"),), record=_udp)  # fmt: skip
+    run.file("plan.json").write_text(
+        run.file("plan.json").read_text().replace('"delay 40ms"', '"delay 40ms 10ms loss 0.5%"')
+    )
+    lines = [json.loads(x) for x in run.results.read_text().splitlines()]
+    for e in lines:
+        e["impairment"]["spec"] = "delay 40ms 10ms loss 0.5%"
+    run.results.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    res = _section(_md(run), "Results")
+    assert "| profile | condition | throughput (Mbit/s) | loss (%) | jitter (ms) |" in res
+    assert "| openvpn | network1 | 31.4 (n=1) | 67.6 (n=1) | 0.800 (n=1) |" in res
+    assert "**Where udp's loss comes from.**" in res and "replay window" in res
+    row = "| openvpn | network1 | 67.6 % | 0.5 % (`delay 40ms 10ms loss 0.5%`) | 67.1 % | 100 % | 120 |"
+    assert row in res
+    assert "| wireguard | network1 | 0.5 %" not in res  # below the condition's own: nothing to say

@@ -211,7 +211,9 @@ def stat_cell(s: dict | None, scale: float) -> str:
         return "-"
     out = f"{fmt_value(s['mean'] * scale)}"
     if s["n"] > 1:
-        out += f" ± {fmt_value(s['sd'] * scale, 2)}"
+        sd = s["sd"] * scale
+        # a spread below the mean's last digits is float noise: 0
+        out += f" ± {fmt_value(sd if abs(sd) > 1e-9 * abs(s['mean'] * scale) else 0.0, 2)}"
     return out + f" (n={s['n']})"
 
 
@@ -240,6 +242,7 @@ METRIC_NAMES = {
     "latency_p50_us": "median latency",
     "seconds": "transfer time",
     "loss_pct": "loss",
+    "jitter_ms": "jitter",
     "echo_replies": "echo replies",
 }
 

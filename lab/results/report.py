@@ -11,6 +11,7 @@ the test declares (Test.plots, Test.ranks), never its name.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from lab.core.state import write_text_atomic
@@ -159,6 +160,15 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
             doc.p(f"**{label}** ({test}): received rate ({unit.split()[0]}) per target rate")
             doc.table(header, out)
             continue
+        extras = [
+            c
+            for c in SIDE_METRICS
+            if c != col and any(r.get(c) is not None for r in rows_l if r["ok"])
+        ]
+        if extras:  # a datagram test: loss and jitter beside the rate, one row per case
+            _side_by_side(doc, label, test, rows_l, profiles, present_points, extras)
+            _loss_notes(doc, label, rows_l, results, profiles, present_points)
+            continue
         header = ["profile"] + present_points
         for pidx in npoints:
             out = []
@@ -181,6 +191,90 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
             doc.p(f"**{label}** ({test}{what}): {metric_name(col)} ({unit.split()[0]})")
             doc.table(header, out)
     _cpu_table(doc, table, profiles, labels, tests, results, manifest)
+
+
+#: the metrics a test's table shows beside its primary one when its records have them
+SIDE_METRICS = {"loss_pct": "%", "jitter_ms": "ms"}
+
+
+def _side_by_side(doc, label, test, rows_l, profiles, points, extras) -> None:
+    col, unit, scale, _ = primary(test)
+    header = ["profile", "condition", f"{metric_name(col)} ({unit.split()[0]})"] + [
+        f"{metric_name(c)} ({SIDE_METRICS[c]})" for c in extras
+    ]
+    out = []
+    for prof in profiles:
+        for pt in points:
+            all_rs = rows_where(rows_l, profile=prof, impairment=pt, point=0)
+            if not all_rs:
+                continue
+            rs = [r for r in all_rs if r["ok"]]
+            failed = len(all_rs) - len(rs)
+            out.append(
+                [prof, pt, stat_cell(stats_of([r[col] for r in rs]), scale)
+                 + (f" [{failed} failed]" if failed else "")]
+                + [stat_cell(stats_of([r[c] for r in rs]), 1.0) for c in extras]
+            )  # fmt: skip
+    doc.p(
+        f"**{label}** ({test}): {metric_name(col)} ({unit.split()[0]}) with "
+        + " and ".join(metric_name(c) for c in extras)
+    )
+    doc.table(header, out)
+
+
+_SPEC_LOSS = re.compile(r"\bloss\s+(?:random\s+)?([\d.]+)%")
+
+
+def _loss_notes(doc, label, rows_l, results, profiles, points) -> None:
+    """Where the loss of a datagram test came from, as far as its records say: what the sender
+    could not send of the target, what the network condition drops by itself, what is left for
+    the path (tunnel daemons, their replay windows, queues), and reordering where counted."""
+    by_case = {r["case"]: r for r in results}
+    out = []
+    for prof in profiles:
+        for pt in points:
+            rs = rows_where(rows_l, profile=prof, impairment=pt, point=0, ok=True)
+            loss = mean_of([r["loss_pct"] for r in rs])
+            if not rs or loss is None or loss <= LOSS_WORTH_EXPLAINING:
+                continue
+            spec = rs[0]["impairment_spec"] or ""
+            m = _SPEC_LOSS.search(spec)
+            cond = float(m.group(1)) if m else 0.0
+            sent = mean_of([r["sent_pps"] for r in rs])
+            target = mean_of([r["target_pps"] for r in rs])
+            ooo = mean_of(
+                [((by_case.get(r["case"]) or {}).get("records") or [{}])[0].get("out_of_order")
+                 for r in rs]
+            )  # fmt: skip
+            out.append(
+                [
+                    prof,
+                    pt,
+                    f"{loss:.1f} %",
+                    f"{cond:g} %" + (f" (`{spec}`)" if spec else ""),
+                    f"{max(0.0, loss - cond):.1f} %",
+                    f"{100 * sent / target:.0f} %" if sent and target else "-",
+                    f"{ooo:.0f}" if ooo is not None else "not recorded",
+                ]
+            )
+    if not out:
+        return
+    doc.p(
+        f"**Where {label}'s loss comes from.** Of the datagrams sent, the network condition "
+        "drops its own share; the rest was lost on the way through the tunnel: its daemons (a "
+        "replay window drops datagrams that jitter reordered too far), their sockets, or the "
+        "queues. The records hold no daemon counters, so that rest is not split further; "
+        "datagrams out of order point at reordering, a sender below its target at the sender."
+    )
+    doc.table(
+        ["profile", "condition", "lost", "the condition's own loss", "lost on the way",
+         "sent of the target", "out of order per test"],
+        out,
+    )  # fmt: skip
+
+
+#: a datagram test's loss (%) above which the report says where it came from
+LOSS_WORTH_EXPLAINING = 1.0
 
 
 NODE_ROLES = ("vpn_client", "vpn_server", "traffic_client", "traffic_server")
