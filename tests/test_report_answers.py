@@ -143,3 +143,38 @@ def test_udp_tables_show_loss_and_jitter_and_where_loss_comes_from(tmp_path):
     row = "| openvpn | network1 | 67.6 % | 0.5 % (`delay 40ms 10ms loss 0.5%`) | 67.1 % | 100 % | 120 |"
     assert row in res
     assert "| wireguard | network1 | 0.5 %" not in res  # below the condition's own: nothing to say
+
+
+def test_no_spread_claimed_for_one_value_and_short_tests_flagged(tmp_path):
+    """Issue 32: no "± sd" or error bar for n=1; a 3 s TCP test at 80 ms falling from 25 to
+    5 Mbit/s is flagged, with its RTT from ping."""
+
+    def falling(prof, cond, label, rep, v):
+        if label != "tcp":
+            return {}
+        ys = [25e6, 15e6, 5e6] if prof == "wireguard" else [v, v, v]
+        return {"intervals": [{"start": i, "end": i + 1.0, "bps": y} for i, y in enumerate(ys)]}
+
+    run = tiny_run(tmp_path / "r", {
+        ("baseline", "network1", "tcp"): [20e6],
+        ("wireguard", "network1", "tcp"): [15e6],
+        ("baseline", "network1", "ping"): [80.0],
+        ("wireguard", "network1", "ping"): [80.4],
+    }, tests=(("tcp", "tcp"), ("ping", "ping")), record=falling)  # fmt: skip
+    md = _md(run)
+    res = _section(md, "Results")
+    assert "| wireguard | 15.0 (n=1) |" in res and "±" not in res.split("**tcp**")[1]
+    assert "**Tests too short to settle**" in res
+    assert (
+        "| `wireguard|network1|tcp|0` | falling: 25.0 -> 5.00 Mbit/s | 3 s | 80.4 ms (37 RTTs) |"
+        in res.replace("\\|", "|")
+    )
+    assert "`baseline|network1|tcp|0`" not in res.replace("\\|", "|")
+    top = md[: md.index("## ")]
+    assert "1 test(s) too short to settle" in top and "([Results](#results))" in top
+    rtt = json.loads((run.path / "plots" / "rtt.json").read_text())
+    assert rtt["panels"]["ping"]["network1"]["err"] == [None, None]
+    assert "none where n = 1" in rtt["title"]
+    from lab.results.plots import _err
+
+    assert _err({"n": 1, "mean": 5.0, "sd": 0.0, "min": 5.0, "max": 5.0}, 1.0, "sd") == (None, None)

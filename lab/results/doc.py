@@ -47,7 +47,8 @@ class Doc:
 
     title: str
     blocks: list[tuple[str, Any]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    #: (text, heading of the section with the details or None)
+    warnings: list[tuple[str, str | None]] = field(default_factory=list)
     links: list[tuple[str, str]] = field(default_factory=list)
 
     def h(self, text: str) -> None:
@@ -56,10 +57,11 @@ class Doc:
     def p(self, text: str) -> None:
         self.blocks.append(("p", text))
 
-    def warn(self, text: str) -> None:
-        """A warning the reader must see before any figure (shown at the top)."""
-        if text not in self.warnings:
-            self.warnings.append(text)
+    def warn(self, text: str, where: str | None = None) -> None:
+        """A warning the reader must see before any figure (shown at the top, once), linking to
+        the section `where` (a heading) that has the details."""
+        if text not in [w for w, _ in self.warnings]:
+            self.warnings.append((text, where))
 
     def link(self, path: str, what: str) -> None:
         self.links.append((path, what))
@@ -78,7 +80,10 @@ class Doc:
 
     def markdown(self) -> str:
         out = [f"# {self.title}", ""]
-        out += [f"> **Warning:** {w}" + "\n>" for w in self.warnings]
+        out += [
+            f"> **Warning:** {w}" + (f" ([{h}](#{_anchor(h)}))" if h else "") + "\n>"
+            for w, h in self.warnings
+        ]
         if self.warnings:
             out.append("")
         if self.links:
@@ -117,8 +122,9 @@ class Doc:
             "nav ul{columns:2}",
             f"</style></head><body><h1>{e(self.title)}</h1>",
         ]
-        for w in self.warnings:
-            out.append(f"<div class='warn'><b>Warning:</b> {_inline_html(w)}</div>")
+        for w, h in self.warnings:
+            more = f" (<a href='#{_anchor(h)}'>{e(h)}</a>)" if h else ""
+            out.append(f"<div class='warn'><b>Warning:</b> {_inline_html(w)}{more}</div>")
         if self.links:
             out.append(
                 "<p>Files: "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from lab.results.series import condition_legend, series_plots, style_axis
+from lab.results.series import NO_BAR, condition_legend, drawn_err, series_plots, style_axis
 from lab.results.doc import rows_where, mean_of, in_order, stats_of, board_cores, draws
 from lab.results.rundir import RunDir
 from lab.core.state import write_text_atomic
@@ -40,7 +40,11 @@ def save_figure(fig, run: RunDir, name: str, data: dict | None = None) -> str:
     return f"plots/{name}.png"
 
 
-def _err(s: dict, scale: float, mode: str) -> tuple[float, float]:
+def _err(s: dict, scale: float, mode: str) -> tuple[float | None, float | None]:
+    """The error bar of one mean below and above it; none (None, None) for one value, whose
+    spread is unknown (a bar of 0 would claim none)."""
+    if s["n"] < 2:
+        return (None, None)
     if mode == "minmax":
         return ((s["mean"] - s["min"]) * scale, (s["max"] - s["mean"]) * scale)
     return (s["sd"] * scale, s["sd"] * scale)
@@ -69,7 +73,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             layout="constrained",
         )
         data = {
-            "title": f"Throughput per implementation, no impairment (error bars: {mode})",
+            "title": f"Throughput per implementation, no impairment (error bars: {mode}; {NO_BAR})",
             "xlabel": "Profile",
             "ylabel": "Throughput (Mbit/s)",
             "panels": {},
@@ -87,7 +91,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                     errs[0].append(lo)
                     errs[1].append(hi)
             data["panels"][lb] = {"none": {"x": xs, "y": ys, "err": errs}}
-            ax.bar(range(len(xs)), ys, yerr=errs, capsize=4, color="tab:blue")
+            ax.bar(range(len(xs)), ys, yerr=drawn_err(errs), capsize=4, color="tab:blue")
             ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right")
             ax.set_title(f"{lb} ({tests[lb]})")
             style_axis(ax, ys, "Throughput (Mbit/s)")
@@ -107,7 +111,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             layout="constrained",
         )
         data = {
-            "title": f"Throughput per network condition (error bars: {mode})",
+            "title": f"Throughput per network condition (error bars: {mode}; {NO_BAR})",
             "xlabel": "Profile",
             "ylabel": "Throughput (Mbit/s)",
             "panels": {},
@@ -142,7 +146,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                     panel[c]["y"].append(ys[-1])
                     panel[c]["err"][0].append(lo)
                     panel[c]["err"][1].append(hi)
-                ax.bar(xs, ys, width, yerr=errs, capsize=3, label=c, color=f"C{j % 10}")
+                ax.bar(xs, ys, width, yerr=drawn_err(errs), capsize=3, label=c, color=f"C{j % 10}")
                 for x in failed:
                     ax.text(x, 0.02, "all failed", rotation=90, ha="center", va="bottom",
                             fontsize=7, color=f"C{j % 10}",

@@ -39,6 +39,7 @@ from lab.results.preamble import (
 )
 from lab.results.ranking import recommendation_section, summary_section
 from lab.results.rundir import RunDir, imported_figure, time_budget, write_tables
+from lab.results.series import UNSETTLED_SHARE, unsettled
 
 
 def generate(run_path: Path) -> dict:
@@ -127,9 +128,11 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
     doc.h("Results")
     doc.p(
         "Mean ± sample standard deviation (n = successful repetitions) per profile and "
-        "network condition; full per-repetition data in `results.csv`, statistics per case and "
-        "metric in `summary.csv`."
+        "network condition; a cell of n=1 is one value, whose spread is unknown, so it has no "
+        "± (nor its bar an error bar). Full per-repetition data in `results.csv`, statistics per "
+        "case and metric in `summary.csv`."
     )
+    _unsettled(doc, results, plan)
     tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
     present_points = in_order([r["impairment"] for r in table], points)
     for label in labels:
@@ -275,6 +278,37 @@ def _loss_notes(doc, label, rows_l, results, profiles, points) -> None:
 
 #: a datagram test's loss (%) above which the report says where it came from
 LOSS_WORTH_EXPLAINING = 1.0
+
+
+def _unsettled(doc, results, plan) -> None:
+    """Flag the tests too short to settle: their throughput still rising or falling at the end."""
+    hit = unsettled(results, plan)
+    if not hit:
+        return
+    doc.warn(
+        f"{len(hit)} test(s) too short to settle: throughput still rising or falling when they "
+        "ended",
+        "Results",
+    )
+    doc.p(
+        "**Tests too short to settle** (their throughput's last half differs from its first half "
+        f"by more than {UNSETTLED_SHARE:.0%}; a longer `duration_s`, or more RTTs per test, "
+        "measures the steady state):"
+    )
+    doc.table(
+        ["case", "throughput", "over", "RTT (ping)"],
+        [
+            [
+                f"`{u['case']}`",
+                f"{u['trend']}: {fmt_value(u['from_mbit'])} -> {fmt_value(u['to_mbit'])} Mbit/s",
+                f"{u['seconds']:g} s",
+                f"{fmt_value(u['rtt_ms'])} ms ({u['seconds'] * 1000 / u['rtt_ms']:.0f} RTTs)"
+                if u["rtt_ms"]
+                else "-",
+            ]
+            for u in hit
+        ],
+    )
 
 
 NODE_ROLES = ("vpn_client", "vpn_server", "traffic_client", "traffic_server")
