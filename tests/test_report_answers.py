@@ -178,3 +178,29 @@ def test_no_spread_claimed_for_one_value_and_short_tests_flagged(tmp_path):
     from lab.results.plots import _err
 
     assert _err({"n": 1, "mean": 5.0, "sd": 0.0, "min": 5.0, "max": 5.0}, 1.0, "sd") == (None, None)
+
+
+def test_the_report_states_what_really_ran(tmp_path):
+    """Issue 32: after `-o reps=1 -o duration=3` the description still said "TCP 5 s ... 3
+    repetitions"; the report shows the effective values."""
+    run = tiny_run(tmp_path / "r", {
+        ("baseline", "none", "tcp"): [900e6],
+        ("wireguard", "none", "tcp"): [60e6],
+    }, plan_extra={
+        "description": "TCP 5 s, 3 repetitions.", "overrides": ["reps=1", "duration=3"],
+        "reps": 1, "impaired_reps": 1,
+    })  # fmt: skip
+    plan = json.loads(run.file("plan.json").read_text())
+    plan["tests"][0]["params"] = {"duration_s": 3.0, "port": 5201, "direction": "client-to-server"}
+    run.file("plan.json").write_text(json.dumps(plan))
+    md = _md(run)
+    ran = _section(md, "What ran")
+    assert md.index("## Summary") < md.index("## What ran") < md.index("## Set-up")
+    assert "as the plan file has it (the overrides below change it): TCP 5 s" in ran
+    assert "Overridden on the command line: `-o reps=1` `-o duration=3`." in ran
+    assert (
+        "| tcp | tcp | duration_s=3.0, direction=client-to-server | 1 unimpaired, 1 impaired "
+        "| 2 (2 ok) | 10.5 s |" in ran
+    )
+    plain = tiny_run(tmp_path / "p", {("baseline", "none", "tcp"): [1e6]})
+    assert "No `-o` overrides: the plan file as written." in _md(plain)

@@ -64,6 +64,56 @@ def setup_section(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
         doc.table(["tool", "version"], [[k2, v] for k2, v in tools.items()])
 
 
+def what_ran_section(doc: Doc, plan: dict, results: list[dict]) -> None:
+    """What really ran, from plan.json (the plan after its `-o` overrides) and the records: the
+    overrides, and per test its parameters, repetitions and the wall time of its cases. The
+    plan file's description is quoted as written, so it is marked when overrides changed it."""
+    overrides = [str(o) for o in plan.get("overrides") or []]
+    doc.h("What ran")
+    if plan.get("description"):
+        doc.p(
+            ("Plan description, as the plan file has it (the overrides below change it): "
+             if overrides else "Plan description: ")
+            + plan["description"]
+        )  # fmt: skip
+    for n in plan.get("notes") or []:
+        doc.p(f"**Note:** {n}")
+    doc.p(
+        "Overridden on the command line: " + " ".join(f"`-o {o}`" for o in overrides) + "."
+        if overrides
+        else "No `-o` overrides: the plan file as written."
+    )
+    rows = []
+    for t in plan.get("tests", []):
+        params = t.get("params") or {}
+        shown = ", ".join(
+            f"{k}={v}" for k, v in params.items() if k != "port" and not k.startswith("adaptive_")
+        )
+        rs = [r for r in results if r.get("label") == t["label"]]
+        secs = [r["seconds"] for r in rs if r.get("seconds") is not None]
+        reps = (
+            f"{t['reps']} per condition"
+            if t.get("reps") is not None
+            else f"{plan.get('reps')} unimpaired, {plan.get('impaired_reps')} impaired"
+        )
+        rows.append(
+            [
+                t["label"],
+                t["test"],
+                shown or "-",
+                reps,
+                f"{len(rs)} ({sum(1 for r in rs if r.get('ok'))} ok)",
+                f"{sum(secs) / len(secs):.1f} s" if secs else "-",
+            ]
+        )
+    if rows:
+        doc.table(
+            ["test", "kind", "parameters as run", "repetitions", "cases recorded",
+             "wall time per case"],
+            rows,
+        )  # fmt: skip
+
+
 def shard_rows(m: dict) -> list[list[str]]:
     """A shard's place in its plan, or the machines a merged run came from (docs/scale.md)."""
     if m.get("shard"):

@@ -36,6 +36,7 @@ from lab.results.preamble import (
     setup_section,
     throttling_section,
     warnings_section,
+    what_ran_section,
 )
 from lab.results.ranking import recommendation_section, summary_section
 from lab.results.rundir import RunDir, imported_figure, time_budget, write_tables
@@ -65,10 +66,7 @@ def generate(run_path: Path) -> dict:
         doc.p(dilation.report_line(d, (manifest.get("kernel") or {}).get("cpus")))
     warnings_section(doc, results, manifest)
     summary_section(doc, table, profiles, points, plan, manifest)
-    if plan.get("description"):
-        doc.p(plan["description"])
-    for n in plan.get("notes") or []:
-        doc.p(f"**Note:** {n}")
+    what_ran_section(doc, plan, results)
     setup_section(doc, run, manifest, plan)
     conditions_section(doc, results, points)
     throttling_section(doc, results)
