@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from lab.results.report import generate
 from lab.results.rundir import RunDir
 
@@ -204,3 +206,35 @@ def test_the_report_states_what_really_ran(tmp_path):
     )
     plain = tiny_run(tmp_path / "p", {("baseline", "none", "tcp"): [1e6]})
     assert "No `-o` overrides: the plan file as written." in _md(plain)
+
+
+def test_udp_plots_draw_what_was_received_and_loss_under_every_condition(tmp_path):
+    """Issue 32: time_udp-*.png drew the sender's 100 Mbit/s where the receiver got 31, and
+    udp.png only the unimpaired case."""
+
+    def sent_100(prof, cond, label, rep, v):
+        rec = _udp(prof, cond, label, rep, v)
+        rec["intervals"] = [{"start": i, "end": i + 1.0, "bps": 100e6, "packets": 9600}
+                            for i in range(3)]  # fmt: skip
+        if prof == "ipsec":  # the receiver's own intervals, as an adaptive test records them
+            rec["server_intervals"] = [{"start": i, "end": i + 1.0, "bps": b}
+                                       for i, b in enumerate((70e6, 75e6, 76e6))]  # fmt: skip
+        return rec
+
+    values = {
+        (p, c, "udp"): [v * f for f in (1.0, 1.01, 0.99)]
+        for c, f0 in (("none", 1.0), ("network1", 0.5))
+        for p, v in (("openvpn", 31.4e6 * f0), ("ipsec", 73.9e6 * f0), ("wireguard", 96.8e6 * f0))
+    }
+    run = tiny_run(tmp_path / "r", values, tests=(("udp", "udp"),), record=sent_100)
+    generate(run.path)
+    t = json.loads((run.path / "plots" / "time_udp.json").read_text())
+    assert t["ylabel"] == "Received rate (Mbit/s)"
+    assert t["panels"]["none"]["openvpn #0"]["y"] == [31.4] * 3  # not the sender's 100
+    assert t["panels"]["none"]["openvpn #0"]["loss_pct"] == 67.6
+    assert t["panels"]["none"]["ipsec #0"]["y"] == [70.0, 75.0, 76.0]
+    u = json.loads((run.path / "plots" / "udp.json").read_text())
+    assert set(u["panels"]["udp: received"]) == {"none", "network1"}
+    assert u["panels"]["udp: received"]["network1"]["y"][0] == pytest.approx(15.7)
+    assert u["panels"]["udp: loss"]["none"]["y"] == pytest.approx([67.6, 23.7, 0.5])
+    assert u["target"]["udp"] == 100

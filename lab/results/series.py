@@ -193,25 +193,44 @@ def throughput_over_time(results: list[dict], plan: dict, label: str) -> dict:
     points = [p["name"] for p in plan.get("impairments", [])]
     rs = [r for r in _ok(results) if r.get("label") == label and _first_record(r).get("intervals")]
     panels: dict[str, dict] = {}
+    datagrams = False
     for cond in in_order([_point(r) for r in rs], points)[:MAX_TIME_PANELS]:
         panel = {}
         for p in profiles:
             for r in sorted(
                 (r for r in rs if r["profile"] == p and _point(r) == cond), key=lambda r: r["rep"]
             ):
-                ivs = [iv for iv in _first_record(r)["intervals"] if not iv.get("omitted")]
-                panel[f"{p} #{r['rep']}"] = {
-                    "x": [iv["end"] for iv in ivs],
-                    "y": [iv["bps"] * 1e-6 for iv in ivs],
-                }
+                panel[f"{p} #{r['rep']}"] = received_over_time(_first_record(r))
+                datagrams |= "loss_pct" in panel[f"{p} #{r['rep']}"]
         if panel:
             panels[cond] = panel
     return {
-        "title": f"{label}: throughput over time per case (iperf3 intervals, at their ends)",
+        "title": f"{label}: received rate over time per case (the receiver's intervals where "
+        "recorded, else its mean over the test; loss in the JSON)"
+        if datagrams
+        else f"{label}: throughput over time per case (iperf3 intervals, at their ends)",
         "xlabel": "Time since start (s)",
-        "ylabel": "Throughput (Mbit/s)",
+        "ylabel": "Received rate (Mbit/s)" if datagrams else "Throughput (Mbit/s)",
         "panels": panels,
     }
+
+
+def received_over_time(rec: dict) -> dict:
+    """One case's series: iperf3's intervals, but what was received. A datagram test's client
+    intervals (they count `packets`) are what the sender sent: its receiver's intervals are
+    drawn where recorded (`server_intervals`), else the rate it received over the whole test, at
+    each interval's end; `loss_pct` comes with it."""
+    ivs = [iv for iv in rec.get("intervals") or [] if not iv.get("omitted")]
+    if not any("packets" in iv for iv in ivs):
+        return {"x": [iv["end"] for iv in ivs], "y": [iv["bps"] * 1e-6 for iv in ivs]}
+    out: dict = {"loss_pct": rec.get("loss_pct")}
+    srv = [iv for iv in rec.get("server_intervals") or [] if not iv.get("omitted")]
+    if srv:
+        out.update(x=[iv["end"] for iv in srv], y=[iv["bps"] * 1e-6 for iv in srv])
+    else:
+        got = rec.get("receiver_bps")
+        out.update(x=[iv["end"] for iv in ivs], y=[(got or 0.0) * 1e-6 for _ in ivs])
+    return out
 
 
 #: a throughput series whose last half differs from its first half by more than this share of
@@ -363,7 +382,10 @@ def _lines(plt, data: dict, *, errors: bool = True, marker: str | None = "o", st
             style_axis(ax, [x for s in panel.values() for x in s["x"]], data["xlabel"], "x")
         else:
             ax.set_xlabel(data["xlabel"])
-            style_axis(ax, [y for s in panel.values() for y in s["y"]], data["ylabel"])
+            ys = [y for s in panel.values() for y in s["y"]]
+            style_axis(ax, ys, data["ylabel"])
+            if ys and ax.get_yscale() == "linear" and max(ys) > 0:
+                ax.set_ylim(top=1.12 * max(ys))  # a line at the maximum stays in sight
             if x0 is not None:
                 ax.set_xlim(left=x0)
         ax.set_title(title)
