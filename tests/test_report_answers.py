@@ -238,3 +238,37 @@ def test_udp_plots_draw_what_was_received_and_loss_under_every_condition(tmp_pat
     assert u["panels"]["udp: received"]["network1"]["y"][0] == pytest.approx(15.7)
     assert u["panels"]["udp: loss"]["none"]["y"] == pytest.approx([67.6, 23.7, 0.5])
     assert u["target"]["udp"] == 100
+
+
+def test_warnings_are_short_said_once_and_name_the_tests(tmp_path):
+    """Issue 32: four boxes filled the first screen; "3 of 32 tests ran with node threads
+    waiting" must name the three."""
+    held = {"nodes": {"client": {"run_queue": {"run_s": 1.0, "wait_s": 3.0}, "throttled_s": 0.0},
+                      "server": {"run_queue": {"run_s": 1.0, "wait_s": 0.1}}}}  # fmt: skip
+    run = tiny_run(tmp_path / "r", {
+        ("baseline", "none", "tcp"): [900e6, 901e6, 899e6],
+        ("wireguard", "none", "tcp"): [60e6, 61e6, 59e6],
+    }, entry=lambda p, c, lb, rep, v: {"monitor": held} if p == "wireguard" and rep < 2 else {})  # fmt: skip
+    m = json.loads(run.file("manifest.json").read_text())
+    m["lab_warnings"] = ["nodes client, server run under qemu-user: a long paragraph " * 4] * 2
+    m["cpu"] = {"client": {"profile": "pi4", "calibrated": False}}
+    run.file("manifest.json").write_text(json.dumps(m))
+    md = _md(run)
+    top = md[: md.index("- [Summary]")]
+    boxes = [ln for ln in top.splitlines() if ln.startswith("> **Warning:**")]
+    assert len(boxes) == 3  # the two identical lab warnings said once
+    assert all(len(b) < 200 for b in boxes)
+    assert (
+        "> **Warning:** 2 of 6 tests ran with node threads waiting for this machine's CPUs "
+        "longer than they ran, their CPU caps barely throttled ([Warnings](#warnings))" in top
+    )
+    assert "> **Warning:** CPU profile uncalibrated on this machine ([Set-up](#set-up))" in top
+    w = _section(md, "Warnings").replace("\\|", "|")
+    assert (
+        "The tests: `wireguard|none|tcp|0` (nodes client), `wireguard|none|tcp|1` (nodes "
+        "client)." in w
+    )
+    assert w.count("qemu-user") == 4  # the whole lab warning, once
+    assert "- [Warnings](#warnings)" in md
+    html = run.file("report.html").read_text()
+    assert html.count("class='warn'") == 3 and "<a href='#warnings'>Warnings</a>" in html

@@ -7,7 +7,7 @@ from __future__ import annotations
 from lab.model.cpucalibration import fit_quality
 from lab.results.doc import Doc, in_order
 from lab.results.rundir import RunDir
-from lab.substrate.local.monitor import host_contention_warning
+from lab.substrate.local.monitor import host_contention_warning, host_held_nodes
 from lab.substrate.registry import report_rows, report_warnings
 
 
@@ -152,13 +152,16 @@ def warnings_section(doc: Doc, results: list[dict], m: dict) -> None:
     if any(c.get("calibrated") is False for c in cpus) and not any(
         "uncalibrated" in w for w in lab_warnings
     ):
-        doc.warn(UNCALIBRATED)
+        doc.warn(UNCALIBRATED, "Set-up")
     for c in cpus:
         if c.get("not_applied"):
-            doc.warn(f"CPU cap of profile {c.get('profile')} not applied ({c['not_applied']}).")
+            doc.warn(
+                f"CPU cap of profile {c.get('profile')} not applied ({c['not_applied']}).",
+                "Set-up",
+            )
         fit = (c.get("calibration") or {}).get("fit") or {}
         if fit.get("warning"):
-            doc.warn(fit["warning"])
+            doc.warn(fit["warning"], "Set-up")
     for w in report_warnings(m.get("substrate")):
         doc.warn(w)
     for w in lab_warnings:
@@ -170,7 +173,8 @@ def warnings_section(doc: Doc, results: list[dict], m: dict) -> None:
         )
         doc.warn(
             f"{len(failed)} of {len(results)} case repetitions failed ({names}); see Failed "
-            "cases. Their cells show '[N failed]'."
+            "cases. Their cells show '[N failed]'.",
+            "Failed cases",
         )
     throttled = sum(
         1
@@ -178,9 +182,15 @@ def warnings_section(doc: Doc, results: list[dict], m: dict) -> None:
         if (((r.get("monitor") or {}).get("host") or {}).get("vcgencmd") or {}).get("throttled")
     )
     if throttled:
-        doc.warn(f"{throttled} test(s) ran throttled by the Pi firmware (see Set-up).")
+        doc.warn(f"{throttled} test(s) ran throttled by the Pi firmware.", "Set-up")
     if contended := host_contention_warning(results):
-        doc.warn(contended)
+        held = [(r["case"], host_held_nodes(r.get("monitor") or {})) for r in results]
+        doc.warn(
+            contended,
+            details="The tests: "
+            + ", ".join(f"`{case}` (nodes {', '.join(nodes)})" for case, nodes in held if nodes)
+            + ".",
+        )
 
 
 def calibration_rows(m: dict) -> list[list[str]]:
@@ -250,7 +260,7 @@ def conditions_section(doc: Doc, results: list[dict], points: list[str]) -> None
     for name in in_order(list(rows), points):
         for w in sorted(rows[name].get("warnings", ())):
             doc.p(f"**Warning ({name}):** {w}")
-            doc.warn(f"impairment point {name}: {w}")
+            doc.warn(f"impairment point {name}: {w}", "Network conditions in force")
 
 
 def throttling_section(doc: Doc, results: list[dict]) -> None:

@@ -73,6 +73,7 @@ def generate(run_path: Path) -> dict:
     budget_section(doc, budget, len(results), sum(1 for r in results if r.get("ok")))
     _results_tables(doc, table, profiles, points, labels, plan, results, manifest)
     recommendation_section(doc, table, profiles, points, labels, manifest)
+    doc.warnings_here()
     if plots:
         doc.h("Plots")
         for rel, alt in plots:
