@@ -47,8 +47,9 @@ class Doc:
 
     title: str
     blocks: list[tuple[str, Any]] = field(default_factory=list)
-    #: (text, heading of the section with the details or None: the Warnings section)
-    warnings: list[tuple[str, str | None]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    #: the heading of the section with a warning's details, by text (none: the Warnings section)
+    warning_where: dict[str, str] = field(default_factory=dict)
     #: details of a warning shown in the Warnings section after its text, by text
     warning_details: dict[str, str] = field(default_factory=dict)
     links: list[tuple[str, str]] = field(default_factory=list)
@@ -63,8 +64,10 @@ class Doc:
         """A warning the reader must see before any figure: said once, shortened at the top
         (its first clause), with a link to the section `where` (a heading) that has the details,
         else to the Warnings section, which then holds its whole text and `details`."""
-        if text not in [w for w, _ in self.warnings]:
-            self.warnings.append((text, where))
+        if text not in self.warnings:
+            self.warnings.append(text)
+            if where:
+                self.warning_where[text] = where
             if details:
                 self.warning_details[text] = details
 
@@ -79,7 +82,7 @@ class Doc:
             if kind != "warnings":
                 out.append((kind, v))
                 continue
-            own = [w for w, h in self.warnings if h is None]
+            own = [w for w in self.warnings if w not in self.warning_where]
             if own:
                 out.append(("h", WARNINGS))
                 for w in own:
@@ -89,7 +92,7 @@ class Doc:
 
     def _top(self) -> list[tuple[str, str]]:
         """The warnings at the top: (short text, heading of the section with the details)."""
-        return [(short_warning(w), h or WARNINGS) for w, h in self.warnings]
+        return [(short_warning(w), self.warning_where.get(w, WARNINGS)) for w in self.warnings]
 
     def link(self, path: str, what: str) -> None:
         self.links.append((path, what))
@@ -185,13 +188,15 @@ class Doc:
 #: the heading of the section with the warnings' whole texts
 WARNINGS = "Warnings"
 
-#: a warning at the top is cut to its first clause, and to this many characters at most
+#: a warning at the top longer than this is cut to its first clause, and to this length
 SHORT_WARNING = 120
 
 
 def short_warning(text: str) -> str:
-    """A warning's first clause (up to the first '. ', ': ', '; ' or ' (' after 20 characters),
-    at most SHORT_WARNING characters, cut at a word."""
+    """A warning as it is, if it is short; else its first clause (up to the first '. ', ': ',
+    '; ' or ' (' after 20 characters), at most SHORT_WARNING characters, cut at a word."""
+    if len(text) <= SHORT_WARNING:
+        return text
     cuts = [i for sep in (". ", ": ", "; ", " (") if (i := text.find(sep, 20)) > 0]
     short = text[: min(cuts)] if cuts else text.rstrip(".")
     if len(short) > SHORT_WARNING:

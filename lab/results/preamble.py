@@ -182,7 +182,7 @@ def warnings_section(doc: Doc, results: list[dict], m: dict) -> None:
         if (((r.get("monitor") or {}).get("host") or {}).get("vcgencmd") or {}).get("throttled")
     )
     if throttled:
-        doc.warn(f"{throttled} test(s) ran throttled by the Pi firmware.", "Set-up")
+        doc.warn(f"{throttled} test(s) ran throttled by the Pi firmware (see Set-up).", "Set-up")
     if contended := host_contention_warning(results):
         held = [(r["case"], host_held_nodes(r.get("monitor") or {})) for r in results]
         doc.warn(
