@@ -48,6 +48,10 @@ class Doc:
     title: str
     blocks: list[tuple[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: the heading of the section with a warning's details, by text (none: the Warnings section)
+    warning_where: dict[str, str] = field(default_factory=dict)
+    #: details of a warning shown in the Warnings section after its text, by text
+    warning_details: dict[str, str] = field(default_factory=dict)
     links: list[tuple[str, str]] = field(default_factory=list)
 
     def h(self, text: str) -> None:
@@ -56,10 +60,39 @@ class Doc:
     def p(self, text: str) -> None:
         self.blocks.append(("p", text))
 
-    def warn(self, text: str) -> None:
-        """A warning the reader must see before any figure (shown at the top)."""
+    def warn(self, text: str, where: str | None = None, details: str | None = None) -> None:
+        """A warning the reader must see before any figure: said once, shortened at the top
+        (its first clause), with a link to the section `where` (a heading) that has the details,
+        else to the Warnings section, which then holds its whole text and `details`."""
         if text not in self.warnings:
             self.warnings.append(text)
+            if where:
+                self.warning_where[text] = where
+            if details:
+                self.warning_details[text] = details
+
+    def warnings_here(self) -> None:
+        """The place of the Warnings section: the whole text of each warning whose details have
+        no section of their own (nothing when there is none)."""
+        self.blocks.append(("warnings", None))
+
+    def _blocks(self) -> list[tuple[str, Any]]:
+        out = []
+        for kind, v in self.blocks:
+            if kind != "warnings":
+                out.append((kind, v))
+                continue
+            own = [w for w in self.warnings if w not in self.warning_where]
+            if own:
+                out.append(("h", WARNINGS))
+                for w in own:
+                    out.append(("p", w + (f" {self.warning_details[w]}" if w in
+                                          self.warning_details else "")))  # fmt: skip
+        return out
+
+    def _top(self) -> list[tuple[str, str]]:
+        """The warnings at the top: (short text, heading of the section with the details)."""
+        return [(short_warning(w), self.warning_where.get(w, WARNINGS)) for w in self.warnings]
 
     def link(self, path: str, what: str) -> None:
         self.links.append((path, what))
@@ -74,17 +107,17 @@ class Doc:
         self.blocks.append(("pre", (summary, text)))
 
     def headings(self) -> list[str]:
-        return [v for k, v in self.blocks if k == "h"]
+        return [v for k, v in self._blocks() if k == "h"]
 
     def markdown(self) -> str:
         out = [f"# {self.title}", ""]
-        out += [f"> **Warning:** {w}" + "\n>" for w in self.warnings]
+        out += [f"> **Warning:** {w} ([{h}](#{_anchor(h)}))" + "\n>" for w, h in self._top()]
         if self.warnings:
             out.append("")
         if self.links:
             out += ["Files: " + ", ".join(f"[{p}]({p}) ({w})" for p, w in self.links), ""]
         out += [f"- [{h}](#{_anchor(h)})" for h in self.headings()] + [""]
-        for kind, v in self.blocks:
+        for kind, v in self._blocks():
             if kind == "h":
                 out += [f"## {v}", ""]
             elif kind == "p":
@@ -117,8 +150,9 @@ class Doc:
             "nav ul{columns:2}",
             f"</style></head><body><h1>{e(self.title)}</h1>",
         ]
-        for w in self.warnings:
-            out.append(f"<div class='warn'><b>Warning:</b> {_inline_html(w)}</div>")
+        for w, h in self._top():
+            more = f" (<a href='#{_anchor(h)}'>{e(h)}</a>)"
+            out.append(f"<div class='warn'><b>Warning:</b> {_inline_html(w)}{more}</div>")
         if self.links:
             out.append(
                 "<p>Files: "
@@ -130,7 +164,7 @@ class Doc:
             + "".join(f"<li><a href='#{_anchor(h)}'>{e(h)}</a></li>" for h in self.headings())
             + "</ul></nav>"
         )
-        for kind, v in self.blocks:
+        for kind, v in self._blocks():
             if kind == "h":
                 out.append(f"<h2 id='{_anchor(v)}'>{e(v)}</h2>")
             elif kind == "p":
@@ -149,6 +183,27 @@ class Doc:
                 out.append(f"<details><summary>{e(v[0])}</summary><pre>{e(v[1])}</pre></details>")
         out.append("</body></html>")
         return "\n".join(out)
+
+
+#: the heading of the section with the warnings' whole texts
+WARNINGS = "Warnings"
+
+#: a warning at the top longer than this is cut to its first clause, and to this length
+SHORT_WARNING = 120
+
+
+def short_warning(text: str) -> str:
+    """A warning as it is, if it is short; else its first clause (up to the first '. ', ': ',
+    '; ' or ' (' after 20 characters), at most SHORT_WARNING characters, cut at a word."""
+    if len(text) <= SHORT_WARNING:
+        return text
+    cuts = [i for sep in (". ", ": ", "; ", " (") if (i := text.find(sep, 20)) > 0]
+    short = text[: min(cuts)] if cuts else text.rstrip(".")
+    if len(short) > SHORT_WARNING:
+        short = short[:SHORT_WARNING].rsplit(" ", 1)[0] + " ..."
+    if short.count("`") % 2:  # never cut inside `code`
+        short = short[: short.rindex("`")].rstrip() + " ..."
+    return short
 
 
 _NUMERIC = re.compile(
@@ -211,7 +266,9 @@ def stat_cell(s: dict | None, scale: float) -> str:
         return "-"
     out = f"{fmt_value(s['mean'] * scale)}"
     if s["n"] > 1:
-        out += f" ± {fmt_value(s['sd'] * scale, 2)}"
+        sd = s["sd"] * scale
+        # a spread below the mean's last digits is float noise: 0
+        out += f" ± {fmt_value(sd if abs(sd) > 1e-9 * abs(s['mean'] * scale) else 0.0, 2)}"
     return out + f" (n={s['n']})"
 
 
@@ -240,6 +297,7 @@ METRIC_NAMES = {
     "latency_p50_us": "median latency",
     "seconds": "transfer time",
     "loss_pct": "loss",
+    "jitter_ms": "jitter",
     "echo_replies": "echo replies",
 }
 

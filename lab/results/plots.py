@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from lab.results.series import condition_legend, series_plots, style_axis
+from lab.results.series import NO_BAR, condition_legend, drawn_err, series_plots, style_axis
 from lab.results.doc import rows_where, mean_of, in_order, stats_of, board_cores, draws
 from lab.results.rundir import RunDir
 from lab.core.state import write_text_atomic
@@ -40,7 +40,11 @@ def save_figure(fig, run: RunDir, name: str, data: dict | None = None) -> str:
     return f"plots/{name}.png"
 
 
-def _err(s: dict, scale: float, mode: str) -> tuple[float, float]:
+def _err(s: dict, scale: float, mode: str) -> tuple[float | None, float | None]:
+    """The error bar of one mean below and above it; none (None, None) for one value, whose
+    spread is unknown (a bar of 0 would claim none)."""
+    if s["n"] < 2:
+        return (None, None)
     if mode == "minmax":
         return ((s["mean"] - s["min"]) * scale, (s["max"] - s["mean"]) * scale)
     return (s["sd"] * scale, s["sd"] * scale)
@@ -69,7 +73,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             layout="constrained",
         )
         data = {
-            "title": f"Throughput per implementation, no impairment (error bars: {mode})",
+            "title": f"Throughput per implementation, no impairment (error bars: {mode}; {NO_BAR})",
             "xlabel": "Profile",
             "ylabel": "Throughput (Mbit/s)",
             "panels": {},
@@ -87,7 +91,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                     errs[0].append(lo)
                     errs[1].append(hi)
             data["panels"][lb] = {"none": {"x": xs, "y": ys, "err": errs}}
-            ax.bar(range(len(xs)), ys, yerr=errs, capsize=4, color="tab:blue")
+            ax.bar(range(len(xs)), ys, yerr=drawn_err(errs), capsize=4, color="tab:blue")
             ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right")
             ax.set_title(f"{lb} ({tests[lb]})")
             style_axis(ax, ys, "Throughput (Mbit/s)")
@@ -107,7 +111,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             layout="constrained",
         )
         data = {
-            "title": f"Throughput per network condition (error bars: {mode})",
+            "title": f"Throughput per network condition (error bars: {mode}; {NO_BAR})",
             "xlabel": "Profile",
             "ylabel": "Throughput (Mbit/s)",
             "panels": {},
@@ -142,7 +146,7 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
                     panel[c]["y"].append(ys[-1])
                     panel[c]["err"][0].append(lo)
                     panel[c]["err"][1].append(hi)
-                ax.bar(xs, ys, width, yerr=errs, capsize=3, label=c, color=f"C{j % 10}")
+                ax.bar(xs, ys, width, yerr=drawn_err(errs), capsize=3, label=c, color=f"C{j % 10}")
                 for x in failed:
                     ax.text(x, 0.02, "all failed", rotation=90, ha="center", va="bottom",
                             fontsize=7, color=f"C{j % 10}",
@@ -234,45 +238,75 @@ def make_plots(run: RunDir, table: list[dict], plan: dict) -> list[tuple[str, st
             a.grid(alpha=0.3)
             a.legend(fontsize=7)
         out.append((save_figure(fig, run, f"udp_sweep_{lb}"), f"UDP sweep {lb}"))
-    labels = [lb for lb in udp_labels if rows_where(unimp, test_label=lb)]
+    labels = [lb for lb in udp_labels if rows_where(table, test_label=lb, ok=True)]
     if labels:
+        data = rate_target_data(table, labels, profiles, points)
         fig, axes = plt.subplots(
             2,
             len(labels),
-            figsize=(max(6, 4.5 * len(labels)), 7),
+            figsize=(max(6, 4.8 * len(labels)), 7),
             squeeze=False,
             layout="constrained",
         )
         for k, lb in enumerate(labels):
-            rs = rows_where(unimp, test_label=lb)
-            x = range(len(profiles))
-            tgt = [mean_of([r["rate_mbit"] for r in rows_where(rs, profile=p)]) for p in profiles]
-            ach = [
-                mean_of([r["receiver_bps"] for r in rows_where(rs, profile=p)]) for p in profiles
-            ]
-            snt = [mean_of([r["sent_pps"] for r in rows_where(rs, profile=p)]) for p in profiles]
-            rcv = [
-                mean_of([r["received_pps"] for r in rows_where(rs, profile=p)]) for p in profiles
-            ]
-            tpp = [mean_of([r["target_pps"] for r in rows_where(rs, profile=p)]) for p in profiles]
-            a1, a2 = axes[0][k], axes[1][k]
-            a1.bar([i - 0.2 for i in x], [t or 0 for t in tgt], 0.4, label="target")
-            a1.bar([i + 0.2 for i in x], [(a or 0) * 1e-6 for a in ach], 0.4, label="achieved")
-            a1.set_ylabel("Rate (Mbit/s)")
-            a1.set_title(f"{lb}: target vs achieved rate")
-            w = 0.27
-            a2.bar([i - w for i in x], [t or 0 for t in tpp], w, label="target pps")
-            a2.bar(list(x), [s or 0 for s in snt], w, label="sent pps")
-            a2.bar([i + w for i in x], [r or 0 for r in rcv], w, label="received pps")
-            a2.set_ylabel("Packets per second")
-            a2.set_title(f"{lb}: packets/s")
-            for a in (a1, a2):
-                a.set_xticks(list(x), profiles, rotation=30, ha="right")
-                a.grid(axis="y", alpha=0.3)
-                a.legend(fontsize=7)
-        out.append((save_figure(fig, run, "udp"), "UDP target vs achieved rate and packets/s"))
+            for row, (key, ylabel) in enumerate(
+                (("received", "Received rate (Mbit/s)"), ("loss", "Loss (% of datagrams sent)"))
+            ):
+                ax, panel = axes[row][k], data["panels"][f"{lb}: {key}"]
+                conds = list(panel)
+                width = 0.8 / max(1, len(conds))
+                for j, c in enumerate(conds):
+                    xs = [profiles.index(p) + j * width for p in panel[c]["x"]]
+                    ax.bar(xs, panel[c]["y"], width, yerr=drawn_err(panel[c]["err"]),
+                           capsize=3, label=c, color=f"C{j % 10}")  # fmt: skip
+                if key == "received" and data["target"].get(lb):
+                    ax.axhline(data["target"][lb], color="k", ls="--", lw=0.8)
+                    ax.text(0.01, data["target"][lb], f" target {data['target'][lb]:g} Mbit/s",
+                            va="bottom", fontsize=7, transform=ax.get_yaxis_transform())  # fmt: skip
+                ax.set_xticks(
+                    [i + width * (len(conds) - 1) / 2 for i in range(len(profiles))],
+                    profiles,
+                    rotation=30,
+                    ha="right",
+                )
+                ax.set_ylabel(ylabel)
+                ax.set_ylim(bottom=0)
+                ax.set_title(f"{lb}: {ylabel.split(' (')[0].lower()} per condition")
+                ax.grid(axis="y", alpha=0.3)
+                condition_legend(ax, conds, len(profiles), width)
+        fig.suptitle(data["title"])
+        out.append((save_figure(fig, run, "udp", data), "UDP received rate and loss per condition"))
     out += series_plots(run, plan, lambda fig, name, data: save_figure(fig, run, name, data), plt)
     return out
+
+
+def rate_target_data(table, labels, profiles, points) -> dict:
+    """Per test that sends at a target rate: the received rate and the loss (mean, sd; no bar
+    for one value) per profile (x) and network condition (series), and the target."""
+    data: dict = {
+        "title": f"Received rate against the target, and loss, per condition (error bars: sd; "
+        f"{NO_BAR})",
+        "xlabel": "Profile",
+        "panels": {},
+        "target": {},
+    }
+    for lb in labels:
+        rs = rows_where(table, test_label=lb, ok=True, point=0)
+        conds = in_order([r["impairment"] for r in rs], points)
+        for key, col, scale in (("received", "receiver_bps", 1e-6), ("loss", "loss_pct", 1.0)):
+            panel = data["panels"].setdefault(f"{lb}: {key}", {})
+            for c in conds:
+                xs, ys, err = [], [], []
+                for p in profiles:
+                    st = stats_of([r[col] for r in rows_where(rs, profile=p, impairment=c)])
+                    if st:
+                        xs.append(p)
+                        ys.append(st["mean"] * scale)
+                        err.append(st["sd"] * scale if st["n"] > 1 else None)
+                if xs:
+                    panel[c] = {"x": xs, "y": ys, "err": err}
+        data["target"][lb] = mean_of([r["rate_mbit"] for r in rs])
+    return data
 
 
 def cpu_data(run: RunDir, unimp: list[dict], profiles: list[str], labels: list[str]) -> dict:

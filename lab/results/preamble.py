@@ -7,7 +7,7 @@ from __future__ import annotations
 from lab.model.cpucalibration import fit_quality
 from lab.results.doc import Doc, in_order
 from lab.results.rundir import RunDir
-from lab.substrate.local.monitor import host_contention_warning
+from lab.substrate.local.monitor import host_contention_warning, host_held_nodes
 from lab.substrate.registry import report_rows, report_warnings
 
 
@@ -64,6 +64,56 @@ def setup_section(doc: Doc, run: RunDir, m: dict, plan: dict) -> None:
         doc.table(["tool", "version"], [[k2, v] for k2, v in tools.items()])
 
 
+def what_ran_section(doc: Doc, plan: dict, results: list[dict]) -> None:
+    """What really ran, from plan.json (the plan after its `-o` overrides) and the records: the
+    overrides, and per test its parameters, repetitions and the wall time of its cases. The
+    plan file's description is quoted as written, so it is marked when overrides changed it."""
+    overrides = [str(o) for o in plan.get("overrides") or []]
+    doc.h("What ran")
+    if plan.get("description"):
+        doc.p(
+            ("Plan description, as the plan file has it (the overrides below change it): "
+             if overrides else "Plan description: ")
+            + plan["description"]
+        )  # fmt: skip
+    for n in plan.get("notes") or []:
+        doc.p(f"**Note:** {n}")
+    doc.p(
+        "Overridden on the command line: " + " ".join(f"`-o {o}`" for o in overrides) + "."
+        if overrides
+        else "No `-o` overrides: the plan file as written."
+    )
+    rows = []
+    for t in plan.get("tests", []):
+        params = t.get("params") or {}
+        shown = ", ".join(
+            f"{k}={v}" for k, v in params.items() if k != "port" and not k.startswith("adaptive_")
+        )
+        rs = [r for r in results if r.get("label") == t["label"]]
+        secs = [r["seconds"] for r in rs if r.get("seconds") is not None]
+        reps = (
+            f"{t['reps']} per condition"
+            if t.get("reps") is not None
+            else f"{plan.get('reps')} unimpaired, {plan.get('impaired_reps')} impaired"
+        )
+        rows.append(
+            [
+                t["label"],
+                t["test"],
+                shown or "-",
+                reps,
+                f"{len(rs)} ({sum(1 for r in rs if r.get('ok'))} ok)",
+                f"{sum(secs) / len(secs):.1f} s" if secs else "-",
+            ]
+        )
+    if rows:
+        doc.table(
+            ["test", "kind", "parameters as run", "repetitions", "cases recorded",
+             "wall time per case"],
+            rows,
+        )  # fmt: skip
+
+
 def shard_rows(m: dict) -> list[list[str]]:
     """A shard's place in its plan, or the machines a merged run came from (docs/scale.md)."""
     if m.get("shard"):
@@ -102,13 +152,16 @@ def warnings_section(doc: Doc, results: list[dict], m: dict) -> None:
     if any(c.get("calibrated") is False for c in cpus) and not any(
         "uncalibrated" in w for w in lab_warnings
     ):
-        doc.warn(UNCALIBRATED)
+        doc.warn(UNCALIBRATED, "Set-up")
     for c in cpus:
         if c.get("not_applied"):
-            doc.warn(f"CPU cap of profile {c.get('profile')} not applied ({c['not_applied']}).")
+            doc.warn(
+                f"CPU cap of profile {c.get('profile')} not applied ({c['not_applied']}).",
+                "Set-up",
+            )
         fit = (c.get("calibration") or {}).get("fit") or {}
         if fit.get("warning"):
-            doc.warn(fit["warning"])
+            doc.warn(fit["warning"], "Set-up")
     for w in report_warnings(m.get("substrate")):
         doc.warn(w)
     for w in lab_warnings:
@@ -120,7 +173,8 @@ def warnings_section(doc: Doc, results: list[dict], m: dict) -> None:
         )
         doc.warn(
             f"{len(failed)} of {len(results)} case repetitions failed ({names}); see Failed "
-            "cases. Their cells show '[N failed]'."
+            "cases. Their cells show '[N failed]'.",
+            "Failed cases",
         )
     throttled = sum(
         1
@@ -128,9 +182,15 @@ def warnings_section(doc: Doc, results: list[dict], m: dict) -> None:
         if (((r.get("monitor") or {}).get("host") or {}).get("vcgencmd") or {}).get("throttled")
     )
     if throttled:
-        doc.warn(f"{throttled} test(s) ran throttled by the Pi firmware (see Set-up).")
+        doc.warn(f"{throttled} test(s) ran throttled by the Pi firmware (see Set-up).", "Set-up")
     if contended := host_contention_warning(results):
-        doc.warn(contended)
+        held = [(r["case"], host_held_nodes(r.get("monitor") or {})) for r in results]
+        doc.warn(
+            contended,
+            details="The tests: "
+            + ", ".join(f"`{case}` (nodes {', '.join(nodes)})" for case, nodes in held if nodes)
+            + ".",
+        )
 
 
 def calibration_rows(m: dict) -> list[list[str]]:
@@ -200,7 +260,7 @@ def conditions_section(doc: Doc, results: list[dict], points: list[str]) -> None
     for name in in_order(list(rows), points):
         for w in sorted(rows[name].get("warnings", ())):
             doc.p(f"**Warning ({name}):** {w}")
-            doc.warn(f"impairment point {name}: {w}")
+            doc.warn(f"impairment point {name}: {w}", "Network conditions in force")
 
 
 def throttling_section(doc: Doc, results: list[dict]) -> None:

@@ -11,6 +11,7 @@ the test declares (Test.plots, Test.ranks), never its name.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from lab.core.state import write_text_atomic
@@ -35,9 +36,11 @@ from lab.results.preamble import (
     setup_section,
     throttling_section,
     warnings_section,
+    what_ran_section,
 )
-from lab.results.ranking import recommendation_section
+from lab.results.ranking import recommendation_section, summary_section
 from lab.results.rundir import RunDir, imported_figure, time_budget, write_tables
+from lab.results.series import UNSETTLED_SHARE, unsettled
 
 
 def generate(run_path: Path) -> dict:
@@ -62,16 +65,15 @@ def generate(run_path: Path) -> dict:
     if (d := dilation.factor(manifest.get("dilation"))) != 1.0:
         doc.p(dilation.report_line(d, (manifest.get("kernel") or {}).get("cpus")))
     warnings_section(doc, results, manifest)
-    if plan.get("description"):
-        doc.p(plan["description"])
-    for n in plan.get("notes") or []:
-        doc.p(f"**Note:** {n}")
+    summary_section(doc, table, profiles, points, plan, manifest)
+    what_ran_section(doc, plan, results)
     setup_section(doc, run, manifest, plan)
     conditions_section(doc, results, points)
     throttling_section(doc, results)
     budget_section(doc, budget, len(results), sum(1 for r in results if r.get("ok")))
     _results_tables(doc, table, profiles, points, labels, plan, results, manifest)
     recommendation_section(doc, table, profiles, points, labels, manifest)
+    doc.warnings_here()
     if plots:
         doc.h("Plots")
         for rel, alt in plots:
@@ -125,9 +127,11 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
     doc.h("Results")
     doc.p(
         "Mean ± sample standard deviation (n = successful repetitions) per profile and "
-        "network condition; full per-repetition data in `results.csv`, statistics per case and "
-        "metric in `summary.csv`."
+        "network condition; a cell of n=1 is one value, whose spread is unknown, so it has no "
+        "± (nor its bar an error bar). Full per-repetition data in `results.csv`, statistics per "
+        "case and metric in `summary.csv`."
     )
+    _unsettled(doc, results, plan)
     tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
     present_points = in_order([r["impairment"] for r in table], points)
     for label in labels:
@@ -158,6 +162,15 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
             doc.p(f"**{label}** ({test}): received rate ({unit.split()[0]}) per target rate")
             doc.table(header, out)
             continue
+        extras = [
+            c
+            for c in SIDE_METRICS
+            if c != col and any(r.get(c) is not None for r in rows_l if r["ok"])
+        ]
+        if extras:  # a datagram test: loss and jitter beside the rate, one row per case
+            _side_by_side(doc, label, test, rows_l, profiles, present_points, extras)
+            _loss_notes(doc, label, rows_l, results, profiles, present_points)
+            continue
         header = ["profile"] + present_points
         for pidx in npoints:
             out = []
@@ -180,6 +193,121 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
             doc.p(f"**{label}** ({test}{what}): {metric_name(col)} ({unit.split()[0]})")
             doc.table(header, out)
     _cpu_table(doc, table, profiles, labels, tests, results, manifest)
+
+
+#: the metrics a test's table shows beside its primary one when its records have them
+SIDE_METRICS = {"loss_pct": "%", "jitter_ms": "ms"}
+
+
+def _side_by_side(doc, label, test, rows_l, profiles, points, extras) -> None:
+    col, unit, scale, _ = primary(test)
+    header = ["profile", "condition", f"{metric_name(col)} ({unit.split()[0]})"] + [
+        f"{metric_name(c)} ({SIDE_METRICS[c]})" for c in extras
+    ]
+    out = []
+    for prof in profiles:
+        for pt in points:
+            all_rs = rows_where(rows_l, profile=prof, impairment=pt, point=0)
+            if not all_rs:
+                continue
+            rs = [r for r in all_rs if r["ok"]]
+            failed = len(all_rs) - len(rs)
+            out.append(
+                [prof, pt, stat_cell(stats_of([r[col] for r in rs]), scale)
+                 + (f" [{failed} failed]" if failed else "")]
+                + [stat_cell(stats_of([r[c] for r in rs]), 1.0) for c in extras]
+            )  # fmt: skip
+    doc.p(
+        f"**{label}** ({test}): {metric_name(col)} ({unit.split()[0]}) with "
+        + " and ".join(metric_name(c) for c in extras)
+    )
+    doc.table(header, out)
+
+
+_SPEC_LOSS = re.compile(r"\bloss\s+(?:random\s+)?([\d.]+)%")
+
+
+def _loss_notes(doc, label, rows_l, results, profiles, points) -> None:
+    """Where the loss of a datagram test came from, as far as its records say: what the sender
+    could not send of the target, what the network condition drops by itself, what is left for
+    the path (tunnel daemons, their replay windows, queues), and reordering where counted."""
+    by_case = {r["case"]: r for r in results}
+    out = []
+    for prof in profiles:
+        for pt in points:
+            rs = rows_where(rows_l, profile=prof, impairment=pt, point=0, ok=True)
+            loss = mean_of([r["loss_pct"] for r in rs])
+            if not rs or loss is None or loss <= LOSS_WORTH_EXPLAINING:
+                continue
+            spec = rs[0]["impairment_spec"] or ""
+            m = _SPEC_LOSS.search(spec)
+            cond = float(m.group(1)) if m else 0.0
+            sent = mean_of([r["sent_pps"] for r in rs])
+            target = mean_of([r["target_pps"] for r in rs])
+            ooo = mean_of(
+                [((by_case.get(r["case"]) or {}).get("records") or [{}])[0].get("out_of_order")
+                 for r in rs]
+            )  # fmt: skip
+            out.append(
+                [
+                    prof,
+                    pt,
+                    f"{loss:.1f} %",
+                    f"{cond:g} %" + (f" (`{spec}`)" if spec else ""),
+                    f"{max(0.0, loss - cond):.1f} %",
+                    f"{100 * sent / target:.0f} %" if sent and target else "-",
+                    f"{ooo:.0f}" if ooo is not None else "not recorded",
+                ]
+            )
+    if not out:
+        return
+    doc.p(
+        f"**Where {label}'s loss comes from.** Of the datagrams sent, the network condition "
+        "drops its own share; the rest was lost on the way through the tunnel: its daemons (a "
+        "replay window drops datagrams that jitter reordered too far), their sockets, or the "
+        "queues. The records hold no daemon counters, so that rest is not split further; "
+        "datagrams out of order point at reordering, a sender below its target at the sender."
+    )
+    doc.table(
+        ["profile", "condition", "lost", "the condition's own loss", "lost on the way",
+         "sent of the target", "out of order per test"],
+        out,
+    )  # fmt: skip
+
+
+#: a datagram test's loss (%) above which the report says where it came from
+LOSS_WORTH_EXPLAINING = 1.0
+
+
+def _unsettled(doc, results, plan) -> None:
+    """Flag the tests too short to settle: their throughput still rising or falling at the end."""
+    hit = unsettled(results, plan)
+    if not hit:
+        return
+    doc.warn(
+        f"{len(hit)} test(s) too short to settle: throughput still rising or falling when they "
+        "ended",
+        "Results",
+    )
+    doc.p(
+        "**Tests too short to settle** (their throughput's last half differs from its first half "
+        f"by more than {UNSETTLED_SHARE:.0%}; a longer `duration_s`, or more RTTs per test, "
+        "measures the steady state):"
+    )
+    doc.table(
+        ["case", "throughput", "over", "RTT (ping)"],
+        [
+            [
+                f"`{u['case']}`",
+                f"{u['trend']}: {fmt_value(u['from_mbit'])} -> {fmt_value(u['to_mbit'])} Mbit/s",
+                f"{u['seconds']:g} s",
+                f"{fmt_value(u['rtt_ms'])} ms ({u['seconds'] * 1000 / u['rtt_ms']:.0f} RTTs)"
+                if u["rtt_ms"]
+                else "-",
+            ]
+            for u in hit
+        ],
+    )
 
 
 NODE_ROLES = ("vpn_client", "vpn_server", "traffic_client", "traffic_server")

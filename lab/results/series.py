@@ -34,6 +34,19 @@ LOG_RANGE = 100.0
 MAX_TIME_PANELS = 8
 
 
+#: said in every title with error bars: a mean of one value has none
+NO_BAR = "none where n = 1"
+
+
+def drawn_err(err):
+    """Error bars as matplotlib draws them: a missing one (None: one value) as NaN, no bar."""
+    if err is None:
+        return None
+    if err and isinstance(err[0], list):
+        return [drawn_err(e) for e in err]
+    return [float("nan") if e is None else e for e in err]
+
+
 def _first_record(entry: dict) -> dict:
     recs = entry.get("records") or []
     return recs[0] if recs else {}
@@ -127,7 +140,7 @@ def rtt_by_condition(results: list[dict], plan: dict) -> dict:
                 if s:
                     xs.append(p)
                     ys.append(s["mean"])
-                    errs.append(s["sd"])
+                    errs.append(s["sd"] if s["n"] > 1 else None)
                 elif any(r["profile"] == p and _point(r) == cond for r in every):
                     failed.append(p)  # every repetition failed: said on the plot, not left blank
             if xs or failed:
@@ -135,7 +148,7 @@ def rtt_by_condition(results: list[dict], plan: dict) -> dict:
         if panel:
             panels[t["label"]] = panel
     return {
-        "title": "Mean RTT per profile and network condition (error bars: sd)",
+        "title": f"Mean RTT per profile and network condition (error bars: sd; {NO_BAR})",
         "xlabel": "Profile",
         "ylabel": "Mean RTT (ms)",
         "panels": panels,
@@ -165,7 +178,7 @@ def metric_vs_sweep(results: list[dict], plan: dict, par: str, kind: str, value)
                 if s:
                     xs.append(v)
                     ys.append(s["mean"])
-                    errs.append(s["sd"])
+                    errs.append(s["sd"] if s["n"] > 1 else None)
             if xs:
                 panel[p] = {"x": xs, "y": ys, "err": errs}
         if panel and len({x for s in panel.values() for x in s["x"]}) >= 2:
@@ -180,25 +193,86 @@ def throughput_over_time(results: list[dict], plan: dict, label: str) -> dict:
     points = [p["name"] for p in plan.get("impairments", [])]
     rs = [r for r in _ok(results) if r.get("label") == label and _first_record(r).get("intervals")]
     panels: dict[str, dict] = {}
+    datagrams = False
     for cond in in_order([_point(r) for r in rs], points)[:MAX_TIME_PANELS]:
         panel = {}
         for p in profiles:
             for r in sorted(
                 (r for r in rs if r["profile"] == p and _point(r) == cond), key=lambda r: r["rep"]
             ):
-                ivs = [iv for iv in _first_record(r)["intervals"] if not iv.get("omitted")]
-                panel[f"{p} #{r['rep']}"] = {
-                    "x": [iv["end"] for iv in ivs],
-                    "y": [iv["bps"] * 1e-6 for iv in ivs],
-                }
+                panel[f"{p} #{r['rep']}"] = received_over_time(_first_record(r))
+                datagrams |= "loss_pct" in panel[f"{p} #{r['rep']}"]
         if panel:
             panels[cond] = panel
     return {
-        "title": f"{label}: throughput over time per case (iperf3 intervals, at their ends)",
+        "title": f"{label}: received rate over time per case (the receiver's intervals where "
+        "recorded, else its mean over the test; loss in the JSON)"
+        if datagrams
+        else f"{label}: throughput over time per case (iperf3 intervals, at their ends)",
         "xlabel": "Time since start (s)",
-        "ylabel": "Throughput (Mbit/s)",
+        "ylabel": "Received rate (Mbit/s)" if datagrams else "Throughput (Mbit/s)",
         "panels": panels,
     }
+
+
+def received_over_time(rec: dict) -> dict:
+    """One case's series: iperf3's intervals, but what was received. A datagram test's client
+    intervals (they count `packets`) are what the sender sent: its receiver's intervals are
+    drawn where recorded (`server_intervals`), else the rate it received over the whole test, at
+    each interval's end; `loss_pct` comes with it."""
+    ivs = [iv for iv in rec.get("intervals") or [] if not iv.get("omitted")]
+    if not any("packets" in iv for iv in ivs):
+        return {"x": [iv["end"] for iv in ivs], "y": [iv["bps"] * 1e-6 for iv in ivs]}
+    out: dict = {"loss_pct": rec.get("loss_pct")}
+    srv = [iv for iv in rec.get("server_intervals") or [] if not iv.get("omitted")]
+    if srv:
+        out.update(x=[iv["end"] for iv in srv], y=[iv["bps"] * 1e-6 for iv in srv])
+    else:
+        got = rec.get("receiver_bps")
+        out.update(x=[iv["end"] for iv in ivs], y=[(got or 0.0) * 1e-6 for _ in ivs])
+    return out
+
+
+#: a throughput series whose last half differs from its first half by more than this share of
+#: it is still rising or falling when the test ends: the test is too short to settle
+UNSETTLED_SHARE = 0.25
+
+
+def unsettled(results: list[dict], plan: dict) -> list[dict]:
+    """The cases of tests drawing throughput over time whose iperf3 intervals were still rising
+    or falling when the test ended (last half against first half, omitted intervals left out),
+    with the mean RTT that ping measured for the same profile and condition if any: a test too
+    short for its RTT (TCP's window still growing, or a queue still filling)."""
+    tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
+    rtts: dict[tuple, list[float]] = {}
+    for r in _ok(results):
+        if draws(tests.get(r.get("label"), r["test"]), "rtt") and rtt_avg_ms(r) is not None:
+            rtts.setdefault((r["profile"], _point(r)), []).append(rtt_avg_ms(r))
+    out = []
+    for r in _ok(results):
+        if not draws(tests.get(r.get("label"), r["test"]), "throughput-time"):
+            continue
+        ivs = [iv for iv in _first_record(r).get("intervals") or [] if not iv.get("omitted")]
+        if len(ivs) < 3:
+            continue
+        ys = [iv["bps"] for iv in ivs]
+        half = len(ys) // 2
+        first, last = sum(ys[:half]) / half, sum(ys[-half:]) / half
+        if first <= 0 or abs(last / first - 1) <= UNSETTLED_SHARE:
+            continue
+        rtt = rtts.get((r["profile"], _point(r)))
+        out.append(
+            {
+                "case": r["case"],
+                "label": r.get("label"),
+                "trend": "rising" if last > first else "falling",
+                "from_mbit": ys[0] * 1e-6,
+                "to_mbit": ys[-1] * 1e-6,
+                "seconds": ivs[-1]["end"],
+                "rtt_ms": sum(rtt) / len(rtt) if rtt else None,
+            }
+        )
+    return out
 
 
 def rtt_samples(entry: dict) -> list[float]:
@@ -258,7 +332,8 @@ def _bars(plt, data: dict):
         for j, (name, s) in enumerate(panel.items()):
             pos = [xs.index(x) + j * width for x in s["x"]]
             color = f"C{j % 10}"
-            ax.bar(pos, s["y"], width, yerr=s.get("err"), capsize=3, label=name, color=color)
+            ax.bar(pos, s["y"], width, yerr=drawn_err(s.get("err")), capsize=3, label=name,
+                   color=color)  # fmt: skip
             for x in s.get("failed", []):
                 ax.text(xs.index(x) + j * width, 0.02, "all failed", rotation=90, ha="center",
                         va="bottom", fontsize=7, color=color,
@@ -296,7 +371,9 @@ def _lines(plt, data: dict, *, errors: bool = True, marker: str | None = "o", st
             if step:
                 ax.step(s["x"], s["y"], where="post", **style)
             elif errors and s.get("err"):
-                ax.errorbar(s["x"], s["y"], yerr=s["err"], marker=marker, capsize=3, **style)
+                ax.errorbar(
+                    s["x"], s["y"], yerr=drawn_err(s["err"]), marker=marker, capsize=3, **style
+                )
             else:
                 ax.plot(s["x"], s["y"], marker=marker, **style)
         if step:
@@ -305,7 +382,10 @@ def _lines(plt, data: dict, *, errors: bool = True, marker: str | None = "o", st
             style_axis(ax, [x for s in panel.values() for x in s["x"]], data["xlabel"], "x")
         else:
             ax.set_xlabel(data["xlabel"])
-            style_axis(ax, [y for s in panel.values() for y in s["y"]], data["ylabel"])
+            ys = [y for s in panel.values() for y in s["y"]]
+            style_axis(ax, ys, data["ylabel"])
+            if ys and ax.get_yscale() == "linear" and max(ys) > 0:
+                ax.set_ylim(top=1.12 * max(ys))  # a line at the maximum stays in sight
             if x0 is not None:
                 ax.set_xlim(left=x0)
         ax.set_title(title)
@@ -342,7 +422,7 @@ def series_plots(run: RunDir, plan: dict, save, plt) -> list[tuple[str, str]]:
                 continue
             data.update(
                 title=f"{ylabel.split(' (')[0]} against {par}, one line per profile "
-                "(error bars: sd)",
+                f"(error bars: sd; {NO_BAR})",
                 xlabel=f"{par.capitalize()} ({unit})" if unit else par.capitalize(),
                 ylabel=ylabel,
             )
