@@ -117,6 +117,8 @@ def test_wait_ready_times_out(tmp_path):
 # -- privileged: real packets -------------------------------------------------------------
 
 root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create namespaces")
+# the `built` fixture may build the engine (cargo, 600 s budget) inside the first test using it
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")

@@ -234,6 +234,7 @@ def vm(tmp_path_factory):
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", ["l2tp"])
+@pytest.mark.timeout(700)  # 400 s in the guest, after the VM's boot in the module's fixture
 def test_l2tp_in_vm(vm, profile):
     cp = vm.run(
         [sys.executable, str(Path(__file__).resolve()), "--guest", "--id", "kl2tp", profile],

@@ -307,6 +307,7 @@ def guest_rows(vm, topology: str, profiles, timeout: float) -> list[dict]:
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.parametrize("topology", VM_RUNS)
+@pytest.mark.timeout(600)  # 300 s in the guest, after the VM's boot in the module's fixture
 def test_transport_mode_in_vm(vm, topology):
     rows = guest_rows(vm, topology, VM_RUNS[topology], timeout=300)
     for r in rows:
