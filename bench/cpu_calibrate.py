@@ -10,7 +10,11 @@
    second measured just before, outside the node: prediction = quota x that rate. Goal: the
    ratio within 1 +/- 0.3 (the cap gives the node the CPU time calibration fitted);
 3. a busy loop in a cpu=0.25 node for 4 s: the share of one core it got / its quota (goal >= 0.8;
-   it cannot exceed 1 by more than CFS slack).
+   it cannot exceed 1 by more than CFS slack);
+4. the profile's OpenSSL masks, unmasked vs masked rate per CPU second on this host, interleaved,
+   best of 3 (goals: AES-128-GCM >= 3x without AES-NI, ChaCha20-Poly1305 >= 1.5x without
+   AVX2; formerly asserted by tests/test_cpu_integration.py, which now checks the capability
+   vector OpenSSL reports and that masked is slower).
 
 Every ratio is a measurement on this machine against a reference measured in the same run. They
 move with the host's CPU model and load, which is why the tests (test_cpu_*.py) assert only the
@@ -140,6 +144,33 @@ def bench_quarter_core(lab_id: str) -> None:
         teardown(lab_id)
 
 
+MASK_GOALS = {"aes-128-gcm": ("aes", 3.0), "chacha20-poly1305": ("avx2", 1.5)}
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def bench_mask_slowdown(profile: str) -> None:
+    prof = load_profile(profile, merge_calibration=False)
+    plain = {k: v for k, v in os.environ.items() if k != "OPENSSL_ia32cap"}
+    masked = dict(plain, **prof.env)
+    flags = _cpu_flags()
+    for prim, (flag, goal) in MASK_GOALS.items():
+        if flag not in flags:
+            print(f"4. {prim}: host CPU lacks {flag}, nothing faster than the masked path")
+            continue
+        fast, slow = [], []
+        for _ in range(3):
+            fast.append(measure_openssl(prim, plain, 1).cpu_mbps)
+            slow.append(measure_openssl(prim, masked, 1).cpu_mbps)
+        ratio = max(fast) / max(slow)
+        print(f"4. {prim}: unmasked/masked {ratio:.1f}x (goal >= {goal}) {_ok(ratio >= goal)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="pi4")
@@ -156,6 +187,7 @@ def main():
         bench_calibration(a.profile, a.quick)
         bench_capped_node(a.profile, "bcal1")
         bench_quarter_core("bcal2")
+        bench_mask_slowdown(a.profile)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import subprocess
@@ -15,6 +16,38 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 TOPOS = REPO / "topologies"
 LAB = [sys.executable, "-m", "lab.cli.main"]
+
+
+DEFAULT_ROOTS = {"LAB_STATE_DIR": "/var/lib/lab", "LAB_RUN_DIR": "/run/lab"}  # lab.core.state's
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_state_roots(tmp_path_factory):
+    """The whole suite's own LAB_STATE_DIR and LAB_RUN_DIR, fresh for this session, so no test
+    (`lab clean` above all, which removes every lab it finds) ever sees the labs a user has up
+    under the default roots. Set even when the caller's environment names roots (they may be the
+    user's); a test wanting other roots sets its own (monkeypatch, board_farm), restored after.
+    The run root lies under /run like the default (hidden inside nodes) when we may write there."""
+    saved = {k: os.environ.get(k) for k in DEFAULT_ROOTS}
+    state = tmp_path_factory.mktemp("labstate")
+    run = Path(f"/run/lab-suite-{os.getpid()}") if os.access("/run", os.W_OK) else None
+    if run is None:
+        run = tmp_path_factory.mktemp("labrun")
+    os.environ["LAB_STATE_DIR"] = str(state)
+    os.environ["LAB_RUN_DIR"] = str(run)
+    yield {"LAB_STATE_DIR": state, "LAB_RUN_DIR": run}
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    # empty directories only: anything a leaked lab left (a mount) stays for `lab clean` to find
+    if run.is_dir():
+        for d in sorted((p for p in run.rglob("*") if p.is_dir()), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        with contextlib.suppress(OSError):
+            run.rmdir()
 
 
 def pytest_collection_modifyitems(config, items):

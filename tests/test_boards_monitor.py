@@ -1,11 +1,12 @@
-"""BoardMonitor (lab/substrate/boards/monitor.py): the parsers of the board-side reader's output, and, on an
-emulated board farm, a real monitor over the boards' SSH sessions: CPU rises while a board burns
-CPU, the summary has lab.substrate.local.monitor.Monitor's keys, readings the farm lacks are explained, and one
-sample costs milliseconds.
+"""BoardMonitor (lab/substrate/boards/monitor.py): the parsers of the board-side reader's output,
+and, on an emulated board farm, a real monitor over the boards' SSH sessions: a spinning
+process's CPU is seen and a sleeping one's is not, the node's total holds the spinner's share,
+the summary has lab.substrate.local.monitor.Monitor's keys, readings the farm lacks are
+explained, and one sample costs milliseconds.
 
-The emulated boards are namespaces of this machine, so their /proc/stat is this machine's: the
-burn runs on the router board (no CPU cap in pi_pair_middlebox) so that it adds a whole core to
-whatever else this machine is doing.
+The emulated boards are namespaces of this machine, so their /proc/stat is this machine's: how
+much CPU the spinner gets moves with whatever else this machine is doing, so the test asserts
+the mechanism (some vs none, contained in the total), never an amount, and never skips for load.
 """
 
 from __future__ import annotations
@@ -138,56 +139,54 @@ def _mean_total(samples, node, t0, t1):
     )
 
 
-def _idle_then_burn(farm) -> tuple[float, float, dict, dict]:
-    """Monitor 2 s idle, then 2 s with a shell spinning on the router board: (idle mean, burn
-    mean) of the router node's CPU, the whole summary, and the burner's daemon summary."""
+def _sleeper_and_burner(farm) -> tuple[dict, dict, float, dict]:
+    """Monitor the router board for 2 s while a shell spins and a `sleep` sleeps there, both
+    watched as daemons (by PID, on the board): (the spinner's and the sleeper's daemon
+    summaries, the router node's mean CPU over the spin, the whole summary)."""
     from lab.substrate.boards.monitor import BoardMonitor
 
     router = farm["router"]
-    mon = BoardMonitor(farm, [], interval=0.25)
-    mon.start()
-    t0 = time.monotonic()
-    time.sleep(2.0)
-    idle_end = time.monotonic() - t0
+    sleeper = router.popen(["sleep", "30"])
     burn = router.popen(["sh", "-c", "while :; do :; done"])
-    daemons = [{"node": "router", "name": "burn", "pid": burn.pid, "start_time": None}]
+    daemons = [
+        {"node": "router", "name": "burn", "pid": burn.pid, "start_time": None},
+        {"node": "router", "name": "sleeper", "pid": sleeper.pid, "start_time": None},
+    ]
     try:
-        # a second monitor watches the burner as a daemon (by PID, on its board)
-        dmon = BoardMonitor(farm, daemons, interval=0.25).start()
+        time.sleep(0.5)  # both past their exec: what the monitor sees is spinning and sleeping
+        mon = BoardMonitor(farm, daemons, interval=0.25).start()
+        t0 = time.monotonic()
         time.sleep(2.0)
-        burn_end = time.monotonic() - t0
-        dsum = dmon.stop()
+        end = time.monotonic() - t0
+        summary = mon.stop()
     finally:
-        burn.kill()
-        burn.wait(10)
-    summary = mon.stop()
-    idle = _mean_total(mon.samples, "router", 0.3, idle_end)
-    busy = _mean_total(mon.samples, "router", idle_end + 0.3, burn_end)
-    return idle, busy, summary, dsum["daemons"]["router/burn"]
+        for p in (burn, sleeper):
+            p.kill()
+            p.wait(10)
+    node = _mean_total(mon.samples, "router", 0.3, end)
+    d = summary["daemons"]
+    return d["router/burn"], d["router/sleeper"], node, summary
 
 
 @pytest.mark.root
-def test_cpu_rises_while_a_board_burns(farm):
-    # The board's /proc/stat is this machine's, shared with whatever else runs here: a machine
-    # already saturated by other work cannot show the rise, so try three times.
-    full = 100.0 * os.cpu_count()
-    tries = []
-    for _ in range(3):
-        idle, busy, summary, d = _idle_then_burn(farm)
-        # the burner itself, read from /proc/PID/stat on its board: how much CPU it got moves
-        # with the machine's load and the board's core cap, that it got some does not
-        assert d["cpu_pct"]["mean"] > 0 and d["cpu_pct"]["max"] > 0, d
-        assert d["rss_bytes_max"] > 0 and d["alive_throughout"] is True
-        assert summary["samples"] >= 10
-        assert not summary.get("errors"), summary["errors"]
-        tries.append((round(idle), round(busy)))
-        # a spinning shell is one more core busy (100 % of one core)
-        if busy > idle + 30:
-            return
-    if min(i for i, _ in tries) > full - 40:
-        pytest.skip(f"this machine stayed saturated by other work (idle vs burning, % of one "
-                    f"core, of {full:.0f}: {tries}): no room to see a rise")  # fmt: skip
-    pytest.fail(f"no CPU rise while burning (idle vs burning, % of one core): {tries}")
+def test_cpu_of_a_spinning_process_is_seen_and_a_sleeping_ones_is_not(farm):
+    # The board's /proc/stat is this machine's, shared with whatever else runs here, so how much
+    # CPU the spinner gets moves with the machine's load; THAT it gets some while the sleeper
+    # gets none, and that the node's total holds the spinner's share, do not (a loaded machine
+    # still gives a runnable process its fair share of 2 s; how much a spin adds on an idle
+    # machine is not asserted).
+    burn, sleeper, node, summary = _sleeper_and_burner(farm)
+    assert summary["samples"] >= 5 and not summary.get("errors"), summary
+    assert burn["alive_throughout"] is True and sleeper["alive_throughout"] is True
+    assert burn["rss_bytes_max"] > 0 and sleeper["rss_bytes_max"] > 0
+    assert burn["cpu_pct"]["mean"] > 0 and burn["cpu_pct"]["max"] > 0, burn
+    # a sleeping process accrues no CPU time: at most one 10 ms tick in a 0.25 s sample (4 %)
+    assert sleeper["cpu_pct"]["max"] <= 4.0 + 0.5, sleeper
+    assert burn["cpu_pct"]["mean"] > sleeper["cpu_pct"]["mean"], (burn, sleeper)
+    # the node's total (this machine's, % of one core) contains the spinner's share; the two
+    # are sampled at slightly different instants, hence the factor 2 of tolerance
+    assert node >= burn["cpu_pct"]["mean"] / 2, (node, burn["cpu_pct"])
+    assert node <= 100.0 * os.cpu_count() + 5, node
 
 
 @pytest.mark.root

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -110,26 +112,47 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _openssl_capabilities(env: dict[str, str]) -> tuple[int, int]:
+    """The capability vector OpenSSL itself runs with (`openssl info -cpusettings`, OpenSSL >= 3):
+    CPUID leaf 1 (EDX | ECX << 32) and leaf 7 (EBX | ECX << 32), after OPENSSL_ia32cap."""
+    cp = subprocess.run(
+        ["openssl", "info", "-cpusettings"], capture_output=True, text=True, env=env, check=False
+    )
+    m = re.search(r"OPENSSL_ia32cap=0x([0-9a-f]+):0x([0-9a-f]+)", cp.stdout)
+    if cp.returncode != 0 or not m:
+        pytest.skip(f"`openssl info -cpusettings` (OpenSSL >= 3.0) unavailable: {cp.stderr}")
+    return int(m[1], 16), int(m[2], 16)
+
+
+# OPENSSL_ia32cap bits (crypto/cpuid.c): leaf 1 ECX is the upper half of the first word
+AESNI, PCLMUL, AVX = 1 << (32 + 25), 1 << (32 + 1), 1 << (32 + 28)
+AVX2 = 1 << 5  # leaf 7 EBX, the second word
+
+
 @pytest.mark.parametrize(
-    ("prim", "flag", "at_least"),
-    # masked vs unmasked on the same host in the same minute, per CPU second: AES-NI vs vpaes is
-    # 10-20x, AVX2/AVX-512 vs SSSE3 ChaCha20-Poly1305 2-4x; the bounds leave room for noise
-    [("aes-128-gcm", "aes", 3.0), ("chacha20-poly1305", "avx2", 1.5)],
+    ("prim", "flag", "word", "bit"),
+    [("aes-128-gcm", "aes", 0, AESNI), ("chacha20-poly1305", "avx2", 1, AVX2)],
 )
-def test_masks_slow_aes_and_chacha(prim, flag, at_least):
-    """OPENSSL_ia32cap really removes AES-NI (AES-GCM several times slower) and the wide-vector
-    ChaCha20-Poly1305 paths (it falls to the SSSE3 code, clearly slower than AVX2/AVX-512).
-    Interleaved rounds, best of each, as calibration does: one disturbed run does not decide."""
+def test_masks_slow_aes_and_chacha(prim, flag, word, bit):
+    """OPENSSL_ia32cap really removes AES-NI and the wide-vector ChaCha20-Poly1305 paths: the
+    capability vector OpenSSL reports under the profile's env has the bits the host has cleared
+    (AES-NI, PCLMULQDQ, AVX; all of leaf 7: AVX2, AVX-512), and the masked path is slower
+    (interleaved rounds, best of each; the real factors, 10-20x and 2-4x, are the host's:
+    bench/cpu_calibrate.py step 4)."""
     if flag not in _cpu_flags():
         pytest.skip(f"host CPU lacks {flag}: nothing faster than the masked path to compare with")
     prof = load_cpu_profile("pi4", merge_calibration=False)
     plain = {k: v for k, v in os.environ.items() if k != "OPENSSL_ia32cap"}
     masked = dict(plain, **prof.env)
+    host, under_mask = _openssl_capabilities(plain), _openssl_capabilities(masked)
+    assert host[word] & bit, f"host has {flag} but OpenSSL does not see it: {host}"
+    assert not under_mask[word] & bit, (flag, hex(under_mask[word]))
+    assert not under_mask[0] & (AESNI | PCLMUL | AVX) and under_mask[1] == 0, under_mask
     fast, slow = [], []
     for _ in range(3):
         fast.append(measure_openssl(prim, plain, 1).cpu_mbps)
         slow.append(measure_openssl(prim, masked, 1).cpu_mbps)
-    assert max(fast) / max(slow) >= at_least, (prim, fast, slow)
+    assert max(fast) > max(slow), (prim, fast, slow)
 
 
 def test_capped_pi4_node_holds_its_quota_and_masks_reach_daemons(calibrated, lab_id):

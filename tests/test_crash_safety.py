@@ -88,9 +88,66 @@ def test_node_daemons_killed_behind_the_labs_back(lab_id):
         stranger.wait()
 
 
-def test_clean_is_harmless_twice_and_with_nothing_up():
-    assert run_lab("clean").returncode == 0
-    assert run_lab("clean").returncode == 0
+def _system_part(snap: dict) -> dict:
+    """What of machine_snapshot() belongs to the machine, not to a lab (of this or another test
+    running meanwhile): lab objects are named after their lab (netns `<id>-<node>`, cgroups under
+    lab/, mounts under a run root or netns)."""
+    return {
+        "netns": [],  # every netns here may be another test's lab
+        "links": [x for x in snap["links"] if "-" not in x.split("@")[0]],
+        "cgroups": [x for x in snap["cgroups"] if "/lab" not in x],
+        "mounts": [x for x in snap["mounts"] if "/lab" not in x and "netns" not in x],
+    }
+
+
+def test_clean_is_harmless_twice_and_with_nothing_up(tmp_path):
+    """With nothing recorded, `lab clean` removes nothing: not the machine's own namespaces,
+    links, cgroups and mounts, and not objects named like a lab's that no ledger of its state
+    root names (another root's lab: a netns, a root-namespace veth pair, cgroups, a state
+    directory with a ledger elsewhere)."""
+    from lab.core import cgroups
+
+    from .conftest import machine_snapshot
+
+    fake = "hz" + os.urandom(2).hex()
+    layout = cgroups.probe()
+    cg = layout.dirs(f"lab/{fake}")
+    other_root = tmp_path / "other-state" / fake
+    other_root.mkdir(parents=True)
+    (other_root / "ledger.jsonl").write_text("")
+    made = []
+    try:
+        subprocess.run(["ip", "netns", "add", f"{fake}-client"], check=True)
+        made.append("netns")
+        subprocess.run(
+            ["ip", "link", "add", f"{fake}-a", "type", "veth", "peer", "name", f"{fake}-b"],
+            check=True,
+        )
+        made.append("link")
+        for d in cg:
+            d.mkdir(parents=True)
+        before = machine_snapshot()
+        for _ in range(2):
+            c = run_lab("clean")
+            assert c.returncode == 0, c.stdout + c.stderr
+            assert "no labs recorded; nothing to do" in c.stdout, c.stdout
+        after = machine_snapshot()
+        # nothing the machine had is gone (other work here may add things meanwhile)
+        sys_before, sys_after = _system_part(before), _system_part(after)
+        gone = {k: sorted(set(sys_before[k]) - set(sys_after[k])) for k in sys_before}
+        assert not any(gone.values()), gone
+        assert sys_before["links"] and sys_before["mounts"]  # the filter left something to compare
+        assert f"{fake}-client" in after["netns"]
+        assert {f"{fake}-a", f"{fake}-b"} <= {x.split("@")[0] for x in after["links"]}
+        assert all(d.is_dir() for d in cg) and (other_root / "ledger.jsonl").exists()
+    finally:
+        if "link" in made:
+            subprocess.run(["ip", "link", "del", f"{fake}-a"], check=False)
+        if "netns" in made:
+            subprocess.run(["ip", "netns", "del", f"{fake}-client"], check=False)
+        for d in cg:
+            if d.is_dir():
+                d.rmdir()
 
 
 def test_sigkill_during_up_with_engine_and_vpn_then_clean(lab_id):

@@ -117,6 +117,8 @@ def test_wait_ready_times_out(tmp_path):
 # -- privileged: real packets -------------------------------------------------------------
 
 root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create namespaces")
+# the `built` fixture may build the engine (cargo, 600 s budget) inside the first test using it
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
@@ -185,16 +187,19 @@ def test_delay_and_loss_are_applied(lab):
     assert c["dropped_loss"] - before["dropped_loss"] == lost
     assert c["forwarded"] - before["forwarded"] >= len(recs)
     delays = sorted((rx - tx) / 1000 for _, tx, rx in recs)
-    p50 = delays[len(delays) // 2]
-    # the delay is applied (never shorter); its accuracy is bench/impair_accuracy.py's job
-    assert 5000 <= p50 < 7500, p50
+    # the delay is applied to every datagram (never shorter: a stalled host only adds; 1 %
+    # for the probe's clock reads); how close to 5 ms is bench/impair_accuracy.py's job
+    assert delays[0] >= 5000 * 0.99, delays[:5]
     assert c["queue_depth_max"] >= 2  # datagrams waited in the delay queue
     # run-time change back to pass-through
     lab.client.clear()
+    assert "delay_us" not in lab.client.show()["a2b"]["spec"]
     recs = lab.probe(200, 2000, port=7001)
     assert len(recs) == 200
     back = sorted((rx - tx) / 1000 for _, tx, rx in recs)
-    assert back[len(back) // 2] < 2000  # the 5 ms delay is gone
+    # the 5 ms delay is gone: datagrams now arrive sooner than the delay allowed (a loaded host
+    # may slow some, not all 200 by 5 ms)
+    assert back[0] < 5000 * 0.99, back[:5]
 
 
 @pytest.mark.root
@@ -215,10 +220,15 @@ def test_duplicate_and_reorder_counters(lab):
     assert len(recs) == 800  # every datagram twice
     assert c["duplicated"] >= 400
     # the original and its copy each go through reorder: every 4th of each stream is sent now
-    fast = sum(1 for _, tx, rx in recs if rx - tx < 1_500_000)
-    # a stalled host can only make a sent-now datagram late, never a delayed one early
-    assert 150 <= fast <= 204, fast
-    assert c["reordered"] >= 196
+    # (the engine's counter), the others wait 3 ms; a stalled host can make a sent-now datagram
+    # late, never a delayed one early, so at least 3/4 arrive after >= 3 ms, whatever the load
+    assert 196 <= c["reordered"] <= 204, c
+    delayed = sum(1 for _, tx, rx in recs if rx - tx >= 3_000_000 * 0.99)
+    assert delayed >= 596, delayed
+    # and a sent-now datagram overtook one sent before it: the first arrivals of the sequence
+    # numbers are out of order (a FIFO delay, duplicates included, keeps them in order)
+    first = list(dict.fromkeys(seq for seq, _, _ in recs))
+    assert len(first) == 400 and first != sorted(first), first[:20]
 
 
 @pytest.mark.root

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 import textwrap
 from pathlib import Path
 
@@ -59,11 +58,14 @@ def expected_words(spec: str, seed: int | None = None) -> str:
     return str(parse_spec(spec))
 
 
-def _median_rtt(entry: dict) -> float:
+def _min_rtt(entry: dict) -> float:
+    """The smallest RTT of a case's echoes: the path's fixed delay, which load only adds to. A
+    configured delay is a floor under it (1 % for the clocks); how close it comes is
+    bench/impair_accuracy.py's figure, never asserted here."""
     rec = entry["records"][0]
     rtts = [r["rtt_ms"] for r in rec.get("rtts") or [] if r.get("rtt_ms") is not None]
     assert rtts, entry
-    return statistics.median(rtts)
+    return min(rtts)
 
 
 def _run(tmp_path: Path, impairments: str, count: int = 10, interval: float = 0.05):
@@ -102,14 +104,15 @@ def _recorded(entry: dict) -> set[str]:
 
 @pytest.mark.root
 def test_delay_then_loss_then_none(tmp_path):
-    """The loss point after `delay 400ms` runs with loss only: its RTT is the base RTT."""
+    """The loss point after `delay 400ms` runs with loss only: no echo of it waits 800 ms."""
     plan, by, run = _run(tmp_path, '["delay 400ms", "loss 1%", "none"]', count=6, interval=0.2)
     names = {p.name: p for p in plan.points}
     delay = next(n for n, p in names.items() if p.spec.startswith("delay"))
     loss = next(n for n, p in names.items() if p.spec.startswith("loss"))
-    base = _median_rtt(by["none"])
-    assert 0.98 * 800 <= _median_rtt(by[delay]) <= 1.02 * 800, by[delay]["records"][0]
-    assert abs(_median_rtt(by[loss]) - base) <= 1.0, (base, by[loss]["records"][0])
+    # delay 400ms both ways: no echo back in under 800 ms; the loss point and none inherit
+    # nothing: echoes back in under half of that (a stated margin no healthy host misses)
+    assert _min_rtt(by[delay]) >= 0.99 * 800, by[delay]["records"][0]
+    assert _min_rtt(by[loss]) < 400 and _min_rtt(by["none"]) < 400, by[loss]["records"][0]
     assert _recorded(by[delay]) == {expected_words("delay 400ms")} == {"delay 400ms limit 66668"}
     # the loss point's draws are seeded from its first case's id (docs/scale.md); delay has none
     seed = case_seed(plan.digest(), by[loss]["case"])
@@ -138,7 +141,6 @@ def test_study_a_shaped_sweeps_do_not_leak(tmp_path):
             "none",
         ]""").replace("\n", " "),
     )
-    base = _median_rtt(by["none"])
     seen = 0
     for p in plan.points:
         if not p.impaired:
@@ -146,15 +148,17 @@ def test_study_a_shaped_sweeps_do_not_leak(tmp_path):
         entry = by[p.name]
         seed = case_seed(plan.digest(), entry["case"])  # one case per point: the first
         assert _recorded(entry) == {expected_words(p.spec, seed)}, (p.spec, _recorded(entry))
-        rtt = _median_rtt(entry)
+        rtt = _min_rtt(entry)
         own = p.impairment.a2b  # sweep points: the same both ways
         want = 2 * (own.delay_us or 0) / 1000
         if p.parameter == "loss":
             assert own.delay_us is None and own.jitter_us is None, p.spec
             # an inherited delay would add >= 20 ms (the smallest delay point, both ways)
-            assert abs(rtt - base) <= 3.0, (p.spec, rtt, base)
+            assert rtt < 0.99 * 20, (p.spec, rtt)
         elif p.parameter == "delay":
-            assert want - 0.5 <= rtt <= want + max(0.1 * want, 3.0), (p.spec, rtt)
+            # the floor the point's delay puts under every echo; what is in force exactly is
+            # the read-back above
+            assert rtt >= 0.99 * want, (p.spec, rtt)
         seen += 1
     assert seen == 2 + 3 + 2  # delay 10, 20; jitter 0..2 on its base; loss 0.5, 1
 
@@ -171,11 +175,13 @@ def test_set_point_replaces_and_topology_impairment_is_the_base(lab_id):
             out = c.run(["ping", "-c", str(n), "-i", "0.05", "-W", "2", "10.0.2.2"]).stdout
             return float(re.search(r"= ([\d.]+)/", out).group(1))  # the minimum: load only adds
 
-        base = rtt()
+        assert rtt() < 50
         shown = runtime.set_point(lab, parse_directional("delay 50ms"))
-        assert shown["in_force"] and 99 <= rtt() <= 110
+        # delay 50ms both ways: no echo back in under 100 ms (1 % for the clocks)
+        assert shown["in_force"] and rtt() >= 0.99 * 100
         shown = runtime.set_point(lab, parse_directional("loss 1%"))
-        assert shown["in_force"] and abs(rtt() - base) <= 1.0
+        # replaced, not merged: the delay is gone (echoes back in under half of its 100 ms)
+        assert shown["in_force"] and rtt() < 50
         assert set(shown["expected"].values()) == {"loss 1% limit 1000"}
         shown = runtime.set_point(lab, DirectionalImpairment())
         assert set(shown["expected"].values()) == {"none"}

@@ -16,10 +16,13 @@ from .conftest import TOPOS, lab_traces, machine_snapshot, run_lab
 pytestmark = pytest.mark.root
 
 
-def test_up_ping_down_leaves_machine_as_before(lab_id):
+def test_up_ping_down_leaves_machine_as_before(lab_id, suite_state_roots):
     before = machine_snapshot()
     r = run_lab("up", TOPOS / "pi_pair_middlebox.py", "--id", lab_id)
     assert r.returncode == 0, r.stderr
+    # recorded under the suite's own roots: the `lab clean` below sees only the suite's labs
+    assert (suite_state_roots["LAB_STATE_DIR"] / lab_id / "ledger.jsonl").exists()
+    assert (suite_state_roots["LAB_RUN_DIR"] / lab_id).is_dir()
     assert f"{lab_id}-client" in machine_snapshot()["netns"]
     for addr in ("10.0.2.2", "fd00:2::2"):
         r = run_lab("exec", "--id", lab_id, "client", "--", "ping", "-c2", "-i0.2", "-W1", addr)

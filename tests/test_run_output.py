@@ -44,7 +44,14 @@ def test_on_a_terminal_there_is_a_bar_and_no_case_lines():
         progress.start(total=1, skipped=0, estimate_s=10, run=None)
         ok = {"ok": True, "test": "tcp", "records": [{"receiver_bps": 957e6}]}
         progress.case_done(_case("wireguard|none|tcp|0"), ok, 10)
-    assert "957 Mbit/s" not in buf.getvalue()
+    text = buf.getvalue()
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    # the bar is drawn (redrawn in place: carriage returns, the cursor hidden then restored)
+    frames = [f for f in re.split(r"[\r\n]", plain) if "━" in f]
+    assert frames and "\x1b[?25l" in text and "\x1b[?25h" in text, repr(text)
+    assert "0/1 cases" in frames[0] and "1/1 cases" in frames[-1], frames
+    # and no case line: the bar's count moved instead
+    assert "957 Mbit/s" not in plain and "wireguard|none|tcp|0 ok" not in plain
 
 
 def test_run_ends_with_the_headline_and_both_report_paths(tmp_path, monkeypatch):

@@ -163,20 +163,25 @@ def _watch(tmp_path, monkeypatch, node, argv, **kw):
 
 
 def test_watcher_stops_a_hopeless_process_and_reaps_it(tmp_path, monkeypatch):
-    # 1 kB/s against 1 MiB in 5 s: stopped at the first check past 0.5 s, SIGTERM ends it
+    # 1 kB/s against 1 MiB in 5 s: stopped at the first check past 0.5 s, SIGTERM ends it long
+    # before its 30 s and its 5 s time-out (when the checks ran moves with the host's load;
+    # which check decided does not)
     inv, watch, wall = _watch(tmp_path, monkeypatch, CountingNode(1000), ["sleep", "30"])
     assert watch.stopped is not None and watch.stopped.stop
-    assert 0.5 <= watch.elapsed_s < 1.5 and wall < 2.5
-    assert inv.returncode == -signal.SIGTERM and not inv.timed_out
+    assert inv.returncode == -signal.SIGTERM and not inv.timed_out and wall < 30
     lines = [f for f in inv.raw_files if f.name.endswith("scp-progress.txt")][0].read_text()
-    assert len(lines.splitlines()) == watch.checks >= 2
+    checks = [float(ln.split()[0]) for ln in lines.splitlines()]
+    assert len(checks) == watch.checks >= 2
+    assert all(t < 0.5 for t in checks[:-1]) and checks[-1] == round(watch.elapsed_s, 3) >= 0.5
     assert watch.sent == int(lines.split()[-1])
 
 
 def test_watcher_kills_what_ignores_sigterm(tmp_path, monkeypatch):
     argv = ["sh", "-c", 'trap "" TERM; exec sleep 30']
     inv, watch, wall = _watch(tmp_path, monkeypatch, CountingNode(1000), argv)
-    assert watch.stopped is not None and inv.returncode == -signal.SIGKILL and wall < 3.5
+    # SIGKILL after the grace, not the time-out's kill: the watcher's own decision
+    assert watch.stopped is not None and inv.returncode == -signal.SIGKILL
+    assert not inv.timed_out and wall >= progress.TERM_GRACE_S
 
 
 def test_watcher_leaves_a_fast_copy_alone(tmp_path, monkeypatch):
@@ -190,7 +195,7 @@ def test_unwatchable_copy_runs_to_its_timeout(tmp_path, monkeypatch):
     inv, watch, wall = _watch(tmp_path, monkeypatch, node, ["sleep", "30"], timeout=1.0)
     assert watch.stopped is None and watch.dev is None and watch.checks == 0
     assert "Network is unreachable" in watch.unwatchable
-    assert inv.timed_out and 1.0 <= wall < 2.5
+    assert inv.timed_out and wall >= 1.0  # ran to its time-out, never stopped before it
     assert not any("progress" in f.name for f in inv.raw_files)
 
 
@@ -290,8 +295,9 @@ def test_hopeless_copy_stops_early_and_leaves_nothing(slow_lab, tmp_path, monkey
     assert not rec["ok"] and rec["stopped_early"], rec
     assert rec["error"].startswith("scp stopped after "), rec["error"]
     assert "past the 46 s timeout" in rec["error"]
-    assert wall < 20, wall  # stopped at its first checks (minimum 4.6 s), not at 46 s
-    assert 4.6 <= rec["stopped_after_s"] < 20
+    # stopped by the rule (not before its 4.6 s minimum), so before the 46 s time-out; how soon
+    # after the minimum moves with the host's load
+    assert 4.6 <= rec["stopped_after_s"] < 46 and wall < 46, (rec["stopped_after_s"], wall)
     # the partial figures are their own, not the copy's
     assert rec.get("rate_bps") is None and rec.get("seconds") is None
     assert rec["projected_s"] > 46

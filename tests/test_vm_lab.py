@@ -29,7 +29,8 @@ from lab.model.topology import load_topology
 from lab.substrate.vm.lab import preflight
 from tests.conftest import LAB, REPO, TOPOS, run_lab
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+# lab up --vm (400 s) then lab down (300 s) in one test, after the VM image is ready
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(1000)]
 
 
 @pytest.fixture

@@ -94,6 +94,8 @@ def check_vm_run(run: RunDir, n_cases: int) -> None:
         assert "functional evidence only" in report
 
 
+# its budgets run in sequence: 600 s for the first case, 300 s to stop, 900 s to resume, 4 x 60
+@pytest.mark.timeout(2100)
 def test_run_plan_in_vm_interrupt_and_resume(vm_ready, tmp_path):
     plan = tmp_path / "vmrun.toml"
     plan.write_text(textwrap.dedent(PLAN))

@@ -60,6 +60,7 @@ def guest_json(vm, argv: list[str], timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
+@pytest.mark.timeout(700)  # 400 s in the guest, after the VM's boot in the module's fixture
 @pytest.mark.parametrize("profile", PROFILES)
 def test_kernel_dataplane_in_vm(vm, profile):
     topology, plaintext = PROFILES[profile]
@@ -95,6 +96,7 @@ def test_kernel_dataplane_in_vm(vm, profile):
         assert d["cipher"] == "none"
 
 
+@pytest.mark.timeout(700)  # 400 s in the guest, after the VM's boot in the module's fixture
 def test_l2tp_ipsec_in_vm(vm):
     """Study D's L2TP/IPsec (issue 20): IKEv1 + ESP transport mode carrying L2TP + PPP. Ping
     v4/v6 through ppp0, iperf3, and on the wire between the ends only ESP (no L2TP/UDP 1701,
@@ -135,6 +137,7 @@ def test_l2tp_ipsec_in_vm(vm):
     assert not any(".1701" in line for line in r["capture_head"]), r["capture_head"]
 
 
+@pytest.mark.timeout(900)  # 600 s in the guest, after the VM's boot in the module's fixture
 def test_kernel_netem_in_vm_applies_every_case(vm):
     """Kernel netem as the lab's impairment backend (under the links' tbf), quick case set: each
     case is applied and read back from tc exactly as asked, and measured. Whether the measured

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
 
+from tests import goldens  # noqa: E402
 from lab.core.errors import ConfigError, KernelFeatureMissing  # noqa: E402
 from lab.model.topology import load_topology  # noqa: E402
 from lab.vpn.drivers import l2tp  # noqa: E402
@@ -38,9 +39,6 @@ from lab.vpn.tunnel import (  # noqa: E402
 )
 from lab.core.hostnode import this_machine  # noqa: E402
 from tests.fakenode import RecordingNode  # noqa: E402
-
-GOLDEN = ROOT / "tests" / "data" / "vpn"
-PROFILES = ("l2tp",)
 
 
 def spec_of(name: str):
@@ -100,18 +98,11 @@ def test_render_site_to_site_addresses():
     assert f"lac = {p.client.underlay_v4}" in srv and f"listen-addr = {p.server.underlay_v4}" in srv
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("profile", goldens.FAMILIES["l2tp"].profiles)
 def test_golden_configs_pi_pair_middlebox(profile):
-    files = render(spec_of("pi_pair_middlebox"), profile)["files"]
-    gold = GOLDEN / profile
-    if os.environ.get("LAB_UPDATE_GOLDEN"):
-        for node, fs in files.items():
-            for rel, text in fs.items():
-                (gold / node / rel).parent.mkdir(parents=True, exist_ok=True)
-                (gold / node / rel).write_text(text)
-    expected = {str(p.relative_to(gold)): p.read_text() for p in gold.rglob("*") if p.is_file()}
-    got = {f"{n}/{r}": t for n, fs in files.items() for r, t in fs.items()}
-    assert got == expected
+    """tests/data/vpn/l2tp/; after an intended change run scripts/regen-goldens.py."""
+    got = goldens.rendered("l2tp", profile)
+    assert got and got == goldens.stored("l2tp", profile)
 
 
 def test_secrets_are_0600_in_0700_dir_and_redacted(tmp_path):
@@ -243,6 +234,7 @@ def vm(tmp_path_factory):
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", ["l2tp"])
+@pytest.mark.timeout(700)  # 400 s in the guest, after the VM's boot in the module's fixture
 def test_l2tp_in_vm(vm, profile):
     cp = vm.run(
         [sys.executable, str(Path(__file__).resolve()), "--guest", "--id", "kl2tp", profile],

@@ -4,7 +4,6 @@ every shipped topology (catalogue), golden configs, secrets and redaction."""
 from __future__ import annotations
 
 import base64
-import os
 import re
 import stat
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import goldens
 from lab.core import proc
 from lab.core.errors import ConfigError
 from lab.model.topology import load_topology
@@ -23,7 +23,6 @@ from lab.vpn.drivers.wireguard import genkey, setconf_text, x25519
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGIES = sorted((REPO / "topologies").glob("*.py"))
-GOLDEN = REPO / "tests" / "data" / "vpn"
 MINE = (
     "baseline",
     "wireguard",
@@ -224,33 +223,12 @@ def _check_openvpn(spec, files, client, server, params):
         assert "BEGIN CERTIFICATE" in c  # certificates are public
 
 
-def _normalize(text: str) -> str:
-    """Public keys and certificates differ per render: mask them for the golden comparison."""
-    text = re.sub(r"PublicKey = \S+", "PublicKey = <public>", text)
-    return re.sub(
-        r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----",
-        "<certificate>",
-        text,
-        flags=re.DOTALL,
-    )
-
-
-@pytest.mark.parametrize("profile", MINE)
+@pytest.mark.parametrize("profile", goldens.FAMILIES["profiles"].profiles)
 def test_golden_configs_pi_pair_middlebox(profile):
-    files = render(spec_of("pi_pair_middlebox"), profile)["files"]
-    gold = GOLDEN / profile
-    if os.environ.get("LAB_UPDATE_GOLDEN"):
-        for node, fs in files.items():
-            for rel, text in fs.items():
-                (gold / node).mkdir(parents=True, exist_ok=True)
-                (gold / node / rel).write_text(_normalize(text))
-    expected = (
-        {f"{p.parent.name}/{p.name}": p.read_text() for p in gold.glob("*/*")}
-        if gold.exists()
-        else {}
-    )
-    got = {f"{n}/{r}": _normalize(t) for n, fs in files.items() for r, t in fs.items()}
-    assert got == expected
+    """tests/data/vpn/<profile>/; after an intended change run scripts/regen-goldens.py."""
+    got = goldens.rendered("profiles", profile)
+    assert got == goldens.stored("profiles", profile)
+    assert bool(got) == (profile != "baseline")  # only baseline renders nothing
 
 
 # ------------------------------------------------------------------------- secrets

@@ -2,19 +2,19 @@
 parameter validation, data-plane choice and the DPD-timeout mapping.
 
 Golden files live in tests/data/strongswan/<profile>/<node>/; regenerate them after an intended
-change with `UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_vpn_strongswan.py`.
+change with `.venv/bin/python scripts/regen-goldens.py` and review the diff.
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import re
 import stat
 from pathlib import Path
 
 import pytest
 
+from tests import goldens
 from lab.core.errors import ConfigError
 from lab.model.topology import load_topology
 from lab.vpn import charon, get_driver, tunnel
@@ -50,16 +50,17 @@ def _rendered(spec, profile: str, *, show_secrets: bool = False) -> dict:
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_rendered_configs_match_golden(spec, profile):
-    files = _rendered(spec, profile)["files"]
-    assert sorted(files) == ["client", "server"]
-    for node, rels in files.items():
-        assert sorted(rels) == ["strongswan.conf", "swanctl.conf"]
-        for rel, text in rels.items():
-            golden = DATA / profile / node / rel
-            if os.environ.get("UPDATE_GOLDEN"):
-                golden.parent.mkdir(parents=True, exist_ok=True)
-                golden.write_text(text)
-            assert text == golden.read_text(), f"{golden} differs (UPDATE_GOLDEN=1 to accept)"
+    got = goldens.rendered("strongswan", profile)
+    assert sorted(got) == [
+        f"{node}/{rel}"
+        for node in ("client", "server")
+        for rel in ("strongswan.conf", "swanctl.conf")
+    ]
+    # the goldens are rendered the way the tests below render
+    assert got == {
+        f"{n}/{r}": t for n, fs in _rendered(spec, profile)["files"].items() for r, t in fs.items()
+    }
+    assert got == goldens.stored("strongswan", profile), "differs: scripts/regen-goldens.py"
 
 
 @pytest.mark.parametrize("profile", PROFILES)

@@ -6,14 +6,13 @@ tests/test_vpn_integration.py (PROFILES)."""
 from __future__ import annotations
 
 import json
-import os
-import re
 import stat
 import time
 from pathlib import Path
 
 import pytest
 
+from tests import goldens
 from lab.core import proc
 from lab.core.errors import ConfigError, StartupError
 from lab.substrate.local.build import up
@@ -26,7 +25,6 @@ from lab.vpn.tunnel import make_context, plan, redact, render, secret_values
 from tests.conftest import TOPOS, lab_traces, router_capture
 
 REPO = Path(__file__).resolve().parent.parent
-GOLDEN = REPO / "tests" / "data" / "vpn"
 TINC = ("tinc", "tinc-nocipher", "tinc-nodigest", "tinc-none")
 OPENVPN_B = ("openvpn-bf-sha1-static", "openvpn-nocipher-static", "openvpn-nodigest-static")
 
@@ -39,31 +37,15 @@ def spec_of(name: str):
     return load_topology(TOPOS / f"{name}.py", params={"cpu": None})
 
 
-def _normalize(text: str) -> str:
-    """RSA public keys differ per render: mask them for the golden comparison."""
-    return re.sub(
-        r"-----BEGIN RSA PUBLIC KEY-----.*?-----END RSA PUBLIC KEY-----",
-        "<rsa public key>",
-        text,
-        flags=re.DOTALL,
-    )
-
-
 # ------------------------------------------------------------------------- no root
 
 
 @needs_tinc
-@pytest.mark.parametrize("profile", TINC + OPENVPN_B)
+@pytest.mark.parametrize("profile", goldens.FAMILIES["tinc"].profiles)
 def test_golden_configs_pi_pair_middlebox(profile):
-    files = render(spec_of("pi_pair_middlebox"), profile)["files"]
-    gold = GOLDEN / profile
-    got = {f"{n}/{r}": _normalize(t) for n, fs in files.items() for r, t in fs.items()}
-    if os.environ.get("LAB_UPDATE_GOLDEN"):
-        for rel, text in got.items():
-            (gold / rel).parent.mkdir(parents=True, exist_ok=True)
-            (gold / rel).write_text(text)
-    expected = {str(p.relative_to(gold)): p.read_text() for p in gold.rglob("*") if p.is_file()}
-    assert got == expected
+    """tests/data/vpn/<profile>/; after an intended change run scripts/regen-goldens.py."""
+    got = goldens.rendered("tinc", profile)
+    assert got and got == goldens.stored("tinc", profile)
 
 
 @needs_tinc

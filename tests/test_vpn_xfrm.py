@@ -13,13 +13,13 @@ stopped with no XFRM state or policy left, then the lab down with nothing left.
 
 from __future__ import annotations
 
-import os
 import re
 import stat
 import sys
 
 import pytest
 
+from tests import goldens
 from lab.core import proc
 from lab.core.errors import ConfigError, KernelFeatureMissing
 from lab.model.topology import load_topology
@@ -31,7 +31,6 @@ from lab.vpn.xfrmsa import overhead, sa_names
 from tests.conftest import REPO, TOPOS, vm_kernel_or_skip
 
 PROFILES = ("ipsec-transport-ah", "ipsec-transport-esp", "ipsec-transport-ah-esp")
-GOLDEN = REPO / "tests" / "data" / "vpn"
 
 
 def spec_of(name: str):
@@ -45,18 +44,11 @@ def _mask_spis(text: str) -> str:
 # ------------------------------------------------------------------------- rendering
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("profile", goldens.FAMILIES["xfrm"].profiles)
 def test_golden_configs_pi_pair_middlebox(profile):
-    files = render(spec_of("pi_pair_middlebox"), profile)["files"]
-    gold = GOLDEN / profile
-    if os.environ.get("LAB_UPDATE_GOLDEN"):
-        for node, fs in files.items():
-            for rel, text in fs.items():
-                (gold / node).mkdir(parents=True, exist_ok=True)
-                (gold / node / rel).write_text(_mask_spis(text))
-    expected = {f"{p.parent.name}/{p.name}": p.read_text() for p in gold.glob("*/*")}
-    got = {f"{n}/{r}": _mask_spis(t) for n, fs in files.items() for r, t in fs.items()}
-    assert got == expected
+    """tests/data/vpn/<profile>/; after an intended change run scripts/regen-goldens.py."""
+    got = goldens.rendered("xfrm", profile)
+    assert got and got == goldens.stored("xfrm", profile)
 
 
 @pytest.mark.parametrize(
@@ -315,6 +307,7 @@ def guest_rows(vm, topology: str, profiles, timeout: float) -> list[dict]:
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.parametrize("topology", VM_RUNS)
+@pytest.mark.timeout(600)  # 300 s in the guest, after the VM's boot in the module's fixture
 def test_transport_mode_in_vm(vm, topology):
     rows = guest_rows(vm, topology, VM_RUNS[topology], timeout=300)
     for r in rows:
