@@ -155,7 +155,7 @@ def _cpu_flags() -> set[str]:
 
 
 def bench_mask_slowdown(profile: str) -> None:
-    prof = load_profile(profile, merge_calibration=False)
+    prof = load_cpu_profile(profile, merge_calibration=False)
     plain = {k: v for k, v in os.environ.items() if k != "OPENSSL_ia32cap"}
     masked = dict(plain, **prof.env)
     flags = _cpu_flags()
