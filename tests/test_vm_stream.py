@@ -282,7 +282,11 @@ def test_host_disconnect_hangs_up_running_streams(harness, tmp_path):
 def test_a_new_client_hangs_up_the_previous_ones_streams(harness, tmp_path):
     """Under TCG a host may reconnect before the agent saw the EOF: its hello says it."""
     mark = tmp_path / "hup"
-    s = harness.vm.start_stream(["sh", "-c", f"trap 'echo x >{mark}; exit' HUP; echo r; cat"])
+    # the shell waits in its own `read`, not in a child: a SIGHUP that reached a forked child
+    # between fork and exec would be taken by the inherited trap and lost (the test's race)
+    s = harness.vm.start_stream(
+        ["sh", "-c", f"trap 'echo x >{mark}; exit' HUP; echo r; while :; do read -r x; done"]
+    )
     assert next(s.events(30))[1] == b"r\n"
     harness.channel.post({"op": "hello", "client": "next"})
     wait_for(mark.exists, what="SIGHUP on hello")
@@ -303,7 +307,8 @@ def test_channel_stream_raises_channel_closed(harness):
 
 def test_stream_context_manager_hangs_up(vm, tmp_path):
     mark = tmp_path / "hup"
-    with vm.start_stream(["sh", "-c", f"trap 'echo x >{mark}; exit' HUP; echo r; cat"]) as s:
+    argv = ["sh", "-c", f"trap 'echo x >{mark}; exit' HUP; echo r; while :; do read -r x; done"]
+    with vm.start_stream(argv) as s:  # a builtin wait, as above
         assert next(s.events(30))[1] == b"r\n"
     wait_for(mark.exists, what="SIGHUP on leaving the with-block")
 
