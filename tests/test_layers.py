@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from lab.cli.main import COMMANDS
+from lab.substrate.registry import SUBSTRATES
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 
@@ -44,6 +45,10 @@ def _submodules(package: str, root: Path = LAB) -> list[str]:
 DISCOVERS: dict[str, Callable[[], list[str]]] = {
     "lab.vpn": lambda: _submodules("lab.vpn.drivers"),
     "lab.measure": lambda: _submodules("lab.measure"),
+    # the registry imports a substrate's module when a lab of it is asked for
+    "lab.substrate.registry": lambda: sorted(
+        {e.path.partition(":")[0] for e in SUBSTRATES.values()}
+    ),
     # the CLI imports a command's module when that command runs (lab.cli.main.COMMANDS)
     "lab.cli.main": lambda: sorted({v.partition(":")[0] for v in COMMANDS.values()}),
 }

@@ -2,7 +2,7 @@
 full-kernel VM, boards over SSH) behind `Substrate`, and a running lab behind `LabHandle`.
 
 A substrate answers every question the layers above would otherwise ask by kind: how to build a
-lab (`bring_up`), which labs are its own (`holds`), how to open and remove one, what the plan's
+lab (`bring_up`), how to open and remove one of its labs, what the plan's
 runner needs (`preflight`, `up`, `down`, `tunnel_alive`, `monitor`, `describe`, `lab_record`,
 `tool_nodes`), and its capabilities (`runs_whole_plan`, `supports_shards`, `supports_jobs`). The
 CLI, the runner, the report and compare hold a Substrate or a LabHandle and never ask which kind
@@ -120,11 +120,6 @@ class Substrate(ABC):
     # ------------------------------------------------------------------ labs by id
     @classmethod
     @abstractmethod
-    def holds(cls, lab_id: str) -> bool:
-        """Lab `lab_id` (its ledger, its lab.json) is one of this substrate's."""
-
-    @classmethod
-    @abstractmethod
     def open_lab(cls, lab_id: str) -> LabHandle:
         """The handle of a lab of this substrate that is up."""
 
@@ -195,7 +190,7 @@ class Substrate(ABC):
 
     def owns(self, lab_id: str) -> bool:
         """A leftover lab of an earlier session of the run is this substrate's to remove."""
-        return self.holds(lab_id)
+        raise self._no_runner()
 
     def tunnel_alive(self, lab) -> bool:
         """Every VPN daemon of `lab` is still the process that was started."""

@@ -13,28 +13,46 @@ and one entry in SUBSTRATES here; nothing above lab/substrate/ asks which kind i
 
 from __future__ import annotations
 
-from lab.core.errors import ConfigError
-from lab.substrate.base import LabHandle, Substrate
-from lab.substrate.boards.substrate import BoardsSubstrate
-from lab.substrate.local.lab import current_substrate, resolve_id
-from lab.substrate.local.substrate import LocalSubstrate
-from lab.substrate.vm.substrate import VmSubstrate
+import importlib
+import json
+from dataclasses import dataclass
 
-#: name -> class, in the order a lab's ledger is matched (local last: it takes what is left)
-SUBSTRATES: dict[str, type[Substrate]] = {
-    BoardsSubstrate.name: BoardsSubstrate,
-    VmSubstrate.name: VmSubstrate,
-    LocalSubstrate.name: LocalSubstrate,
+from lab.core.errors import ConfigError
+from lab.core.state import Ledger, lab_dir
+from lab.substrate.base import LabHandle, Substrate
+from lab.substrate.local.lab import current_substrate, resolve_id
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where a substrate's class lives, and the marks its labs' own records carry: the kind of
+    the ledger's first line, or of lab.json's substrate record."""
+
+    path: str  # "module:Class", imported when a lab of it (or the kind) is asked for
+    marks: frozenset[str] = frozenset()
+
+
+#: name -> entry, in the order a lab's records are matched (local last: it takes what is left).
+#: A substrate's module is imported only when it is needed: `lab status` of a local lab does not
+#: load the boards' or the VM's code.
+SUBSTRATES: dict[str, Entry] = {
+    "boards": Entry(
+        "lab.substrate.boards.substrate:BoardsSubstrate", frozenset({"boardlab", "boards"})
+    ),
+    "vm": Entry("lab.substrate.vm.substrate:VmSubstrate", frozenset({"vm-lab"})),
+    "local": Entry("lab.substrate.local.substrate:LocalSubstrate"),
 }
 #: substrate records written before the kinds had one spelling: "host" was this machine
 _OLD_NAMES = {"host": "local"}
 
 
 def get(name: str) -> type[Substrate]:
-    cls = SUBSTRATES.get(_OLD_NAMES.get(name, name))
-    if cls is None:
+    """The class of substrate `name` (imported now if it was not)."""
+    entry = SUBSTRATES.get(_OLD_NAMES.get(name, name))
+    if entry is None:
         raise ConfigError(f"unknown substrate {name!r}; known: {', '.join(SUBSTRATES)}", field="on")
-    return cls
+    module, _, cls = entry.path.partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def select(
@@ -51,16 +69,32 @@ def select(
     if vm and boards:
         raise ConfigError("--vm and --boards exclude each other", field="--boards")
     if boards:
-        return BoardsSubstrate(boards, mapping)
-    in_vm = current_substrate().get("kind") == VmSubstrate.name
+        return get("boards")(boards, mapping)
+    in_vm = current_substrate().get("kind") == "vm"
     if vm or (plan is not None and plan.vm and not in_vm):
-        return VmSubstrate(vm_mem_mb)
-    return LocalSubstrate()
+        return get("vm")(vm_mem_mb)
+    return get("local")()
+
+
+def _marks(lab_id: str) -> set[str]:
+    """The kinds lab `lab_id`'s own records name: its ledger's first line, lab.json's substrate
+    (either may be missing: a lab killed half-built)."""
+    marks = set()
+    entries = Ledger(lab_dir(lab_id) / "ledger.jsonl").entries()
+    if entries:
+        marks.add(entries[0].get("kind"))
+    try:
+        info = json.loads((lab_dir(lab_id) / "lab.json").read_text())
+        marks.add((info.get("substrate") or {}).get("kind"))
+    except (OSError, ValueError):
+        pass
+    return marks
 
 
 def kind_of(lab_id: str) -> type[Substrate]:
     """The substrate lab `lab_id` runs on, from its own records."""
-    return next(cls for cls in SUBSTRATES.values() if cls.holds(lab_id))
+    marks = _marks(lab_id)
+    return get(next(n for n, e in SUBSTRATES.items() if e.marks & marks or not e.marks))
 
 
 def open_lab(lab_id: str | None) -> LabHandle:
@@ -78,8 +112,8 @@ def clean_order(ids: list[str]) -> list[str]:
 def kept_by_clean() -> dict[str, str]:
     """{lab id: why} of labs `lab clean` keeps unless told otherwise (emulated board farms)."""
     out: dict[str, str] = {}
-    for cls in SUBSTRATES.values():
-        out.update(cls.kept_by_clean())
+    for name in SUBSTRATES:
+        out.update(get(name).kept_by_clean())
     return out
 
 
@@ -92,7 +126,7 @@ def remove(lab_id: str, notes: list[str]) -> list[str]:
 def _recorded(substrate: dict | None) -> tuple[type[Substrate] | None, dict]:
     sub = substrate or {}
     kind = sub.get("kind")
-    return SUBSTRATES.get(_OLD_NAMES.get(kind, kind)), sub
+    return (get(kind) if _OLD_NAMES.get(kind, kind) in SUBSTRATES else None), sub
 
 
 def status_line(status: dict) -> str | None:

@@ -10,7 +10,7 @@ from lab.substrate.boards import build
 from lab.substrate.boards.farm import list_farms
 from lab.substrate.boards.impair import apply
 from lab.substrate.boards.mapping import parse_map_option
-from lab.substrate.boards.lab import BoardLab, interactive, is_board_lab
+from lab.substrate.boards.lab import BoardLab, interactive
 from lab.substrate.boards.restore import restore
 from lab.substrate.boards.target import BoardsTarget
 
@@ -53,10 +53,6 @@ class BoardsSubstrate(BoardsTarget, Substrate):
 
     def __init__(self, inventory: str, mapping: list[str] | None = None):
         BoardsTarget.__init__(self, inventory, parse_map_option(list(mapping or [])))
-
-    @classmethod
-    def holds(cls, lab_id: str) -> bool:
-        return is_board_lab(lab_id)
 
     @classmethod
     def open_lab(cls, lab_id: str) -> LabHandle:

@@ -58,10 +58,6 @@ class LocalSubstrate(Substrate):
     supports_jobs = True
 
     @classmethod
-    def holds(cls, lab_id: str) -> bool:
-        return True  # the registry asks the other substrates first: what is left is ours
-
-    @classmethod
     def open_lab(cls, lab_id: str) -> LabHandle:
         return LocalLab(lab_id)
 

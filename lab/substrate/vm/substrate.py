@@ -66,10 +66,6 @@ class VmSubstrate(Substrate):
         self.mem_mb = mem_mb
 
     @classmethod
-    def holds(cls, lab_id: str) -> bool:
-        return vmlab.is_vm_lab(lab_id)
-
-    @classmethod
     def open_lab(cls, lab_id: str) -> LabHandle:
         return VmLab(lab_id)
 
