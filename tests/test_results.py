@@ -251,11 +251,12 @@ def test_results_csv_loads_in_pandas_with_the_documented_schema(tmp_path):
     assert set(wg.host_temp_max_c) == {81.5}
     assert set(wg.host_mem_used_max_mb) == {512.0}
     assert set(wg.host_mem_available_min_mb) == {3072.0}
-    thr = wg[wg.throttled == 1.0]
-    assert list(thr.case) == ["wireguard|none|tcp|2"] and (wg.throttled.notna()).all()
+    thr = wg[wg.firmware_throttled == 1.0]
+    assert list(thr.case) == ["wireguard|none|tcp|2"] and (wg.firmware_throttled.notna()).all()
     new = ["host_clock_min_mhz", "host_clock_mean_mhz", "host_temp_max_c",
            "host_mem_used_max_mb", "host_mem_available_min_mb", "throttled"]  # fmt: skip
-    assert bl[new].isna().all().all()  # a line from before these fields: empty cells
+    assert bl[[*new, "firmware_throttled"]].isna().all().all()  # lines without these fields
+    assert df.throttled.isna().all()  # no node of these lines had a CFS reading (issue 30)
     # appended after every column of the first layout (raw_files was its last); columns a new
     # test kind declares may follow them
     first = COLUMN_NAMES.index("raw_files") + 1

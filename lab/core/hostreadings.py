@@ -188,6 +188,25 @@ def node_throttling(layout: cgroups.CgroupLayout, rel: str) -> tuple[int, int] |
     return (periods, ns) if found else None
 
 
+def node_uncapped(layout: cgroups.CgroupLayout, rel: str) -> bool:
+    """True when the node's CPU groups are known to have no quota: every quota file found (v1
+    `cpu.cfs_quota_us` of the group and its per-board-core groups, v2 `cpu.max`) says unlimited.
+    False when any is capped or none is found (a group gone, a test tree without them): the
+    throttling counters are then read as they are."""
+    d = layout.root / rel if layout.version == 2 else layout.root / "cpu" / rel
+    name = "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us"
+    found = False
+    for f in [d / name, *sorted(d.glob(f"core*/{name}"))]:
+        try:
+            quota = f.read_text().split()[0]
+        except (OSError, IndexError):
+            continue
+        if quota not in ("max", "-1"):
+            return False
+        found = True
+    return found
+
+
 def node_thread_sched(
     layout: cgroups.CgroupLayout, rel: str, proc: Path = Path("/proc")
 ) -> dict[int, tuple[int, int]]:

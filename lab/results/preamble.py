@@ -282,7 +282,7 @@ def throttling_section(doc: Doc, results: list[dict]) -> None:
     doc.p(
         f"**Warning: {len(hit)} of {len(results)} tests ran throttled** (firmware clock cap, "
         f"throttling or under-voltage, `vcgencmd get_throttled`{hottest}): their numbers reflect "
-        f"a slowed board. {names}. Column `throttled` in results.csv."
+        f"a slowed board. {names}. Column `firmware_throttled` in results.csv."
     )
 
 

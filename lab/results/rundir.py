@@ -99,11 +99,21 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
     ("host_temp_max_c", "float64", "highest temperature any host sensor reported, deg C"),
     ("host_mem_used_max_mb", "float64", "peak host memory in use (psutil 'used'), MiB"),
     ("host_mem_available_min_mb", "float64", "lowest host memory available (psutil), MiB"),
-    ("throttled", "float64", "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0"),
+    (
+        "throttled",
+        "float64",
+        "seconds the CPU-capped nodes' groups were throttled during the test (CFS), summed",
+    ),
     # metric columns appended later, frozen in their places
     "echo_requests",
     "echo_replies",
     "flood_time_ms",
+    ("throttled_periods", "float64", "CFS periods in which a capped node's group was throttled"),
+    (
+        "firmware_throttled",
+        "float64",
+        "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0",
+    ),
 ]
 
 
@@ -230,6 +240,18 @@ def _sources(test: str | None) -> dict[str, str]:
     return {m.name: m.key for m in t.metrics} if t is not None else {}
 
 
+def cfs_throttling(monitor: dict) -> tuple[float | None, float | None]:
+    """(seconds, periods) the test's CPU-capped nodes were throttled, summed over the nodes of
+    the monitor summary that have a quota (each summed over its own and its per-board-core
+    groups, lab.substrate.local.monitor); (None, None) when no node was capped or the summary
+    has no such reading (boards, uncapped labs, lines from before it)."""
+    nodes = [v for v in (monitor.get("nodes") or {}).values() if isinstance(v, dict)]
+    secs = [_num(v.get("throttled_s")) for v in nodes]
+    periods = [_num(v.get("throttled_periods")) for v in nodes]
+    secs, periods = [x for x in secs if x is not None], [x for x in periods if x is not None]
+    return (sum(secs) if secs else None), (sum(periods) if periods else None)
+
+
 def rows(run_name: str, results: list[dict]) -> list[dict]:
     """results.jsonl lines -> results.csv rows (one per record; a failed case keeps one row)."""
     out = []
@@ -252,7 +274,8 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
         mem = host.get("memory") or {}
         used = _num((mem.get("used_bytes") or {}).get("max"))
         avail = _num(mem.get("available_bytes_min"))
-        throttled = (host.get("vcgencmd") or {}).get("throttled")
+        firmware = (host.get("vcgencmd") or {}).get("throttled")
+        cfs_s, cfs_periods = cfs_throttling(mon)
         common = {
             "run": run_name,
             "case": r["case"],
@@ -284,7 +307,9 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
             "host_temp_max_c": _num((host.get("temperature_c") or {}).get("max")),
             "host_mem_used_max_mb": used / 2**20 if used is not None else None,
             "host_mem_available_min_mb": avail / 2**20 if avail is not None else None,
-            "throttled": None if throttled is None else float(bool(throttled)),
+            "throttled": cfs_s,
+            "throttled_periods": cfs_periods,
+            "firmware_throttled": None if firmware is None else float(bool(firmware)),
         }
         records = r.get("records") or [{}]
         for i, rec in enumerate(records):

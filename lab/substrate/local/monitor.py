@@ -6,9 +6,10 @@ Sources, each labelled with what it measures:
   Kernel work done in softirq (kernel WireGuard, XFRM, forwarding) is charged to whichever
   task was interrupted and mostly escapes it: the host-wide softirq share shows it.
 - per node, the scheduler's view: CFS periods and time in which the node's groups (its own
-  and its per-board-core groups) were throttled (cpu.stat), and how long its threads ran and
-  waited on a run queue while runnable (/proc/TID/schedstat; a thread of a throttled group
-  counts as waiting). Waiting far beyond the throttled time means this machine's other work
+  and its per-board-core groups) were throttled (cpu.stat; null for a node without a quota,
+  whose counters stay 0; results.csv's `throttled` and `throttled_periods`), and how long its
+  threads ran and waited on a run queue while runnable (/proc/TID/schedstat; a thread of a
+  throttled group counts as waiting). Waiting far beyond the throttled time means this machine's other work
   held the node back, not its board's cores (docs/fidelity.md, "UDP at 400 Mbit/s and ping
   RTT"); a thread that exits loses its last interval.
 - per node memory: the group's memory.current (v2) / memory.usage_in_bytes (v1) *only where
@@ -63,6 +64,7 @@ from lab.core.hostreadings import (
     node_memory_bytes,
     node_thread_sched,
     node_throttling,
+    node_uncapped,
     parse_measure_clock,
     parse_throttled,
     psutil_sensors,
@@ -116,6 +118,8 @@ class Monitor(MonitorBase):
         self._vc_path: str | None = None
         self._vc: dict[str, dict | None] = {}  # "start"/"end" -> vcgencmd readings
         self._mem_total: int | None = None
+        #: nodes whose groups have no CPU quota: no throttling to record (null, not 0)
+        self._uncapped: set[str] = set()
 
     @classmethod
     def for_lab(cls, lab, *, interval: float = INTERVAL_S) -> Monitor:
@@ -148,6 +152,10 @@ class Monitor(MonitorBase):
             self._have.add("memory")
         except Exception as e:  # noqa: BLE001 -- never take the test down
             self.unavailable["memory"] = f"psutil.virtual_memory(): {type(e).__name__}: {e}"
+        if self.layout is not None:
+            self._uncapped = {
+                n for n, rel in self.node_groups.items() if node_uncapped(self.layout, rel)
+            }
         if self.node_groups:
             if self.layout is not None and any(
                 node_memory_bytes(self.layout, rel) is not None for rel in self.node_groups.values()
@@ -205,7 +213,7 @@ class Monitor(MonitorBase):
             return {}
         return {
             n: (
-                node_throttling(self.layout, rel),
+                None if n in self._uncapped else node_throttling(self.layout, rel),
                 node_thread_sched(self.layout, rel, self.proc),
             )
             for n, rel in self.node_groups.items()
