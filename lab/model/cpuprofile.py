@@ -49,6 +49,12 @@ PRIMITIVES: dict[str, dict[str, str]] = {
     # record of the board's figure only; `lab calibrate` cannot measure it here as the board
     # would run it (not maskable per namespace, not fully quota-scaled: coverage())
     "kernel-aes-128-cbc": {"tool": "kernel"},
+    # the board kernel's AEADs of its data planes (XFRM ESP rfc4106/rfc7539esp, MACsec gcm(aes),
+    # kernel WireGuard's chacha20poly1305): the speed a stand-in data plane is held to
+    # (lab.model.boardkernel)
+    "kernel-gcm-aes-128": {"tool": "kernel"},
+    "kernel-gcm-aes-256": {"tool": "kernel"},
+    "kernel-chacha20-poly1305": {"tool": "kernel"},
 }
 
 #: the board OS's network defaults a profile may state ([os] table): key -> sysctl. All are per
@@ -85,7 +91,15 @@ _TOP_FIELDS = {
     "reference",
     "assumptions",
 }
-_REF_FIELDS = {"mbps", "source", "derivation", "weight", "confidence"}
+_REF_FIELDS = {
+    "mbps",
+    "source",
+    "derivation",
+    "weight",
+    "confidence",
+    "implementation",
+    "kernel",
+}
 _CONFIDENCE = ("high", "medium", "low")
 
 
@@ -112,6 +126,10 @@ class Reference:
     derivation: str = ""
     weight: float = 1.0
     confidence: str = "medium"
+    #: the code that runs it on the board (kernel references: the crypto API driver names)
+    implementation: str = ""
+    #: the board kernel a kernel reference assumes, e.g. "5.10 armv7l"
+    kernel: str = ""
 
 
 @dataclass
@@ -294,6 +312,8 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
             derivation=_str(r.get("derivation", ""), src, f"{where}.derivation"),
             weight=float(_num(r.get("weight", 1.0), src, f"{where}.weight", positive=True)),
             confidence=conf,
+            implementation=_str(r.get("implementation", ""), src, f"{where}.implementation"),
+            kernel=_str(r.get("kernel", ""), src, f"{where}.kernel"),
         )
     if cores and not refs:
         raise ConfigError(
