@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.core.errors import ConfigError
+from lab.model.boardkernel import BoardKernel, parse_kernel_table
 from lab.model.cpucalibration import CORE_SHARE_MAX, apply_calibration
 
 PROFILE_DIR = REPO / "cpu_profiles"
@@ -76,6 +77,7 @@ NIC_LATENCY_MAX_US = 10_000.0
 NIC_LATENCY_MODES = ("auto", "on", "off")
 
 _TOP_FIELDS = {
+    "kernel",
     "link",
     "os",
     "name",
@@ -150,6 +152,8 @@ class CpuProfile:
     assumptions: list[str] = field(default_factory=list)
     path: str = ""
     calibration: dict | None = None  # summary of the merged calibration file
+    #: the board's kernel: its data planes' threading and crypto ([kernel], lab.model.boardkernel)
+    kernel: BoardKernel | None = None
     uncalibrated_reason: str = ""
     #: the board OS's network defaults, sysctl -> value ([os], OS_SYSCTLS), and their source
     os: dict[str, str] = field(default_factory=dict)
@@ -346,6 +350,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
     if os_sysctls and not os_table.get("source"):
         raise ConfigError("say where the values come from (source = ...)", source=src, field="os")
     nic = _link_table(data.get("link", {}), src)
+    kernel = parse_kernel_table(data.get("kernel"), src, refs, PRIMITIVES)
     return CpuProfile(
         name=name,
         cores=cores,
@@ -363,6 +368,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         word_bits=word_bits,
         arch=_str(data.get("arch", ""), src, "arch"),
         references=refs,
+        kernel=kernel,
         assumptions=list(assumptions),
         path=src,
     )

@@ -310,6 +310,19 @@ def start_core_balancer(lab_id, layout, info, ledger) -> None:
         for name, r in info["nodes"].items()
         if r.get("cpu_slots")
     }
+    # a data plane spread over several groups (lab/substrate/local/dataplane.py) is balanced
+    # over them the same way, apart from the board's cores
+    nodes.update(
+        {
+            f"{name}:dataplane": {
+                "group": "",
+                "slots": r["dp_slots"],
+                "slot_cores": r["cpu"]["dataplane"]["group_cores"],
+            }
+            for name, r in info["nodes"].items()
+            if len(r.get("dp_slots") or []) > 1
+        }
+    )
     if not nodes:
         return
     cfg = lab_dir(lab_id) / "coreslots.json"
