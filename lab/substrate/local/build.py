@@ -327,7 +327,9 @@ def build_lab(
     start_core_balancer(lab_id, layout, info, ledger)
 
     # the boards' NICs: a delay on the VPN path's impairment points (docs/cpu.md "A board model")
-    nic, nic_warnings = nic_latency_plan(spec, cpu, lambda: _netem_here(spec, lab_id, info))
+    nic, nic_warnings = nic_latency_plan(
+        spec, cpu, lambda: _netem_here(spec, lab_id, info), engine_anyway=impair is not None
+    )
     info["nic_latency"] = nic
     info["warnings"] += nic_warnings
     if nic["applied"] and impair is None:
