@@ -128,12 +128,19 @@ def slots_supported(layout: CgroupLayout) -> str | None:
 
 
 def ensure_slot(
-    layout: CgroupLayout, rel: str, i: int, cores: float, *, period_us: int = PERIOD_US
+    layout: CgroupLayout,
+    rel: str,
+    i: int,
+    cores: float,
+    *,
+    period_us: int = PERIOD_US,
+    rel_of: str | None = None,
 ) -> str:
     """Create per-core group i of node group `rel` in the cpu hierarchy (v1), capped at `cores`
     host cores; returns its directory. Only the cpu controller has the groups: accounting
-    (cpuacct) and placement (cpuset) stay per node."""
-    d = layout.root / "cpu" / slot_rel(rel, i)
+    (cpuacct) and placement (cpuset) stay per node. `rel_of`: the group's own path when it is
+    not the i-th board core (a data plane's group, lab.substrate.local.dataplane)."""
+    d = layout.root / "cpu" / (rel_of or slot_rel(rel, i))
     try:
         d.mkdir()
     except FileExistsError:
