@@ -3,8 +3,9 @@
 (issue 30, mechanism 7).
 
     sudo .venv/bin/python bench/stalls.py [--profiles wireguard,ipsec-chacha20poly1305]
-        [--delays 0,20,60] [--periods 10000,lab] [--rounds 2] [--duration 10] [--json FILE]
-    sudo .venv/bin/python bench/stalls.py --probe 0.2407 [--periods 10000,lab] [--rounds 2]
+        [--delays 0,20,60] [--periods lab,min] [--rounds 2] [--duration 10] [--json FILE]
+        [--tick-helper]
+    sudo .venv/bin/python bench/stalls.py --probe 0.2407 [--periods lab,min] [--rounds 2]
 
 A CFS quota lets a node's threads run at this host's speed for share x period, then stalls them
 for the rest of the period; a board is slow all the time. Per profile, one lab on
@@ -23,8 +24,10 @@ floor kept), and iperf3 TCP runs `--duration` s through the tunnel. Recorded per
 - the cost: CFS periods throttled per second and the seconds throttled (cpu.stat of every group
   of both nodes), the nodes' CPU (cpuacct) and the host's busy share (/proc/stat).
 
-`--periods` lists CFS periods in us; `lab` is the period the lab itself set (the current
-lab.model.dilation rule). `--probe SHARE` measures the stall pattern itself instead: one busy
+`--periods` lists CFS periods in us, `lab` (the period the lab itself set, the current
+lab.model.dilation rule) or `min` (the shortest at which the smallest group gets the kernel's
+1 ms quota: 4156 us for one Pi core at share 0.2407). `--tick-helper` runs a SCHED_FIFO thread
+per CPU waking every 0.5 ms throughout, so that quotas are charged promptly (below). `--probe SHARE` measures the stall pattern itself instead: one busy
 thread in a group of its own capped at SHARE host cores (one Pi core: the calibration's
 core_share), at each period, at the cgroup default weight (the labs' groups have it) and at a
 high one, printing how long it ran between stalls and how long they lasted. It prints each test, then per profile and delay the medians and the
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -243,6 +247,16 @@ def set_period(lab: Lab, share: dict[Path, float], period_us: int) -> None:
         (g / "cpu.cfs_quota_us").write_text(str(quota))
 
 
+def period_of(word: str, lab_period: int, share: float) -> int:
+    """A `--periods` word: `lab` (what the lab set), `min` (the shortest at which `share`, the
+    smallest group, gets the kernel's 1 ms quota) or microseconds."""
+    if word == "lab":
+        return lab_period
+    if word == "min":
+        return math.ceil(MIN_QUOTA_US / share)
+    return int(word)
+
+
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -303,7 +317,8 @@ def run_profile(prof: str, a, state: str) -> list[dict]:
         target = ((info.get("vpn") or {}).get("traffic") or {}).get("v4", "10.0.1.2")
         share = shares(lab)
         lab_period = int((next(iter(share)) / "cpu.cfs_period_us").read_text()) if share else 0
-        periods = [lab_period if p == "lab" else int(p) for p in a.periods.split(",")]
+        low = min(share.values()) if share else 1.0
+        periods = [period_of(p, lab_period, low) for p in a.periods.split(",")]
         print(
             f"{prof}: lab period {lab_period} us, shares "
             f"{sorted({round(s, 3) for s in share.values()})}",
@@ -350,6 +365,25 @@ while last < end:
     last = t
 print(repr((runs, gaps)))
 """
+
+
+#: a SCHED_FIFO thread pinned to one CPU that wakes every 0.5 ms: each wake-up preempts the CFS
+#: task running there, which charges its run time to its group's quota at once (update_curr)
+#: instead of at the next 4 ms tick (CONFIG_HZ=250 here), so a group is throttled when its quota
+#: is spent, not up to a tick later
+TICK = """
+import time
+while True:
+    time.sleep(0.0005)
+"""
+
+
+def tick_helpers() -> list[subprocess.Popen]:
+    """One TICK process per CPU of this machine (`--tick-helper`); the caller kills them."""
+    return [
+        subprocess.Popen(["taskset", "-c", str(c), "chrt", "-f", "1", sys.executable, "-c", TICK])
+        for c in sorted(os.sched_getaffinity(0))
+    ]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -436,7 +470,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", default="wireguard,ipsec-chacha20poly1305")
     ap.add_argument("--delays", default="0,20,60", help="one-way delays per egress, ms")
-    ap.add_argument("--periods", default="10000,lab", help="CFS periods (us) or 'lab'")
+    ap.add_argument(
+        "--periods",
+        default="lab,min",
+        help="CFS periods: us, 'lab' (the lab's) or 'min' (1 ms quota)",
+    )
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--json", help="write every test's record here")
@@ -447,12 +485,26 @@ def main() -> int:
         help="instead of the labs: a busy thread capped at SHARE host cores (one Pi core: the "
         "calibration's core_share) at each period, weights 1024 and 16384, 3 s each",
     )
+    ap.add_argument(
+        "--tick-helper",
+        action="store_true",
+        help="run a SCHED_FIFO 0.5 ms waker per CPU throughout (quotas enforced to ~0.5 ms, "
+        "not to this kernel's 4 ms tick)",
+    )
     a = ap.parse_args()
+    helpers = tick_helpers() if a.tick_helper else []
+    try:
+        return run(a)
+    finally:
+        for h in helpers:
+            h.kill()
+            h.wait()
+
+
+def run(a) -> int:
     if a.probe:
-        ps = [
-            dilation.cfs_period_us(1.0, min_share=a.probe) if p == "lab" else int(p)
-            for p in a.periods.split(",")
-        ]
+        lab_period = dilation.cfs_period_us(1.0, min_share=a.probe)
+        ps = [period_of(p, lab_period, a.probe) for p in a.periods.split(",")]
         print(f"{time.strftime('%H:%M:%S', time.gmtime())} UTC, load {load()}", flush=True)
         probe(a.probe, ps, [1024, 16384], 3.0, a.rounds)
         return 0

@@ -112,27 +112,25 @@ def test_auto_gives_every_node_all_its_cores_at_board_speed():
         assert p["slot_cores"] == pytest.approx(0.25 / 1.5, abs=1e-6)
         assert (p["scale"], p["board_cores_emulated"], p["single_thread_vs_board"]) == (1, 4, 1)
         assert p["dilation"] == 1.5
-        # the period follows from it when the lab is built (lab._build): 1 ms of quota per
-        # period for the 0.25 / 1.5 core groups, 4 ms x 1.5 (docs/cpu.md "The CFS period")
-        assert dilation.cfs_period_us(p["dilation"], min_share=p["slot_cores"]) == 6_000
+        # the period follows from it when the lab is built (lab._build): 10 ms x 1.5
+        assert dilation.cfs_period_us(p["dilation"], min_share=p["slot_cores"]) == 15_000
     assert plan["r"]["cores"] is None and "dilation" not in plan["r"]
 
 
 def test_cfs_period_stretched_up_to_the_kernels_limit():
-    assert dilation.cfs_period_us(1.0) == 1_000  # the kernel's shortest period
-    assert dilation.cfs_period_us(2.0) == 2_000
-    assert dilation.cfs_period_us(2.5) == 2_500
-    assert dilation.cfs_period_us(2000.0) == 1_000_000  # the kernel's maximum
+    assert dilation.cfs_period_us(1.0) == 10_000
+    assert dilation.cfs_period_us(2.0) == 20_000
+    assert dilation.cfs_period_us(2.5) == 25_000
+    assert dilation.cfs_period_us(200.0) == 1_000_000  # the kernel's maximum
 
 
-def test_cfs_period_the_shortest_with_the_kernels_smallest_quota():
-    # one Pi core's 0.2407 host cores: 1 ms of every 4.156 ms (the quota rounds to 1000 us)
-    assert dilation.cfs_period_us(1.0, min_share=0.24065) == 4_156
-    # a 0.05-core group: 1 ms of 20 ms
-    assert dilation.cfs_period_us(1.0, min_share=0.05) == 20_000
-    # dilated x2, the same board core's share halved: the period doubles
-    assert dilation.cfs_period_us(2.0, min_share=0.1) == 10_000
-    assert dilation.cfs_period_us(1.0, min_share=0.2) * 2 == 10_000
+def test_cfs_period_long_enough_for_the_smallest_quota():
+    # one Pi core's 0.229 host cores: 2.29 ms of every 10 ms, above the 2 ms floor
+    assert dilation.cfs_period_us(1.0, min_share=0.229) == 10_000
+    # a 0.05-core group would get 0.5 ms of 10 ms (the kernel's minimum is 1 ms): 40 ms
+    assert dilation.cfs_period_us(1.0, min_share=0.05) == 40_000
+    # dilated x2 with 0.1-core groups: 20 ms either way
+    assert dilation.cfs_period_us(2.0, min_share=0.1) == 20_000
     assert dilation.cfs_period_us(1.0, min_share=0.0001) == 1_000_000
 
 
@@ -323,9 +321,9 @@ def test_dilated_lab_quotas_shaper_and_delay(tmp_path, monkeypatch, lab_id):
     assert lab.info["nodes"]["client"]["cpu"]["dilation"] == 2.0
     if lab.cg.version == 1:  # the quota is handed out over a period stretched x2 as well
         d = lab.cg.root / "cpu" / lab.runtime["client"].cgroup
-        for g in (d, d / "core0"):  # 1 ms per period for the 0.1-core groups: 10 ms (5 ms x 2)
-            assert (g / "cpu.cfs_period_us").read_text().strip() == "10000"
-        assert lab.info["nodes"]["client"]["cpu"]["period_us"] == 10_000
+        for g in (d, d / "core0"):
+            assert (g / "cpu.cfs_period_us").read_text().strip() == "20000"
+        assert lab.info["nodes"]["client"]["cpu"]["period_us"] == 20_000
     assert lab.spec.dilation == 2.0
     ping = TESTS["ping"]
     ctx = Context(lab.node("client"), lab.node("server"), "10.0.1.2", tmp_path / "raw")

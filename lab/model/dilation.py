@@ -76,33 +76,29 @@ def auto_factor(want_cores: float, room_cores: float, step: float = AUTO_STEP) -
 MAX_CFS_PERIOD_US = 1_000_000
 
 
-#: the shortest CFS period (the kernel's min_cfs_quota_period, 1 ms), undilated: the period a
-#: group gets when its share is a whole host core or more (docs/cpu.md "The CFS period")
-BASE_CFS_PERIOD_US = 1_000
-#: the quota a capped node's smallest group gets per period: the kernel's smallest, 1 ms. A board
-#: core runs all the time at its own speed; a capped group runs at this host's speed for its
-#: quota, then waits out the rest of the period. Handing the quota out in the shortest slices the
-#: kernel allows makes that wait as short as it can be: one Pi core (share ~0.24) runs 1 ms and
-#: waits ~3.2 ms (period ~4.2 ms), where the 10 ms period of 2026-11-24 made it wait ~7.6 ms and
-#: the kernel's default 100 ms ~77 ms; a stalled userspace tunnel overflows its socket buffer
-#: (212992 bytes, the board's too) in ~3 ms at 400 Mbit/s. That holds where the kernel charges
-#: run time promptly (threads that wake each other, a busy CPU); a thread that never enters the
-#: scheduler is charged at the tick (4 ms at CONFIG_HZ=250) whatever the period (issue 30,
-#: docs/fidelity.md "Stalls under delay")
-MIN_QUOTA_US = 1_000
+#: the CFS period a capped node's quotas are handed out in, undilated (docs/cpu.md "The CFS
+#: period"). A board core runs all the time at its own speed; a capped group runs at this host's
+#: speed for share x period, then waits the rest. At 10 ms one Pi core (share ~0.23) waits at most
+#: ~7.7 ms, a few hundred packets at these rates, within a TUN queue and socket buffers; at the
+#: kernel's default 100 ms it waited ~77 ms, which overflowed them and showed in ping RTT under
+#: load (OpenVPN: p90 65 against 17-25 ms) and in per-second TCP rates
+BASE_CFS_PERIOD_US = 10_000
+#: no group gets less than this quota per period (the kernel's minimum is 1 ms, and a quota near
+#: it runs in slivers): a group with a smaller share gets a longer period
+MIN_QUOTA_US = 2_000
 
 
 def cfs_period_us(
     d: float, base_us: int = BASE_CFS_PERIOD_US, *, min_share: float | None = None
 ) -> int:
-    """The CFS period of a capped node's quotas: the shortest at which `min_share` (the node's
-    smallest group, host cores) gets MIN_QUOTA_US per period (MIN_QUOTA_US / min_share), at
-    least BASE_CFS_PERIOD_US x d, at most the kernel's 1 s. A time-dilated node's shares are
-    already divided by d, so its period is d times the undilated one: it runs and is throttled
-    in the same pattern in dilated time as undilated in real time."""
+    """The CFS period of a capped node's quotas: BASE_CFS_PERIOD_US x d, so that a dilated node
+    runs and is throttled in the same pattern in dilated time as undilated in real time (a
+    quota is handed out per period: a thread at its cap runs share x period, then waits);
+    long enough that `min_share` (the node's smallest group, host cores) gets MIN_QUOTA_US per
+    period; at most the kernel's 1 s."""
     period = base_us * d
     if min_share:
-        period = max(period, math.ceil(MIN_QUOTA_US / min_share))
+        period = max(period, MIN_QUOTA_US / min_share)
     return min(MAX_CFS_PERIOD_US, round(period))
 
 
