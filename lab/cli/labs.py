@@ -83,7 +83,7 @@ def cmd_down(args) -> int:
             )
         lab_id = ids[0] if ids else None
     if lab_id is None or not (lab_dir(lab_id) / "ledger.jsonl").exists():
-        out.print(f"lab {lab_id or ''} is not up; nothing to do".replace("  ", " "))
+        out.print(f"lab '{lab_id}' is not up; nothing to do" if lab_id else "no lab is up")
         return 0
     notes: list[str] = []
     left = open_lab(lab_id).down(notes)

@@ -78,10 +78,11 @@ def _point_specs(s: dict) -> dict[tuple[str, str], str]:
 
 def print_status(s: dict) -> None:
     if not s.get("nodes"):  # a broken lab, or the VM of a `lab run --vm` (no lab of its own)
-        out.print(f"lab {s['id']}: {s.get('state')}", markup=False, highlight=False)
+        out.print(f"lab '{s['id']}': {s.get('state')}", markup=False, highlight=False)
         return
+    # the id quoted: the default id is "lab", and "lab lab (up)" reads as a stutter
     t = Table(
-        title=f"lab {s['id']} ({s.get('state')}) — {s.get('topology', '')}", title_justify="left"
+        title=f"lab '{s['id']}' ({s.get('state')}) — {s.get('topology', '')}", title_justify="left"
     )
     for col in ("node", "where", "cpu", "interface", "IPv4", "IPv6", "peer", "impairment (egress)"):
         t.add_column(col)
