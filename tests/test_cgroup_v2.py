@@ -160,6 +160,24 @@ def test_threads_are_read_and_moved_through_the_hierarchys_file(tmp_path, writes
     assert cgroups.thread_ids(str(tmp_path / "gone")) == []
 
 
+def test_a_v2_nodes_threads_include_its_threaded_core_groups(tmp_path):
+    from lab.core.hostreadings import node_thread_sched
+
+    layout = _v2(tmp_path)
+    (layout.root / NODE / "cgroup.threads").write_text("101\n")
+    _v2_child(layout, "core0").joinpath("cgroup.threads").write_text("102\n103\n")
+    _v2_child(layout, "core1").joinpath("cgroup.threads").write_text("104\n")
+    assert sorted(cgroups.node_threads(layout, NODE)) == [101, 102, 103, 104]
+    proc = tmp_path / "proc"
+    for tid in (101, 103, 104):  # 102 has exited
+        _group(proc / str(tid), {"schedstat": f"{tid} {tid + 1} 1\n"})
+    assert node_thread_sched(layout, NODE, proc) == {t: (t, t + 1) for t in (101, 103, 104)}
+    assert node_thread_sched(layout, "lab/l1/gone", proc) == {}
+    v1 = _v1(tmp_path)
+    (v1.root / "cpuacct" / NODE / "tasks").write_text("7\n8\n")
+    assert cgroups.node_threads(v1, NODE) == [7, 8]
+
+
 def test_move_thread_gone_is_false_refused_is_raised(tmp_path, monkeypatch):
     d = _group(tmp_path / "g", {"cgroup.threads": ""})
 

@@ -247,6 +247,19 @@ def thread_ids(group_dir: str) -> list[int]:
         return []
 
 
+def node_threads(layout: CgroupLayout, rel: str) -> list[int]:
+    """Every thread of node group `rel`, wherever in it: v1 its cpuacct group's `tasks` (the
+    per-core groups exist in the cpu hierarchy only), v2 `cgroup.threads` of the group and of
+    each child group (its threaded per-core groups). FileNotFoundError when the group is gone."""
+    if layout.version == 1:
+        return [int(x) for x in (layout.root / "cpuacct" / rel / "tasks").read_text().split()]
+    d = layout.root / rel
+    tids = [int(x) for x in (d / "cgroup.threads").read_text().split()]
+    for child in sorted(c for c in d.iterdir() if c.is_dir()):
+        tids += thread_ids(str(child))
+    return tids
+
+
 def move_thread(group_dir: str, tid: int) -> bool:
     """Move one thread into a group, v1 or v2; False if the thread is gone. On v2 the thread's
     process must already be in the group's threaded domain (the node group or one of its
