@@ -18,6 +18,7 @@ import lab.cli.printing as cliprint
 from lab.core import cgroups
 from lab.core.errors import PreconditionError
 from lab.substrate.local import coreslots
+from lab.substrate.local.dataplane import group_rel
 
 NODE = "lab/l1/client"
 
@@ -101,14 +102,14 @@ def test_v2_slot_is_a_threaded_child_capped_in_cpu_max(tmp_path, writes):
     assert _rel(layout, writes) == [(f"{NODE}/core0/cpu.max", "3000 10000")]
 
 
-def test_v2_named_group_beside_the_cores(tmp_path, writes):
+def test_v2_data_plane_group_beside_the_cores_is_threaded_too(tmp_path, writes):
     layout = _v2(tmp_path)
-    _v2_child(layout, "dataplane")
-    d = cgroups.ensure_slot(layout, NODE, 0, 0.5, name="dataplane")
-    assert d == str(layout.root / NODE / "dataplane")
+    _v2_child(layout, "dp0")
+    dp_rel = group_rel(NODE, 0)
+    d = cgroups.ensure_slot(layout, NODE, 0, 0.5, period_us=10_000, rel_of=dp_rel)
+    assert d == str(layout.root / NODE / "dp0")
+    assert (f"{d}/cgroup.type", "threaded") in writes and (f"{d}/cpu.max", "5000 10000") in writes
     assert cgroups.slot_rel(NODE, 3) == f"{NODE}/core3"
-    assert cgroups.slot_rel(NODE, 0, name="dataplane") == f"{NODE}/dataplane"
-    assert (f"{d}/cgroup.type", "threaded") in writes
 
 
 def test_v2_slot_without_the_cpu_controller_is_refused_before_anything_exists(tmp_path, writes):

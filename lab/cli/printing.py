@@ -104,6 +104,12 @@ def print_status(s: dict) -> None:
             cpu_s += f", cgroup {cpu['cgroup']}"
         if (cpu.get("dilation") or 1.0) != 1.0:  # lab.model.dilation: quotas / the factor
             cpu_s += f", time-dilated x{cpu['dilation']:g}"
+        dp = cpu.get("dataplane") or {}
+        if dp.get("groups"):  # lab/substrate/local/dataplane.py: the board's data plane model
+            cpu_s += (
+                f"; {dp['daemon']}: {dp['groups']} x {dp.get('group_cores', dp['share']):.3f} "
+                f"cores ({dp['threading']}, {dp.get('board_reference') or 'core_share'})"
+            )
         if n.get("arch"):  # the board's binaries under qemu-user, uncapped (docs/arch.md)
             cpu_s += f", {n['arch']} (qemu-user)"
         kind = n["kind"] + (" router" if n.get("router") else "")

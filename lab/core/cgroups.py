@@ -144,10 +144,10 @@ def set_cpu(
         _write(layout.root / "cpuset" / rel / "cpuset.cpus", cpus)
 
 
-def slot_rel(rel: str, i: int, *, name: str | None = None) -> str:
+def slot_rel(rel: str, i: int) -> str:
     """The i-th per-core group of node group `rel` (lab/substrate/local/coreslots.py: one board
-    core each), or its child group `name` when given."""
-    return f"{rel}/{name or f'core{i}'}"
+    core each)."""
+    return f"{rel}/core{i}"
 
 
 #: slots_supported's answer per cgroup root, probed once per process
@@ -202,10 +202,11 @@ def ensure_slot(
     cores: float,
     *,
     period_us: int = PERIOD_US,
-    name: str | None = None,
+    rel_of: str | None = None,
 ) -> str:
-    """Create per-core group i (or the child group `name`) of node group `rel`, capped at
-    `cores` host cores; returns its directory. Idempotent.
+    """Create per-core group i of node group `rel`, capped at `cores` host cores; returns its
+    directory. Idempotent. `rel_of`: the group's own path when it is not the i-th board core (a
+    data plane's group, lab.substrate.local.dataplane), a child of `rel` too.
 
     v1: a child in the cpu hierarchy only; accounting (cpuacct) and placement (cpuset) stay per
     node. v2: a threaded child (`cgroup.type` = threaded): the node group enables the cpu
@@ -213,12 +214,13 @@ def ensure_slot(
     cover them; the threads of one process may then sit in different children, but never leave
     the node's subtree (cgroup-v2.rst, "Threads"). Only threaded controllers (cpu, cpuset, pids,
     perf_event) work there, so the node group enables nothing else for its children."""
-    d = cpu_dir(layout, slot_rel(rel, i, name=name))
+    group = rel_of or slot_rel(rel, i)
+    d = cpu_dir(layout, group)
     if layout.version == 2:
-        node = layout.root / rel
-        if _enable(node, ("cpu",)):
+        parent = d.parent
+        if _enable(parent, ("cpu",)):
             raise PreconditionError(
-                f"cgroup {node}: no cpu controller to give its per-core groups (its parent's "
+                f"cgroup {parent}: no cpu controller to give its per-core groups (its parent's "
                 "cgroup.subtree_control lacks +cpu)"
             )
     try:

@@ -96,8 +96,9 @@ class NodeSlots:
         for i, d in enumerate(self.slots):
             for t in cgroups.thread_ids(d):
                 where[t] = i
-        # threads in the node group itself (not yet on a core): the least populated core
-        for t in cgroups.thread_ids(self.group):
+        # threads in the node group itself (not yet on a core): the least populated core (a
+        # data plane's set has no group of its own: "")
+        for t in cgroups.thread_ids(self.group) if self.group else ():
             if cgroups.move_thread(least_populated(self.slots), t):
                 self.moves += 1
         now = time.monotonic()
