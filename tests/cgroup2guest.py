@@ -109,6 +109,8 @@ def main() -> int:
         rel, slots, cpu = rec["cgroup"], rec["cpu_slots"], rec["cpu"]
         node_dir = layout.root / rel
         out.update(cpu=cpu, slots=slots, node_rel=rel)
+        # what `lab status --json` (and so a run manifest) says of the node's CPU model
+        out["status_cgroup"] = lab.status()["nodes"]["client"]["cpu"].get("cgroup")
         out["node_type"] = (node_dir / "cgroup.type").read_text().strip()
         out["node_subtree_control"] = (node_dir / "cgroup.subtree_control").read_text().split()
         out["node_cpu_max"] = (node_dir / "cpu.max").read_text().strip()

@@ -75,6 +75,7 @@ def test_threaded_groups_are_built_and_recorded(guest):
     assert guest["slots_supported"] is None and guest["probe_left"] == []
     cpu = guest["cpu"]
     assert cpu["cgroup"] == "v2-threaded" and "per_core_not_applied" not in cpu, cpu
+    assert guest["status_cgroup"] == "v2-threaded"
     assert cpu["slots"] == 4 and len(guest["slots"]) == 4
     assert guest["node_type"] == "domain threaded" and "cpu" in guest["node_subtree_control"]
     assert guest["slot_type"] == ["threaded"] * 4
