@@ -100,6 +100,9 @@ def print_status(s: dict) -> None:
             cpu_s += (
                 f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
             )
+        if cpu.get("cgroup") and (cpu.get("profile") or cpu.get("cores")):
+            # the mechanism of its cores here: v1, v2-threaded, v2-one-core (docs/cpu.md)
+            cpu_s += f", cgroup {cpu['cgroup']}"
         if (cpu.get("dilation") or 1.0) != 1.0:  # lab.model.dilation: quotas / the factor
             cpu_s += f", time-dilated x{cpu['dilation']:g}"
         dp = cpu.get("dataplane") or {}
