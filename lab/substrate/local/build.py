@@ -299,8 +299,13 @@ def build_lab(
             )
             plan["period_us"] = period
         cgroups.set_cpu(layout, rel, plan.get("cores"), all_cpus, period_us=period)
+        # which mechanism models the node's cores here (lab.json, `lab status`, run manifests)
+        plan["cgroup"] = cgroups.cgroup_record(
+            layout, slots=plan.get("slots") or 0, refused=plan.get("per_core_not_applied")
+        )
         for i in range(plan.get("slots") or 0):
-            # one group per board core under the node's quota (lab/substrate/local/coreslots.py)
+            # one group per board core under the node's quota (lab/substrate/local/coreslots.py;
+            # v2: threaded children of the node group, cgroups.ensure_slot)
             ledger.record("cgroup", rel=cgroups.slot_rel(rel, i), node=n.name, slot=i)
             slot = cgroups.ensure_slot(layout, rel, i, plan["slot_cores"], period_us=period)
             info["nodes"][n.name]["cpu_slots"].append(slot)
