@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lab.campaign import calibdataplane, calibpacket, calibssh
+from lab.campaign import calibdataplane, calibpacket, calibssh, calibstandin
 from lab.core import cgroups, proc
 from lab.substrate.local.cpuplan import coverage
 from lab.model.cpucalibration import (
@@ -372,7 +372,9 @@ def calibrate(
 
     # each data plane's own share (lab/campaign/calibdataplane.py), checked in a capped group
     runner = calibdataplane.capped_runner(measure_one, vsecs, say) if verify else None
-    dataplanes = calibdataplane.shares(prof, measured, verify=runner)
+    # kernel data planes' stand-ins as whole processes (lab/campaign/calibstandin.py; root, full)
+    standins = calibstandin.calibrate(prof, env, say) if verify and not quick else {}
+    dataplanes = calibdataplane.shares(prof, measured, verify=runner, standins=standins)
     # per-packet kernel work (lab/campaign/calibpacket.py): a residual under the fit, never fitted
     per_packet = calibpacket.measure(prof, env, share, rounds, secs, vsecs if verify else 0, say)
 
@@ -418,6 +420,7 @@ def calibrate(
         "verification": verification,
         "dataplanes": dataplanes,
         "per_packet": per_packet,
+        "standins": standins,
         "coverage": coverage(prof),
         "implementations": implementation_coverage(prof, measured, skipped),
         "goals": {"max_abs_residual": RESIDUAL_GOAL, "seconds": SECONDS_GOAL},
