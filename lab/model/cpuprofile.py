@@ -22,6 +22,7 @@ from typing import Any
 
 from lab.core.errors import ConfigError
 from lab.model.cpucalibration import CORE_SHARE_MAX, apply_calibration
+from lab.model.storageprofile import StorageModel, parse_storage
 
 PROFILE_DIR = REPO / "cpu_profiles"
 #: variables that hide CPU features from crypto libraries: a node with a CPU profile gets exactly
@@ -84,6 +85,7 @@ _TOP_FIELDS = {
     "env",
     "reference",
     "assumptions",
+    "storage",
 }
 _REF_FIELDS = {"mbps", "source", "derivation", "weight", "confidence"}
 _CONFIDENCE = ("high", "medium", "low")
@@ -140,6 +142,8 @@ class CpuProfile:
     nic_latency_us: float = 0.0
     nic_source: str = ""
     nic_derivation: str = ""
+    #: the board's storage ([storage]; lab.model.storageprofile), None if not stated
+    storage: StorageModel | None = None
 
     @property
     def capped(self) -> bool:
@@ -336,6 +340,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         nic_latency_us=nic["nic_latency_us"],
         nic_source=nic["source"],
         nic_derivation=nic["derivation"],
+        storage=parse_storage(data.get("storage"), src),
         env={str(k): v for k, v in env.items()},
         description=_str(data.get("description", ""), src, "description"),
         emulated_cores=emulated,
