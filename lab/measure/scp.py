@@ -41,6 +41,15 @@ MIB = 1024 * 1024
 #: releases (like the studies' boards) used; writing /dev/null over SFTP also draws a harmless
 #: "remote fsetstat" warning. Both flags need OpenSSH 9.0+; "default" passes neither.
 PROTOCOL_FLAGS = {"default": [], "scp": ["-O"], "sftp": ["-s"]}
+#: `dest` default: the received file lands on the server's storage, as on a board's card
+STORAGE = "storage"
+
+
+def storage_dest(node: Node, name: str) -> str | None:
+    """A path for file `name` on `node`'s board storage (its LAB_STORAGE, set by a lab whose
+    board profile models the card: lab.substrate.local.storage), None when it has none."""
+    where = node.run(["printenv", "LAB_STORAGE"], check=False).stdout.strip()
+    return f"{where.rstrip('/')}/{name}" if where else None
 
 
 def sshd_config(*, addr: str, port: int, state: Path) -> str:
@@ -116,7 +125,13 @@ class ScpTest(Test):
         "size_mb": Param(int, 256, min=1, max=65536, doc="file size in MiB"),
         "port": Param(int, 2222, min=1, max=65535),
         "cipher": Param(str, None, optional=True, doc="scp -c, e.g. aes128-gcm@openssh.com"),
-        "dest": Param(str, "/dev/null", doc="path written on the server"),
+        "dest": Param(
+            str,
+            STORAGE,
+            doc='path written on the server; "storage": a file on the server\'s board storage '
+            "($LAB_STORAGE, the card a board profile's [storage] models: docs/cpu.md) where the "
+            "node has one, else /dev/null",
+        ),
         "protocol": Param(str, "default", choices=tuple(PROTOCOL_FLAGS), doc="scp -O / -s"),
         "stop_early": Param(
             bool,
@@ -173,10 +188,15 @@ class ScpTest(Test):
         daemon = None
         files: list[Path] = []
         size = params["size_mb"] * MIB
+        dest = params["dest"]
+        if dest == STORAGE:
+            dest = storage_dest(ctx.server, f"{state.name}.bin") or "/dev/null"
         base = {
             "size_bytes": size,
             "cipher": params["cipher"],
             "dest": params["dest"],
+            # where the file went: on the server's board storage (held to its card) or not
+            "dest_path": dest,
             "protocol": params["protocol"],
             "stop_early": params["stop_early"],
         }
@@ -228,7 +248,7 @@ class ScpTest(Test):
                 src=payload,
                 user=user,
                 addr=host,
-                dest=params["dest"],
+                dest=dest,
                 cipher=params["cipher"],
                 protocol=params["protocol"],
             )
@@ -287,3 +307,5 @@ class ScpTest(Test):
                 ctx.server.stop(daemon)
             for node in nodes:
                 node.run(["rm", "-rf", "--", str(state)], check=False)
+            if dest != params["dest"] and dest != "/dev/null":  # the received file
+                ctx.server.run(["rm", "-f", "--", dest], check=False)
