@@ -219,7 +219,9 @@ def test_limits_are_lifted_from_our_device_only(fake_sys):
 
     blockdev._write = record
     try:
-        blockdev.remove({"kind": "storage-limits", "image": "/img/a.img", "dev": "7:3"})
+        blockdev.remove(
+            {"kind": "storage-limits", "image": "/img/a.img", "dev": "7:3", "groups": ["/"]}
+        )
         blockdev.remove({"kind": "storage-limits", "image": "/img/b.img", "dev": "7:4"})
     finally:
         blockdev._write = real
@@ -250,3 +252,24 @@ def test_image_entry_removes_the_file(tmp_path):
     blockdev.remove(e)
     blockdev.remove(e)  # twice: harmless
     assert blockdev.leftover(e) == []
+
+
+def test_rate_rules_go_into_every_recorded_group_and_come_out(fake_sys):
+    """v1 throttling is flat: the rule sits in the root (the flusher's writeback) and in the
+    lab process's own group (its children's fsync and direct I/O); teardown lifts both."""
+    sub = fake_sys / "blkio" / "user.slice"
+    sub.mkdir()
+    for name in blockdev.THROTTLE.values():
+        (sub / name).write_text("")
+    _loop(fake_sys, "7:3", "/img/a.img")
+    groups = ["/", "/user.slice"]
+    blockdev.set_rate("7:3", 21_300_000, 46_050_000, groups)
+    assert (sub / "blkio.throttle.write_bps_device").read_text() == "7:3 21300000"
+    assert (sub / "blkio.throttle.read_bps_device").read_text() == "7:3 46050000"
+    e = {"kind": "storage-limits", "image": "/img/a.img", "dev": "7:3", "groups": groups}
+    assert any("in /user.slice" in x for x in blockdev.leftover(e))
+    blockdev.remove(e)
+    # a v1 file takes "7:3 0" as "delete the rule"; the fake keeps the last write
+    assert (sub / "blkio.throttle.write_bps_device").read_text() == "7:3 0"
+    assert blockdev.leftover(e) == [] or all("strict" in x for x in blockdev.leftover(e))
+    assert blockdev.blkio_groups()[0] == "/"

@@ -14,7 +14,8 @@ Ledger kinds (each line written before its object exists; teardown walks them ba
   storage-image   {path}                  the image file: deleted
   storage-loop    {image}                 loop devices backed by it: detached
   storage-mount   {mntns, target, image}  the mount inside the node: unmounted
-  storage-limits  {image, dev}            throttle rules and bdi limits of dev: cleared
+  storage-limits  {image, dev, groups}    throttle rules (in those blkio groups) and bdi
+                                          limits of dev: cleared
 A loop device is found from its image path (its sysfs backing_file), never by its name.
 """
 
@@ -134,36 +135,60 @@ def _write(path: Path, value: str) -> None:
         f.write(value)
 
 
-def set_rate(devt: str, write_bps: int, read_bps: int | None) -> None:
-    """Per-device limits in the root blkio group: every bio to `devt`, whoever submits it."""
-    _write(BLKIO_V1 / THROTTLE["write"], f"{devt} {write_bps}")
-    if read_bps:
-        _write(BLKIO_V1 / THROTTLE["read"], f"{devt} {read_bps}")
+def blkio_groups(pid: int | str = "self") -> list[str]:
+    """The blkio groups a rate rule must sit in: the root (the flusher threads' and jbd2's
+    writeback) and, when it is not the root, the group of `pid`, whose children (the nodes'
+    processes: the lab moves them only in the cpu hierarchies) write back in their own context
+    on fsync, O_SYNC and O_DIRECT. A v1 hierarchy is flat for throttling: a rule in the root
+    does not cover a child group's bios."""
+    groups = ["/"]
+    try:
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, ctrls, path = line.split(":", 2)
+            if "blkio" in ctrls.split(",") and path not in groups:
+                groups.append(path)
+    except OSError:
+        pass
+    return groups
 
 
-def rates(devt: str) -> dict[str, int]:
-    """{"write": bps, "read": bps} of `devt`'s rules in the root blkio group (absent: no rule)."""
+def _group(group: str) -> Path:
+    return BLKIO_V1 / group.lstrip("/")
+
+
+def set_rate(devt: str, write_bps: int, read_bps: int | None, groups: list[str]) -> None:
+    """Per-device limits in blkio `groups`: every bio to `devt` their members submit."""
+    for g in groups:
+        _write(_group(g) / THROTTLE["write"], f"{devt} {write_bps}")
+        if read_bps:
+            _write(_group(g) / THROTTLE["read"], f"{devt} {read_bps}")
+
+
+def rates(devt: str, group: str = "/") -> dict[str, int]:
+    """{"write": bps, "read": bps} of `devt`'s rules in blkio `group` (absent: no rule)."""
     out = {}
     for k, name in THROTTLE.items():
         try:
-            lines = (BLKIO_V1 / name).read_text().split("\n")
+            lines = (_group(group) / name).read_text().split("\n")
         except OSError:
             continue
         for line in lines:
             parts = line.split()
-            if len(parts) == 2 and parts[0] == devt:
+            if len(parts) == 2 and parts[0] == devt and int(parts[1]):
                 out[k] = int(parts[1])
     return out
 
 
-def clear_rate(devt: str) -> None:
-    """Remove `devt`'s rules (a limit of 0 deletes a v1 rule); idempotent."""
-    for name in THROTTLE.values():
-        try:
-            _write(BLKIO_V1 / name, f"{devt} 0")
-        except OSError as e:
-            if e.errno not in (errno.ENOENT, errno.ENODEV):
-                raise
+def clear_rate(devt: str, groups: list[str]) -> None:
+    """Remove `devt`'s rules (a limit of 0 deletes a v1 rule); idempotent, a group gone is
+    skipped."""
+    for g in groups:
+        for name in THROTTLE.values():
+            try:
+                _write(_group(g) / name, f"{devt} 0")
+            except OSError as e:
+                if e.errno not in (errno.ENOENT, errno.ENODEV):
+                    raise
 
 
 def set_dirty_limit(devt: str, limit_bytes: int) -> dict:
@@ -241,7 +266,7 @@ def remove(e: dict) -> None:
     elif kind == "storage-limits":
         # only while the device is still ours or free: a rule on someone else's device is theirs
         if backed_by(e["dev"], e["image"]) is not False:
-            clear_rate(e["dev"])
+            clear_rate(e["dev"], e.get("groups", ["/"]))
             reset_dirty_limit(e["dev"])
     elif kind == "storage-loop":
         for dev in loops_of(e["image"]):
@@ -256,7 +281,11 @@ def leftover(e: dict) -> list[str]:
     if kind == "storage-mount" and mounted_in(Path(e["mntns"]), e["target"]):
         return [f"mount {e['target']} in {e['mntns']}"]
     if kind == "storage-limits" and backed_by(e["dev"], e["image"]) is not False:
-        left = [f"blkio throttle rule {e['dev']} {k}" for k in rates(e["dev"])]
+        left = [
+            f"blkio throttle rule {e['dev']} {k} in {g}"
+            for g in e.get("groups", ["/"])
+            for k in rates(e["dev"], g)
+        ]
         if dirty_limit_set(e["dev"]):
             left.append(f"strict dirty limit on {SYS_BDI / e['dev']}")
         return left

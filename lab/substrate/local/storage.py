@@ -84,8 +84,9 @@ def build_storage(lab_id: str, info: dict, ledger: Ledger) -> None:
         blockdev.mount_in(Path(rt["mntns"]), dev, rec["mount"])
         # the limits last, so teardown lifts them first: the unmount's final flush then goes
         # at this machine's speed, not the card's
-        ledger.record("storage-limits", node=name, image=str(image), dev=devt)
-        blockdev.set_rate(devt, model["write_bps"], model["read_bps"])
+        groups = blockdev.blkio_groups()
+        ledger.record("storage-limits", node=name, image=str(image), dev=devt, groups=groups)
+        blockdev.set_rate(devt, model["write_bps"], model["read_bps"], groups)
         rec["dirty_limit"] = blockdev.set_dirty_limit(devt, model["dirty_limit_bytes"])
         if "not_applied" in rec["dirty_limit"]:
             info["warnings"].append(
@@ -93,7 +94,13 @@ def build_storage(lab_id: str, info: dict, ledger: Ledger) -> None:
                 f"({rec['dirty_limit']['not_applied']}): its writes wait for the card only "
                 "beyond this machine's own limits"
             )
-        rec.update(image=str(image), loop=dev, dev=devt, rates_set=blockdev.rates(devt))
+        rec.update(
+            image=str(image),
+            loop=dev,
+            dev=devt,
+            blkio_groups=groups,
+            rates_set=blockdev.rates(devt),
+        )
         built = True
     if built:
         write_json_atomic(d / "lab.json", info)
