@@ -171,6 +171,17 @@ def test_auto_without_netem_is_not_applied_recorded_and_warned():
     assert "client->server 80 us" in w and "not applied" in w
 
 
+def test_auto_without_netem_applies_it_where_the_engine_is_on_the_path_anyway():
+    rec, warnings = cpuplan.nic_decision(
+        "auto", _path(), lambda: (False, "no sch_netem here"), engine_anyway=True
+    )
+    assert rec["applied"] is True and not warnings
+    assert "engine is on the path" in rec["why"] and "no sch_netem here" in rec["why"]
+    # off stays off, engine or not
+    rec, _ = cpuplan.nic_decision("off", _path(), None, engine_anyway=True)
+    assert rec["applied"] is False
+
+
 def test_auto_with_netem_on_and_off():
     rec, warnings = cpuplan.nic_decision("auto", _path(), lambda: (True, None))
     assert rec["applied"] and "kernel netem present" in rec["why"] and not warnings

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lab.campaign import calibssh
+from lab.campaign import calibdataplane, calibssh
 from lab.core import cgroups, proc
 from lab.substrate.local.cpuplan import coverage
 from lab.model.cpucalibration import (
@@ -365,6 +365,15 @@ def calibrate(
         )
         verification = verify_in_cgroup(prof, share, env, vprims, vsecs, say)
 
+    def measure_one(prim, seconds, preexec):
+        if PRIMITIVES[prim]["tool"] == "go":
+            return measure_go(env, seconds, preexec=preexec)[0]
+        return measure_openssl(prim, env, seconds, preexec=preexec)
+
+    # each data plane's own share (lab/campaign/calibdataplane.py), checked in a capped group
+    runner = calibdataplane.capped_runner(measure_one, vsecs, say) if verify else None
+    dataplanes = calibdataplane.shares(prof, measured, verify=runner)
+
     result = {
         "schema": CALIBRATION_SCHEMA,
         "profile": name,
@@ -405,6 +414,7 @@ def calibrate(
         },
         "skipped": skipped,
         "verification": verification,
+        "dataplanes": dataplanes,
         "coverage": coverage(prof),
         "implementations": implementation_coverage(prof, measured, skipped),
         "goals": {"max_abs_residual": RESIDUAL_GOAL, "seconds": SECONDS_GOAL},

@@ -42,6 +42,53 @@ from lab.campaign.check import (
 from lab.campaign.check import ci_init
 
 
+def _print_dataplanes(r: dict) -> None:
+    """The data planes' own shares (lab/campaign/calibdataplane.py): board figure, this host's
+    rate, the share, and what a group capped at it delivered."""
+    rows = r.get("dataplanes") or []
+    if not rows:
+        return
+    t = Table(
+        title='data planes: a share per dominant primitive (docs/cpu.md "Data planes")',
+        title_justify="left",
+    )
+    for col in (
+        "data plane",
+        "primitive here",
+        "board figure",
+        "board MB/s",
+        "host MB/s",
+        "share (cores)",
+        "vs core_share",
+        "capped MB/s",
+        "residual",
+    ):
+        t.add_column(
+            col,
+            justify="left" if col in ("data plane", "primitive here", "board figure") else "right",
+        )
+    for d in rows:
+        res = d.get("residual")
+        t.add_row(
+            d["dataplane"],
+            d["primitive"],
+            d["board_reference"],
+            f"{d['board_mbps']:g}",
+            f"{d['host_mbps']:.1f}" if d.get("host_mbps") else d.get("skipped", "-"),
+            f"{d['share']:.4f}" if d.get("share") else "-",
+            f"x{d['vs_core_share']:.2f}" if d.get("vs_core_share") else "-",
+            f"{d['capped_mbps']:.1f}" if d.get("capped_mbps") is not None else "",
+            (f"{res:+.1%}" + ("" if abs(res) <= DATAPLANE_GOAL else " (!)"))
+            if res is not None
+            else "",
+        )
+    out.print(t)
+
+
+#: |residual| goal of a data plane's capped group against the board's figure (issue 30: 15 %)
+DATAPLANE_GOAL = 0.15
+
+
 def cmd_calibrate(args) -> int:
     progress = None if args.json else (lambda s: err.print(f"  {s}", markup=False, highlight=False))
     r = calibrate(args.profile, quick=args.quick, verify=not args.no_verify, progress=progress)
@@ -83,6 +130,7 @@ def cmd_calibrate(args) -> int:
             f"{v['error']:+.1%}" if v else "",
         )
     out.print(t)
+    _print_dataplanes(r)
     share = r["core_share"]
     out.print(
         f"core_share = {share:.4f} host cores per board core: a node gets a CFS quota of "

@@ -86,9 +86,27 @@ def apply_calibration(prof) -> None:
         "mode": cal.get("mode"),
         "residuals": cal.get("residuals", {}),
         "max_abs_residual": cal.get("max_abs_residual"),
+        # this host's masked rate of every primitive measured (MB/s per CPU second): what a data
+        # plane's share is worked out from (lab.model.boardkernel.plan)
+        "host_mbps": host_rates(cal),
         # judged again with today's threshold, so that older files say it too
         "fit": fit_quality(cal.get("residuals") or {}, profile=prof.name),
     }
+
+
+def host_rates(cal: dict) -> dict[str, float]:
+    """{primitive: this host's masked MB/s per CPU second} from a calibration record: fitted
+    primitives' best rounds and the informational ones (measured, no board reference)."""
+    out = {}
+    for p, m in (cal.get("measured") or {}).items():
+        best = (m or {}).get("best") or {}
+        if isinstance(best.get("cpu_mbps"), int | float) and best["cpu_mbps"] > 0:
+            out[p] = float(best["cpu_mbps"])
+    for p, m in (cal.get("informational") or {}).items():
+        v = (m or {}).get("host_cpu_mbps")
+        if p not in out and isinstance(v, int | float) and v > 0:
+            out[p] = float(v)
+    return out
 
 
 def fit_quality(

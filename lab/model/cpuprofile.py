@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.core.errors import ConfigError
+from lab.model.boardkernel import BoardKernel, parse_kernel_table
 from lab.model.cpucalibration import CORE_SHARE_MAX, apply_calibration
 from lab.model.storageprofile import StorageModel, parse_storage
 
@@ -50,6 +51,12 @@ PRIMITIVES: dict[str, dict[str, str]] = {
     # record of the board's figure only; `lab calibrate` cannot measure it here as the board
     # would run it (not maskable per namespace, not fully quota-scaled: coverage())
     "kernel-aes-128-cbc": {"tool": "kernel"},
+    # the board kernel's AEADs of its data planes (XFRM ESP rfc4106/rfc7539esp, MACsec gcm(aes),
+    # kernel WireGuard's chacha20poly1305): the speed a stand-in data plane is held to
+    # (lab.model.boardkernel)
+    "kernel-gcm-aes-128": {"tool": "kernel"},
+    "kernel-gcm-aes-256": {"tool": "kernel"},
+    "kernel-chacha20-poly1305": {"tool": "kernel"},
 }
 
 #: the board OS's network defaults a profile may state ([os] table): key -> sysctl. All are per
@@ -71,6 +78,7 @@ NIC_LATENCY_MAX_US = 10_000.0
 NIC_LATENCY_MODES = ("auto", "on", "off")
 
 _TOP_FIELDS = {
+    "kernel",
     "link",
     "os",
     "name",
@@ -87,7 +95,15 @@ _TOP_FIELDS = {
     "assumptions",
     "storage",
 }
-_REF_FIELDS = {"mbps", "source", "derivation", "weight", "confidence"}
+_REF_FIELDS = {
+    "mbps",
+    "source",
+    "derivation",
+    "weight",
+    "confidence",
+    "implementation",
+    "kernel",
+}
 _CONFIDENCE = ("high", "medium", "low")
 
 
@@ -114,6 +130,10 @@ class Reference:
     derivation: str = ""
     weight: float = 1.0
     confidence: str = "medium"
+    #: the code that runs it on the board (kernel references: the crypto API driver names)
+    implementation: str = ""
+    #: the board kernel a kernel reference assumes, e.g. "5.10 armv7l"
+    kernel: str = ""
 
 
 @dataclass
@@ -134,6 +154,8 @@ class CpuProfile:
     assumptions: list[str] = field(default_factory=list)
     path: str = ""
     calibration: dict | None = None  # summary of the merged calibration file
+    #: the board's kernel: its data planes' threading and crypto ([kernel], lab.model.boardkernel)
+    kernel: BoardKernel | None = None
     uncalibrated_reason: str = ""
     #: the board OS's network defaults, sysctl -> value ([os], OS_SYSCTLS), and their source
     os: dict[str, str] = field(default_factory=dict)
@@ -298,6 +320,8 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
             derivation=_str(r.get("derivation", ""), src, f"{where}.derivation"),
             weight=float(_num(r.get("weight", 1.0), src, f"{where}.weight", positive=True)),
             confidence=conf,
+            implementation=_str(r.get("implementation", ""), src, f"{where}.implementation"),
+            kernel=_str(r.get("kernel", ""), src, f"{where}.kernel"),
         )
     if cores and not refs:
         raise ConfigError(
@@ -330,6 +354,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
     if os_sysctls and not os_table.get("source"):
         raise ConfigError("say where the values come from (source = ...)", source=src, field="os")
     nic = _link_table(data.get("link", {}), src)
+    kernel = parse_kernel_table(data.get("kernel"), src, refs, PRIMITIVES)
     return CpuProfile(
         name=name,
         cores=cores,
@@ -348,6 +373,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         word_bits=word_bits,
         arch=_str(data.get("arch", ""), src, "arch"),
         references=refs,
+        kernel=kernel,
         assumptions=list(assumptions),
         path=src,
     )

@@ -38,6 +38,7 @@ import jinja2
 
 from lab.core.node import Daemon, Node
 from lab.core.tools import Tool
+from lab.model.boardkernel import DataPlaneCpu
 from lab.model.params import Param
 from lab.core.state import write_text_atomic
 
@@ -133,6 +134,13 @@ class Driver(ABC):
         """Can it run on `node` (a lab node, or this_machine() before the lab exists), and which
         data-plane path would it use there? Asks the node only (node.run, kernelfeatures);
         must not change anything."""
+
+    def cpu_dataplane(self, params: dict, path: str) -> DataPlaneCpu | None:
+        """The process that carries this profile's packets on a node when check() chose `path`,
+        and what the board would run instead (lab.model.boardkernel: a board profile holds it to
+        the board's threading and crypto speed). None: no such process here (a kernel data
+        plane, no tunnel)."""
+        return None
 
     def secrets(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
         """Generate fresh secrets (write them 0600 under ctx.secrets_dir); returns name -> value."""

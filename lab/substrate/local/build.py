@@ -18,6 +18,7 @@ from lab.impair.kernel import probe_netem
 from lab.model import dilation
 from lab.model.labspec import LabSpec
 from lab.substrate import lifecycle
+from lab.substrate.local.dataplane import dataplane_plan, group_rel
 from lab.substrate.local.cpuplan import (
     cpu_plan,
     nic_latency_plan,
@@ -63,6 +64,7 @@ class LocalBuild(lifecycle.Build):
         self.cpu, self.warnings = cpu_plan(self.spec, self.layout, current_substrate())
         self.warnings += storage_plan(self.spec, self.cpu, lab_id)  # the boards' cards
         self.warnings += _arch_plan(self.spec, self.cpu, vpn)
+        self.warnings += dataplane_plan(self.cpu, vpn)
         for n in self.spec.nodes.values():
             if netops.netns_exists(f"{lab_id}-{n.name}"):
                 raise PreconditionError(
@@ -289,18 +291,35 @@ def build_lab(
         # the CFS period of the node's quotas (lab.model.dilation.cfs_period_us: 10 ms, stretched
         # for a time-dilated lab and for small shares), recorded with the node's cpu plan
         period = cgroups.PERIOD_US
-        shares = [c for c in (plan.get("cores"), plan.get("slot_cores")) if c]
+        dp = plan.get("dataplane") or {}
+        shares = [
+            c for c in (plan.get("cores"), plan.get("slot_cores"), dp.get("group_cores")) if c
+        ]
         if shares:
             period = dilation.cfs_period_us(
                 dilation.factor(plan.get("dilation")), min_share=min(shares)
             )
             plan["period_us"] = period
         cgroups.set_cpu(layout, rel, plan.get("cores"), all_cpus, period_us=period)
+        # which mechanism models the node's cores here (lab.json, `lab status`, run manifests)
+        plan["cgroup"] = cgroups.cgroup_record(
+            layout, slots=plan.get("slots") or 0, refused=plan.get("per_core_not_applied")
+        )
         for i in range(plan.get("slots") or 0):
-            # one group per board core under the node's quota (lab/substrate/local/coreslots.py)
+            # one group per board core under the node's quota (lab/substrate/local/coreslots.py;
+            # v2: threaded children of the node group, cgroups.ensure_slot)
             ledger.record("cgroup", rel=cgroups.slot_rel(rel, i), node=n.name, slot=i)
             slot = cgroups.ensure_slot(layout, rel, i, plan["slot_cores"], period_us=period)
             info["nodes"][n.name]["cpu_slots"].append(slot)
+        for i in range(dp.get("groups") or 0):
+            # the data plane's own groups: the board's threading and crypto speed for the
+            # process carrying the tunnel's packets (lab/substrate/local/dataplane.py)
+            dp_rel = group_rel(rel, i)
+            ledger.record("cgroup", rel=dp_rel, node=n.name, dataplane=i)
+            slot = cgroups.ensure_slot(
+                layout, rel, i, dp["group_cores"], period_us=period, rel_of=dp_rel
+            )
+            info["nodes"][n.name]["dp_slots"].append(slot)
         ledger.record("netns", name=netns_name, node=n.name)
         netops.create_netns(netns_name)
         if mnt is not None:
@@ -316,7 +335,9 @@ def build_lab(
     start_core_balancer(lab_id, layout, info, ledger)
 
     # the boards' NICs: a delay on the VPN path's impairment points (docs/cpu.md "A board model")
-    nic, nic_warnings = nic_latency_plan(spec, cpu, lambda: _netem_here(spec, lab_id, info))
+    nic, nic_warnings = nic_latency_plan(
+        spec, cpu, lambda: _netem_here(spec, lab_id, info), engine_anyway=impair is not None
+    )
     info["nic_latency"] = nic
     info["warnings"] += nic_warnings
     if nic["applied"] and impair is None:

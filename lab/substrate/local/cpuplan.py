@@ -303,13 +303,26 @@ def start_core_balancer(lab_id, layout, info, ledger) -> None:
     (lab/substrate/local/coreslots.py); recorded like any daemon, so teardown ends it by PID."""
     nodes = {
         name: {
-            "group": str(layout.root / "cpu" / r["cgroup"]),
+            "group": str(cgroups.cpu_dir(layout, r["cgroup"])),
             "slots": r["cpu_slots"],
             "slot_cores": r["cpu"]["slot_cores"],
         }
         for name, r in info["nodes"].items()
         if r.get("cpu_slots")
     }
+    # a data plane spread over several groups (lab/substrate/local/dataplane.py) is balanced
+    # over them the same way, apart from the board's cores
+    nodes.update(
+        {
+            f"{name}:dataplane": {
+                "group": "",
+                "slots": r["dp_slots"],
+                "slot_cores": r["cpu"]["dataplane"]["group_cores"],
+            }
+            for name, r in info["nodes"].items()
+            if len(r.get("dp_slots") or []) > 1
+        }
+    )
     if not nodes:
         return
     cfg = lab_dir(lab_id) / "coreslots.json"
@@ -356,12 +369,16 @@ def nic_path(spec: LabSpec, cpu: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def nic_decision(mode: str, path: dict[str, dict], netem=None) -> tuple[dict, list[str]]:
+def nic_decision(
+    mode: str, path: dict[str, dict], netem=None, *, engine_anyway: bool = False
+) -> tuple[dict, list[str]]:
     """Whether the boards' NIC latency is applied, recorded for lab.json and run manifests:
     (record, warnings). `mode`: the lab's nic_latency ("auto" | "on" | "off"); `path`:
     nic_path(); `netem`: a callable returning (sch_netem usable, why not), asked only when
-    "auto" needs it. "auto" applies it where kernel netem is present and leaves it out, with a
-    warning, where the lab would need its engine on every link for it; "on" applies it with
+    "auto" needs it. "auto" applies it where kernel netem is present, and where it is not but
+    the lab's engine is on the path anyway (`engine_anyway`: the lab builds impairment points,
+    which then run in the engine: the NICs add a delay, not the engine's CPU), and leaves it out,
+    with a warning, where the lab would need its engine on every link for it; "on" applies it with
     whichever backend the lab's impairment uses; "off" never. lab.substrate.local.lab adds `backend`."""
     rec: dict = {"mode": mode, "applied": False, "directions": path, "backend": None}
     total = sum(d["us"] for d in path.values())
@@ -377,6 +394,13 @@ def nic_decision(mode: str, path: dict[str, dict], netem=None) -> tuple[dict, li
     ok, reason = netem() if netem is not None else (False, "not probed")
     if ok:
         rec.update(applied=True, why="nic_latency=auto: kernel netem present")
+        return rec, []
+    if engine_anyway:
+        rec.update(
+            applied=True,
+            why=f"nic_latency=auto: no kernel netem ({reason}), but the lab's impairment engine "
+            "is on the path for the lab's impairment anyway",
+        )
         return rec, []
     rec["why"] = NO_NETEM.format(reason=reason)
     each = ", ".join(f"{k} {v['us']:g} us" for k, v in path.items())
@@ -401,7 +425,9 @@ def nic_point_delays(record: dict, points: list[dict], backend: str) -> dict[str
     return out
 
 
-def nic_latency_plan(spec: LabSpec, cpu: dict[str, dict], netem) -> tuple[dict, list[str]]:
+def nic_latency_plan(
+    spec: LabSpec, cpu: dict[str, dict], netem, *, engine_anyway: bool = False
+) -> tuple[dict, list[str]]:
     """nic_decision for `spec`'s nic_latency on its VPN path (lab.substrate.local.lab._build calls it once the
     nodes exist, so that `netem` can probe one)."""
     if not any((p or {}).get("nic_latency_us") for p in cpu.values()):
@@ -412,7 +438,7 @@ def nic_latency_plan(spec: LabSpec, cpu: dict[str, dict], netem) -> tuple[dict, 
         rec, _ = nic_decision(spec.nic_latency, {}, netem)
         rec["why"] = f"no VPN path to add it to: {e}"
         return rec, [f"the boards' per-hop NIC latency is not applied: {rec['why']}"]
-    return nic_decision(spec.nic_latency, path, netem)
+    return nic_decision(spec.nic_latency, path, netem, engine_anyway=engine_anyway)
 
 
 def nic_to_points(record: dict, impair_state: dict) -> None:

@@ -47,6 +47,8 @@ class NodeRuntime:
     env: dict = field(default_factory=dict)
     #: the node's per-core groups (cpu hierarchy directories; lab/substrate/local/coreslots.py), [] if none
     cpu_slots: list = field(default_factory=list)
+    #: the data plane's groups (lab/substrate/local/dataplane.py), [] if none
+    dp_slots: list = field(default_factory=list)
     #: "arm64"/"armhf": the node runs that root's binaries under qemu-user (lab.core.arch)
     arch: str | None = None
 
@@ -95,6 +97,7 @@ class Lab:
             mntns=Path(rt.mntns) if rt.mntns else None,
             procs_files=cgroups.procs_files(self.cg, rt.cgroup),
             cpu_slots=rt.cpu_slots,
+            dataplane=(rt.cpu.get("dataplane", {}).get("daemon"), rt.dp_slots),
             env=rt.env,
             ledger=self.ledger,
             log_dir=self.dir / "logs",

@@ -34,6 +34,7 @@ class LocalNode(Node):
         ledger: Ledger | None = None,
         log_dir: Path | None = None,
         arch: ArchRoot | None = None,
+        dataplane: tuple[str | None, Sequence[str]] = (None, ()),
     ):
         self.lab_id = lab_id
         self.name = name
@@ -43,6 +44,9 @@ class LocalNode(Node):
         #: the node's per-core groups (lab/substrate/local/coreslots.py): a new process starts on the one with
         #: the fewest threads, and the lab's balancer spreads busy threads from there
         self.cpu_slots = list(cpu_slots)
+        #: (daemon name, its groups): the process spawned under that name starts in the data
+        #: plane's groups instead (lab/substrate/local/dataplane.py)
+        self.dataplane = (dataplane[0], list(dataplane[1]))
         self.env = dict(env or {})
         self.ledger = ledger
         self.log_dir = log_dir
@@ -65,12 +69,14 @@ class LocalNode(Node):
             pre.append(f"--wd={wd}")
         return [*pre, "--", *(self.arch.wrap(argv) if self.arch else argv)]
 
-    def _preexec(self):
+    def _preexec(self, slots: Sequence[str] | None = None):
         files = self.procs_files
-        if self.cpu_slots:
+        slots = self.cpu_slots if slots is None else slots
+        if slots:
             # chosen before the fork; written last, so it wins over the node group in the
-            # same (cpu) hierarchy
-            files = [*files, str(Path(coreslots.least_populated(self.cpu_slots), "cgroup.procs"))]
+            # same (cpu) hierarchy (v1), or moves the process on into the node group's threaded
+            # child (v2); the child is still single-threaded then, so all its threads go
+            files = [*files, cgroups.procs_file(coreslots.least_populated(list(slots)))]
 
         def join():
             cgroups.join(files)
@@ -119,7 +125,9 @@ class LocalNode(Node):
                 stdout=out,
                 stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
                 env=merged_env(self.env, env),
-                preexec=self._preexec(),
+                preexec=self._preexec(
+                    self.dataplane[1] if name == self.dataplane[0] and self.dataplane[1] else None
+                ),
             )
         finally:
             if log:

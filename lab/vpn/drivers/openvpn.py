@@ -22,6 +22,7 @@ from typing import ClassVar
 from lab.core import proc
 from lab.core.errors import ConfigError, StartupError
 from lab.core.node import Node
+from lab.model.boardkernel import DataPlaneCpu
 from lab.vpn.base import (
     Availability,
     Driver,
@@ -356,6 +357,20 @@ class OpenVPNDriver(Driver):
                     f"openvpn on {node} {what} during start-up\n{daemon.log_tail(20)}"
                 )
             time.sleep(0.01)
+
+    def cpu_dataplane(self, params: dict, path: str) -> DataPlaneCpu | None:
+        # OpenVPN 2.x encrypts on one thread, on the board as here
+        cipher = params["cipher"].lower()
+        return DataPlaneCpu(
+            daemon="openvpn",
+            primitive=cipher
+            if cipher
+            in ("aes-256-cbc", "aes-128-cbc", "aes-256-gcm", "aes-128-gcm", "chacha20-poly1305")
+            else None,
+            board="userspace",
+            threads="one",
+            what="OpenVPN's data channel (userspace, OpenSSL, one thread)",
+        )
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
         node = ctx.client.node

@@ -33,6 +33,7 @@ from typing import ClassVar
 from lab.core.errors import StartupError, TeardownIncomplete
 from lab.core.node import Node
 from lab.vpn import charon, charonkernel, userconfig
+from lab.model.boardkernel import DataPlaneCpu
 from lab.vpn.base import Availability, Driver, Endpoint, TunnelContext, config_hash
 from lab.core.tools import IP, PING
 from lab.model.params import Param
@@ -121,6 +122,18 @@ class StrongSwanDriver(Driver):
         "libstrongswan-extra-plugins",
         "libstrongswan-standard-plugins",
     )
+
+    def cpu_dataplane(self, params: dict, path: str) -> DataPlaneCpu | None:
+        if path != "kernel-libipsec":
+            return None  # XFRM: the kernel carries the packets
+        board_kernel = params["dataplane"] != "libipsec"  # a board has ESP: auto/kernel use it
+        return DataPlaneCpu(
+            daemon="charon",
+            primitive=esp_primitive(params["esp_proposals"]),
+            board="kernel:xfrm-esp" if board_kernel else "userspace",
+            what="charon's kernel-libipsec ESP (userspace, OpenSSL)"
+            + (" for the board kernel's XFRM ESP" if board_kernel else ""),
+        )
 
     def check(self, params: dict, node: Node) -> Availability:
         have, missing = charon.missing_plugins(node, params["crypto_plugins"])
@@ -353,3 +366,19 @@ def _cleanup(end: Endpoint, peer: Endpoint) -> list[str]:
     if _host(end.tunnel_v6):
         n.run(["ip", "-6", "addr", "del", f"{_host(end.tunnel_v6)}/128", "dev", "lo"], check=False)
     return left
+
+
+def esp_primitive(proposals: str) -> str | None:
+    """The crypto primitive of the first ESP proposal (its encryption algorithm), as
+    lab.model.cpuprofile names it; None for one the CPU model has no figure for."""
+    first = proposals.split(",")[0].split("-")[0].strip().lower()
+    for prefix, prim in (
+        ("aes128gcm", "aes-128-gcm"),
+        ("aes256gcm", "aes-256-gcm"),
+        ("chacha20poly1305", "chacha20-poly1305"),
+        ("aes128", "aes-128-cbc"),
+        ("aes256", "aes-256-cbc"),
+    ):
+        if first.startswith(prefix):
+            return prim
+    return None

@@ -27,6 +27,7 @@ from typing import ClassVar
 from lab.core import proc
 from lab.core.errors import LabError, StartupError
 from lab.core.node import Node
+from lab.model.boardkernel import DataPlaneCpu
 from lab.vpn.base import Availability, Driver, TunnelContext, write_secret, render_template
 from lab.core.tools import IP, Tool
 from lab.model.params import Param
@@ -192,6 +193,17 @@ class TincDriver(Driver):
             d = next(d for d in ctx.daemons if d.node == end.name)
             _wait_log(end.name, d, f"Got ANS_KEY from {tinc_name(ctx.peer(end).name)}", timeout=10)
         _check_keys(ctx)
+
+    def cpu_dataplane(self, params: dict, path: str) -> DataPlaneCpu | None:
+        # tinc 1.0 handles packets on one thread, on the board as here
+        cipher = params["cipher"]
+        return DataPlaneCpu(
+            daemon="tincd",
+            primitive=cipher if cipher in ("aes-128-cbc", "aes-256-cbc") else None,
+            board="userspace",
+            threads="one",
+            what="tincd (userspace, OpenSSL, one thread)",
+        )
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
         _check_keys(ctx)

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from lab.core.errors import ConfigError, StartupError
 from lab.core.node import Node
+from lab.model.boardkernel import DataPlaneCpu
 from lab.vpn.base import (
     Availability,
     Driver,
@@ -270,6 +271,18 @@ class WireGuardDriver(Driver):
                     f" during start-up\n{daemon.log_tail()}"
                 )
             time.sleep(0.01)
+
+    def cpu_dataplane(self, params: dict, path: str) -> DataPlaneCpu | None:
+        if path != "wireguard-go":
+            return None
+        board_kernel = params["implementation"] != "wireguard-go"  # a board has the module
+        return DataPlaneCpu(
+            daemon="wireguard-go",
+            primitive="go-chacha20-poly1305",
+            board="kernel:wireguard" if board_kernel else "userspace",
+            what="wireguard-go (userspace, Go x/crypto)"
+            + (" for the board's kernel WireGuard" if board_kernel else ""),
+        )
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
         node = ctx.client.node

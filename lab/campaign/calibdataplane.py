@@ -1,0 +1,98 @@
+"""`lab calibrate`'s data plane rows: the share of this host's CPU each data plane's group gets
+(lab.model.boardkernel) and a check that a group capped at it runs the primitive at the board's
+figure.
+
+One core_share fitted over every primitive prices some of them badly on a given host CPU (on an
+AMD EPYC AES-256-CBC ran 21-32 % slow and AES-256-GCM 20-27 % fast under it). A data plane's
+process is therefore capped at a share of its own: the board's figure for its dominant primitive
+(OpenSSL's for a userspace data plane the board runs too, the board kernel's code for a kernel
+data plane a stand-in imitates) over this host's masked rate of the code the process really
+runs. The share is exact by construction on the calibration's own measurement; what the rows
+check is that a real CFS-capped group delivers it: `openssl speed -elapsed` (tools/gobench for
+Go) in a throwaway group capped at the share, against the board's figure (`residual`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from lab.core import cgroups
+from lab.model.cpuprofile import PRIMITIVES, CpuProfile
+from lab.model.dilation import cfs_period_us
+
+#: tools whose primitives a data plane's process runs and the calibration can measure here
+MEASURABLE = ("openssl", "go")
+
+
+def pairs(prof: CpuProfile) -> list[tuple[str, str, str]]:
+    """(data plane, the process's primitive here, the board's reference) for every data plane
+    the profile implies: each [kernel.dataplane.NAME.crypto] entry, and every OpenSSL/Go
+    reference as the dominant primitive of a userspace data plane."""
+    out = []
+    for dp in prof.kernel.dataplanes.values() if prof.kernel else ():
+        out += [(f"kernel {dp.name}", prim, ref) for prim, ref in dp.crypto.items()]
+    out += [("userspace", p, p) for p in prof.references if PRIMITIVES[p]["tool"] in MEASURABLE]
+    return out
+
+
+def shares(
+    prof: CpuProfile,
+    host_mbps: dict[str, float],
+    *,
+    verify: Callable[[str, float], float] | None = None,
+) -> list[dict]:
+    """One row per pair(): the board's figure, this host's rate, the share and, with `verify`
+    (primitive, share -> MB/s elapsed in a group capped at share), the capped rate and its
+    residual against the board's figure."""
+    rows = []
+    for dp, prim, ref_name in pairs(prof):
+        ref = prof.references[ref_name]
+        row = {
+            "dataplane": dp,
+            "primitive": prim,
+            "board_reference": ref_name,
+            "board_mbps": ref.mbps,
+            "implementation": ref.implementation,
+            "kernel": ref.kernel,
+            "confidence": ref.confidence,
+            "source": ref.source,
+        }
+        host = host_mbps.get(prim)
+        if not host:
+            row["skipped"] = f"{prim} not measured on this machine"
+            rows.append(row)
+            continue
+        share = ref.mbps / host
+        row.update(host_mbps=round(host, 1), share=round(share, 5))
+        row["vs_core_share"] = round(share / prof.core_share, 3) if prof.core_share else None
+        if verify is not None:
+            capped = verify(prim, share)
+            row.update(capped_mbps=round(capped, 2), residual=round(capped / ref.mbps - 1, 4))
+        rows.append(row)
+    return rows
+
+
+def capped_runner(
+    measure: Callable[..., object], seconds: int, say: Callable[[str], None]
+) -> Callable[[str, float], float]:
+    """A `verify` for shares(): runs `measure(primitive, seconds, preexec)` (an object with
+    elapsed_mbps) in a throwaway cgroup `lab/calib-dp-<pid>` capped at the share (the CFS period
+    a lab's node would get for it), removed afterwards."""
+    layout = cgroups.probe()
+
+    def run(prim: str, share: float) -> float:
+        rel = f"lab/calib-dp-{os.getpid()}"
+        try:
+            cgroups.ensure_dir(layout, "lab")
+            cgroups.ensure_dir(layout, rel)
+            period = cfs_period_us(1.0, min_share=share)
+            cgroups.set_cpu(layout, rel, share, cgroups.all_cpus(layout), period_us=period)
+            files = cgroups.procs_files(layout, rel)
+            m = measure(prim, seconds, lambda: cgroups.join(files))
+            say(f"data plane share {share:.4f} cores, {prim}: {m.elapsed_mbps:.1f} MB/s elapsed")
+            return m.elapsed_mbps
+        finally:
+            cgroups.remove_dir(layout, rel)
+
+    return run

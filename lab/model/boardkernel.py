@@ -1,0 +1,212 @@
+"""The board's data planes: which code carries a tunnel's packets on the board, on how many of
+its cores, and how fast; and the share of this host's CPU a stand-in gets to match it.
+
+On a board, XFRM ESP, MACsec and kernel WireGuard run the board kernel's own crypto code (not
+OpenSSL's) with the kernel's threading: one SA is processed on one core at a time (encrypted in
+the sending context, decrypted in the NET_RX softirq of the core that takes the NIC's
+interrupt), while kernel WireGuard spreads its crypto over every core with per-CPU workers. A
+lab without those kernel modules runs a userspace stand-in (charon's kernel-libipsec,
+wireguard-go) whose own code and threads differ. A board profile therefore states, per kernel
+data plane, its threading and which of its `[reference.kernel-*]` figures carries each stand-in
+primitive (`[kernel.dataplane.NAME]`), and the lab holds the stand-in to both: its threads in as
+many capped groups as the board's kernel uses cores, each group at
+
+    share = the board's figure for the primitive / this host's masked rate of the stand-in's code
+
+host cores (one board core running the board's code, for the stand-in's code on this host).
+A userspace data plane that the board runs too (OpenVPN, tinc, wireguard-go or kernel-libipsec
+chosen explicitly) gets the same treatment with the board's userspace figure for its dominant
+primitive (e.g. OpenSSL's AES-256-CBC for OpenVPN), so a primitive that one fitted core_share
+prices badly on this host's CPU is priced right where it dominates (docs/cpu.md "Data planes").
+What the share cannot separate: the stand-in's per-packet work (syscalls, TUN, UDP) is priced at
+the same ratio as its crypto (docs/fidelity.md states the effect).
+
+Pure: parsing and arithmetic; the substrate creates the groups (lab.substrate.local.dataplane).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab.core.errors import ConfigError
+
+#: how a board's kernel spreads one tunnel's packet crypto over its cores
+THREADING = ("one-core", "per-cpu")
+_KERNEL_FIELDS = {"version", "arch", "source", "dataplane"}
+_DP_FIELDS = {"threading", "source", "why", "crypto"}
+
+
+@dataclass(frozen=True)
+class KernelDataPlane:
+    name: str  # e.g. "xfrm-esp", "wireguard", "macsec"
+    threading: str
+    source: str
+    why: str = ""
+    #: the stand-in's primitive on this host -> the profile's reference for the board kernel's code
+    crypto: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BoardKernel:
+    version: str = ""
+    arch: str = ""
+    source: str = ""
+    dataplanes: dict[str, KernelDataPlane] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DataPlaneCpu:
+    """What a VPN driver declares about the process that carries its packets on a node."""
+
+    daemon: str  # the name it is spawned under (LocalNode.spawn)
+    #: the crypto primitive its packets cost most, as this host runs it (cpuprofile.PRIMITIVES
+    #: name); None when it has none (no cipher) or none the lab knows
+    primitive: str | None
+    #: "kernel:<data plane>" when the board would run the kernel's (the process is a stand-in),
+    #: "userspace" when the board runs the same program
+    board: str
+    #: userspace only: "one" (a single data-path thread, e.g. OpenVPN 2.x) or "program" (the
+    #: program's own threads, spread over the board's cores)
+    threads: str = "program"
+    #: what stands in for what, in words (the record's `stand_in`)
+    what: str = ""
+
+
+def parse_kernel_table(
+    table: Any, src: str, references: dict, primitives: dict
+) -> BoardKernel | None:
+    """Validate a profile's [kernel] table (errors name the file, the field and what is
+    accepted); `references` are the profile's [reference.*] (a crypto entry must name one)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("must be a table", source=src, field="kernel")
+    bad = sorted(set(table) - _KERNEL_FIELDS)
+    if bad:
+        raise ConfigError(
+            f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(sorted(_KERNEL_FIELDS))}",
+            source=src,
+            field=f"kernel.{bad[0]}",
+        )
+    for k in ("version", "arch", "source"):
+        if not isinstance(table.get(k, ""), str):
+            raise ConfigError("must be a string", source=src, field=f"kernel.{k}")
+    dps_raw = table.get("dataplane", {})
+    if not isinstance(dps_raw, dict):
+        raise ConfigError(
+            "must be a table of [kernel.dataplane.NAME] tables",
+            source=src,
+            field="kernel.dataplane",
+        )
+    dps = {}
+    for name, d in dps_raw.items():
+        where = f"kernel.dataplane.{name}"
+        if not isinstance(d, dict):
+            raise ConfigError("must be a table with threading and source", source=src, field=where)
+        bad = sorted(set(d) - _DP_FIELDS)
+        if bad:
+            raise ConfigError(
+                f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(sorted(_DP_FIELDS))}",
+                source=src,
+                field=f"{where}.{bad[0]}",
+            )
+        if d.get("threading") not in THREADING:
+            raise ConfigError(
+                f"must be one of {', '.join(THREADING)}, got {d.get('threading')!r}",
+                source=src,
+                field=f"{where}.threading",
+            )
+        if not isinstance(d.get("source"), str) or not d["source"]:
+            raise ConfigError(
+                "missing: say where the threading comes from", source=src, field=f"{where}.source"
+            )
+        crypto = d.get("crypto", {})
+        if not isinstance(crypto, dict):
+            raise ConfigError(
+                'must be a table of STAND-IN-PRIMITIVE = "kernel-REFERENCE"',
+                source=src,
+                field=f"{where}.crypto",
+            )
+        for prim, ref in crypto.items():
+            if prim not in primitives:
+                raise ConfigError(
+                    f"unknown primitive {prim!r}; accepted: {', '.join(primitives)}",
+                    source=src,
+                    field=f"{where}.crypto.{prim}",
+                )
+            if ref not in references:
+                raise ConfigError(
+                    f"names {ref!r}, which has no [reference.{ref}] table in this profile; "
+                    f"references: {', '.join(references) or 'none'}",
+                    source=src,
+                    field=f"{where}.crypto.{prim}",
+                )
+        dps[name] = KernelDataPlane(
+            name, d["threading"], d["source"], str(d.get("why", "")), dict(crypto)
+        )
+    return BoardKernel(
+        str(table.get("version", "")), str(table.get("arch", "")), str(table.get("source", "")), dps
+    )
+
+
+def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
+    """The groups a node running `dp` gets under profile `prof` (a CpuProfile): how many (the
+    board's threading), the share of each (host cores) and where every number comes from.
+    `cores`: the board cores the node emulates. Returns the record lab.json keeps."""
+    host = ((prof.calibration or {}).get("host_mbps") or {}) if prof.calibrated else {}
+    rec: dict[str, Any] = {
+        "daemon": dp.daemon,
+        "stand_in": dp.what,
+        "board": dp.board,
+        "primitive": dp.primitive,
+    }
+    ref = None
+    if dp.board.startswith("kernel:"):
+        kdp = (prof.kernel.dataplanes if prof.kernel else {}).get(dp.board.split(":", 1)[1])
+        if kdp is None:
+            rec.update(
+                threading="program",
+                groups=max(1, cores),
+                why=f"profile {prof.name} states no [kernel.dataplane.{dp.board[7:]}]: the "
+                "stand-in keeps its own threads on the board's cores",
+            )
+        else:
+            rec.update(
+                threading=kdp.threading,
+                groups=1 if kdp.threading == "one-core" else max(1, cores),
+                threading_source=kdp.source,
+                kernel=f"{prof.kernel.version} {prof.kernel.arch}".strip(),
+            )
+            ref_name = kdp.crypto.get(dp.primitive or "")
+            ref = prof.references.get(ref_name) if ref_name else None
+            if ref is None:
+                rec["why"] = (
+                    f"profile {prof.name} names no board-kernel figure for {dp.primitive} in "
+                    f"[kernel.dataplane.{kdp.name}.crypto]: one board core's share (core_share)"
+                )
+    else:
+        one = dp.threads == "one"
+        rec.update(threading="one-thread" if one else "program", groups=1 if one else max(1, cores))
+        ref = prof.references.get(dp.primitive or "")
+        if ref is None and dp.primitive:
+            rec["why"] = f"profile {prof.name} has no figure for {dp.primitive}: core_share"
+    share, basis = prof.core_share, "core_share"
+    if ref is not None:
+        rec.update(
+            board_reference=ref.primitive,
+            board_mbps=ref.mbps,
+            board_source=ref.source,
+            implementation=ref.implementation,
+        )
+        h = host.get(dp.primitive or "")
+        if h:
+            share, basis = ref.mbps / float(h), "primitive"
+            rec["host_mbps"] = float(h)
+        else:
+            rec["why"] = (
+                f"{dp.primitive} not measured on this machine (`sudo lab calibrate {prof.name}`): "
+                "core_share"
+            )
+    rec.update(share=round(share, 6), basis=basis, vs_core_share=round(share / prof.core_share, 3))
+    return rec

@@ -1,0 +1,290 @@
+"""The board's data planes (lab.model.boardkernel, lab.substrate.local.dataplane): the [kernel]
+table, the share and the number of groups a data plane gets, the drivers' declarations. No root."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lab.core.errors import ConfigError
+from lab.model import boardkernel
+from lab.model.boardkernel import DataPlaneCpu
+from lab.model.cpuprofile import load_cpu_profile
+from lab.substrate.local.dataplane import dataplane_plan
+from lab.vpn.drivers.openvpn import OpenVPNDriver
+from lab.vpn.drivers.strongswan import StrongSwanDriver, esp_primitive
+from lab.vpn.drivers.wireguard import WireGuardDriver
+
+PROFILE = """
+cores = 4
+core_share = 0.25
+[env]
+OPENSSL_ia32cap = "~0x200000200000000"
+[reference.aes-128-gcm]
+mbps = 70
+source = "openssl on the board"
+[reference.aes-256-cbc]
+mbps = 60
+source = "openssl on the board"
+[reference.kernel-gcm-aes-128]
+mbps = 20
+source = "tcrypt on the board"
+implementation = "rfc4106(gcm_base(ctr-aes-neonbs,ghash-generic))"
+kernel = "5.10 armv7l"
+[kernel]
+version = "5.10"
+arch = "armv7l"
+[kernel.dataplane.xfrm-esp]
+threading = "one-core"
+source = "esp4.c"
+[kernel.dataplane.xfrm-esp.crypto]
+aes-128-gcm = "kernel-gcm-aes-128"
+[kernel.dataplane.wireguard]
+threading = "per-cpu"
+source = "queueing.c"
+"""
+
+
+@pytest.fixture
+def board(tmp_path, monkeypatch):
+    d = tmp_path / "profiles"
+    d.mkdir()
+    (d / "board.toml").write_text(PROFILE)
+    monkeypatch.setenv("LAB_CPU_PROFILES", str(d))
+    cal = tmp_path / "cal"
+    monkeypatch.setenv("LAB_CALIBRATION_DIR", str(cal))
+    return d, cal
+
+
+def calibrate(cal, rates: dict[str, float]) -> None:
+    """A calibration file as `lab calibrate` writes it, with these host rates (MB/s per CPU s)."""
+    from lab.model.cpucalibration import CALIBRATION_SCHEMA, host_cpu_model
+
+    prof = load_cpu_profile("board", merge_calibration=False)
+    cal.mkdir(exist_ok=True)
+    (cal / "board.json").write_text(
+        json.dumps(
+            {
+                "schema": CALIBRATION_SCHEMA,
+                "profile_fingerprint": prof.fingerprint(),
+                "host": {"cpu_model": host_cpu_model()},
+                "core_share": 0.25,
+                "measured": {p: {"best": {"cpu_mbps": r}} for p, r in rates.items()},
+            }
+        )
+    )
+
+
+def esp(primitive="aes-128-gcm", board="kernel:xfrm-esp"):
+    return DataPlaneCpu("charon", primitive, board)
+
+
+def test_kernel_stand_in_one_core_at_the_kernel_figure(board):
+    calibrate(board[1], {"aes-128-gcm": 400.0})
+    rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+    assert rec["groups"] == 1 and rec["threading"] == "one-core"
+    # one board core running the kernel's gcm(aes): 20 MB/s, for code doing 400 MB/s per host core
+    assert rec["share"] == pytest.approx(20 / 400)
+    assert rec["basis"] == "primitive" and rec["board_reference"] == "kernel-gcm-aes-128"
+    assert rec["implementation"].startswith("rfc4106") and rec["kernel"] == "5.10 armv7l"
+    assert "why" not in rec
+
+
+def test_userspace_single_thread_at_its_primitive(board):
+    calibrate(board[1], {"aes-256-cbc": 240.0})
+    dp = DataPlaneCpu("openvpn", "aes-256-cbc", "userspace", threads="one")
+    rec = boardkernel.plan(load_cpu_profile("board"), dp, cores=4)
+    assert rec["groups"] == 1 and rec["share"] == pytest.approx(60 / 240)
+    assert rec["vs_core_share"] == pytest.approx(1.0)
+
+
+def test_per_cpu_kernel_data_plane_gets_every_core(board):
+    calibrate(board[1], {"go-chacha20-poly1305": 1000.0})
+    dp = DataPlaneCpu("wireguard-go", "go-chacha20-poly1305", "kernel:wireguard")
+    rec = boardkernel.plan(load_cpu_profile("board"), dp, cores=4)
+    assert rec["groups"] == 4 and rec["threading"] == "per-cpu"
+    # no kernel figure named for it: one board core's share, and the record says why
+    assert rec["basis"] == "core_share" and rec["share"] == 0.25 and "names no" in rec["why"]
+
+
+def test_uncalibrated_falls_back_to_core_share_and_says_so(board):
+    rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+    assert rec["basis"] == "core_share" and rec["share"] == 0.25
+    assert "not measured" in rec["why"]
+
+
+def test_no_kernel_table_keeps_the_stand_ins_threads(board, tmp_path):
+    (board[0] / "plain.toml").write_text(PROFILE.split("[kernel]")[0])
+    rec = boardkernel.plan(load_cpu_profile("plain", merge_calibration=False), esp(), cores=4)
+    assert rec["groups"] == 4 and "no [kernel.dataplane.xfrm-esp]" in rec["why"]
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (
+            ('threading = "one-core"', 'threading = "two-core"'),
+            "kernel.dataplane.xfrm-esp.threading",
+        ),
+        (
+            ('aes-128-gcm = "kernel-gcm-aes-128"', 'aes-128-gcm = "kernel-gcm-aes-256"'),
+            "kernel.dataplane.xfrm-esp.crypto.aes-128-gcm",
+        ),
+        (
+            ('aes-128-gcm = "kernel-gcm-aes-128"', 'rot13 = "kernel-gcm-aes-128"'),
+            "kernel.dataplane.xfrm-esp.crypto.rot13",
+        ),
+        (('source = "esp4.c"', 'sauce = "esp4.c"'), "kernel.dataplane.xfrm-esp.sauce"),
+        (('version = "5.10"', 'verzion = "5.10"'), "kernel.verzion"),
+    ],
+)
+def test_bad_kernel_tables_are_refused_naming_the_field(board, edit, field):
+    (board[0] / "bad.toml").write_text(PROFILE.replace(*edit))
+    with pytest.raises(ConfigError) as e:
+        load_cpu_profile("bad")
+    assert e.value.field == field and "bad.toml" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "proposals, prim",
+    [
+        ("aes128gcm8-prfsha256", "aes-128-gcm"),
+        ("aes256gcm16-prfsha256-modp2048", "aes-256-gcm"),
+        ("chacha20poly1305-prfsha256", "chacha20-poly1305"),
+        ("aes256-sha256", "aes-256-cbc"),
+        ("null-sha256", None),
+    ],
+)
+def test_esp_primitive(proposals, prim):
+    assert esp_primitive(proposals) == prim
+
+
+def test_drivers_declare_their_data_plane():
+    ss = StrongSwanDriver()
+    params = {"esp_proposals": "aes128gcm8-prfsha256", "dataplane": "auto"}
+    dp = ss.cpu_dataplane(params, "kernel-libipsec")
+    assert (dp.daemon, dp.primitive, dp.board) == ("charon", "aes-128-gcm", "kernel:xfrm-esp")
+    assert ss.cpu_dataplane(params, "kernel") is None  # the kernel carries it: nothing to hold
+    assert ss.cpu_dataplane({**params, "dataplane": "libipsec"}, "kernel-libipsec").board == (
+        "userspace"
+    )
+    wg = WireGuardDriver().cpu_dataplane({"implementation": "auto"}, "wireguard-go")
+    assert (wg.daemon, wg.board) == ("wireguard-go", "kernel:wireguard")
+    ov = OpenVPNDriver().cpu_dataplane({"cipher": "AES-256-CBC"}, "userspace")
+    assert (ov.primitive, ov.threads) == ("aes-256-cbc", "one")
+
+
+def _vpn(path="kernel-libipsec", client="a", server="b"):
+    from lab.vpn.base import Availability
+
+    return SimpleNamespace(
+        availability=Availability(True, path),
+        driver=StrongSwanDriver(),
+        profile=SimpleNamespace(params={"esp_proposals": "aes128gcm8", "dataplane": "auto"}),
+        client=SimpleNamespace(node=client),
+        server=SimpleNamespace(node=server),
+    )
+
+
+def test_plan_annotates_only_capped_tunnel_ends(board):
+    calibrate(board[1], {"aes-128-gcm": 400.0})
+    capped = {"profile": "board", "cores": 1.0, "slots": 4, "dilation": 2.0}
+    cpu = {
+        "a": dict(capped),
+        "b": {**capped, "not_applied": "TCG"},
+        "r": dict(capped),  # not a tunnel end
+    }
+    assert dataplane_plan(cpu, _vpn(client="a", server="b")) == []
+    assert cpu["a"]["dataplane"]["groups"] == 1
+    # a group is one board core in the dilated experiment: the share / the dilation
+    assert cpu["a"]["dataplane"]["group_cores"] == pytest.approx(20 / 400 / 2)
+    assert "dataplane" not in cpu["b"] and "dataplane" not in cpu["r"]
+    assert dataplane_plan(cpu, _vpn(path="kernel")) == []
+
+
+def test_plan_without_core_groups_records_why(board):
+    calibrate(board[1], {"aes-128-gcm": 400.0})
+    cpu = {"a": {"profile": "board", "cores": 0.25, "slots": 0, "per_core_not_applied": "v2"}}
+    dataplane_plan(cpu, _vpn(client="a", server="a"))
+    assert cpu["a"]["dataplane"]["groups"] == 0 and cpu["a"]["dataplane"]["why"] == "v2"
+
+
+# ------------------------------------------------------------------ calibration rows
+
+
+def test_calibration_rows_give_each_data_plane_its_share_and_check_it(board):
+    from lab.campaign import calibdataplane
+
+    prof = load_cpu_profile("board", merge_calibration=False)
+    asked = []
+
+    def verify(prim, share):
+        asked.append((prim, share))
+        return {"aes-128-gcm": 19.0, "aes-256-cbc": 66.0}[prim]  # a capped group's delivery
+
+    rows = calibdataplane.shares(prof, {"aes-128-gcm": 400.0, "aes-256-cbc": 240.0}, verify=verify)
+    by = {(r["dataplane"], r["primitive"]): r for r in rows}
+    esp = by[("kernel xfrm-esp", "aes-128-gcm")]
+    assert esp["board_reference"] == "kernel-gcm-aes-128" and esp["share"] == pytest.approx(0.05)
+    assert esp["residual"] == pytest.approx(19 / 20 - 1)
+    cbc = by[("userspace", "aes-256-cbc")]
+    assert cbc["share"] == pytest.approx(0.25) and cbc["residual"] == pytest.approx(0.1)
+    assert ("aes-128-gcm", pytest.approx(70 / 400)) in asked  # the userspace AES-GCM row too
+    # kernel-only references are not a userspace data plane's primitive
+    assert not any(r["primitive"].startswith("kernel-") for r in rows)
+
+
+# ------------------------------------------------------------------ on this machine
+
+
+@pytest.mark.root
+def test_data_plane_runs_in_its_own_groups(lab_id):
+    """charon's kernel-libipsec run as the board would run it (dataplane=libipsec): every thread
+    of it in the data plane's groups (four: the program's own threads, spread), each capped at
+    the share, none on the node's board cores; the tunnel carries packets; teardown removes the
+    groups."""
+    from lab.core import cgroups
+    from lab.core.teardown import teardown
+    from lab.model.topology import load_topology
+    from lab.substrate.local.build import up
+
+    from .conftest import TOPOS, kernel_quota_cores
+
+    layout = cgroups.probe()
+    if cgroups.slots_supported(layout):
+        pytest.skip(f"per-core groups unavailable: {cgroups.slots_supported(layout)}")
+    lab = up(load_topology(TOPOS / "pi_pair.py"), lab_id, vpn="ipsec-aes128gcm:dataplane=libipsec")
+    groups: list[str] = []
+    try:
+        cpu = lab.info["nodes"]["client"]["cpu"]
+        dp = cpu["dataplane"]
+        groups = lab.runtime["client"].dp_slots
+        assert dp["daemon"] == "charon" and dp["board"] == "userspace"
+        # dataplane=libipsec: the board runs kernel-libipsec too: its program's threads, spread
+        assert dp["groups"] == 4 == len(groups)
+        rel = lab.runtime["client"].cgroup
+        assert kernel_quota_cores(lab.cg, f"{rel}/dp0") == pytest.approx(
+            dp["group_cores"], abs=0.01
+        )
+        charon = [
+            e["pid"]
+            for e in lab.ledger.entries()
+            if e["kind"] == "process" and e.get("name") == "charon" and e.get("node") == "client"
+        ]
+        assert charon
+        tids = {int(t.name) for t in Path(f"/proc/{charon[-1]}/task").iterdir()}
+        in_dp = {t for g in groups for t in cgroups.thread_ids(g)}
+        assert tids <= in_dp, "every charon thread sits in a data plane group"
+        assert not tids & {
+            t for s in lab.runtime["client"].cpu_slots for t in cgroups.thread_ids(s)
+        }
+        target = lab.info["vpn"]["tunnel"]["server"]["v4"].split("/")[0]
+        r = lab.node("client").run(["ping", "-c", "3", "-i", "0.2", "-W", "2", target], check=False)
+        assert r.returncode == 0, r.stdout
+    finally:
+        left = teardown(lab_id)
+    assert left == []
+    assert not any(Path(g).exists() for g in groups)
