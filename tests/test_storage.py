@@ -4,6 +4,7 @@ objects against a fake sysfs. No root needed (tests/test_storage_root.py runs it
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,9 +12,9 @@ import pytest
 
 from lab.core import blockdev
 from lab.core.errors import ConfigError
-from lab.measure.scp import ScpTest, storage_dest
+from lab.measure.scp import ScpTest, storage_of
 from lab.model.cpuprofile import load_cpu_profile, parse_profile
-from lab.model.storageprofile import MIB, board_write_seconds, parse_storage
+from lab.model.storageprofile import MIB, STORAGE_MARKER, board_write_seconds, parse_storage
 from lab.model.topology import load_topology
 from lab.substrate.local import storage
 
@@ -128,8 +129,8 @@ def test_storage_plan_records_model_mechanism_and_env(monkeypatch):
         assert rec["model"]["write_bps"] == model.write_bps
         assert rec["model"]["source"] == model.source
         assert rec["mount"].endswith("/tabc/measure")
-        assert plan["env"][storage.ENV] == rec["mount"]
-        assert plan["env"]["GODEBUG"] == "x"
+        # nothing in the environment: a node's goes on to an emulated board farm's sshd
+        assert plan["env"] == {"GODEBUG": "x"}
 
 
 def test_storage_plan_says_why_none(monkeypatch):
@@ -140,7 +141,6 @@ def test_storage_plan_says_why_none(monkeypatch):
     for plan in cpu.values():
         assert plan["storage"]["mechanism"] == "none"
         assert plan["storage"]["why_none"] == "no loop device support (test)"
-        assert storage.ENV not in plan["env"]
 
 
 def test_nodes_without_a_storage_table_get_nothing(monkeypatch):
@@ -161,23 +161,29 @@ def test_measure_dir_is_the_runners_state_dir():
 
 
 class _Node:
-    def __init__(self, env: dict):
-        self.env = env
-        self.argv: list = []
+    """A node whose files are `files` {path: text}."""
+
+    def __init__(self, files: dict):
+        self.files = files
 
     def run(self, argv, check=True, **kw):
-        self.argv.append(argv)
+        assert argv[0] == "cat"
+        text = self.files.get(argv[1])
 
         class R:
-            stdout = self.env.get(argv[1], "") + "\n" if argv[0] == "printenv" else ""
+            returncode = 0 if text is not None else 1
+            stdout = text or ""
 
         return R()
 
 
 def test_scp_writes_onto_the_servers_storage_when_it_has_one():
     assert ScpTest.schema["dest"].default == "storage"
-    assert storage_dest(_Node({"LAB_STORAGE": "/s/"}), "f.bin") == "/s/f.bin"
-    assert storage_dest(_Node({}), "f.bin") is None
+    marker = {"mechanism": "loop+blkio-v1", "model": {"card": "c"}}
+    node = _Node({f"/s/{STORAGE_MARKER}": json.dumps(marker)})
+    assert storage_of(node, Path("/s")) == marker
+    assert storage_of(node, Path("/elsewhere")) is None
+    assert storage_of(_Node({f"/s/{STORAGE_MARKER}": "not json"}), Path("/s")) is None
 
 
 # ---------------------------------------------------------------------- teardown, fake sysfs

@@ -8,6 +8,7 @@ rate, and the lower bounds are a generous half of the set rate."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from lab.core.errors import CommandError
 from lab.core.state import Ledger, lab_dir
 from lab.core.teardown import teardown
 from lab.model.cpuprofile import load_cpu_profile
-from lab.model.storageprofile import MIB
+from lab.model.storageprofile import MIB, STORAGE_MARKER
 from lab.model.topology import load_topology
 from lab.substrate.local.build import up
 
@@ -54,7 +55,16 @@ def test_pi4_write_held_to_the_card_then_nothing_left(lab_id):
     # the node's own file system where its files go; this machine sees none there
     assert blockdev.mounted_in(Path(rt["mntns"]), target)
     assert not netops.is_mountpoint(target)
-    assert node.run(["printenv", "LAB_STORAGE"]).stdout.strip() == target
+    marker = json.loads(node.run(["cat", f"{target}/{STORAGE_MARKER}"]).stdout)
+    assert marker["model"]["write_bps"] == model.write_bps and marker["node"] == "server"
+    # the other node's directory is its own file system, this machine's a plain directory
+    assert lab.node("client").run(["ls", "-a", target]).stdout.split() == [
+        ".",
+        "..",
+        STORAGE_MARKER,
+        "lost+found",
+    ]
+    assert not (Path(target) / STORAGE_MARKER).exists()
     status = lab.status()["nodes"]["server"]["cpu"]["storage"]
     assert status["mechanism"] == "loop+blkio-v1" and status["model"]["source"] == model.source
     w, limit, free = model.write_bps, model.dirty_limit_bytes, model.freerun_bytes

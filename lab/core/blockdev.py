@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from pathlib import Path
 
 from lab.core import proc
@@ -61,16 +62,25 @@ def probe() -> tuple[str | None, str]:
 # ---------------------------------------------------------------------- the objects
 
 
-def create_image(path: Path, mib: int) -> None:
+def create_image(path: Path, mib: int, files: dict[str, str] | None = None) -> None:
     """A sparse file of `mib` MiB holding a fresh ext4 (fails if `path` exists). The inode
     tables are written now, on the file, so no lazy-init thread later spends the card's rate on
     them (one inode per MiB keeps them small: a test writes few, large files); the journal needs
-    no zeroing (lazy_journal_init: no thread zeroes it later either)."""
+    no zeroing (lazy_journal_init: no thread zeroes it later either). `files` {name: text}
+    are put at its root (mode 0600; the root itself 0700)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, mib * 1024 * 1024)
     finally:
         os.close(fd)
+    with tempfile.TemporaryDirectory(prefix="lab-storage-") as root:
+        for name, text in (files or {}).items():
+            Path(root, name).write_text(text)
+            os.chmod(Path(root, name), 0o600)
+        _mkfs(path, root)
+
+
+def _mkfs(path: Path, root: str) -> None:
     proc.run(
         [
             "mkfs.ext4",
@@ -84,6 +94,8 @@ def create_image(path: Path, mib: int) -> None:
             "lazy_itable_init=0,lazy_journal_init=1",
             "-L",
             "lab-storage",
+            "-d",
+            root,
             str(path),
         ],
         timeout=120,

@@ -14,6 +14,7 @@ with the partial figures in their own fields, never in `rate_bps`/`seconds`.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +34,7 @@ from lab.measure.base import (
     wait_listening,
 )
 from lab.model.params import Param
+from lab.model.storageprofile import STORAGE_MARKER
 from lab.core.tools import SS, Tool
 from lab.measure.progress import watch_copy
 
@@ -45,11 +47,17 @@ PROTOCOL_FLAGS = {"default": [], "scp": ["-O"], "sftp": ["-s"]}
 STORAGE = "storage"
 
 
-def storage_dest(node: Node, name: str) -> str | None:
-    """A path for file `name` on `node`'s board storage (its LAB_STORAGE, set by a lab whose
-    board profile models the card: lab.substrate.local.storage), None when it has none."""
-    where = node.run(["printenv", "LAB_STORAGE"], check=False).stdout.strip()
-    return f"{where.rstrip('/')}/{name}" if where else None
+def storage_of(node: Node, state: Path) -> dict | None:
+    """The board storage `node`'s scratch directory `state` is on (its STORAGE_MARKER: a lab
+    whose board profile models the card mounts it there, lab.substrate.local.storage), None
+    when it is on no board's storage."""
+    r = node.run(["cat", str(state / STORAGE_MARKER)], check=False)
+    if r.returncode != 0:
+        return None
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        return None
 
 
 def sshd_config(*, addr: str, port: int, state: Path) -> str:
@@ -128,9 +136,9 @@ class ScpTest(Test):
         "dest": Param(
             str,
             STORAGE,
-            doc='path written on the server; "storage": a file on the server\'s board storage '
-            "($LAB_STORAGE, the card a board profile's [storage] models: docs/cpu.md) where the "
-            "node has one, else /dev/null",
+            doc='path written on the server; "storage": a file in the test\'s directory when '
+            "that is on the server's board storage (the card a board profile's [storage] "
+            "models: docs/cpu.md), else /dev/null",
         ),
         "protocol": Param(str, "default", choices=tuple(PROTOCOL_FLAGS), doc="scp -O / -s"),
         "stop_early": Param(
@@ -188,15 +196,24 @@ class ScpTest(Test):
         daemon = None
         files: list[Path] = []
         size = params["size_mb"] * MIB
-        dest = params["dest"]
+        dest, card = params["dest"], None
         if dest == STORAGE:
-            dest = storage_dest(ctx.server, f"{state.name}.bin") or "/dev/null"
+            card = storage_of(ctx.server, ctx.state_path())
+            dest = str(state / "received.bin") if card else "/dev/null"
         base = {
             "size_bytes": size,
             "cipher": params["cipher"],
             "dest": params["dest"],
             # where the file went: on the server's board storage (held to its card) or not
             "dest_path": dest,
+            "storage": {
+                "card": card["model"]["card"],
+                "write_mbps": card["model"]["write_mbps"],
+                "dirty_limit_bytes": card["model"]["dirty_limit_bytes"],
+                "mechanism": card["mechanism"],
+            }
+            if card
+            else None,
             "protocol": params["protocol"],
             "stop_early": params["stop_early"],
         }
@@ -305,7 +322,5 @@ class ScpTest(Test):
         finally:
             if daemon is not None:
                 ctx.server.stop(daemon)
-            for node in nodes:
+            for node in nodes:  # the received file with it
                 node.run(["rm", "-rf", "--", str(state)], check=False)
-            if dest != params["dest"] and dest != "/dev/null":  # the received file
-                ctx.server.run(["rm", "-f", "--", dest], check=False)

@@ -19,6 +19,9 @@ from typing import Any
 from lab.core.errors import ConfigError
 
 MIB = 1024 * 1024
+#: a file at the root of a node's storage that says it is a board's card (the model, as JSON):
+#: a test finds its directory is one by it (lab.measure.scp), on any substrate
+STORAGE_MARKER = ".lab-storage.json"
 #: accepted fields of [storage]
 STORAGE_FIELDS = (
     "card",

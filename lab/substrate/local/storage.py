@@ -5,8 +5,10 @@ dirty-page limits (lab.model.storageprofile says what, lab.core.blockdev how).
 Where a node's files go: the lab's measurement scratch directory (`<lab dir>/measure`, the
 runner's Context.state_dir, where the scp test keeps its keys, its payload and, with its
 default `dest`, the file it receives). The node's file system is mounted there inside the
-node's mount namespace only; every other node and this machine see their own. The node's
-processes also get LAB_STORAGE=<that directory> (lab exec: `dd of=$LAB_STORAGE/...`).
+node's mount namespace only; every other node and this machine see their own. Its root holds
+STORAGE_MARKER (the model as JSON), by which a test knows the directory is a board's card. (Not
+an environment variable: a node's environment goes on to an emulated board farm's sshd,
+lab/substrate/boards/farm.py, whose boards have their own /var/lib/lab.)
 
 `storage_plan` decides before anything is created (LocalBuild.check) and records it in the
 node's cpu record (lab.json, `lab status --json`, the run manifest's cpu.<node>.storage):
@@ -16,22 +18,22 @@ creates the objects, each recorded in the ledger first.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from lab.core import blockdev
 from lab.core.state import Ledger, lab_dir, write_json_atomic
 from lab.model.cpuprofile import load_cpu_profile
 from lab.model.labspec import LabSpec
+from lab.model.storageprofile import STORAGE_MARKER
 
 #: the runner's Context.state_dir, relative to the lab's directory (lab/campaign/runner.py)
 MEASURE_DIR = "measure"
-#: the variable a node's processes find their storage by (lab.measure.scp reads it)
-ENV = "LAB_STORAGE"
 
 
 def storage_plan(spec: LabSpec, cpu: dict[str, dict], lab_id: str) -> list[str]:
-    """Add `storage` (and LAB_STORAGE to `env`) to the cpu plan of every host node whose profile
-    states its storage; returns warnings. Nothing is created."""
+    """Add `storage` to the cpu plan of every host node whose profile states its storage;
+    returns warnings. Nothing is created."""
     models = {}
     for n in spec.hosts():
         plan = cpu.get(n.name) or {}
@@ -45,12 +47,9 @@ def storage_plan(spec: LabSpec, cpu: dict[str, dict], lab_id: str) -> list[str]:
     target = str(lab_dir(lab_id) / MEASURE_DIR)
     for name, model in models.items():
         rec = {"model": model.to_json(), "mount": target, "mechanism": mechanism or "none"}
-        plan = cpu[name]
         if mechanism is None:
             rec["why_none"] = why
-        else:
-            plan.setdefault("env", {})[ENV] = target
-        plan["storage"] = rec
+        cpu[name]["storage"] = rec
     if mechanism is None:
         return [
             f"board storage not modelled on {', '.join(models)}: {why}; their files go to this "
@@ -74,7 +73,8 @@ def build_storage(lab_id: str, info: dict, ledger: Ledger) -> None:
         Path(rec["mount"]).mkdir(mode=0o700, exist_ok=True)
         image = d / "storage" / f"{name}.img"
         ledger.record("storage-image", node=name, path=str(image))
-        blockdev.create_image(image, model["image_mib"])
+        marker = {"node": name, "mechanism": rec["mechanism"], "model": model}
+        blockdev.create_image(image, model["image_mib"], {STORAGE_MARKER: json.dumps(marker)})
         ledger.record("storage-loop", node=name, image=str(image))
         dev = blockdev.attach(image)
         devt = blockdev.dev_t(dev)
