@@ -13,6 +13,7 @@ import pytest
 from lab.core import blockdev
 from lab.core.errors import ConfigError
 from lab.measure.scp import ScpTest, storage_of
+from lab.measure.scp import card_record as scp_card
 from lab.model.cpuprofile import load_cpu_profile, parse_profile
 from lab.model.storageprofile import MIB, STORAGE_MARKER, board_write_seconds, parse_storage
 from lab.model.topology import load_topology
@@ -184,6 +185,14 @@ def test_scp_writes_onto_the_servers_storage_when_it_has_one():
     assert storage_of(node, Path("/s")) == marker
     assert storage_of(node, Path("/elsewhere")) is None
     assert storage_of(_Node({f"/s/{STORAGE_MARKER}": "not json"}), Path("/s")) is None
+    full = {"mechanism": "m", "model": {"card": "c", "write_mbps": 1.0, "dirty_limit_bytes": 2}}
+    assert scp_card(full) == {
+        "card": "c",
+        "write_mbps": 1.0,
+        "dirty_limit_bytes": 2,
+        "mechanism": "m",
+    }
+    assert scp_card(None) is None
 
 
 # ---------------------------------------------------------------------- teardown, fake sysfs

@@ -60,6 +60,15 @@ def storage_of(node: Node, state: Path) -> dict | None:
         return None
 
 
+def card_record(marker: dict | None) -> dict | None:
+    """What a record says of the card the file went to."""
+    if not marker:
+        return None
+    m = marker.get("model") or {}
+    keep = ("card", "write_mbps", "dirty_limit_bytes")
+    return {**{k: m.get(k) for k in keep}, "mechanism": marker.get("mechanism")}
+
+
 def sshd_config(*, addr: str, port: int, state: Path) -> str:
     """The whole sshd configuration: nothing is inherited from /etc/ssh."""
     return "\n".join(
@@ -206,14 +215,7 @@ class ScpTest(Test):
             "dest": params["dest"],
             # where the file went: on the server's board storage (held to its card) or not
             "dest_path": dest,
-            "storage": {
-                "card": card["model"]["card"],
-                "write_mbps": card["model"]["write_mbps"],
-                "dirty_limit_bytes": card["model"]["dirty_limit_bytes"],
-                "mechanism": card["mechanism"],
-            }
-            if card
-            else None,
+            "storage": card_record(card),
             "protocol": params["protocol"],
             "stop_early": params["stop_early"],
         }
