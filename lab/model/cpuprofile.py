@@ -23,6 +23,7 @@ from typing import Any
 from lab.core.errors import ConfigError
 from lab.model.boardkernel import BoardKernel, parse_kernel_table
 from lab.model.cpucalibration import CORE_SHARE_MAX, apply_calibration
+from lab.model.storageprofile import StorageModel, parse_storage
 
 PROFILE_DIR = REPO / "cpu_profiles"
 #: variables that hide CPU features from crypto libraries: a node with a CPU profile gets exactly
@@ -96,6 +97,7 @@ _TOP_FIELDS = {
     "env",
     "reference",
     "assumptions",
+    "storage",
 }
 _REF_FIELDS = {
     "mbps",
@@ -172,6 +174,8 @@ class CpuProfile:
     nic_latency_us: float = 0.0
     nic_source: str = ""
     nic_derivation: str = ""
+    #: the board's storage ([storage]; lab.model.storageprofile), None if not stated
+    storage: StorageModel | None = None
 
     @property
     def capped(self) -> bool:
@@ -379,6 +383,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         nic_latency_us=nic["nic_latency_us"],
         nic_source=nic["source"],
         nic_derivation=nic["derivation"],
+        storage=parse_storage(data.get("storage"), src),
         env={str(k): v for k, v in env.items()},
         description=_str(data.get("description", ""), src, "description"),
         emulated_cores=emulated,

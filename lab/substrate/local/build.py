@@ -34,6 +34,7 @@ from lab.substrate.local.lab import (
     current_substrate,
 )
 from lab.substrate.local.node import LocalNode
+from lab.substrate.local.storage import build_storage, storage_plan
 from lab.vpn.profiles import Profile
 from lab.vpn.tunnel import check_plan, place, prepare
 from lab.core.errors import StartupError
@@ -61,6 +62,7 @@ class LocalBuild(lifecycle.Build):
         netops.check_root()
         self.layout = cgroups.probe()
         self.cpu, self.warnings = cpu_plan(self.spec, self.layout, current_substrate())
+        self.warnings += storage_plan(self.spec, self.cpu, lab_id)  # the boards' cards
         self.warnings += _arch_plan(self.spec, self.cpu, vpn)
         self.warnings += dataplane_plan(self.cpu, vpn)
         for n in self.spec.nodes.values():
@@ -328,6 +330,7 @@ def build_lab(
             sysctls.update(plan.get("os") or {})
             ledger.record("mntns", path=str(mnt), node=n.name)
             netops.create_node_mntns(netns_name, mnt, sysctls)
+    build_storage(lab_id, info, ledger)  # the boards' cards, in the nodes' mount namespaces
     write_json_atomic(d / "lab.json", info)
     start_core_balancer(lab_id, layout, info, ledger)
 
