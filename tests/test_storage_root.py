@@ -39,7 +39,7 @@ def _dd(node, path: str, mib: int, *extra: str) -> float:
     """Seconds `dd` takes to write `mib` MiB to `path` in `node` (zeros: nothing to compute)."""
     argv = ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "status=none", *extra]
     t0 = time.monotonic()
-    node.run(argv, timeout=300)
+    node.run(argv, timeout=60)
     return time.monotonic() - t0
 
 
