@@ -29,8 +29,10 @@ may_use_simd() is !in_interrupt() in 5.10), which is where ESP with rfc7539esp d
 
 Prints instructions/byte per primitive and size, the fitted IPC per anchor, MB/s per primitive
 at 1420-byte messages (interpolated between tcrypt's sizes), and the published cross-checks.
-Takes about 15-25 minutes on a 2-core host (TCG with icount runs one vCPU at ~100-300 MIPS);
-the first run also downloads ~120 MB. docs/cpu.md "The board kernel's crypto" has the results.
+Takes about 5 minutes per word size on a quiet 2-core host (the two can run in parallel, one
+`--arch` each; 16 minutes each when the host was loaded), plus ~20 s of downloads (~150 MB) the
+first time; `--from-logs` re-reports from the guest logs kept under the cache without booting.
+docs/cpu.md "The board kernel's crypto" has the results.
 """
 
 from __future__ import annotations
