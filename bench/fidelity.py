@@ -193,6 +193,44 @@ def describe_nic(run: Path) -> str:
     return f"nic_latency={rec.get('mode')}: {each or 'none'}; {state}: {rec.get('why')}"
 
 
+def print_crypto_anchors(profile: str = "pi4") -> None:
+    """The profile's published crypto figures against what a capped group here delivers, from
+    this machine's calibration record (`sudo lab calibrate pi4`): every OpenSSL reference at
+    core_share (the figures core_share is fitted on, so a residual, not an independent check),
+    and every data plane's primitive at its own share (lab/campaign/calibdataplane.py)."""
+    path = Path(os.environ.get("LAB_CALIBRATION_DIR") or "/var/lib/lab/calibration") / (
+        f"{profile}.json"
+    )
+    try:
+        cal = json.loads(path.read_text())
+    except (OSError, ValueError):
+        print(f"\ncrypto anchors: no calibration record {path} (`sudo lab calibrate {profile}`)")
+        return
+    print(f"\ncrypto anchors (one Pi 4 core; {path}, {cal.get('created')}):")
+    print(f"{'figure':40} {'published':>12} {'lab':>12} {'lab/pub':>8}  verdict")
+    for p, v in ((cal.get("verification") or {}).get("results") or {}).items():
+        ratio = v["elapsed_mbps"] / v["reference_mbps"]
+        verdict = "within x1.5" if 1 / BAND <= ratio <= BAND else "OUTSIDE x1.5"
+        print(
+            f"{'OpenSSL ' + p + ' at core_share':40} {v['reference_mbps']:>6g} MB/s "
+            f"{v['elapsed_mbps']:>7.1f} MB/s {f'x{ratio:.2f}':>8}  {verdict} (fitted on it)"
+        )
+    for d in cal.get("dataplanes") or []:
+        if d.get("capped_mbps") is None:
+            print(
+                f"{d['dataplane'] + ' ' + d['board_reference']:40} {d['board_mbps']:>6g} MB/s "
+                f"{'-':>12} {'-':>8}  {d.get('skipped', 'not checked')}"
+            )
+            continue
+        ratio = d["capped_mbps"] / d["board_mbps"]
+        verdict = "within x1.5" if 1 / BAND <= ratio <= BAND else "OUTSIDE x1.5"
+        print(
+            f"{(d['dataplane'] + ': ' + d['board_reference'])[:40]:40} {d['board_mbps']:>6g} MB/s "
+            f"{d['capped_mbps']:>7.1f} MB/s {f'x{ratio:.2f}':>8}  {verdict} "
+            f"({d['primitive']} here at share {d['share']:.3f})"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", type=Path, help="re-read this run directory instead of running")
@@ -241,6 +279,7 @@ def main() -> int:
             "(less this lab's stack RTT, / 4): with it applied the ping row is not an "
             "independent check of the lab"
         )
+    print_crypto_anchors()
     print()
     for i, r in enumerate(rows, 1):
         a = r["anchor"]

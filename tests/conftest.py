@@ -141,6 +141,11 @@ def lab_traces(lab_id: str) -> list[str]:
             found.append(f"cgroup {d}")
     if lab_dir(lab_id).exists():
         found.append(f"state {lab_dir(lab_id)}")
+    for bf in Path("/sys/block").glob("loop*/loop/backing_file"):
+        # a node's storage image (lab.core.blockdev) still attached, even if deleted
+        with contextlib.suppress(OSError):
+            if bf.read_text().strip().startswith(f"{lab_dir(lab_id)}/"):
+                found.append(f"loop device {bf.parent.parent.name}")
     if (run_root() / lab_id).exists():
         found.append(f"run {run_root() / lab_id}")
     for pid in os.listdir("/proc"):

@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -127,7 +126,6 @@ def test_ping_stopped_by_sigint_prints_its_statistics(shaped_pair, tmp_path):
     the rule to finish quickly, and the rule itself is tests/test_stoprule.py's)."""
     ctx = _ctx(shaped_pair, tmp_path)
     argv = ping_argv(S4, count=1000, interval_s=0.01)  # cap: 10 s
-    t0 = time.monotonic()
     inv, stopped = watch(
         ctx,
         ctx.client,
@@ -136,7 +134,9 @@ def test_ping_stopped_by_sigint_prints_its_statistics(shaped_pair, tmp_path):
         timeout=30,
         enough=lambda text: len(parse_ping_replies(text)) >= 20,
     )
-    assert stopped and not inv.timed_out and time.monotonic() - t0 < 8
+    # stopped by the rule, not by its count or the time-out (how soon moves with the host's
+    # load: no wall-clock bound here)
+    assert stopped and not inv.timed_out
     m = parse_ping(inv.stdout)  # raises without ping's statistics line
     replies = re.findall(r"icmp_seq=\d+ ttl=\d+ time=([\d.]+) ms", inv.stdout)
     assert 20 <= len(replies) == m["received"] < 1000

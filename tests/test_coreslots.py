@@ -68,10 +68,11 @@ def test_pi4_node_gets_one_capped_group_per_board_core_and_busy_work_is_spread(l
         cpu = lab.info["nodes"]["client"]["cpu"]
         slots = _slots_of(lab, "client")
         assert cpu["slots"] == 4 and len(slots) == 4
+        assert cpu["cgroup"] == ("v1" if layout.version == 1 else "v2-threaded")
         node_rel = lab.runtime["client"].cgroup
         node_quota = kernel_quota_cores(lab.cg, node_rel)
         for i, d in enumerate(slots):
-            assert Path(d).parent == layout.root / "cpu" / node_rel
+            assert Path(d).parent == cgroups.cpu_dir(layout, node_rel)
             assert kernel_quota_cores(lab.cg, f"{node_rel}/core{i}") == pytest.approx(
                 cpu["slot_cores"], abs=0.01
             )

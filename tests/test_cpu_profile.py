@@ -282,14 +282,15 @@ def fake_measurements(monkeypatch, tmp_path):
     monkeypatch.setattr(calibrate_mod, "measure_openssl", openssl)
     monkeypatch.setattr(calibrate_mod, "measure_go", go)
     monkeypatch.setattr(calibrate_mod, "measure_ssh", ssh)
+    monkeypatch.setattr(calibrate_mod.calibpacket, "missing", lambda: "not in these tests")
     return rates
 
 
 def _expected_fit(rates: dict[str, float]) -> tuple[float, dict[str, float]]:
     """core_share and residuals by the definition in docs/cpu.md, from the fake rates."""
     refs = load_cpu_profile("pi4", merge_calibration=False).references
-    # kernel crypto is a record only: calibration neither measures nor fits it
-    refs = {p: r for p, r in refs.items() if PRIMITIVES[p]["tool"] != "kernel"}
+    # kernel crypto is a record only, per-packet work a residual (calibpacket): neither is fitted
+    refs = {p: r for p, r in refs.items() if PRIMITIVES[p]["tool"] not in ("kernel", "syscall")}
     wsum = sum(r.weight for r in refs.values())
     s = math.exp(sum(r.weight * math.log(r.mbps / rates[p]) for p, r in refs.items()) / wsum)
     return s, {p: s * rates[p] / r.mbps - 1 for p, r in refs.items()}
@@ -375,7 +376,7 @@ def test_parse_openssl_machine_readable_output():
 
 
 def test_primitives_catalogue():
-    assert {p["tool"] for p in PRIMITIVES.values()} == {"openssl", "go", "ssh", "kernel"}
+    assert {p["tool"] for p in PRIMITIVES.values()} == {"openssl", "go", "ssh", "kernel", "syscall"}
     # every OpenSSH primitive names the cipher `ssh -c` gets
     assert all(p["cipher"] for p in PRIMITIVES.values() if p["tool"] == "ssh")
 

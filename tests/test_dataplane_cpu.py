@@ -59,7 +59,7 @@ def board(tmp_path, monkeypatch):
     return d, cal
 
 
-def calibrate(cal, rates: dict[str, float]) -> None:
+def calibrate(cal, rates: dict[str, float], standins: dict[str, float] | None = None) -> None:
     """A calibration file as `lab calibrate` writes it, with these host rates (MB/s per CPU s)."""
     from lab.model.cpucalibration import CALIBRATION_SCHEMA, host_cpu_model
 
@@ -73,6 +73,7 @@ def calibrate(cal, rates: dict[str, float]) -> None:
                 "host": {"cpu_model": host_cpu_model()},
                 "core_share": 0.25,
                 "measured": {p: {"best": {"cpu_mbps": r}} for p, r in rates.items()},
+                "standins": {k: {"host_mbps": v} for k, v in (standins or {}).items()},
             }
         )
     )
@@ -83,12 +84,13 @@ def esp(primitive="aes-128-gcm", board="kernel:xfrm-esp"):
 
 
 def test_kernel_stand_in_one_core_at_the_kernel_figure(board):
-    calibrate(board[1], {"aes-128-gcm": 400.0})
+    # OpenSSL does 400 MB/s per host CPU second; the stand-in as a whole process 50
+    calibrate(board[1], {"aes-128-gcm": 400.0}, {"xfrm-esp:aes-128-gcm": 50.0})
     rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
     assert rec["groups"] == 1 and rec["threading"] == "one-core"
-    # one board core running the kernel's gcm(aes): 20 MB/s, for code doing 400 MB/s per host core
-    assert rec["share"] == pytest.approx(20 / 400)
-    assert rec["basis"] == "primitive" and rec["board_reference"] == "kernel-gcm-aes-128"
+    # one board core running the kernel's gcm(aes): 20 MB/s, for a stand-in doing 50 per host core
+    assert rec["share"] == pytest.approx(20 / 50)
+    assert rec["basis"] == "stand-in" and rec["board_reference"] == "kernel-gcm-aes-128"
     assert rec["implementation"].startswith("rfc4106") and rec["kernel"] == "5.10 armv7l"
     assert "why" not in rec
 
@@ -114,6 +116,10 @@ def test_uncalibrated_falls_back_to_core_share_and_says_so(board):
     rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
     assert rec["basis"] == "core_share" and rec["share"] == 0.25
     assert "not measured" in rec["why"]
+    # the primitive's own rate never prices a stand-in
+    calibrate(board[1], {"aes-128-gcm": 400.0})
+    rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+    assert rec["basis"] == "core_share" and "its stand-in not measured" in rec["why"]
 
 
 def test_no_kernel_table_keeps_the_stand_ins_threads(board, tmp_path):
@@ -190,7 +196,7 @@ def _vpn(path="kernel-libipsec", client="a", server="b"):
 
 
 def test_plan_annotates_only_capped_tunnel_ends(board):
-    calibrate(board[1], {"aes-128-gcm": 400.0})
+    calibrate(board[1], {"aes-128-gcm": 400.0}, {"xfrm-esp:aes-128-gcm": 400.0})
     capped = {"profile": "board", "cores": 1.0, "slots": 4, "dilation": 2.0}
     cpu = {
         "a": dict(capped),
@@ -225,11 +231,17 @@ def test_calibration_rows_give_each_data_plane_its_share_and_check_it(board):
         asked.append((prim, share))
         return {"aes-128-gcm": 19.0, "aes-256-cbc": 66.0}[prim]  # a capped group's delivery
 
-    rows = calibdataplane.shares(prof, {"aes-128-gcm": 400.0, "aes-256-cbc": 240.0}, verify=verify)
+    rows = calibdataplane.shares(
+        prof,
+        {"aes-128-gcm": 400.0, "aes-256-cbc": 240.0},
+        verify=verify,
+        standins={"xfrm-esp:aes-128-gcm": {"host_mbps": 50.0}},
+    )
     by = {(r["dataplane"], r["primitive"]): r for r in rows}
     esp = by[("kernel xfrm-esp", "aes-128-gcm")]
-    assert esp["board_reference"] == "kernel-gcm-aes-128" and esp["share"] == pytest.approx(0.05)
-    assert esp["residual"] == pytest.approx(19 / 20 - 1)
+    # the stand-in's whole-process rate prices it; OpenSSL's capped check does not apply
+    assert esp["board_reference"] == "kernel-gcm-aes-128" and esp["share"] == pytest.approx(0.4)
+    assert "residual" not in esp and "stand-in" in esp["host_basis"]
     cbc = by[("userspace", "aes-256-cbc")]
     assert cbc["share"] == pytest.approx(0.25) and cbc["residual"] == pytest.approx(0.1)
     assert ("aes-128-gcm", pytest.approx(70 / 400)) in asked  # the userspace AES-GCM row too
@@ -288,3 +300,20 @@ def test_data_plane_runs_in_its_own_groups(lab_id):
         left = teardown(lab_id)
     assert left == []
     assert not any(Path(g).exists() for g in groups)
+
+
+@pytest.mark.root
+def test_a_stand_in_is_measured_as_a_whole_process_and_its_lab_removed():
+    """lab calibrate's stand-in run: a real charon kernel-libipsec tunnel, the CPU of both
+    daemons against the bytes carried; the stand-in costs more per byte than its cipher alone
+    (TUN, sockets, threads), and the throwaway lab is gone afterwards."""
+    from lab.campaign import calibstandin
+    from lab.core.state import list_lab_ids
+
+    prof = load_cpu_profile("pi4", merge_calibration=False)
+    vpn, daemon = calibstandin.STANDINS["xfrm-esp"]["chacha20-poly1305"]
+    before = set(list_lab_ids())
+    rec = calibstandin.measure(vpn, daemon, prof.env, seconds=2)
+    assert set(rec["cpu_s"]) == {"client", "server"} and all(c > 0 for c in rec["cpu_s"].values())
+    assert rec["host_mbps"] == min(rec["mbps_per_cpu_s"].values()) > 0
+    assert set(list_lab_ids()) == before

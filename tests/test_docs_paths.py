@@ -25,6 +25,7 @@ BARE_MD = re.compile(r"(?<![\w/.-])([\w-]+\.md)\b")
 NOT_PATHS = {
     "lab/pub": "docs/fidelity.md: a column header, the lab's figure over the published one",
     "lab/calib-<pid>": "docs/cpu.md: a cgroup, not a file",
+    "lab/calib-pkt-<pid>": "docs/cpu.md: a cgroup, not a file",
 }
 #: the Markdown files a run directory holds (docs/results.md, docs/ci.md), not docs
 RUN_FILES = {"report.md", "compare.md", "check.md"}

@@ -187,7 +187,8 @@ def test_watcher_kills_what_ignores_sigterm(tmp_path, monkeypatch):
 def test_watcher_leaves_a_fast_copy_alone(tmp_path, monkeypatch):
     # 1 MB/s: 1 MiB in ~1 s, well inside 5 s; the process ends by itself (exit 0)
     inv, watch, _ = _watch(tmp_path, monkeypatch, CountingNode(1e6), ["sleep", "1.5"])
-    assert watch.stopped is None and watch.checks >= 4 and inv.returncode == 0
+    # watched (how often in 1.5 s moves with the host's load) and left alone
+    assert watch.stopped is None and watch.checks >= 1 and inv.returncode == 0
 
 
 def test_unwatchable_copy_runs_to_its_timeout(tmp_path, monkeypatch):

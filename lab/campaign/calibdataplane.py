@@ -41,12 +41,23 @@ def shares(
     host_mbps: dict[str, float],
     *,
     verify: Callable[[str, float], float] | None = None,
+    standins: dict | None = None,
 ) -> list[dict]:
     """One row per pair(): the board's figure, this host's rate, the share and, with `verify`
     (primitive, share -> MB/s elapsed in a group capped at share), the capped rate and its
-    residual against the board's figure."""
+    residual against the board's figure. A kernel data plane's host rate is its stand-in's as a
+    whole process (`standins`: lab/campaign/calibstandin.py), never the primitive's alone: the
+    OpenSSL check does not apply to it."""
     rows = []
+    standins = standins or {}
     for dp, prim, ref_name in pairs(prof):
+        kernel = dp.startswith("kernel ")
+        if kernel:
+            rec = standins.get(f"{dp.split(' ', 1)[1]}:{prim}") or {}
+            rates = {prim: rec.get("host_mbps")}
+            check = None
+        else:
+            rates, check = host_mbps, verify
         ref = prof.references[ref_name]
         row = {
             "dataplane": dp,
@@ -58,16 +69,22 @@ def shares(
             "confidence": ref.confidence,
             "source": ref.source,
         }
-        host = host_mbps.get(prim)
+        host = rates.get(prim)
         if not host:
-            row["skipped"] = f"{prim} not measured on this machine"
+            row["skipped"] = (
+                f"stand-in for {prim} not measured (full `lab calibrate` as root)"
+                if kernel
+                else f"{prim} not measured on this machine"
+            )
             rows.append(row)
             continue
         share = ref.mbps / host
         row.update(host_mbps=round(host, 1), share=round(share, 5))
         row["vs_core_share"] = round(share / prof.core_share, 3) if prof.core_share else None
-        if verify is not None:
-            capped = verify(prim, share)
+        if kernel:
+            row["host_basis"] = "the stand-in as a whole process (lab calibrate's stand-in run)"
+        if check is not None:
+            capped = check(prim, share)
             row.update(capped_mbps=round(capped, 2), residual=round(capped / ref.mbps - 1, 4))
         rows.append(row)
     return rows

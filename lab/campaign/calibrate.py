@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lab.campaign import calibdataplane, calibssh
+from lab.campaign import calibdataplane, calibpacket, calibssh, calibstandin
 from lab.core import cgroups, proc
 from lab.substrate.local.cpuplan import coverage
 from lab.model.cpucalibration import (
@@ -347,7 +347,7 @@ def calibrate(
     fitted_refs = {p: r for p, r in prof.references.items() if p in measured}
     share, residuals = fit_core_share(measured, fitted_refs)
     for p in prof.references:
-        if p not in measured:
+        if p not in measured and p not in calibpacket.primitives():  # those: per_packet below
             skipped.setdefault(
                 p, KERNEL_NOT_MEASURED if PRIMITIVES[p]["tool"] == "kernel" else "not measured"
             )
@@ -372,7 +372,11 @@ def calibrate(
 
     # each data plane's own share (lab/campaign/calibdataplane.py), checked in a capped group
     runner = calibdataplane.capped_runner(measure_one, vsecs, say) if verify else None
-    dataplanes = calibdataplane.shares(prof, measured, verify=runner)
+    # kernel data planes' stand-ins as whole processes (lab/campaign/calibstandin.py; root, full)
+    standins = calibstandin.calibrate(prof, env, say) if verify and not quick else {}
+    dataplanes = calibdataplane.shares(prof, measured, verify=runner, standins=standins)
+    # per-packet kernel work (lab/campaign/calibpacket.py): a residual under the fit, never fitted
+    per_packet = calibpacket.measure(prof, env, share, rounds, secs, vsecs if verify else 0, say)
 
     result = {
         "schema": CALIBRATION_SCHEMA,
@@ -415,6 +419,8 @@ def calibrate(
         "skipped": skipped,
         "verification": verification,
         "dataplanes": dataplanes,
+        "per_packet": per_packet,
+        "standins": standins,
         "coverage": coverage(prof),
         "implementations": implementation_coverage(prof, measured, skipped),
         "goals": {"max_abs_residual": RESIDUAL_GOAL, "seconds": SECONDS_GOAL},

@@ -7,7 +7,11 @@ Part of the CLI layer."""
 from __future__ import annotations
 
 import argparse
+import ast
+import re
+from pathlib import Path
 
+from lab import REPO
 from lab.core.errors import ConfigError
 
 #: command path ("" for `lab` itself, "impair set") -> (command line, what it does); 2 or 3 each
@@ -61,7 +65,7 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("sudo lab status --id t1 --json", "one lab, as JSON"),
     ],
     "exec": [
-        ("sudo lab exec client -- ping -c3 10.0.2.2", "a command in node client"),
+        ("sudo lab exec client -- ping -c3 10.99.0.2", "node client pings through the tunnel"),
         ("sudo lab exec client --id t1 -- ip -br addr", "in lab t1 (options before '--')"),
         ("sudo lab exec --id t1 server -- ss -tln", "options before NODE work too"),
     ],
@@ -165,6 +169,93 @@ def epilog(path: str) -> str:
         else:
             lines.append(f"  {cmd.ljust(width)}  # {what}")
     return "examples:\n" + "\n".join(lines)
+
+
+class LabParser(argparse.ArgumentParser):
+    """The `lab` parser (and, as argparse makes them of the same class, every subcommand's): its
+    help ends with what this installation ships (SHIPPED), read from the files when help is
+    printed, never when a command runs."""
+
+    def format_help(self) -> str:
+        more = [part(REPO) for part in SHIPPED.get(self.prog, ())]
+        return super().format_help() + "".join(f"\n{m}\n" for m in more if m)
+
+
+def _first_sentence(text: str, limit: int = 110) -> str:
+    text = " ".join(text.split())
+    m = re.match(r"(.+?[.!?])(\s|$)", text)
+    text = m.group(1) if m else text
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+def _build_keys(tree: ast.Module) -> list[str]:
+    """`-p` keys of a topology file: the parameters of its Topo classes' build(), read from the
+    source (the file is not run: help stays fast and runs nothing of the user's)."""
+    keys: list[str] = []
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for fn in cls.body:
+            if not (isinstance(fn, ast.FunctionDef) and fn.name == "build"):
+                continue
+            args = fn.args.args[1:] + fn.args.kwonlyargs
+            defaults = [None] * (len(fn.args.args) - 1 - len(fn.args.defaults))
+            defaults += list(fn.args.defaults) + list(fn.args.kw_defaults)
+            for a, d in zip(args, defaults, strict=True):
+                shown = "" if d is None or ast.unparse(d) == "None" else ast.unparse(d).strip("'\"")
+                word = f"{a.arg}={shown}" if shown else a.arg
+                if word not in keys:
+                    keys.append(word)
+    return keys
+
+
+def shipped_topologies(root: Path) -> str:
+    """The topologies of `root`/topologies, each with its `-p` keys (default after `=`) and the
+    first sentence of its docstring."""
+    rows = []
+    for f in sorted((root / "topologies").glob("*.py")):
+        try:
+            tree = ast.parse(f.read_text(), str(f))
+        except (OSError, SyntaxError, ValueError):
+            continue  # lab up names the problem when the file is used
+        keys = " ".join(_build_keys(tree)) or "(none)"
+        rows.append(f"  {f.name:<27} -p {keys}")
+        if doc := ast.get_docstring(tree):
+            rows.append(f"  {'':<27} {_first_sentence(doc)}")
+    if not rows:
+        return ""
+    head = [
+        "shipped topologies (topologies/NAME.py): -p KEY=VALUE sets a parameter of the file's",
+        "build(), default after '='; -p dilation=X and -p nic_latency=auto|on|off work with any",
+    ]
+    return "\n".join([*head, *rows])
+
+
+def shipped_plans(root: Path) -> str:
+    """The plans of `root`/plans with the first sentence of each one's opening comment."""
+    rows = []
+    for f in sorted((root / "plans").glob("*.toml")):
+        try:
+            lines = f.read_text().splitlines()
+        except OSError:
+            continue
+        comment = []
+        for line in lines:
+            if not line.startswith("#"):
+                break
+            comment.append(line.lstrip("#").strip())
+        rows.append(f"  {f.name:<27} {_first_sentence(' '.join(comment))}".rstrip())
+    if not rows:
+        return ""
+    return "\n".join(["shipped plans (plans/NAME.toml; `lab run NAME` or its path):", *rows])
+
+
+#: a parser's prog -> what its help ends with (LabParser)
+SHIPPED = {
+    "lab": (shipped_topologies, shipped_plans),
+    "lab up": (shipped_topologies,),
+    "lab render": (shipped_topologies,),
+    "lab run": (shipped_plans,),
+    "lab check": (shipped_plans,),
+}
 
 
 def subparsers(

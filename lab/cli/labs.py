@@ -7,7 +7,7 @@ import json
 import time
 
 
-from lab.cli.printing import err, out, print_status
+from lab.cli.printing import err, impairment_words, out, print_status
 from lab.core.errors import ConfigError, TeardownIncomplete
 from lab.core.state import check_id, lab_dir, list_lab_ids, state_root
 from lab.model.topology import load_topology, parse_params
@@ -83,7 +83,7 @@ def cmd_down(args) -> int:
             )
         lab_id = ids[0] if ids else None
     if lab_id is None or not (lab_dir(lab_id) / "ledger.jsonl").exists():
-        out.print(f"lab {lab_id or ''} is not up; nothing to do".replace("  ", " "))
+        out.print(f"lab '{lab_id}' is not up; nothing to do" if lab_id else "no lab is up")
         return 0
     notes: list[str] = []
     left = open_lab(lab_id).down(notes)
@@ -192,27 +192,57 @@ def cmd_impair(args) -> int:
     if getattr(args, "json", False):
         print(json.dumps(res, indent=2, default=str))
         return 0
-    out.print(
-        f"backend {res.get('backend')} ({res.get('why', '')}), placement {res.get('placement')}",
-        markup=False,
-        highlight=False,
-    )
-    for where, base in (res.get("base") or {}).items():  # kept under every spec
-        out.print(f"  base {where}: {base}", markup=False, highlight=False)
-    for where, req in (res.get("requested") or {}).items():
-        out.print(f"  requested {where}: {req}", markup=False, highlight=False)
-    for where, applied in (res.get("applied") or {}).items():
-        out.print(f"  applied {where}: {applied}", markup=False, highlight=False)
-    for name, e in (res.get("engines") or {}).items():
-        for d in ("a2b", "b2a"):
-            c = (e.get(d) or {}).get("counters") if isinstance(e, dict) else None
-            if c:
-                out.print(
-                    f"  {name} {d}: " + ", ".join(f"{k}={v}" for k, v in c.items()),
-                    markup=False,
-                    highlight=False,
-                )
+    for line in impairment_lines(res):
+        out.print(line, markup=False, highlight=False)
     return 0
+
+
+def impairment_lines(res: dict) -> list[str]:
+    """`lab impair show/set/clear` in words: the backend, then each point and engine direction
+    named as the `lab status` table names them (NODE:IFACE, the link's nodes `router->server`,
+    the tunnel direction `client->server`), never a Python repr."""
+    if not res.get("backend"):
+        return [
+            "impairment: none (no impairment points yet; `lab impair set TARGET SPEC` adds them)"
+        ] + ([res["note"]] if res.get("note") and res["note"] != "no impairment points" else [])
+    why = f" ({res['why']})" if res.get("why") else ""
+    lines = [f"impairment: backend {res['backend']}{why}, placement {res.get('placement')}"]
+    if res.get("note"):
+        lines.append(f"  note: {res['note']}")
+    where = res.get("where") or {}
+
+    def way(w: dict) -> str:  # "router->client (server->client)"; "client->server" once
+        hop = f"{w['from']}->{w['to']}"
+        return hop if hop == w["way"] else f"{hop} ({w['way']})"
+
+    def at(key: str) -> str:
+        return f"{key} {way(where[key])}" if key in where else key
+
+    for label, rows in (("base", res.get("base")), ("requested", res.get("requested"))):
+        for key, text in (rows or {}).items():
+            lines.append(f"  {label} at {at(key)}: {text or 'none'}")
+    engines = res.get("engines") or {}
+    for key, text in (res.get("applied") or {}).items():
+        if not isinstance(text, dict):  # a kernel qdisc: NODE:DEV -> words
+            lines.append(f"  in force at {at(key)}: {text or 'none'}")
+            continue
+        eng = engines.get(key) or {}
+        link = next((w["link"] for k, w in where.items() if k.startswith(f"{key}:")), None)
+        lines.append(f"  in force in engine {key}" + (f" on link {link}:" if link else ":"))
+        if eng.get("error"):
+            lines.append(f"    not answering: {eng['error']}")
+        for d in ("a2b", "b2a"):
+            if d not in text:
+                continue
+            w = where.get(f"{key}:{d}")
+            lines.append(f"    {way(w) if w else d}: {impairment_words(text[d])}")
+            counters = (eng.get(d) or {}).get("counters") if isinstance(eng.get(d), dict) else None
+            if counters:
+                moved = ", ".join(f"{k} {v}" for k, v in counters.items() if v)
+                lines.append(f"      counters: {moved or 'all 0'}")
+    for w in res.get("warnings") or []:
+        lines.append(f"  warning: {w}")
+    return lines
 
 
 def _print_lab(status: dict) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from lab import __version__
-from lab.cli.help import add_examples
+from lab.cli.help import LabParser, add_examples
 from lab.model.topology import NAME_MAX as NODE_NAME_MAX
 from lab.model.topology import NAME_RE
 from lab.core.errors import ConfigError
@@ -146,9 +146,7 @@ def _add_boards(p: argparse.ArgumentParser, boards_help: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="lab", description="Network-namespace lab for benchmarking VPNs."
-    )
+    ap = LabParser(prog="lab", description="Network-namespace lab for benchmarking VPNs.")
     ap.add_argument("--version", action="version", version=f"lab {__version__}")
     ap.add_argument(
         "--debug",

@@ -78,10 +78,11 @@ def _point_specs(s: dict) -> dict[tuple[str, str], str]:
 
 def print_status(s: dict) -> None:
     if not s.get("nodes"):  # a broken lab, or the VM of a `lab run --vm` (no lab of its own)
-        out.print(f"lab {s['id']}: {s.get('state')}", markup=False, highlight=False)
+        out.print(f"lab '{s['id']}': {s.get('state')}", markup=False, highlight=False)
         return
+    # the id quoted: the default id is "lab", and "lab lab (up)" reads as a stutter
     t = Table(
-        title=f"lab {s['id']} ({s.get('state')}) — {s.get('topology', '')}", title_justify="left"
+        title=f"lab '{s['id']}' ({s.get('state')}) — {s.get('topology', '')}", title_justify="left"
     )
     for col in ("node", "where", "cpu", "interface", "IPv4", "IPv6", "peer", "impairment (egress)"):
         t.add_column(col)
@@ -99,6 +100,9 @@ def print_status(s: dict) -> None:
             cpu_s += (
                 f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
             )
+        if cpu.get("cgroup") and (cpu.get("profile") or cpu.get("cores")):
+            # the mechanism of its cores here: v1, v2-threaded, v2-one-core (docs/cpu.md)
+            cpu_s += f", cgroup {cpu['cgroup']}"
         if (cpu.get("dilation") or 1.0) != 1.0:  # lab.model.dilation: quotas / the factor
             cpu_s += f", time-dilated x{cpu['dilation']:g}"
         dp = cpu.get("dataplane") or {}

@@ -89,6 +89,41 @@ def _print_dataplanes(r: dict) -> None:
 DATAPLANE_GOAL = 0.15
 
 
+def _print_per_packet(r: dict) -> None:
+    """Per-packet kernel work under core_share (lab/campaign/calibpacket.py): not fitted."""
+    pp = r.get("per_packet") or {}
+    if pp.get("skipped"):
+        out.print(f"skipped per-packet work: {pp['skipped']}", markup=False, highlight=False)
+    if not pp.get("rows"):
+        return
+    t = Table(
+        title='per-packet work under core_share, not fitted (docs/cpu.md "Per-packet work")',
+        title_justify="left",
+    )
+    cols = ("loop", "unit", "board", "host per CPU s", "at core_share", "residual", "capped")
+    for col in (*cols, "capped vs board"):
+        t.add_column(col, justify="left" if col in ("loop", "unit") else "right")
+
+    def pct(x):
+        return f"{x:+.1%}" if x is not None else "n/a"
+
+    for d in pp["rows"]:
+        capped = ["", ""]
+        if "capped" in d:
+            note = " (contended)" if d.get("contended") else ""
+            capped = [f"{d['capped']:.0f}{note}", pct(d.get("capped_vs_board"))]
+        t.add_row(
+            d["primitive"],
+            d["unit"],
+            f"{d['board']:g}" if d["board"] else "-",
+            f"{d['host_per_cpu_s']:.0f}",
+            f"{d['predicted_board']:.0f}",
+            pct(d["residual"]),
+            *capped,
+        )
+    out.print(t)
+
+
 def cmd_calibrate(args) -> int:
     progress = None if args.json else (lambda s: err.print(f"  {s}", markup=False, highlight=False))
     r = calibrate(args.profile, quick=args.quick, verify=not args.no_verify, progress=progress)
@@ -131,6 +166,7 @@ def cmd_calibrate(args) -> int:
         )
     out.print(t)
     _print_dataplanes(r)
+    _print_per_packet(r)
     share = r["core_share"]
     out.print(
         f"core_share = {share:.4f} host cores per board core: a node gets a CFS quota of "

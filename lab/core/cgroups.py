@@ -6,7 +6,12 @@ and it is the set of processes the lab started there, which teardown ends by PID
 v2: one directory <root>/lab/<labid>/<node> with cpu.max and cpuset.cpus.
 v1: one directory per controller hierarchy (cpu, cpuacct, cpuset), same relative path,
     cpu.cfs_quota_us / cpu.cfs_period_us and cpuset.cpus/cpuset.mems.
-The root is a parameter so the file-level behaviour of both versions is testable anywhere.
+A node's per-core groups (lab/substrate/local/coreslots.py) are children of its group: on v1 in
+the cpu hierarchy only, on v2 threaded children (docs/cpu.md "cgroup v2"). Every operation on them
+(ensure_slot, thread_ids, move_thread, pids) does what the hierarchy needs here, so callers never
+ask which one they are on.
+The root is a parameter (default: $LAB_CGROUP_ROOT, else /sys/fs/cgroup) so the file-level
+behaviour of both versions is testable anywhere, and a cgroup2 mounted elsewhere can be used.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from lab.core.errors import PreconditionError
 
 PERIOD_US = 100_000
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset")
+#: where the cgroup file systems are unless the caller says: a cgroup2 mounted elsewhere (the VM
+#: test mounts one under a tmpfs) is used by pointing this at it
+ROOT_ENV = "LAB_CGROUP_ROOT"
 
 
 @dataclass(frozen=True)
@@ -36,8 +44,11 @@ class CgroupLayout:
         return [self.root / c / rel for c in V1_CONTROLLERS]
 
 
-def probe(root: Path = Path("/sys/fs/cgroup")) -> CgroupLayout:
-    """Pick cgroup v2 when its cpu controller is usable, else v1 with cpu+cpuacct+cpuset."""
+def probe(root: Path | None = None) -> CgroupLayout:
+    """Pick cgroup v2 when its cpu controller is usable, else v1 with cpu+cpuacct+cpuset.
+    `root`: default $LAB_CGROUP_ROOT, else /sys/fs/cgroup."""
+    if root is None:
+        root = Path(os.environ.get(ROOT_ENV) or "/sys/fs/cgroup")
     candidates = [root, root / "unified"]
     for c in candidates:
         ctrl = c / "cgroup.controllers"
@@ -67,16 +78,22 @@ def _write(path: Path, value: str) -> None:
         f.write(value)
 
 
+def _enable(d: Path, controllers: tuple[str, ...]) -> list[str]:
+    """Enable `controllers` for the children of v2 group `d` (its cgroup.subtree_control);
+    returns those `d` itself does not have (its parent does not delegate them)."""
+    have = (d / "cgroup.controllers").read_text().split()
+    enabled = (d / "cgroup.subtree_control").read_text().split()
+    want = [c for c in controllers if c in have and c not in enabled]
+    if want:
+        _write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in want))
+    return [c for c in controllers if c not in have]
+
+
 def ensure_dir(layout: CgroupLayout, rel: str) -> None:
     """Create the cgroup `rel` in every hierarchy (idempotent) and make it usable."""
     if layout.version == 2:
         # a child only gets cpu.max/cpuset.cpus when its parent delegates the controllers
-        parent = (layout.root / rel).parent
-        have = (parent / "cgroup.controllers").read_text().split()
-        enabled = (parent / "cgroup.subtree_control").read_text().split()
-        want = [c for c in ("cpu", "cpuset") if c in have and c not in enabled]
-        if want:
-            _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in want))
+        _enable((layout.root / rel).parent, ("cpu", "cpuset"))
     for d in layout.dirs(rel):
         try:
             d.mkdir()
@@ -89,6 +106,24 @@ def ensure_dir(layout: CgroupLayout, rel: str) -> None:
                     _write(d / f, (d.parent / f).read_text().strip())
 
 
+def cpu_dir(layout: CgroupLayout, rel: str) -> Path:
+    """The directory of group `rel` that holds its CPU quota (v1: in the cpu hierarchy)."""
+    return layout.root / rel if layout.version == 2 else layout.root / "cpu" / rel
+
+
+def set_quota(
+    layout: CgroupLayout, group_dir: Path, cores: float | None, period_us: int = PERIOD_US
+) -> None:
+    """Cap one group (its cpu_dir) at `cores` host cores per CFS period (None = no cap): v2
+    `cpu.max` "QUOTA PERIOD", v1 cpu.cfs_period_us then cpu.cfs_quota_us."""
+    quota = -1 if cores is None else max(1000, int(round(cores * period_us)))
+    if layout.version == 2:
+        _write(group_dir / "cpu.max", f"{'max' if quota < 0 else quota} {period_us}")
+    else:
+        _write(group_dir / "cpu.cfs_period_us", str(period_us))
+        _write(group_dir / "cpu.cfs_quota_us", str(quota))
+
+
 def set_cpu(
     layout: CgroupLayout,
     rel: str,
@@ -99,32 +134,65 @@ def set_cpu(
 ) -> None:
     """Cap the group at `cores` host cores (None = no cap) and pin it to `cpus` (None = all).
     `period_us`: the CFS period the quota is handed out in (a time-dilated lab stretches it)."""
-    quota = -1 if cores is None else max(1000, int(round(cores * period_us)))
+    set_quota(layout, cpu_dir(layout, rel), cores, period_us)
+    if cpus is None:
+        return
     if layout.version == 2:
-        d = layout.root / rel
-        _write(d / "cpu.max", f"{'max' if quota < 0 else quota} {period_us}")
-        if cpus is not None and (d / "cpuset.cpus").exists():
-            _write(d / "cpuset.cpus", cpus)
+        if (layout.root / rel / "cpuset.cpus").exists():
+            _write(layout.root / rel / "cpuset.cpus", cpus)
     else:
-        d = layout.root / "cpu" / rel
-        _write(d / "cpu.cfs_period_us", str(period_us))
-        _write(d / "cpu.cfs_quota_us", str(quota))
-        if cpus is not None:
-            _write(layout.root / "cpuset" / rel / "cpuset.cpus", cpus)
+        _write(layout.root / "cpuset" / rel / "cpuset.cpus", cpus)
 
 
 def slot_rel(rel: str, i: int) -> str:
-    """The i-th per-core group of node group `rel` (lab/substrate/local/coreslots.py: one board core each)."""
+    """The i-th per-core group of node group `rel` (lab/substrate/local/coreslots.py: one board
+    core each)."""
     return f"{rel}/core{i}"
+
+
+#: slots_supported's answer per cgroup root, probed once per process
+_SLOTS_PROBED: dict[Path, str | None] = {}
 
 
 def slots_supported(layout: CgroupLayout) -> str | None:
     """None when per-thread caps (a thread moved alone into a capped child group) work here,
-    else why not. cgroup v1 moves single threads through a group's `tasks` file; cgroup v2 needs
-    threaded sub-groups, which the lab does not set up (yet)."""
+    else why not. cgroup v1 moves single threads through a group's `tasks` file. cgroup v2 needs
+    threaded children with the cpu controller (kernel >= 4.15), which a kernel or a delegation
+    may refuse: tried once, for real, on a transient group (_try_threaded)."""
     if layout.version == 1:
         return None
-    return "cgroup v2: per-thread caps need threaded sub-groups, which the lab does not create yet"
+    if layout.root not in _SLOTS_PROBED:
+        _SLOTS_PROBED[layout.root] = _try_threaded(layout)
+    return _SLOTS_PROBED[layout.root]
+
+
+def _try_threaded(layout: CgroupLayout) -> str | None:
+    """Create `<root>/lab-threaded-probe-<pid>` with a capped threaded child, as ensure_slot
+    would for a node, and remove both at once (in a finally, by their paths); the refusal, or
+    None. Probed under the root, beside where labs go: the root is where ensure_dir enables the
+    cpu controller for every lab anyway."""
+    rel = f"lab-threaded-probe-{os.getpid()}"
+    made: list[Path] = []
+    step = "create the probe group"
+    try:
+        ensure_dir(layout, rel)
+        made.append(layout.root / rel)
+        step = "make a threaded child with cpu.max"
+        child = cpu_dir(layout, slot_rel(rel, 0))
+        made.append(child)
+        ensure_slot(layout, rel, 0, 0.5)
+        if (child / "cgroup.type").read_text().strip() != "threaded":
+            return f"cgroup v2: {child} did not become threaded"
+        return None
+    except (OSError, PreconditionError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return f"cgroup v2: the kernel refused per-thread groups ({step}: {why})"
+    finally:
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
 
 
 def ensure_slot(
@@ -136,32 +204,70 @@ def ensure_slot(
     period_us: int = PERIOD_US,
     rel_of: str | None = None,
 ) -> str:
-    """Create per-core group i of node group `rel` in the cpu hierarchy (v1), capped at `cores`
-    host cores; returns its directory. Only the cpu controller has the groups: accounting
-    (cpuacct) and placement (cpuset) stay per node. `rel_of`: the group's own path when it is
-    not the i-th board core (a data plane's group, lab.substrate.local.dataplane)."""
-    d = layout.root / "cpu" / (rel_of or slot_rel(rel, i))
+    """Create per-core group i of node group `rel`, capped at `cores` host cores; returns its
+    directory. Idempotent. `rel_of`: the group's own path when it is not the i-th board core (a
+    data plane's group, lab.substrate.local.dataplane), a child of `rel` too.
+
+    v1: a child in the cpu hierarchy only; accounting (cpuacct) and placement (cpuset) stay per
+    node. v2: a threaded child (`cgroup.type` = threaded): the node group enables the cpu
+    controller for its children and becomes their threaded domain, whose cpuset and cpu.stat
+    cover them; the threads of one process may then sit in different children, but never leave
+    the node's subtree (cgroup-v2.rst, "Threads"). Only threaded controllers (cpu, cpuset, pids,
+    perf_event) work there, so the node group enables nothing else for its children."""
+    group = rel_of or slot_rel(rel, i)
+    d = cpu_dir(layout, group)
+    if layout.version == 2:
+        parent = d.parent
+        if _enable(parent, ("cpu",)):
+            raise PreconditionError(
+                f"cgroup {parent}: no cpu controller to give its per-core groups (its parent's "
+                "cgroup.subtree_control lacks +cpu)"
+            )
     try:
         d.mkdir()
     except FileExistsError:
         pass
-    _write(d / "cpu.cfs_period_us", str(period_us))
-    _write(d / "cpu.cfs_quota_us", str(max(1000, int(round(cores * period_us)))))
+    if layout.version == 2 and (d / "cgroup.type").read_text().strip() != "threaded":
+        # one way only, and only while the group is empty: right after mkdir
+        _write(d / "cgroup.type", "threaded")
+    set_quota(layout, d, cores, period_us)
     return str(d)
 
 
+def _threads_file(group_dir: str | Path) -> Path:
+    """The file that lists a group's threads and moves one thread in: v1 `tasks`, v2
+    `cgroup.threads` (a v1 group has no cgroup.threads, a v2 group no tasks)."""
+    d = Path(group_dir)
+    return d / "tasks" if (d / "tasks").exists() else d / "cgroup.threads"
+
+
 def thread_ids(group_dir: str) -> list[int]:
-    """The threads (TIDs) in one v1 group (its `tasks` file); [] if it is gone."""
+    """The threads (TIDs) directly in one group, v1 or v2; [] if it is gone."""
     try:
-        return [int(x) for x in Path(group_dir, "tasks").read_text().split()]
+        return [int(x) for x in _threads_file(group_dir).read_text().split()]
     except FileNotFoundError:
         return []
 
 
+def node_threads(layout: CgroupLayout, rel: str) -> list[int]:
+    """Every thread of node group `rel`, wherever in it: v1 its cpuacct group's `tasks` (the
+    per-core groups exist in the cpu hierarchy only), v2 `cgroup.threads` of the group and of
+    each child group (its threaded per-core groups). FileNotFoundError when the group is gone."""
+    if layout.version == 1:
+        return [int(x) for x in (layout.root / "cpuacct" / rel / "tasks").read_text().split()]
+    d = layout.root / rel
+    tids = [int(x) for x in (d / "cgroup.threads").read_text().split()]
+    for child in sorted(c for c in d.iterdir() if c.is_dir()):
+        tids += thread_ids(str(child))
+    return tids
+
+
 def move_thread(group_dir: str, tid: int) -> bool:
-    """Move one thread into a v1 group; False if the thread is gone."""
+    """Move one thread into a group, v1 or v2; False if the thread is gone. On v2 the thread's
+    process must already be in the group's threaded domain (the node group or one of its
+    threaded children): else the kernel refuses (EOPNOTSUPP), raised as OSError."""
     try:
-        _write(Path(group_dir) / "tasks", str(tid))
+        _write(_threads_file(group_dir), str(tid))
         return True
     except ProcessLookupError:
         return False
@@ -175,6 +281,14 @@ def procs_files(layout: CgroupLayout, rel: str) -> list[str]:
     return [str(d / "cgroup.procs") for d in layout.dirs(rel)]
 
 
+def procs_file(group_dir: str) -> str:
+    """The file a whole process enters one group through (join), a node's per-core group
+    included: `cgroup.procs` on v1 and v2 alike. On v2 it moves every thread of the process,
+    and a process from anywhere may enter a threaded group this way (only single threads are
+    held to their threaded domain)."""
+    return str(Path(group_dir, "cgroup.procs"))
+
+
 def join(procs: list[str], pid: int = 0) -> None:
     """Move `pid` (0 = the calling process) into the group. Safe in a preexec_fn (no allocs of note)."""
     value = str(pid or os.getpid())
@@ -186,14 +300,44 @@ def join(procs: list[str], pid: int = 0) -> None:
             os.close(fd)
 
 
+def _tgid(tid: int) -> int | None:
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def pids(layout: CgroupLayout, rel: str) -> list[int]:
+    """The processes with a thread in group `rel` (a v2 node group: in its threaded children
+    too, as the kernel lists them in the threaded domain's cgroup.procs)."""
     found: set[int] = set()
     for d in layout.dirs(rel):
         try:
             found.update(int(x) for x in (d / "cgroup.procs").read_text().split())
         except FileNotFoundError:
             pass
+        except OSError as e:
+            # a v2 threaded group refuses to list processes (they belong to its domain)
+            if e.errno != errno.EOPNOTSUPP:
+                raise
+            found.update(p for t in thread_ids(str(d)) if (p := _tgid(t)) is not None)
     return sorted(found)
+
+
+def cgroup_record(layout: CgroupLayout, *, slots: int, refused: str | None = None) -> str:
+    """How a node's CPU model is built here, for its cpu record in lab.json: "v1" (per-core
+    groups, if any, in the cpu hierarchy), "v2-threaded" (threaded per-core groups), "v2" (no
+    per-core groups asked for), "v2-one-core" (asked for, refused by the kernel: `refused`,
+    the node gets one board core)."""
+    if layout.version == 1:
+        return "v1"
+    if refused:
+        return "v2-one-core"
+    return "v2-threaded" if slots else "v2"
 
 
 def usage(layout: CgroupLayout, rel: str) -> dict[str, float]:
@@ -220,11 +364,7 @@ def usage(layout: CgroupLayout, rel: str) -> dict[str, float]:
 
 
 def throttling(layout: CgroupLayout, rel: str) -> dict[str, int]:
-    p = (
-        (layout.root / rel / "cpu.stat")
-        if layout.version == 2
-        else (layout.root / "cpu" / rel / "cpu.stat")
-    )
+    p = cpu_dir(layout, rel) / "cpu.stat"
     try:
         return {k: int(v) for k, v in (line.split() for line in p.read_text().splitlines() if line)}
     except FileNotFoundError:

@@ -193,15 +193,11 @@ def node_thread_sched(
 ) -> dict[int, tuple[int, int]]:
     """{tid: (ns run, ns waited on a run queue)} for every thread in the node's group now, from
     /proc/TID/schedstat (its first two fields: time on the CPU, time runnable but not running;
-    Documentation/scheduler/sched-stats.rst). The threads are the v1 cpuacct group's `tasks`
-    (v2: `cgroup.threads`); {} when the group is gone, a thread that exits is skipped."""
-    f = (
-        layout.root / rel / "cgroup.threads"
-        if layout.version == 2
-        else (layout.root / "cpuacct" / rel / "tasks")
-    )
+    Documentation/scheduler/sched-stats.rst). The threads: cgroups.node_threads (v2: the
+    group's and its threaded per-core groups'); {} when the group is gone, a thread that exits
+    is skipped."""
     try:
-        tids = [int(x) for x in f.read_text().split()]
+        tids = cgroups.node_threads(layout, rel)
     except (OSError, ValueError):
         return {}
     out = {}

@@ -10,6 +10,7 @@ import ctypes
 import errno
 import os
 import shlex
+import time
 from pathlib import Path
 
 from lab.core import proc
@@ -179,6 +180,11 @@ def remove_link(ns: str | None, ifname: str) -> None:
 
 
 RTPROT_KERNEL, RT_TABLE_LOCAL, RT_SCOPE_LINK = 2, 255, 253
+#: neighbour states (linux/neighbour.h): REACHABLE kept as it is; STALE, DELAY and PROBE (a MAC
+#: not confirmed lately) come back as STALE, which sends at once and confirms in the background;
+#: PERMANENT stays. INCOMPLETE and FAILED know no MAC.
+NUD_REACHABLE, NUD_STALE, NUD_DELAY, NUD_PROBE, NUD_PERMANENT = 0x02, 0x04, 0x08, 0x10, 0x80
+NUD_KEEP = NUD_STALE | NUD_DELAY | NUD_PROBE | NUD_PERMANENT
 
 
 def read_interface(ns: str, ifname: str) -> dict:
@@ -223,12 +229,14 @@ def read_interface(ns: str, ifname: str) -> dict:
                     if r.get_attr(attr) is not None:
                         rt[key] = r.get_attr(attr)
                 routes.append(rt)
+        neighbours = _neighbours(ipr, idx)
     return {
         "ifname": ifname,
         "mac": link.get_attr("IFLA_ADDRESS"),
         "mtu": link.get_attr("IFLA_MTU"),
         "addrs": addrs,
         "routes": routes,
+        "neighbours": neighbours,
     }
 
 
@@ -272,7 +280,10 @@ def random_mac() -> str:
 
 
 def restore_interface(ipr, idx: int, state: dict) -> None:
-    """Addresses, then routes (a gateway needs its connected route first) of read_interface."""
+    """Addresses, then routes (a gateway needs its connected route first), then the neighbour
+    entries of read_interface: the MACs the node had resolved on the interface die with it, and
+    without them the first packet after a splice waits for ARP/NDP across the new path (one
+    more round trip through the impairment, issue 32 item 16)."""
 
     for a in state["addrs"]:
         try:
@@ -286,6 +297,54 @@ def restore_interface(ipr, idx: int, state: dict) -> None:
         except NetlinkError as e:
             if e.code != errno.EEXIST:
                 raise
+    _add_neighbours(ipr, idx, state.get("neighbours") or [])  # none in a pre-issue-32 record
+
+
+def read_neighbours(ns: str, ifname: str) -> list[dict]:
+    """The neighbour entries (ARP, NDP) with a MAC on interface `ifname` of namespace `ns`."""
+    with NetNS(ns) as ipr:
+        return _neighbours(ipr, ipr.link_lookup(ifname=ifname)[0])
+
+
+def restore_neighbours(ns: str, ifname: str, entries: list[dict], timeout: float = 5.0) -> None:
+    """Put `entries` (read_neighbours) back on `ifname` once its carrier is up again: a veth
+    whose peer went down lost them (the kernel flushes a device's neighbours when its carrier
+    drops, net/ipv4/arp.c arp_netdev_event). Waits for operstate UP, which the kernel's linkwatch
+    sets after it has handled the carrier change, so no flush comes after the entries are back."""
+    with NetNS(ns) as ipr:
+        idx = ipr.link_lookup(ifname=ifname)[0]
+        deadline = time.monotonic() + timeout
+        while ipr.get_links(idx)[0].get_attr("IFLA_OPERSTATE") != "UP":
+            if time.monotonic() > deadline:
+                return  # no carrier: entries would be flushed again; ARP/NDP resolves later
+            time.sleep(0.002)
+        _add_neighbours(ipr, idx, entries)
+
+
+def _neighbours(ipr, idx: int) -> list[dict]:
+    return [
+        {
+            "family": n["family"],
+            "dst": n.get_attr("NDA_DST"),
+            "lladdr": n.get_attr("NDA_LLADDR"),
+            "state": n["state"],
+        }
+        for n in ipr.get_neighbours(ifindex=idx)
+        if n["state"] & (NUD_REACHABLE | NUD_KEEP) and n.get_attr("NDA_LLADDR")
+    ]
+
+
+def _add_neighbours(ipr, idx: int, entries: list[dict]) -> None:
+    for n in entries:
+        nud = n["state"] if n["state"] & (NUD_REACHABLE | NUD_PERMANENT) else NUD_STALE
+        ipr.neigh(
+            "replace",
+            ifindex=idx,
+            family=n["family"],
+            dst=n["dst"],
+            lladdr=n["lladdr"],
+            state=nud,
+        )
 
 
 def configure_node(

@@ -14,7 +14,7 @@ import signal
 import time
 from pathlib import Path
 
-from lab.core import cgroups, netops, proc
+from lab.core import blockdev, cgroups, netops, proc
 from lab.core.state import Ledger, lab_dir, run_root
 
 
@@ -152,6 +152,8 @@ def _remove(e: dict, layout, errors: list[str]) -> None:
             cgroups.remove_dir(layout, e["rel"])  # shared parent: removed only when empty
             return
         errors.extend(cgroups.remove_dir(layout, e["rel"]))
+    elif kind in blockdev.KINDS:  # a node's storage: mount, rate limits, loop device, image
+        blockdev.remove(e)
     elif kind == "hostveth":
         # the root-namespace end of a veth into one of the lab's namespaces (an emulated board
         # farm's management link): normally gone with that namespace already
@@ -172,6 +174,8 @@ def leftovers(lab_id: str, entries: list[dict], layout) -> list[str]:
             for dpath in layout.dirs(e["rel"]):
                 if dpath.exists():
                     left.append(f"cgroup {dpath}")
+        elif k in blockdev.KINDS:
+            left += blockdev.leftover(e)
         elif k == "hostveth" and netops.link_exists(None, e["ifname"]):
             left.append(f"interface {e['ifname']} in the root namespace")
         elif k == "process" and proc.is_same_process(e["pid"], e.get("start_time")):

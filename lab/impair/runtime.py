@@ -35,6 +35,7 @@ from lab.impair.effective import (
 from lab.model.impairment.directional import DirectionalImpairment, parse_directional
 from lab.model.impairment.model import Impairment
 from lab.impair.engine import EngineClient, NodeEngineClient
+from lab.impair.where import directions
 
 DEFAULT = "default"
 BUMP_A, BUMP_B = "imp-a", "imp-b"
@@ -405,6 +406,7 @@ def _show(lab) -> tuple[dict, dict[str, Impairment | None]]:
         k: str(Impairment.from_json(v)) for k, v in (st.get("applied") or {}).items()
     }
     out["points"] = [f"{p['node']}:{p['ifname']} ({p['way']})" for p in st["points"]]
+    out["where"] = directions(lab.spec, st)  # each key's link, direction and tunnel direction
     if st.get("base") or st.get("nic_us"):
         out["base"] = base_text(st)
     if st["backend"] == "kernel-netem":

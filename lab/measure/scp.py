@@ -14,6 +14,7 @@ with the partial figures in their own fields, never in `rate_bps`/`seconds`.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +34,7 @@ from lab.measure.base import (
     wait_listening,
 )
 from lab.model.params import Param
+from lab.model.storageprofile import STORAGE_MARKER
 from lab.core.tools import SS, Tool
 from lab.measure.progress import watch_copy
 
@@ -41,6 +43,30 @@ MIB = 1024 * 1024
 #: releases (like the studies' boards) used; writing /dev/null over SFTP also draws a harmless
 #: "remote fsetstat" warning. Both flags need OpenSSH 9.0+; "default" passes neither.
 PROTOCOL_FLAGS = {"default": [], "scp": ["-O"], "sftp": ["-s"]}
+#: `dest` default: the received file lands on the server's storage, as on a board's card
+STORAGE = "storage"
+
+
+def storage_of(node: Node, state: Path) -> dict | None:
+    """The board storage `node`'s scratch directory `state` is on (its STORAGE_MARKER: a lab
+    whose board profile models the card mounts it there, lab.substrate.local.storage), None
+    when it is on no board's storage."""
+    r = node.run(["cat", str(state / STORAGE_MARKER)], check=False)
+    if r.returncode != 0:
+        return None
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        return None
+
+
+def card_record(marker: dict | None) -> dict | None:
+    """What a record says of the card the file went to."""
+    if not marker:
+        return None
+    m = marker.get("model") or {}
+    keep = ("card", "write_mbps", "dirty_limit_bytes")
+    return {**{k: m.get(k) for k in keep}, "mechanism": marker.get("mechanism")}
 
 
 def sshd_config(*, addr: str, port: int, state: Path) -> str:
@@ -116,7 +142,13 @@ class ScpTest(Test):
         "size_mb": Param(int, 256, min=1, max=65536, doc="file size in MiB"),
         "port": Param(int, 2222, min=1, max=65535),
         "cipher": Param(str, None, optional=True, doc="scp -c, e.g. aes128-gcm@openssh.com"),
-        "dest": Param(str, "/dev/null", doc="path written on the server"),
+        "dest": Param(
+            str,
+            STORAGE,
+            doc='path written on the server; "storage": a file in the test\'s directory when '
+            "that is on the server's board storage (the card a board profile's [storage] "
+            "models: docs/cpu.md), else /dev/null",
+        ),
         "protocol": Param(str, "default", choices=tuple(PROTOCOL_FLAGS), doc="scp -O / -s"),
         "stop_early": Param(
             bool,
@@ -173,10 +205,17 @@ class ScpTest(Test):
         daemon = None
         files: list[Path] = []
         size = params["size_mb"] * MIB
+        dest, card = params["dest"], None
+        if dest == STORAGE:
+            card = storage_of(ctx.server, ctx.state_path())
+            dest = str(state / "received.bin") if card else "/dev/null"
         base = {
             "size_bytes": size,
             "cipher": params["cipher"],
             "dest": params["dest"],
+            # where the file went: on the server's board storage (held to its card) or not
+            "dest_path": dest,
+            "storage": card_record(card),
             "protocol": params["protocol"],
             "stop_early": params["stop_early"],
         }
@@ -228,7 +267,7 @@ class ScpTest(Test):
                 src=payload,
                 user=user,
                 addr=host,
-                dest=params["dest"],
+                dest=dest,
                 cipher=params["cipher"],
                 protocol=params["protocol"],
             )
@@ -285,5 +324,5 @@ class ScpTest(Test):
         finally:
             if daemon is not None:
                 ctx.server.stop(daemon)
-            for node in nodes:
+            for node in nodes:  # the received file with it
                 node.run(["rm", "-rf", "--", str(state)], check=False)

@@ -154,7 +154,8 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
     """The groups a node running `dp` gets under profile `prof` (a CpuProfile): how many (the
     board's threading), the share of each (host cores) and where every number comes from.
     `cores`: the board cores the node emulates. Returns the record lab.json keeps."""
-    host = ((prof.calibration or {}).get("host_mbps") or {}) if prof.calibrated else {}
+    cal = (prof.calibration or {}) if prof.calibrated else {}
+    host = cal.get("host_mbps") or {}
     rec: dict[str, Any] = {
         "daemon": dp.daemon,
         "stand_in": dp.what,
@@ -180,6 +181,9 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
             )
             ref_name = kdp.crypto.get(dp.primitive or "")
             ref = prof.references.get(ref_name) if ref_name else None
+            # a stand-in is priced as a whole process (its TUN, sockets and threads included:
+            # lab/campaign/calibstandin.py), never by its primitive alone
+            host = {dp.primitive: (cal.get("standin_mbps") or {}).get(f"{kdp.name}:{dp.primitive}")}
             if ref is None:
                 rec["why"] = (
                     f"profile {prof.name} names no board-kernel figure for {dp.primitive} in "
@@ -201,11 +205,13 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
         )
         h = host.get(dp.primitive or "")
         if h:
-            share, basis = ref.mbps / float(h), "primitive"
+            share = ref.mbps / float(h)
+            basis = "stand-in" if dp.board.startswith("kernel:") else "primitive"
             rec["host_mbps"] = float(h)
         else:
+            what = "its stand-in" if dp.board.startswith("kernel:") else dp.primitive
             rec["why"] = (
-                f"{dp.primitive} not measured on this machine (`sudo lab calibrate {prof.name}`): "
+                f"{what} not measured on this machine (`sudo lab calibrate {prof.name}`, full): "
                 "core_share"
             )
     rec.update(share=round(share, 6), basis=basis, vs_core_share=round(share / prof.core_share, 3))

@@ -23,6 +23,7 @@ from typing import Any
 from lab.core.errors import ConfigError
 from lab.model.boardkernel import BoardKernel, parse_kernel_table
 from lab.model.cpucalibration import CORE_SHARE_MAX, apply_calibration
+from lab.model.storageprofile import StorageModel, parse_storage
 
 PROFILE_DIR = REPO / "cpu_profiles"
 #: variables that hide CPU features from crypto libraries: a node with a CPU profile gets exactly
@@ -56,6 +57,10 @@ PRIMITIVES: dict[str, dict[str, str]] = {
     "kernel-gcm-aes-128": {"tool": "kernel"},
     "kernel-gcm-aes-256": {"tool": "kernel"},
     "kernel-chacha20-poly1305": {"tool": "kernel"},
+    # per-packet kernel work (syscalls, small copies): UnixBench's loops, tools/unixloops; a
+    # residual under core_share, never fitted (lab/campaign/calibpacket.py)
+    "unixbench-pipe": {"tool": "syscall", "loop": "pipe"},
+    "unixbench-syscall": {"tool": "syscall", "loop": "syscall"},
 }
 
 #: the board OS's network defaults a profile may state ([os] table): key -> sysctl. All are per
@@ -92,6 +97,7 @@ _TOP_FIELDS = {
     "env",
     "reference",
     "assumptions",
+    "storage",
 }
 _REF_FIELDS = {
     "mbps",
@@ -101,7 +107,11 @@ _REF_FIELDS = {
     "confidence",
     "implementation",
     "kernel",
+    "unit",
 }
+#: a reference's unit: MB/s (10^6 bytes/s), or loops/s for a loop that moves no bytes (UnixBench's
+#: figures, quoted as published); the figure is in `mbps` either way
+REF_UNITS = ("MB/s", "loops/s")
 _CONFIDENCE = ("high", "medium", "low")
 
 
@@ -132,6 +142,8 @@ class Reference:
     implementation: str = ""
     #: the board kernel a kernel reference assumes, e.g. "5.10 armv7l"
     kernel: str = ""
+    #: what `mbps` counts (REF_UNITS)
+    unit: str = "MB/s"
 
 
 @dataclass
@@ -162,6 +174,8 @@ class CpuProfile:
     nic_latency_us: float = 0.0
     nic_source: str = ""
     nic_derivation: str = ""
+    #: the board's storage ([storage]; lab.model.storageprofile), None if not stated
+    storage: StorageModel | None = None
 
     @property
     def capped(self) -> bool:
@@ -309,6 +323,13 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
                 source=src,
                 field=f"{where}.confidence",
             )
+        unit = r.get("unit", "MB/s")
+        if unit not in REF_UNITS:
+            raise ConfigError(
+                f"must be one of {', '.join(REF_UNITS)}, got {unit!r}",
+                source=src,
+                field=f"{where}.unit",
+            )
         refs[prim] = Reference(
             primitive=prim,
             mbps=float(_num(r["mbps"], src, f"{where}.mbps", positive=True)),
@@ -318,6 +339,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
             confidence=conf,
             implementation=_str(r.get("implementation", ""), src, f"{where}.implementation"),
             kernel=_str(r.get("kernel", ""), src, f"{where}.kernel"),
+            unit=unit,
         )
     if cores and not refs:
         raise ConfigError(
@@ -361,6 +383,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         nic_latency_us=nic["nic_latency_us"],
         nic_source=nic["source"],
         nic_derivation=nic["derivation"],
+        storage=parse_storage(data.get("storage"), src),
         env={str(k): v for k, v in env.items()},
         description=_str(data.get("description", ""), src, "description"),
         emulated_cores=emulated,

@@ -1,17 +1,24 @@
 """Import a Mininet-style topology file and build the Topo it names.
 
-The file is user data run as Python: everything it raises, or a sys.exit() in it, becomes a
-ConfigError naming the file (and the line of the file the error came through). While its Topo
-builds, a node added twice or a link to an undefined node is refused (Mininet would silently keep
-the last definition or create the node).
+The file is user data run as Python, and it runs in a child process (a fork of this one): what
+comes back is the built graph, as data, so nothing the file does ends or replaces the lab's own
+process. Everything it raises, or a sys.exit() in it, becomes a ConfigError naming the file (and
+the line of the file the error came through); an os._exit(), an exec or a signal that ends the
+child before its graph is back does too, rather than passing for success (issue 32 item 17).
+While its Topo builds, a node added twice or a link to an undefined node is refused (Mininet would
+silently keep the last definition or create the node).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
+import pickle
+import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +27,98 @@ from mininet.topo import Topo
 from lab.core.errors import ConfigError
 
 
-def build_topo(path: str | Path, topo: str | None, params: dict[str, Any]) -> tuple[Any, str]:
-    """(the built Topo object, its name in the file's `topos` dict)."""
+def build_topo(path: str | Path, topo: str | None, params: dict[str, Any]) -> tuple[Topo, str]:
+    """(the built Topo, its name in the file's `topos` dict). The Topo is a plain mininet Topo
+    holding the graph the file's class built (its nodes, links, options and ports): the class
+    itself ran in a child process (module doc)."""
     path = Path(path)
     src = str(path)
     if path.is_dir():
         raise ConfigError("is a directory, not a topology file (a .py file)", source=src)
     if not path.is_file():
         raise ConfigError("topology file not found", source=src)
+    kind, value = _in_child(lambda: _build_graph(path, topo, params), src)
+    if kind == "config":
+        message, source, field = value
+        raise ConfigError(message, source=source, field=field)
+    if kind == "bug":  # the lab's own code failed in the child: not the user's input
+        raise RuntimeError(f"loading {src}: {value}")
+    graph, ports, name = value
+    built = Topo()
+    built.g, built.ports = graph, ports
+    return built, name
+
+
+def _build_graph(path: Path, topo: str | None, params: dict[str, Any]) -> tuple[str, Any]:
+    """In the child: ("ok", (graph, ports, name)), ("config", (message, source, field)) or
+    ("bug", text); the graph is pickled on its way back, so an option that is no plain data
+    (an object of a class the file defines) is refused here."""
+    try:
+        obj, name = _build(path, topo, params)
+    except ConfigError as e:
+        return "config", (e.message, e.source, e.field)
+    except Exception as e:
+        return "bug", f"{type(e).__name__}: {e}"
+    result = ("ok", (obj.g, obj.ports, name))
+    try:
+        pickle.dumps(result)
+    except Exception as e:  # e.g. an instance of a class defined in the file
+        message = f"a node or link option is not plain data (text, numbers): {e}"
+        return "config", (message, str(path), None)
+    return result
+
+
+def _in_child(work: Callable[[], tuple[str, Any]], src: str) -> tuple[str, Any]:
+    """Run `work` in a forked child and return what it returned (pickled through a pipe). A
+    child that ends before it has sent an answer (os._exit, exec, a signal) is a ConfigError
+    naming `src`, whatever its exit status."""
+    sys.stdout.flush()  # what this process has buffered is printed once, by it
+    sys.stderr.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer, then end without running this process's exit handlers
+        try:
+            os.close(r)
+            data = pickle.dumps(work())
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(0)
+    os.close(w)
+    reaped = False
+    try:
+        with os.fdopen(r, "rb") as f:
+            data = f.read()
+        _, status = os.waitpid(pid, 0)
+        reaped = True
+    finally:
+        if not reaped:  # interrupted while the file loads: end our child, by its PID
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    try:
+        answer = pickle.loads(data) if data else None
+    except Exception:  # cut short: the child ended while writing
+        answer = None
+    if answer is None or code != 0:
+        how = (
+            f"exit status {code}" if code >= 0 else f"killed by signal {signal.Signals(-code).name}"
+        )
+        raise ConfigError(
+            f"the process loading it ended ({how}) before the topology was built: an "
+            "os._exit(), exec or kill in the file? A topology file describes nodes and links "
+            "and must not exit",
+            source=src,
+        )
+    return answer
+
+
+def _build(path: Path, topo: str | None, params: dict[str, Any]) -> tuple[Any, str]:
+    """Import the file and build its Topo, in this process (the child of build_topo)."""
+    src = str(path)
     module = _import_file(path)
     topos = getattr(module, "topos", None)
     if not isinstance(topos, dict) or not topos:

@@ -34,6 +34,7 @@ from lab.substrate.local.lab import (
     current_substrate,
 )
 from lab.substrate.local.node import LocalNode
+from lab.substrate.local.storage import build_storage, storage_plan
 from lab.vpn.profiles import Profile
 from lab.vpn.tunnel import check_plan, place, prepare
 from lab.core.errors import StartupError
@@ -61,6 +62,7 @@ class LocalBuild(lifecycle.Build):
         netops.check_root()
         self.layout = cgroups.probe()
         self.cpu, self.warnings = cpu_plan(self.spec, self.layout, current_substrate())
+        self.warnings += storage_plan(self.spec, self.cpu, lab_id)  # the boards' cards
         self.warnings += _arch_plan(self.spec, self.cpu, vpn)
         self.warnings += dataplane_plan(self.cpu, vpn)
         for n in self.spec.nodes.values():
@@ -299,8 +301,13 @@ def build_lab(
             )
             plan["period_us"] = period
         cgroups.set_cpu(layout, rel, plan.get("cores"), all_cpus, period_us=period)
+        # which mechanism models the node's cores here (lab.json, `lab status`, run manifests)
+        plan["cgroup"] = cgroups.cgroup_record(
+            layout, slots=plan.get("slots") or 0, refused=plan.get("per_core_not_applied")
+        )
         for i in range(plan.get("slots") or 0):
-            # one group per board core under the node's quota (lab/substrate/local/coreslots.py)
+            # one group per board core under the node's quota (lab/substrate/local/coreslots.py;
+            # v2: threaded children of the node group, cgroups.ensure_slot)
             ledger.record("cgroup", rel=cgroups.slot_rel(rel, i), node=n.name, slot=i)
             slot = cgroups.ensure_slot(layout, rel, i, plan["slot_cores"], period_us=period)
             info["nodes"][n.name]["cpu_slots"].append(slot)
@@ -323,6 +330,7 @@ def build_lab(
             sysctls.update(plan.get("os") or {})
             ledger.record("mntns", path=str(mnt), node=n.name)
             netops.create_node_mntns(netns_name, mnt, sysctls)
+    build_storage(lab_id, info, ledger)  # the boards' cards, in the nodes' mount namespaces
     write_json_atomic(d / "lab.json", info)
     start_core_balancer(lab_id, layout, info, ledger)
 

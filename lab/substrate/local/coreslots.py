@@ -1,10 +1,13 @@
 """Board cores as cgroups: no thread faster than one board core, the node no more than its cores.
 
 A CFS quota caps a group's total CPU time, not a thread's. A node standing for a 4-core board
-therefore gets one child group per board core (`<node>/core0` ... `core3`, cgroup v1 cpu
-hierarchy, each capped at one board core's worth of host CPU), under the node's own quota
-(all its cores). Every thread of the node sits in exactly one of them, so a thread can never run
-faster than one board core, and threads on different "cores" run in parallel as on the board.
+therefore gets one child group per board core (`<node>/core0` ... `core3`, each capped at one
+board core's worth of host CPU), under the node's own quota (all its cores): on cgroup v1 in the
+cpu hierarchy, on v2 threaded children of the node group (lab.core.cgroups.ensure_slot; the
+threads of one process may sit in different ones). lab.core.cgroups reads and moves threads the
+way the hierarchy needs (`tasks` or `cgroup.threads`), so nothing here depends on it. Every
+thread of the node sits in exactly one of them, so a thread can never run faster than one board
+core, and threads on different "cores" run in parallel as on the board.
 
 Where each thread sits is decided like a kernel load balancer would: a new process starts on
 the core with the fewest threads (lab.substrate.local.node), and this balancer, one process per lab started
@@ -14,7 +17,8 @@ first, each onto the least-loaded core, keeping a thread where it is while its c
 TOLERANCE of the least-loaded one (no ping-pong). Idle threads stay where they are.
 
 Run as `python -m lab.substrate.local.coreslots CONFIG.json`; CONFIG = {"nodes": {node: {"group": DIR,
-"slots": [DIR, ...], "slot_cores": float}}}, written by lab.substrate.local.lab. `assign()` is the pure decision,
+"slots": [DIR, ...], "slot_cores": float}}} (DIR: the group's directory that holds its quota,
+cgroups.cpu_dir), written by lab.substrate.local.cpuplan. `assign()` is the pure decision,
 unit-tested; `Balancer.tick()` reads and moves.
 """
 
@@ -80,7 +84,7 @@ def thread_cpu_ns(tid: int) -> int | None:
 
 @dataclass
 class NodeSlots:
-    group: str  # the node's own group (cpu hierarchy): threads found there are placed too
+    group: str  # the node's own group (cgroups.cpu_dir): threads found there are placed too
     slots: list[str]
     slot_cores: float
     seen: dict[int, tuple[int, float]] = field(default_factory=dict)  # tid -> (ns, monotonic)

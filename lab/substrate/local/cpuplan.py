@@ -303,7 +303,7 @@ def start_core_balancer(lab_id, layout, info, ledger) -> None:
     (lab/substrate/local/coreslots.py); recorded like any daemon, so teardown ends it by PID."""
     nodes = {
         name: {
-            "group": str(layout.root / "cpu" / r["cgroup"]),
+            "group": str(cgroups.cpu_dir(layout, r["cgroup"])),
             "slots": r["cpu_slots"],
             "slot_cores": r["cpu"]["slot_cores"],
         }

@@ -44,7 +44,15 @@ def dataplane_plan(cpu: dict[str, dict], vpn) -> list[str]:
         rec = boardkernel.plan(prof, dp, cores=p["slots"])
         # a group is one board core: divided by the dilation like the node's core groups, never
         # above the node's own quota
-        rec["group_cores"] = round(min(rec["share"] / p.get("dilation", 1.0), p["cores"]), 6)
+        want = rec["share"] / p.get("dilation", 1.0)
+        rec["group_cores"] = round(min(want, p["cores"]), 6)
+        if want > p["cores"]:
+            # the stand-in needs more of this host than the node has to match the board's code
+            rec["why"] = (
+                f"{dp.daemon} would need {want:.2f} host cores per board core to carry what the "
+                f"board's {rec.get('implementation') or rec.get('board_reference')} carries; held "
+                f"to the node's {p['cores']:.2f}: results understate the board"
+            )
         p["dataplane"] = rec
         if rec.get("why"):
             warnings.append(f"node {node}: {dp.daemon}'s data plane: {rec['why']}")

@@ -5,9 +5,11 @@ Kernel netem (when the nodes have sch_netem): the points are egress qdiscs, so a
 only the plan and the offloads (lab.substrate.local.build.offloads_off). The userspace engine: a bump namespace
 is spliced into each engine link of the live lab (lab.core.netops.splice_veth_end): one end of the
 link's veth moves into the bump, a new veth with the moved end's name, MAC and MTU takes its
-place with its addresses and routes restored, and the engine starts there as pass-through. The
-other end, and the VPN endpoint's tunnel, sockets and daemons, are never touched; a UDP tunnel
-sees only the few milliseconds of the swap (docs/impairment.md "Run-time impairment on any lab").
+place with its addresses, routes and neighbour entries restored, and the engine starts there as
+pass-through. The other end, and the VPN endpoint's tunnel, sockets and daemons, are never
+touched, except that the neighbour entries the kernel flushes there while its carrier is down are
+put back; a UDP tunnel sees only the few milliseconds of the swap (docs/impairment.md "Run-time
+impairment on any lab"), and the first packet after it no ARP/NDP round trip (issue 32).
 
 Every object is in the ledger before it is created, so `lab down` removes the bump with the
 rest of the lab, and a crash mid-splice leaves nothing that teardown does not find.
@@ -83,7 +85,13 @@ def splice_bump(lab: Lab, link: int) -> None:
         "veth", ns=node_ns, ifname=ifname, peer_ns=ns, peer=near, spliced=True, restore=state
     )
     lab.ledger.record("veth", ns=ns, ifname=far, moved_from=f"{node_ns}:{ifname}")
+    # the other end keeps its interface but not its neighbour entries: its carrier drops while
+    # the moved end changes namespace (netops.restore_neighbours)
+    other, other_if = (lk.node2, lk.intf2) if node == lk.node1 else (lk.node1, lk.intf1)
+    other_ns = f"{lab.id}-{other}"
+    kept = netops.read_neighbours(other_ns, other_if)
     netops.splice_veth_end(node_ns, state, ns, far, near)
+    netops.restore_neighbours(other_ns, other_if, kept)
     if lk.bw:  # the moved end lost its tbf with its namespace; the new end gets the link's
         lab.ledger.record("qdisc", ns=node_ns, ifname=ifname, qdisc="tbf")
         netops.set_tbf(

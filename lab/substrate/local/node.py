@@ -74,8 +74,9 @@ class LocalNode(Node):
         slots = self.cpu_slots if slots is None else slots
         if slots:
             # chosen before the fork; written last, so it wins over the node group in the
-            # same (cpu) hierarchy
-            files = [*files, str(Path(coreslots.least_populated(list(slots)), "cgroup.procs"))]
+            # same (cpu) hierarchy (v1), or moves the process on into the node group's threaded
+            # child (v2); the child is still single-threaded then, so all its threads go
+            files = [*files, cgroups.procs_file(coreslots.least_populated(list(slots)))]
 
         def join():
             cgroups.join(files)

@@ -1,0 +1,159 @@
+"""`lab calibrate`'s stand-in rows: how many bytes a kernel data plane's userspace stand-in
+carries per CPU second of this host, as a whole process.
+
+A stand-in (charon's kernel-libipsec for XFRM ESP, wireguard-go for kernel WireGuard) does far
+more per packet than the kernel it stands for: a read from TUN, a UDP send, copies and hand-offs
+between its threads. Measured here, charon's ChaCha20-Poly1305 ESP spends about 5 % of its CPU
+time in the cipher (60 MB/s per host CPU second as a process against OpenSSL's 1240 MB/s for the
+primitive alone). A group share worked out from the primitive alone would therefore hold the
+stand-in some twenty times below the board kernel's figure. The share of a kernel data plane's
+stand-in is instead the board kernel's figure over the stand-in's own rate, measured as a
+process (lab.model.boardkernel.plan): the stand-in as a whole then carries what one board core
+running the kernel's code carries, its own extra work included in the price. Assumption,
+stated: the board kernel's packet path around the crypto (XFRM lookup, ESP framing, the crypto
+API's request set-up) costs the board core nothing beyond the crypto figure; docs/cpu.md "Data
+planes" says what that means.
+
+How: a throwaway lab `cal<pid>` of topologies/pi_pair.py without CPU caps, the profile's
+masks in every process (the same code paths as a capped node), the stand-in's profile with its
+userspace data plane forced; iperf3 UDP at RATE_MBIT with SIZE-byte datagrams through the
+tunnel for SECONDS; each end's daemon's CPU time (/proc/PID/stat, every thread) against the bytes
+the tunnel delivered. The slower end (encrypting client or decrypting server) counts. The lab is
+torn down in `finally`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+from lab import REPO
+from lab.core.teardown import teardown
+from lab.measure.iperf3 import parse_iperf3_udp
+from lab.model.cpuprofile import MASK_VARS, CpuProfile
+from lab.model.topology import load_topology
+from lab.substrate.local.build import up
+
+#: kernel data plane -> {the stand-in's primitive: (VPN profile forcing the stand-in, daemon)}
+STANDINS: dict[str, dict[str, tuple[str, str]]] = {
+    "xfrm-esp": {
+        "aes-128-gcm": ("ipsec-aes128gcm:dataplane=libipsec", "charon"),
+        "aes-256-gcm": ("ipsec-aes256gcm:dataplane=libipsec", "charon"),
+        "chacha20-poly1305": ("ipsec-chacha20poly1305:dataplane=libipsec", "charon"),
+    },
+    "wireguard": {
+        "go-chacha20-poly1305": ("wireguard:implementation=wireguard-go", "wireguard-go")
+    },
+}
+RATE_MBIT = 200  # well below what an uncapped stand-in carries here: no loss, a steady rate
+SIZE = 1300  # study A's datagram (1400 would be fragmented through the tunnels)
+SECONDS = 3
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def wanted(prof: CpuProfile) -> list[tuple[str, str]]:
+    """(kernel data plane, primitive) pairs the profile maps to a board figure and the lab
+    has a stand-in for."""
+    out = []
+    for dp in prof.kernel.dataplanes.values() if prof.kernel else ():
+        out += [(dp.name, p) for p in dp.crypto if p in STANDINS.get(dp.name, {})]
+    return out
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of a process, all its threads (utime + stime of /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+@contextmanager
+def _masked(env: dict[str, str]):
+    """The profile's masks in this process's environment (uncapped nodes inherit it), the
+    other mask variables removed; restored afterwards."""
+    saved = {v: os.environ.get(v) for v in MASK_VARS}
+    try:
+        for v in MASK_VARS:
+            os.environ.pop(v, None)
+        os.environ.update({k: v for k, v in env.items() if k in MASK_VARS})
+        yield
+    finally:
+        for v, old in saved.items():
+            if old is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = old
+
+
+def measure(vpn: str, daemon: str, env: dict[str, str], *, seconds: int = SECONDS) -> dict:
+    """One stand-in's bytes per CPU second, each end, through a throwaway uncapped lab."""
+    lab_id = f"cal{os.getpid() % 10**8}"
+    spec = load_topology(REPO / "topologies" / "pi_pair.py")
+    with _masked(env):
+        lab = up(spec, lab_id, vpn=vpn)
+        try:
+            target = lab.info["vpn"]["tunnel"]["server"]["v4"].split("/")[0]
+            pids = {
+                e["node"]: e["pid"]
+                for e in lab.ledger.entries()
+                if e["kind"] == "process" and e.get("name") == daemon
+            }
+            server, client = lab.node("server"), lab.node("client")
+            srv = server.spawn("calib-iperf3", ["iperf3", "-s", "-1", "-p", "5299"])
+            client.run(["sleep", "0.3"])
+            cpu0 = {n: process_cpu_s(p) for n, p in pids.items()}
+            r = client.run(
+                [
+                    "iperf3",
+                    "-c",
+                    target,
+                    "-p",
+                    "5299",
+                    "-u",
+                    "-b",
+                    f"{RATE_MBIT}M",
+                    "-l",
+                    str(SIZE),
+                    "-t",
+                    str(seconds),
+                    "-J",
+                ],
+                timeout=seconds + 30,
+            )
+            cpu = {n: process_cpu_s(p) - cpu0[n] for n, p in pids.items()}
+            server.stop(srv)
+        finally:
+            teardown(lab_id)
+    m = parse_iperf3_udp(r.stdout)
+    carried = m["packets_received"] * SIZE / 1e6  # MB of payload the tunnel delivered
+    per_end = {n: round(carried / c, 1) for n, c in cpu.items() if c > 0}
+    return {
+        "vpn": vpn,
+        "daemon": daemon,
+        "rate_mbit": RATE_MBIT,
+        "size": SIZE,
+        "seconds": seconds,
+        "loss_pct": m["loss_pct"],
+        "cpu_s": {n: round(c, 3) for n, c in cpu.items()},
+        "mbps_per_cpu_s": per_end,
+        # the slower end bounds the tunnel
+        "host_mbps": min(per_end.values()) if per_end else None,
+    }
+
+
+def calibrate(prof: CpuProfile, env: dict[str, str], say: Callable[[str], None]) -> dict:
+    """{"DATAPLANE:PRIMITIVE": measure(...)} for every stand-in the profile's kernel maps."""
+    out = {}
+    for dp, prim in wanted(prof):
+        vpn, daemon = STANDINS[dp][prim]
+        try:
+            rec = measure(vpn, daemon, env)
+        except Exception as e:  # a stand-in that cannot run here: said, the share falls back
+            out[f"{dp}:{prim}"] = {"vpn": vpn, "skipped": f"{type(e).__name__}: {e}"[:300]}
+            say(f"stand-in {vpn}: skipped ({e})")
+            continue
+        out[f"{dp}:{prim}"] = rec
+        say(f"stand-in {vpn}: {rec['host_mbps']} MB/s per CPU second ({json.dumps(rec['cpu_s'])})")
+    return out
