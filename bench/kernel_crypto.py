@@ -511,7 +511,7 @@ def pick(rows: list[dict], alg: str, direction: str, key_bits: int | None) -> li
 # --- report --------------------------------------------------------------------------------------
 #: (profile primitive, tcrypt alg, key bits as tcrypt prints them, what uses it)
 PRIMS = (
-    ("kernel-gcm-aes-128", "rfc4106(gcm(aes))", 160, "ESP aes128gcm16 (rfc4106: 128-bit key + salt)"),
+    ("kernel-gcm-aes-128", "rfc4106(gcm(aes))", 160, "ESP aes128gcm8 (rfc4106: 128-bit key + salt)"),
     ("kernel-gcm-aes-128", "gcm(aes)", 128, "MACsec gcm(aes) 128"),
     ("kernel-gcm-aes-256", "gcm(aes)", 256, "ESP aes256gcm (rfc4106 adds only the IV/salt handling)"),
     ("kernel-chacha20-poly1305", "rfc7539esp(chacha20,poly1305)", 288, "ESP chacha20poly1305"),
