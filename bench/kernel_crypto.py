@@ -23,6 +23,9 @@ nothing on this x86 host runs. So that code is run here, as the board would run 
    OpenSSL code counted the same way in the same VM, against published Pi 4 figures for that
    code (ANCHORS below); the spread of IPC across the anchors is printed with the result.
 
+With --what-if, armhf boots once more with ghash-arm-ce loaded (the NEON GHASH Raspberry Pi OS
+does not build) and prints the GCM figures it would give.
+
 armhf also boots once with NEON off (`-cpu cortex-a15,neon=off`): the scalar code that 5.10
 armv7l falls back to where kernel-mode NEON is not allowed (softirq: arch/arm/include/asm/simd.h
 may_use_simd() is !in_interrupt() in 5.10), which is where ESP with rfc7539esp decrypts.
@@ -116,6 +119,9 @@ TCRYPT = (
     (321, "", "poly1305"),
 )
 TCRYPT_SCALAR = TCRYPT[1:3] + TCRYPT[4:]
+#: what-if (armhf): the NEON GHASH Raspberry Pi OS leaves out (ghash-arm-ce's vmull.p8 fallback
+#: on a core without PMULL, arch/arm/crypto/ghash-ce-glue.c), counted alone
+TCRYPT_GHASH_CE = ((318, "", "ghash with ghash-arm-ce loaded (not in Raspberry Pi OS)"),)
 
 #: Published Pi 4 figures (MB/s = 10^6 bytes/s, one core) for code counted in the same VM: (what,
 #: code class, measurement key, MB/s, clock MHz, source). The class says which IPC the figure
@@ -532,7 +538,8 @@ def fit_ipc(arch: Arch, measured: dict[str, float]) -> tuple[list[dict], dict[st
 
 
 def report(arch: Arch, rows: list[dict], scalar_rows: list[dict], measured: dict[str, float],
-           ipc_from: dict[str, list[float]] | None = None) -> dict:  # fmt: skip
+           ipc_from: dict[str, list[float]] | None = None,
+           ghash_ce_rows: list[dict] | None = None) -> dict:  # fmt: skip
     """Print and return the figures. IPC per code class from this arch's anchors, or from
     `ipc_from` (the armhf classes: same core) when given."""
     out: dict = {"arch": arch.name, "clock_mhz": arch.clock_mhz, "primitives": []}
@@ -621,17 +628,26 @@ def report(arch: Arch, rows: list[dict], scalar_rows: list[dict], measured: dict
             m = at(scalar_rows, alg, direction, bits)
             if m:
                 est(f"scalar {alg}", m[1], direction or "hash", 0.0, m[0])
+    ce = at(ghash_ce_rows, "ghash", "", None) if ghash_ce_rows else None
+    if ce and ghash:
+        print(f"\n  what if the kernel had {ce[1]} ({ce[0]:.2f} instructions/byte, NEON) in place of "
+              f"{ghash[1]}:")  # fmt: skip
+        for prim, alg, bits, _note in PRIMS[:3]:
+            m = at(rows, alg, "encryption", bits)
+            if m:
+                est(f"what-if {prim}", m[1].replace(ghash[1], ce[1]), "encryption",
+                    m[0] - ghash[0] + ce[0], 0.0)  # fmt: skip
     return out
 
 
-def measure(arch: Arch, a: argparse.Namespace) -> tuple[str, str, str]:
+def measure(arch: Arch, a: argparse.Namespace) -> tuple[str, str, str, str]:
     """Boot the guest(s); the console logs (kept under CACHE/ARCH/runs) and the kernel release."""
     kroot, uroot, release = fetch(arch)
     runs = CACHE / arch.name / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     mods = [p.name for p in module_order(kroot, release, arch.modules)]
-    text2 = ""
+    text2 = text3 = ""
     with tempfile.TemporaryDirectory(prefix="lab-kcrypto-") as td:
         initrd = Path(td) / "initrd"
         build_initramfs(arch, kroot, uroot, release, guest_script(arch, mods, TCRYPT, True, a.sec),
@@ -642,7 +658,14 @@ def measure(arch: Arch, a: argparse.Namespace) -> tuple[str, str, str]:
             build_initramfs(arch, kroot, uroot, release, script, initrd, False)
             text2 = boot(arch, kroot, release, initrd, runs / f"{stamp}-noneon.log",
                          arch.cpu + ",neon=off", a.timeout)  # fmt: skip
-    return text, text2, release
+        if arch.name == "armhf" and a.what_if:
+            ce = [p.name for p in module_order(kroot, release, (*arch.modules, "ghash_arm_ce"))]
+            script = guest_script(arch, ce, TCRYPT_GHASH_CE, False, a.sec)
+            arch_ce = Arch(**{**arch.__dict__, "modules": (*arch.modules, "ghash_arm_ce")})
+            build_initramfs(arch_ce, kroot, uroot, release, script, initrd, False)
+            text3 = boot(arch, kroot, release, initrd, runs / f"{stamp}-ghashce.log", arch.cpu,
+                         a.timeout)  # fmt: skip
+    return text, text2, text3, release
 
 
 def main() -> None:
@@ -653,6 +676,8 @@ def main() -> None:
     )
     ap.add_argument("--timeout", type=float, default=3600, help="per boot, host seconds")
     ap.add_argument("--no-scalar", action="store_true", help="skip armhf's NEON-off boot")
+    ap.add_argument("--what-if", action="store_true",
+                    help="armhf: one more boot counting ghash-arm-ce's NEON GHASH")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the results here too")
     ap.add_argument("--from-logs", action="store_true",
                     help="no boot: report from the newest guest logs under the cache")  # fmt: skip
@@ -671,16 +696,20 @@ def main() -> None:
             text = neon.read_text(errors="replace")
             noneon = neon.with_name(neon.name.replace("-neon.log", "-noneon.log"))
             text2 = noneon.read_text(errors="replace") if noneon.exists() else ""
+            ces = sorted(runs.glob("*-ghashce.log"))
+            text3 = ces[-1].read_text(errors="replace") if ces else ""
             log(f"[{name}] from {neon}" + (f" and {noneon}" if text2 else ""))
         else:
-            text, text2, release = measure(arch, a)
+            text, text2, text3, release = measure(arch, a)
         for bad in re.findall(r"@@INSMOD_FAILED (\S+)", text):
             log(f"[{arch.name}] module failed to load: {bad}")
         rows = parse_tcrypt(text)
         measured = {f"openssl:{k}": v for k, v in parse_openssl(text).items()}
         measured.update(parse_cryptsetup(text))
         scalar_rows = parse_tcrypt(text2) if text2 else []
-        res = report(arch, rows, scalar_rows, measured)
+        res = report(
+            arch, rows, scalar_rows, measured, None, parse_tcrypt(text3) if text3 else None
+        )
         (CACHE / name / "results.json").write_text(json.dumps(res, indent=1))
         if name == "arm64" and not armhf_classes and (CACHE / "armhf" / "results.json").exists():
             saved = json.loads((CACHE / "armhf" / "results.json").read_text())
