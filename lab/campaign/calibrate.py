@@ -372,9 +372,9 @@ def calibrate(
 
     # each data plane's own share (lab/campaign/calibdataplane.py), checked in a capped group
     runner = calibdataplane.capped_runner(measure_one, vsecs, say) if verify else None
-    # kernel data planes' stand-ins as whole processes (lab/campaign/calibstandin.py; root, full)
-    standins = calibstandin.calibrate(prof, env, say) if verify and not quick else {}
-    dataplanes = calibdataplane.shares(prof, measured, verify=runner, standins=standins)
+    # data plane processes as a whole (lab/campaign/calibstandin.py; root, full mode)
+    processes = calibstandin.calibrate(prof, env, say) if verify and not quick else {}
+    dataplanes = calibdataplane.shares(prof, measured, verify=runner, processes=processes)
     # per-packet kernel work (lab/campaign/calibpacket.py): a residual under the fit, never fitted
     per_packet = calibpacket.measure(prof, env, share, rounds, secs, vsecs if verify else 0, say)
 
@@ -420,7 +420,7 @@ def calibrate(
         "verification": verification,
         "dataplanes": dataplanes,
         "per_packet": per_packet,
-        "standins": standins,
+        "processes": processes,
         "coverage": coverage(prof),
         "implementations": implementation_coverage(prof, measured, skipped),
         "goals": {"max_abs_residual": RESIDUAL_GOAL, "seconds": SECONDS_GOAL},
