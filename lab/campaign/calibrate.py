@@ -171,8 +171,9 @@ def ssh_primitives(prof: CpuProfile, quick: bool) -> list[str]:
 
 
 KERNEL_NOT_MEASURED = (
-    "kernel crypto is not measured: the kernel uses this host's AES-NI/AVX whatever the node's "
-    "masks, and its softirq/kworker work is not charged to the node's quota (docs/cpu.md)"
+    "the board kernel's code is not run here (this host's kernel uses AES-NI/AVX whatever the "
+    "node's masks): its figure prices the stand-in's data plane groups instead (data planes "
+    "table; docs/cpu.md \"Data planes\")"
 )
 
 #: every crypto implementation a data plane or test of the lab uses, with its primitives
