@@ -39,6 +39,8 @@ APT_PACKAGES=(
   python3-venv python3-dev build-essential pkg-config curl ca-certificates
   # full-kernel VM substrate
   qemu-system-x86 busybox-static cpio
+  # bench/kernel_crypto.py: the board kernel's crypto code counted under qemu-system-arm/-aarch64
+  qemu-system-arm
   # nodes of another architecture (arch="arm64"): the board's binaries under qemu-user, called
   # explicitly (no binfmt_misc needed)
   qemu-user-static

@@ -60,7 +60,7 @@ def test_calibrate_cli_quick(tmp_path):
     res = json.loads(r.stdout)
     refs = load_cpu_profile("pi4", merge_calibration=False).references
     # the kernel's figure is a record only: never measured or fitted, and said so
-    assert "kernel crypto is not measured" in res["skipped"].pop("kernel-aes-128-cbc")
+    assert "board kernel's code is not run here" in res["skipped"].pop("kernel-aes-128-cbc")
     # per-packet loops are a residual of their own (calibpacket), never fitted
     refs = {p: r for p, r in refs.items() if PRIMITIVES[p]["tool"] not in ("kernel", "syscall")}
     expected = {"aes-128-gcm", "aes-256-gcm", "aes-256-cbc", "chacha20-poly1305"}

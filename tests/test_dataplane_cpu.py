@@ -73,7 +73,7 @@ def calibrate(cal, rates: dict[str, float], standins: dict[str, float] | None = 
                 "host": {"cpu_model": host_cpu_model()},
                 "core_share": 0.25,
                 "measured": {p: {"best": {"cpu_mbps": r}} for p, r in rates.items()},
-                "standins": {k: {"host_mbps": v} for k, v in (standins or {}).items()},
+                "processes": {k: {"host_mbps": v} for k, v in (standins or {}).items()},
             }
         )
     )
@@ -84,23 +84,40 @@ def esp(primitive="aes-128-gcm", board="kernel:xfrm-esp"):
 
 
 def test_kernel_stand_in_one_core_at_the_kernel_figure(board):
-    # OpenSSL does 400 MB/s per host CPU second; the stand-in as a whole process 50
-    calibrate(board[1], {"aes-128-gcm": 400.0}, {"xfrm-esp:aes-128-gcm": 50.0})
+    # OpenSSL's primitive alone: 400 MB/s per host CPU second; charon as a whole process: 50
+    calibrate(board[1], {"aes-128-gcm": 400.0}, {"charon:aes-128-gcm": 50.0})
     rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
     assert rec["groups"] == 1 and rec["threading"] == "one-core"
-    # one board core running the kernel's gcm(aes): 20 MB/s, for a stand-in doing 50 per host core
-    assert rec["share"] == pytest.approx(20 / 50)
-    assert rec["basis"] == "stand-in" and rec["board_reference"] == "kernel-gcm-aes-128"
+    # per byte here: 20 ns, of which 2.5 crypto; on the board: 1/20 MB/s = 50 ns of the kernel's
+    # crypto + the other 17.5 ns at a board core's speed (/ core_share 0.25) = 70 ns
+    assert rec["share"] == pytest.approx(20 / (50 + 17.5 / 0.25), rel=1e-4)
+    assert rec["board_mbps_predicted"] == pytest.approx(1000 / 120, rel=1e-3)
+    assert rec["crypto_fraction"] == pytest.approx(2.5 / 20)
+    assert rec["basis"] == "process" and rec["board_reference"] == "kernel-gcm-aes-128"
     assert rec["implementation"].startswith("rfc4106") and rec["kernel"] == "5.10 armv7l"
     assert "why" not in rec
+
+
+def test_share_of_its_limits():
+    # all crypto: the board's figure over the host's
+    assert boardkernel.share_of(0.25, 60, 240, 240)[0] == pytest.approx(0.25)
+    assert boardkernel.share_of(0.25, 60, None, 240) == (
+        0.25,
+        {"basis": "primitive", "crypto_fraction": 1.0},
+    )
+    # crypto negligible on both: the process is priced like any board work
+    assert boardkernel.share_of(0.25, 1e9, 10, 1e9)[0] == pytest.approx(0.25, rel=1e-3)
+    # no board figure: core_share
+    assert boardkernel.share_of(0.25, None, 10, 100)[0] == 0.25
 
 
 def test_userspace_single_thread_at_its_primitive(board):
     calibrate(board[1], {"aes-256-cbc": 240.0})
     dp = DataPlaneCpu("openvpn", "aes-256-cbc", "userspace", threads="one")
     rec = boardkernel.plan(load_cpu_profile("board"), dp, cores=4)
+    # not measured as a process: taken as all crypto
     assert rec["groups"] == 1 and rec["share"] == pytest.approx(60 / 240)
-    assert rec["vs_core_share"] == pytest.approx(1.0)
+    assert rec["vs_core_share"] == pytest.approx(1.0) and rec["basis"] == "primitive"
 
 
 def test_per_cpu_kernel_data_plane_gets_every_core(board):
@@ -119,7 +136,7 @@ def test_uncalibrated_falls_back_to_core_share_and_says_so(board):
     # the primitive's own rate never prices a stand-in
     calibrate(board[1], {"aes-128-gcm": 400.0})
     rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
-    assert rec["basis"] == "core_share" and "its stand-in not measured" in rec["why"]
+    assert rec["basis"] == "core_share" and "not measured as a process" in rec["why"]
 
 
 def test_no_kernel_table_keeps_the_stand_ins_threads(board, tmp_path):
@@ -196,7 +213,7 @@ def _vpn(path="kernel-libipsec", client="a", server="b"):
 
 
 def test_plan_annotates_only_capped_tunnel_ends(board):
-    calibrate(board[1], {"aes-128-gcm": 400.0}, {"xfrm-esp:aes-128-gcm": 400.0})
+    calibrate(board[1], {"aes-128-gcm": 400.0}, {"charon:aes-128-gcm": 400.0})
     capped = {"profile": "board", "cores": 1.0, "slots": 4, "dilation": 2.0}
     cpu = {
         "a": dict(capped),
@@ -205,7 +222,8 @@ def test_plan_annotates_only_capped_tunnel_ends(board):
     }
     assert dataplane_plan(cpu, _vpn(client="a", server="b")) == []
     assert cpu["a"]["dataplane"]["groups"] == 1
-    # a group is one board core in the dilated experiment: the share / the dilation
+    # a group is one board core in the dilated experiment: the share / the dilation (all crypto
+    # here: the board's figure over the host's)
     assert cpu["a"]["dataplane"]["group_cores"] == pytest.approx(20 / 400 / 2)
     assert "dataplane" not in cpu["b"] and "dataplane" not in cpu["r"]
     assert dataplane_plan(cpu, _vpn(path="kernel")) == []
@@ -235,16 +253,16 @@ def test_calibration_rows_give_each_data_plane_its_share_and_check_it(board):
         prof,
         {"aes-128-gcm": 400.0, "aes-256-cbc": 240.0},
         verify=verify,
-        standins={"xfrm-esp:aes-128-gcm": {"host_mbps": 50.0}},
+        processes={"charon:aes-128-gcm": {"host_mbps": 50.0}},
     )
-    by = {(r["dataplane"], r["primitive"]): r for r in rows}
-    esp = by[("kernel xfrm-esp", "aes-128-gcm")]
-    # the stand-in's whole-process rate prices it; OpenSSL's capped check does not apply
-    assert esp["board_reference"] == "kernel-gcm-aes-128" and esp["share"] == pytest.approx(0.4)
-    assert "residual" not in esp and "stand-in" in esp["host_basis"]
-    cbc = by[("userspace", "aes-256-cbc")]
+    by = {(r["dataplane"], r["daemon"], r["primitive"]): r for r in rows}
+    esp = by[("kernel xfrm-esp", "charon", "aes-128-gcm")]
+    # priced as a process: OpenSSL's capped check does not apply
+    assert esp["board_reference"] == "kernel-gcm-aes-128" and esp["basis"] == "process"
+    assert esp["share"] == pytest.approx(20 / (50 + 17.5 / 0.25), rel=1e-4)
+    assert "residual" not in esp
+    cbc = by[("userspace", "openvpn", "aes-256-cbc")]
     assert cbc["share"] == pytest.approx(0.25) and cbc["residual"] == pytest.approx(0.1)
-    assert ("aes-128-gcm", pytest.approx(70 / 400)) in asked  # the userspace AES-GCM row too
     # kernel-only references are not a userspace data plane's primitive
     assert not any(r["primitive"].startswith("kernel-") for r in rows)
 
@@ -311,7 +329,8 @@ def test_a_stand_in_is_measured_as_a_whole_process_and_its_lab_removed():
     from lab.core.state import list_lab_ids
 
     prof = load_cpu_profile("pi4", merge_calibration=False)
-    vpn, daemon = calibstandin.STANDINS["xfrm-esp"]["chacha20-poly1305"]
+    daemon = "charon"
+    vpn = calibstandin.PROCESSES[(daemon, "chacha20-poly1305")]
     before = set(list_lab_ids())
     rec = calibstandin.measure(vpn, daemon, prof.env, seconds=2)
     assert set(rec["cpu_s"]) == {"client", "server"} and all(c > 0 for c in rec["cpu_s"].values())

@@ -18,6 +18,8 @@ import os
 from collections.abc import Callable
 
 from lab.core import cgroups
+from lab.campaign import calibstandin
+from lab.model.boardkernel import share_of
 from lab.model.cpuprofile import PRIMITIVES, CpuProfile
 from lab.model.dilation import cfs_period_us
 
@@ -25,14 +27,24 @@ from lab.model.dilation import cfs_period_us
 MEASURABLE = ("openssl", "go")
 
 
-def pairs(prof: CpuProfile) -> list[tuple[str, str, str]]:
-    """(data plane, the process's primitive here, the board's reference) for every data plane
-    the profile implies: each [kernel.dataplane.NAME.crypto] entry, and every OpenSSL/Go
-    reference as the dominant primitive of a userspace data plane."""
+#: kernel data plane -> the daemon that stands in for it here
+KERNEL_STAND_INS = {"xfrm-esp": "charon", "wireguard": "wireguard-go"}
+
+
+def pairs(prof: CpuProfile) -> list[tuple[str, str, str, str]]:
+    """(data plane, daemon, its primitive here, the board's reference) for every data plane the
+    profile implies: each [kernel.dataplane.NAME.crypto] entry with a stand-in, and every
+    process of calibstandin.PROCESSES whose primitive has a board figure."""
     out = []
     for dp in prof.kernel.dataplanes.values() if prof.kernel else ():
-        out += [(f"kernel {dp.name}", prim, ref) for prim, ref in dp.crypto.items()]
-    out += [("userspace", p, p) for p in prof.references if PRIMITIVES[p]["tool"] in MEASURABLE]
+        daemon = KERNEL_STAND_INS.get(dp.name)
+        if daemon:
+            out += [(f"kernel {dp.name}", daemon, p, ref) for p, ref in dp.crypto.items()]
+    out += [
+        ("userspace", daemon, p, p)
+        for daemon, p in calibstandin.PROCESSES
+        if p in prof.references and PRIMITIVES[p]["tool"] in MEASURABLE
+    ]
     return out
 
 
@@ -41,26 +53,22 @@ def shares(
     host_mbps: dict[str, float],
     *,
     verify: Callable[[str, float], float] | None = None,
-    standins: dict | None = None,
+    processes: dict | None = None,
 ) -> list[dict]:
-    """One row per pair(): the board's figure, this host's rate, the share and, with `verify`
-    (primitive, share -> MB/s elapsed in a group capped at share), the capped rate and its
-    residual against the board's figure. A kernel data plane's host rate is its stand-in's as a
-    whole process (`standins`: lab/campaign/calibstandin.py), never the primitive's alone: the
-    OpenSSL check does not apply to it."""
+    """One row per pair(): the board's figure, this host's rates (the primitive alone and the
+    process as a whole: `processes`, lab/campaign/calibstandin.py), the share
+    (lab.model.boardkernel.share_of) and, for a share worked out from the primitive alone,
+    with `verify` (primitive, share -> MB/s elapsed in a group capped at share) the capped rate
+    and its residual against the board's figure."""
     rows = []
-    standins = standins or {}
-    for dp, prim, ref_name in pairs(prof):
-        kernel = dp.startswith("kernel ")
-        if kernel:
-            rec = standins.get(f"{dp.split(' ', 1)[1]}:{prim}") or {}
-            rates = {prim: rec.get("host_mbps")}
-            check = None
-        else:
-            rates, check = host_mbps, verify
+    processes = processes or {}
+    for dp, daemon, prim, ref_name in pairs(prof):
         ref = prof.references[ref_name]
+        proc = (processes.get(f"{daemon}:{prim}") or {}).get("host_mbps")
+        share, how = share_of(prof.core_share, ref.mbps, proc, host_mbps.get(prim))
         row = {
             "dataplane": dp,
+            "daemon": daemon,
             "primitive": prim,
             "board_reference": ref_name,
             "board_mbps": ref.mbps,
@@ -68,23 +76,16 @@ def shares(
             "kernel": ref.kernel,
             "confidence": ref.confidence,
             "source": ref.source,
+            "host_mbps": host_mbps.get(prim),
+            "process_mbps": proc,
+            "share": round(share, 5),
+            "vs_core_share": round(share / prof.core_share, 3) if prof.core_share else None,
+            **how,
         }
-        host = rates.get(prim)
-        if not host:
-            row["skipped"] = (
-                f"stand-in for {prim} not measured (full `lab calibrate` as root)"
-                if kernel
-                else f"{prim} not measured on this machine"
-            )
-            rows.append(row)
-            continue
-        share = ref.mbps / host
-        row.update(host_mbps=round(host, 1), share=round(share, 5))
-        row["vs_core_share"] = round(share / prof.core_share, 3) if prof.core_share else None
-        if kernel:
-            row["host_basis"] = "the stand-in as a whole process (lab calibrate's stand-in run)"
-        if check is not None:
-            capped = check(prim, share)
+        if how["basis"] == "core_share":
+            row["skipped"] = f"{prim} not measured on this machine"
+        elif how["basis"] == "primitive" and verify is not None:
+            capped = verify(prim, share)
             row.update(capped_mbps=round(capped, 2), residual=round(capped / ref.mbps - 1, 4))
         rows.append(row)
     return rows

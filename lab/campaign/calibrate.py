@@ -171,8 +171,9 @@ def ssh_primitives(prof: CpuProfile, quick: bool) -> list[str]:
 
 
 KERNEL_NOT_MEASURED = (
-    "kernel crypto is not measured: the kernel uses this host's AES-NI/AVX whatever the node's "
-    "masks, and its softirq/kworker work is not charged to the node's quota (docs/cpu.md)"
+    "the board kernel's code is not run here (this host's kernel uses AES-NI/AVX whatever the "
+    "node's masks): its figure prices the stand-in's data plane groups instead (data planes "
+    "table; docs/cpu.md \"Data planes\")"
 )
 
 #: every crypto implementation a data plane or test of the lab uses, with its primitives
@@ -372,9 +373,9 @@ def calibrate(
 
     # each data plane's own share (lab/campaign/calibdataplane.py), checked in a capped group
     runner = calibdataplane.capped_runner(measure_one, vsecs, say) if verify else None
-    # kernel data planes' stand-ins as whole processes (lab/campaign/calibstandin.py; root, full)
-    standins = calibstandin.calibrate(prof, env, say) if verify and not quick else {}
-    dataplanes = calibdataplane.shares(prof, measured, verify=runner, standins=standins)
+    # data plane processes as a whole (lab/campaign/calibstandin.py; root, full mode)
+    processes = calibstandin.calibrate(prof, env, say) if verify and not quick else {}
+    dataplanes = calibdataplane.shares(prof, measured, verify=runner, processes=processes)
     # per-packet kernel work (lab/campaign/calibpacket.py): a residual under the fit, never fitted
     per_packet = calibpacket.measure(prof, env, share, rounds, secs, vsecs if verify else 0, say)
 
@@ -420,7 +421,7 @@ def calibrate(
         "verification": verification,
         "dataplanes": dataplanes,
         "per_packet": per_packet,
-        "standins": standins,
+        "processes": processes,
         "coverage": coverage(prof),
         "implementations": implementation_coverage(prof, measured, skipped),
         "goals": {"max_abs_residual": RESIDUAL_GOAL, "seconds": SECONDS_GOAL},

@@ -1,5 +1,6 @@
-"""`lab calibrate`'s stand-in rows: how many bytes a kernel data plane's userspace stand-in
-carries per CPU second of this host, as a whole process.
+"""`lab calibrate`'s process rows: how many bytes each data plane's process (a kernel data
+plane's userspace stand-in, or a userspace data plane) carries per CPU second of this host, as a
+whole process.
 
 A stand-in (charon's kernel-libipsec for XFRM ESP, wireguard-go for kernel WireGuard) does far
 more per packet than the kernel it stands for: a read from TUN, a UDP send, copies and hand-offs
@@ -37,30 +38,19 @@ from lab.model.cpuprofile import MASK_VARS, CpuProfile
 from lab.model.topology import load_topology
 from lab.substrate.local.build import up
 
-#: kernel data plane -> {the stand-in's primitive: (VPN profile forcing the stand-in, daemon)}
-STANDINS: dict[str, dict[str, tuple[str, str]]] = {
-    "xfrm-esp": {
-        "aes-128-gcm": ("ipsec-aes128gcm:dataplane=libipsec", "charon"),
-        "aes-256-gcm": ("ipsec-aes256gcm:dataplane=libipsec", "charon"),
-        "chacha20-poly1305": ("ipsec-chacha20poly1305:dataplane=libipsec", "charon"),
-    },
-    "wireguard": {
-        "go-chacha20-poly1305": ("wireguard:implementation=wireguard-go", "wireguard-go")
-    },
+#: (daemon, its primitive) -> the VPN profile that runs it (userspace data plane forced): every
+#: process a data plane's groups may hold (lab/substrate/local/dataplane.py)
+PROCESSES: dict[tuple[str, str], str] = {
+    ("charon", "aes-128-gcm"): "ipsec-aes128gcm:dataplane=libipsec",
+    ("charon", "aes-256-gcm"): "ipsec-aes256gcm:dataplane=libipsec",
+    ("charon", "chacha20-poly1305"): "ipsec-chacha20poly1305:dataplane=libipsec",
+    ("wireguard-go", "go-chacha20-poly1305"): "wireguard:implementation=wireguard-go",
+    ("openvpn", "aes-256-cbc"): "openvpn-aes256cbc-static",
 }
 RATE_MBIT = 200  # well below what an uncapped stand-in carries here: no loss, a steady rate
 SIZE = 1300  # study A's datagram (1400 would be fragmented through the tunnels)
 SECONDS = 3
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def wanted(prof: CpuProfile) -> list[tuple[str, str]]:
-    """(kernel data plane, primitive) pairs the profile maps to a board figure and the lab
-    has a stand-in for."""
-    out = []
-    for dp in prof.kernel.dataplanes.values() if prof.kernel else ():
-        out += [(dp.name, p) for p in dp.crypto if p in STANDINS.get(dp.name, {})]
-    return out
 
 
 def process_cpu_s(pid: int) -> float:
@@ -144,16 +134,15 @@ def measure(vpn: str, daemon: str, env: dict[str, str], *, seconds: int = SECOND
 
 
 def calibrate(prof: CpuProfile, env: dict[str, str], say: Callable[[str], None]) -> dict:
-    """{"DATAPLANE:PRIMITIVE": measure(...)} for every stand-in the profile's kernel maps."""
+    """{"DAEMON:PRIMITIVE": measure(...)} for every data plane process (PROCESSES)."""
     out = {}
-    for dp, prim in wanted(prof):
-        vpn, daemon = STANDINS[dp][prim]
+    for (daemon, prim), vpn in PROCESSES.items():
         try:
             rec = measure(vpn, daemon, env)
-        except Exception as e:  # a stand-in that cannot run here: said, the share falls back
-            out[f"{dp}:{prim}"] = {"vpn": vpn, "skipped": f"{type(e).__name__}: {e}"[:300]}
-            say(f"stand-in {vpn}: skipped ({e})")
+        except Exception as e:  # a data plane that cannot run here: said, the share falls back
+            out[f"{daemon}:{prim}"] = {"vpn": vpn, "skipped": f"{type(e).__name__}: {e}"[:300]}
+            say(f"process {vpn}: skipped ({e})")
             continue
-        out[f"{dp}:{prim}"] = rec
-        say(f"stand-in {vpn}: {rec['host_mbps']} MB/s per CPU second ({json.dumps(rec['cpu_s'])})")
+        out[f"{daemon}:{prim}"] = rec
+        say(f"process {vpn}: {rec['host_mbps']} MB/s per CPU second ({json.dumps(rec['cpu_s'])})")
     return out

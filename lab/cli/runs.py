@@ -44,40 +44,45 @@ from lab.campaign.check import ci_init
 
 def _print_dataplanes(r: dict) -> None:
     """The data planes' own shares (lab/campaign/calibdataplane.py): board figure, this host's
-    rate, the share, and what a group capped at it delivered."""
+    rates (the primitive alone, the process as a whole), the share, the board rate predicted
+    for the process, and what a group capped at a primitive-only share delivered."""
     rows = r.get("dataplanes") or []
     if not rows:
         return
     t = Table(
-        title='data planes: a share per dominant primitive (docs/cpu.md "Data planes")',
+        title='data planes: a share per process and primitive (docs/cpu.md "Data planes")',
         title_justify="left",
     )
+    left = ("data plane", "process", "board figure")
     for col in (
-        "data plane",
-        "primitive here",
-        "board figure",
+        *left,
         "board MB/s",
-        "host MB/s",
+        "primitive here",
+        "process here",
+        "crypto %",
         "share (cores)",
         "vs core_share",
         "capped MB/s",
         "residual",
     ):
-        t.add_column(
-            col,
-            justify="left" if col in ("data plane", "primitive here", "board figure") else "right",
-        )
+        t.add_column(col, justify="left" if col in left else "right")
+
+    def num(v, f):
+        return format(v, f) if isinstance(v, int | float) else "-"
+
     for d in rows:
         res = d.get("residual")
         t.add_row(
             d["dataplane"],
-            d["primitive"],
+            f"{d.get('daemon', '')} {d['primitive']}",
             d["board_reference"],
             f"{d['board_mbps']:g}",
-            f"{d['host_mbps']:.1f}" if d.get("host_mbps") else d.get("skipped", "-"),
-            f"{d['share']:.4f}" if d.get("share") else "-",
+            num(d.get("host_mbps"), ".1f"),
+            num(d.get("process_mbps"), ".1f"),
+            num(100 * d["crypto_fraction"], ".0f") if d.get("crypto_fraction") else "-",
+            num(d.get("share"), ".4f"),
             f"x{d['vs_core_share']:.2f}" if d.get("vs_core_share") else "-",
-            f"{d['capped_mbps']:.1f}" if d.get("capped_mbps") is not None else "",
+            num(d.get("capped_mbps"), ".1f"),
             (f"{res:+.1%}" + ("" if abs(res) <= DATAPLANE_GOAL else " (!)"))
             if res is not None
             else "",

@@ -150,12 +150,42 @@ def parse_kernel_table(
     )
 
 
+def share_of(
+    core_share: float, board_mbps: float | None, process_mbps: float | None, prim_mbps: float | None
+) -> tuple[float, dict]:
+    """Host cores per board core for a data plane's process, and how it was worked out.
+
+    The process's time per byte here, t = 1/process_mbps (measured as a whole process), is its
+    crypto, c = 1/prim_mbps (the primitive alone, measured), plus the rest n = t - c (its packet
+    path: reads, sends, copies, hand-offs). On the board the crypto costs 1/board_mbps (the board
+    code's figure) and the rest what it costs on a board core: n / core_share. So
+
+        share = t / (1/board_mbps + (t - c) / core_share)
+
+    Without a whole-process rate the process is taken as all crypto (share = board / prim);
+    without a board figure its crypto is priced like the rest (share = core_share)."""
+    if not board_mbps or not prim_mbps:
+        return core_share, {"basis": "core_share"}
+    c = 1 / prim_mbps
+    if not process_mbps:
+        return board_mbps / prim_mbps, {"basis": "primitive", "crypto_fraction": 1.0}
+    t = max(1 / process_mbps, c)
+    board_t = 1 / board_mbps + (t - c) / core_share
+    return t / board_t, {
+        "basis": "process",
+        "crypto_fraction": round(c / t, 4),
+        "board_mbps_predicted": round(1 / board_t, 2),
+    }
+
+
 def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
     """The groups a node running `dp` gets under profile `prof` (a CpuProfile): how many (the
     board's threading), the share of each (host cores) and where every number comes from.
     `cores`: the board cores the node emulates. Returns the record lab.json keeps."""
     cal = (prof.calibration or {}) if prof.calibrated else {}
     host = cal.get("host_mbps") or {}
+    # the process as a whole, "DAEMON:PRIMITIVE" (lab/campaign/calibstandin.py)
+    process = (cal.get("process_mbps") or {}).get(f"{dp.daemon}:{dp.primitive}")
     rec: dict[str, Any] = {
         "daemon": dp.daemon,
         "stand_in": dp.what,
@@ -181,9 +211,6 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
             )
             ref_name = kdp.crypto.get(dp.primitive or "")
             ref = prof.references.get(ref_name) if ref_name else None
-            # a stand-in is priced as a whole process (its TUN, sockets and threads included:
-            # lab/campaign/calibstandin.py), never by its primitive alone
-            host = {dp.primitive: (cal.get("standin_mbps") or {}).get(f"{kdp.name}:{dp.primitive}")}
             if ref is None:
                 rec["why"] = (
                     f"profile {prof.name} names no board-kernel figure for {dp.primitive} in "
@@ -195,7 +222,6 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
         ref = prof.references.get(dp.primitive or "")
         if ref is None and dp.primitive:
             rec["why"] = f"profile {prof.name} has no figure for {dp.primitive}: core_share"
-    share, basis = prof.core_share, "core_share"
     if ref is not None:
         rec.update(
             board_reference=ref.primitive,
@@ -203,16 +229,25 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
             board_source=ref.source,
             implementation=ref.implementation,
         )
-        h = host.get(dp.primitive or "")
-        if h:
-            share = ref.mbps / float(h)
-            basis = "stand-in" if dp.board.startswith("kernel:") else "primitive"
-            rec["host_mbps"] = float(h)
-        else:
-            what = "its stand-in" if dp.board.startswith("kernel:") else dp.primitive
-            rec["why"] = (
-                f"{what} not measured on this machine (`sudo lab calibrate {prof.name}`, full): "
-                "core_share"
-            )
+    prim_mbps = host.get(dp.primitive or "")
+    share, how = share_of(prof.core_share, ref.mbps if ref else None, process, prim_mbps)
+    basis = how.pop("basis")
+    rec.update(how)
+    if prim_mbps:
+        rec["host_mbps"] = prim_mbps
+    if process:
+        rec["process_mbps"] = process
+    if ref is not None and basis != "process" and dp.board.startswith("kernel:"):
+        # a stand-in priced by its primitive alone would be held far below the board's code
+        # (the cipher is 5-15 % of its CPU time): one board core's share instead
+        share, basis = prof.core_share, "core_share"
+        rec["why"] = (
+            f"its stand-in not measured as a process on this machine (`sudo lab calibrate "
+            f"{prof.name}`, full): core_share"
+        )
+    elif ref is not None and not prim_mbps:
+        rec["why"] = (
+            f"{dp.primitive} not measured on this machine (`sudo lab calibrate {prof.name}`)"
+        )
     rec.update(share=round(share, 6), basis=basis, vs_core_share=round(share / prof.core_share, 3))
     return rec

@@ -89,11 +89,11 @@ def apply_calibration(prof) -> None:
         # this host's masked rate of every primitive measured (MB/s per CPU second): what a data
         # plane's share is worked out from (lab.model.boardkernel.plan)
         "host_mbps": host_rates(cal),
-        # kernel data planes' stand-ins, as whole processes ("DATAPLANE:PRIMITIVE" -> MB/s per
-        # host CPU second; lab/campaign/calibstandin.py)
-        "standin_mbps": {
+        # data plane processes as a whole ("DAEMON:PRIMITIVE" -> MB/s per host CPU second;
+        # lab/campaign/calibstandin.py)
+        "process_mbps": {
             k: v["host_mbps"]
-            for k, v in (cal.get("standins") or {}).items()
+            for k, v in (cal.get("processes") or {}).items()
             if isinstance(v, dict) and v.get("host_mbps")
         },
         # judged again with today's threshold, so that older files say it too

@@ -57,6 +57,8 @@ PRIMITIVES: dict[str, dict[str, str]] = {
     "kernel-gcm-aes-128": {"tool": "kernel"},
     "kernel-gcm-aes-256": {"tool": "kernel"},
     "kernel-chacha20-poly1305": {"tool": "kernel"},
+    # ESP's rfc7539esp, in the NET_RX softirq (no kernel-mode NEON there on 32-bit ARM)
+    "kernel-esp-chacha20-poly1305": {"tool": "kernel"},
     # per-packet kernel work (syscalls, small copies): UnixBench's loops, tools/unixloops; a
     # residual under core_share, never fitted (lab/campaign/calibpacket.py)
     "unixbench-pipe": {"tool": "syscall", "loop": "pipe"},
