@@ -54,6 +54,7 @@ def shares(
     *,
     verify: Callable[[str, float], float] | None = None,
     processes: dict | None = None,
+    core_share: float | None = None,
 ) -> list[dict]:
     """One row per pair(): the board's figure, this host's rates (the primitive alone and the
     process as a whole: `processes`, lab/campaign/calibstandin.py), the share
@@ -62,10 +63,12 @@ def shares(
     and its residual against the board's figure."""
     rows = []
     processes = processes or {}
+    # the fitted share (calibrate passes it; the profile's own is a placeholder until then)
+    cs = core_share or prof.core_share
     for dp, daemon, prim, ref_name in pairs(prof):
         ref = prof.references[ref_name]
         proc = (processes.get(f"{daemon}:{prim}") or {}).get("host_mbps")
-        share, how = share_of(prof.core_share, ref.mbps, proc, host_mbps.get(prim))
+        share, how = share_of(cs, ref.mbps, proc, host_mbps.get(prim))
         row = {
             "dataplane": dp,
             "daemon": daemon,
@@ -79,7 +82,7 @@ def shares(
             "host_mbps": host_mbps.get(prim),
             "process_mbps": proc,
             "share": round(share, 5),
-            "vs_core_share": round(share / prof.core_share, 3) if prof.core_share else None,
+            "vs_core_share": round(share / cs, 3),
             **how,
         }
         if how["basis"] == "core_share":

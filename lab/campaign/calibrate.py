@@ -173,7 +173,7 @@ def ssh_primitives(prof: CpuProfile, quick: bool) -> list[str]:
 KERNEL_NOT_MEASURED = (
     "the board kernel's code is not run here (this host's kernel uses AES-NI/AVX whatever the "
     "node's masks): its figure prices the stand-in's data plane groups instead (data planes "
-    "table; docs/cpu.md \"Data planes\")"
+    'table; docs/cpu.md "Data planes")'
 )
 
 #: every crypto implementation a data plane or test of the lab uses, with its primitives
@@ -375,7 +375,9 @@ def calibrate(
     runner = calibdataplane.capped_runner(measure_one, vsecs, say) if verify else None
     # data plane processes as a whole (lab/campaign/calibstandin.py; root, full mode)
     processes = calibstandin.calibrate(prof, env, say) if verify and not quick else {}
-    dataplanes = calibdataplane.shares(prof, measured, verify=runner, processes=processes)
+    dataplanes = calibdataplane.shares(
+        prof, measured, verify=runner, processes=processes, core_share=share
+    )
     # per-packet kernel work (lab/campaign/calibpacket.py): a residual under the fit, never fitted
     per_packet = calibpacket.measure(prof, env, share, rounds, secs, vsecs if verify else 0, say)
 
