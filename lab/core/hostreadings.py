@@ -172,12 +172,14 @@ def node_memory_bytes(layout: cgroups.CgroupLayout, rel: str) -> int | None:
 def node_throttling(layout: cgroups.CgroupLayout, rel: str) -> tuple[int, int] | None:
     """(periods, ns) the node's CPU groups spent throttled so far: `nr_throttled` and
     `throttled_time` of the node's group plus its per-board-core groups (v1: <root>/cpu/<rel>/
-    core*, lab.substrate.local.coreslots; v2 reports `throttled_usec`); None when the group has no cpu.stat
+    core*, lab.substrate.local.coreslots) and its data plane's (dp*); v2 reports
+    `throttled_usec`; None when the group has no cpu.stat
     (uncapped test trees, a group already gone)."""
     d = layout.root / rel if layout.version == 2 else layout.root / "cpu" / rel
     periods = ns = 0
     found = False
-    for f in [d / "cpu.stat", *sorted(d.glob("core*/cpu.stat"))]:
+    # the board cores and the data plane's groups (lab.substrate.local.dataplane: dp*)
+    for f in [d / "cpu.stat", *sorted(d.glob("core*/cpu.stat")), *sorted(d.glob("dp*/cpu.stat"))]:
         try:
             stat = dict(line.split() for line in f.read_text().splitlines() if line)
             periods += int(stat.get("nr_throttled", 0))
@@ -196,7 +198,7 @@ def node_uncapped(layout: cgroups.CgroupLayout, rel: str) -> bool:
     d = layout.root / rel if layout.version == 2 else layout.root / "cpu" / rel
     name = "cpu.max" if layout.version == 2 else "cpu.cfs_quota_us"
     found = False
-    for f in [d / name, *sorted(d.glob(f"core*/{name}"))]:
+    for f in [d / name, *sorted(d.glob(f"core*/{name}")), *sorted(d.glob(f"dp*/{name}"))]:
         try:
             quota = f.read_text().split()[0]
         except (OSError, IndexError):
