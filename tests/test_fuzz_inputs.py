@@ -12,8 +12,9 @@ CLI argument vectors), seeded, so a failure reproduces. Every input must give:
 The bulk runs in-process through lab.cli.main.main(argv) with the functions that create things
 (lab directory, run directory, rendered files, VM, boards, farm) replaced by a tripwire, so an
 input that would be accepted is caught before it builds anything; a sample runs through the
-real entry point (`python -m lab.cli.main`) as a subprocess. `python tests/test_fuzz_inputs.py`
-prints the cases per class and how many gave a clear error.
+real entry point (`python -m lab.cli.main`) as a subprocess, and tests/test_fuzz_cli.py sends
+120 of them through the installed `lab` executable, comparing the machine before and after.
+`python tests/test_fuzz_inputs.py` prints the cases per class and how many gave a clear error.
 """
 
 from __future__ import annotations
