@@ -1,7 +1,8 @@
 """Nodes of another architecture (issue 19): the board's own arm64 binaries under qemu-user.
 
 Unit tests: the fetch plan (apt with a private configuration, never the host's), which binary
-runs a command (lab.core.arch.emulate.ArchRoot.wrap), bad input. Integration tests (root, the arm64
+runs a command (lab.core.arch.emulate.ArchRoot.wrap), bad input. The real `lab arch fetch arm64`
+(root, Debian's mirror reachable) into a cache of its own. Integration tests (root, the arm64
 root of `lab arch fetch arm64` and qemu-aarch64-static): WireGuard (wireguard-go), OpenVPN and
 strongSwan (kernel-libipsec) between an arm64 node and an x86 one, arm64 ping and iperf3
 through them, and OpenSSL's Pi 4 mask.
@@ -9,14 +10,17 @@ through them, and OpenSSL's Pi 4 mask.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import secrets
+import shutil
 import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -159,6 +163,81 @@ def test_lab_up_refuses_an_arm64_node_without_its_root(tmp_path, lab_id):
     assert r.returncode == 3, r.stdout + r.stderr
     assert "lab arch fetch arm64" in r.stderr
     assert lab_traces(lab_id) == []  # refused before anything was created
+
+
+#: the host's package configuration, which `lab arch fetch` must not write (docs/arch.md)
+HOST_APT_FILES = ("/var/lib/dpkg/status", "/etc/apt/sources.list", "/etc/ld.so.cache")
+
+
+def _digests(paths) -> dict[str, str | None]:
+    out = {}
+    for p in map(Path, paths):
+        out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+    return out
+
+
+def _elf_machine(path: Path) -> tuple[int, int]:
+    """(ELF class, e_machine) of an executable: (2, 183) is 64-bit AArch64 (elf(5))."""
+    head = path.read_bytes()[:20]
+    assert head[:4] == b"\x7fELF", path
+    return head[4], int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+
+
+@pytest.mark.root
+def test_arch_fetch_arm64_for_real(tmp_path, monkeypatch):
+    """`lab arch fetch arm64` as setup.sh --arch arm64 runs it, nothing faked, into a cache of
+    its own (LAB_ARCH_CACHE): apt downloads Debian 12's arm64 packages, they are unpacked into
+    a root whose manifest lists them; the root's AArch64 binaries run under qemu-user and print
+    the versions the manifest recorded; the host's package configuration, its foreign
+    architectures and the default cache are as before; a second fetch finds it all there."""
+    for tool in ("apt-get", "dpkg-deb", ARM64.qemu):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing (./setup.sh installs it)")
+    uri, suite = archfetch.SUITES[0]
+    try:
+        urllib.request.urlopen(f"{uri}/dists/{suite}/Release", timeout=15).close()
+    except OSError as e:
+        pytest.skip(f"{uri} unreachable ({e}): the fetch downloads Debian 12's arm64 packages")
+    default_manifest = Path("/var/cache/lab/arch/arm64") / MANIFEST
+    default_before = default_manifest.stat().st_mtime_ns if default_manifest.exists() else None
+    host_before = _digests(HOST_APT_FILES)
+    foreign_before = archfetch.foreign_architectures()
+    cache = tmp_path / "arch"
+    r = run_lab("arch", "fetch", "arm64", env={"LAB_ARCH_CACHE": str(cache)}, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    root = cache / "arm64"
+    m = json.loads((root / MANIFEST).read_text())
+    assert m["arch"] == "arm64" and m["requested"] == sorted(board_packages())
+    pkgs = {p["package"]: p for p in m["packages"]}
+    assert set(m["requested"]) <= set(pkgs)
+    assert {p["arch"] for p in m["packages"]} <= {"arm64", "all"}
+    assert "libc6" in pkgs  # apt resolved the closure against an empty dpkg status
+    assert f"{len(pkgs)} packages unpacked into {root}" in r.stdout
+    # every board tool is in the root, and each runs as an AArch64 binary under qemu-user
+    monkeypatch.setenv("LAB_ARCH_CACHE", str(cache))
+    arm = ArchRoot.open("arm64", board_tools())
+    assert arm.missing(sorted({t.name for _, t in declarations() if t.board})) == []
+    for tool, package, banner in (
+        ("iperf3", "iperf3", "iperf "),
+        ("openssl", "openssl", "OpenSSL "),
+    ):
+        assert _elf_machine(root / arm.find(tool).lstrip("/")) == (2, 183), tool
+        upstream = pkgs[package]["version"].split(":")[-1].split("-")[0]  # 1:3.0.2-1 -> 3.0.2
+        argv = [tool, "--version"] if tool == "iperf3" else [tool, "version"]
+        cp = arm.run(argv)
+        assert cp.returncode == 0 and cp.stdout.startswith(banner + upstream), (tool, cp.stdout)
+    assert "aarch64" in arm.run(["iperf3", "--version"]).stdout  # uname() as qemu-user answers
+    # the host: untouched
+    assert _digests(HOST_APT_FILES) == host_before
+    assert archfetch.foreign_architectures() == foreign_before
+    assert m["host_foreign_architectures"] == {"before": foreign_before, "after": foreign_before}
+    assert (default_manifest.stat().st_mtime_ns if default_manifest.exists() else None) == (
+        default_before
+    )
+    # again: everything is there, nothing is downloaded
+    again = run_lab("arch", "fetch", "arm64", env={"LAB_ARCH_CACHE": str(cache)}, timeout=120)
+    assert again.returncode == 0 and "already holds" in again.stdout, again.stdout + again.stderr
+    assert json.loads((root / MANIFEST).read_text()) == m
 
 
 # ---------------------------------------------------------------------------------- emulated
