@@ -5,16 +5,22 @@ the apt-get command prepare would run, with a fake node. On an emulated farm (ro
 is reachable with root and has this machine's arch and kernel (its boards are namespaces here),
 a profile this kernel can run is ok and one it cannot says why; a board that cannot be reached
 makes check exit 3 with that board marked and the others still checked; prepare lists, refuses
-without a terminal or a yes, and would run apt-get with DEBIAN_FRONTEND=noninteractive. No test
-installs a package: the emulated boards share this machine's filesystem.
+without a terminal or a yes, and would run apt-get with DEBIAN_FRONTEND=noninteractive; and
+once for real: `prepare --yes` installs a package on a board given overlays where apt and dpkg
+write (the emulated boards share this machine's file system, which stays untouched).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
 import platform
+import shutil
 import subprocess
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -154,10 +160,16 @@ def test_board_tools_are_the_labs_then_the_profiles():
 
 
 @pytest.fixture(scope="module")
-def farm(tmp_path_factory):
-    """An emulated farm of pi_pair_middlebox with a state root of this module's own."""
-    with board_farm(tmp_path_factory) as (inv, _):
-        yield inv
+def farm_record(tmp_path_factory):
+    """An emulated farm of pi_pair_middlebox with a state root of this module's own:
+    (inventory, `lab boards emulate --json` record)."""
+    with board_farm(tmp_path_factory) as (inv, rec):
+        yield inv, rec
+
+
+@pytest.fixture(scope="module")
+def farm(farm_record):
+    return farm_record[0]
 
 
 def _here(profiles: list[str]) -> dict[str, dict]:
@@ -285,3 +297,126 @@ def test_prepare_refuses_without_a_terminal_or_a_yes(farm, pretend_missing, monk
 
     assert main(["boards", "prepare", str(farm), "--profiles", "wireguard", "--yes"]) == 0
     assert sorted(pretend_missing) == [(b, ["iperf3"]) for b in ("client", "router", "server")]
+
+
+#: where apt-get and dpkg write when they install (apt.conf(5) Dir::*, dpkg(1) --admindir, the
+#: package's files, conffiles and triggers); a board of this farm gets an overlay of each
+APT_WRITES = ("/usr", "/etc", "/var/lib/dpkg", "/var/lib/apt", "/var/cache", "/var/log")
+#: a tool the lab runs on every board (LAB_TOOLS), one small package nothing else depends on
+PACKAGE = "ethtool"
+
+
+def _one_board(inventory: Path, board: str, out: Path) -> Path:
+    """`inventory` with only `board` (prepare asks every board of an inventory)."""
+    entry = tomllib.loads(inventory.read_text())["boards"][board]
+    # TOML's basic strings and arrays of them read as JSON does
+    lines = [f"[boards.{board}]", *(f"{k} = {json.dumps(v)}" for k, v in entry.items())]
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _sha256(path: str) -> str | None:
+    p = Path(path)
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+
+
+@pytest.mark.root
+def test_prepare_yes_installs_for_real_on_a_board(farm_record, tmp_path):
+    """`lab boards prepare --yes`, nothing faked, on the farm's board "client".
+
+    The farm's boards share this machine's file system, so the board first gets its own where
+    apt and dpkg write: an overlay (upper directory under tmp_path) on each of APT_WRITES,
+    mounted in the board's mount namespace only; there `dpkg --remove ethtool` makes it a board
+    that lacks a tool the lab runs. The board's network reaches only this machine, so its apt
+    archive gets ethtool's .deb from this machine's apt cache, else from `apt-get download` run
+    here (a board behind an apt cache). Then prepare lists ethtool, runs apt-get on the board
+    over SSH, and: the board runs ethtool again, of the version dpkg there records; the
+    binary came into the board's overlay, byte for byte the package's; the board's apt history
+    holds prepare's command line; this machine's dpkg status, apt history and ethtool are as
+    they were; prepare then has nothing to install. Unmounting the overlays gives the board
+    this machine's files back (prepare itself records nothing: docs/boards.md)."""
+    inv, rec = farm_record
+    for tool in ("apt-get", "dpkg", "dpkg-query"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing: the boards (this machine's namespaces) install with it")
+    here = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}\t${Version}", PACKAGE], capture_output=True, text=True
+    )
+    if not here.stdout.startswith("install ok installed"):
+        pytest.skip(f"{PACKAGE} is not installed here (./setup.sh installs it)")
+    version = here.stdout.split("\t")[1]
+    listed = subprocess.run(["dpkg-query", "-L", PACKAGE], capture_output=True, text=True)
+    outside = [
+        f
+        for f in listed.stdout.split()
+        if not any(os.path.realpath(f).startswith(d + "/") for d in APT_WRITES)
+        and not os.path.isdir(f)
+    ]
+    if outside:  # e.g. /sbin not a link to /usr/sbin: dpkg would write this machine's
+        pytest.skip(f"{PACKAGE}'s files outside the board's overlays: {outside}")
+    debs = tmp_path / "debs"
+    debs.mkdir()
+    cached = sorted(Path("/var/cache/apt/archives").glob(f"{PACKAGE}_*.deb"))
+    if cached:
+        shutil.copy(cached[-1], debs)
+    else:
+        dl = subprocess.run(
+            ["apt-get", "download", "-q", PACKAGE], capture_output=True, text=True, cwd=debs
+        )
+        if dl.returncode != 0:
+            pytest.skip(
+                f"no {PACKAGE} .deb in apt's cache and apt-get download failed: {dl.stderr}"
+            )
+    host_files = ("/var/lib/dpkg/status", "/var/log/apt/history.log", f"/usr/sbin/{PACKAGE}")
+    host_before = {f: _sha256(f) for f in host_files}
+    one = _one_board(inv, "client", tmp_path / "one.toml")
+
+    def on_board(script: str) -> subprocess.CompletedProcess:
+        r = run_lab("exec", "--id", rec["id"], "client", "--", "sh", "-c", script, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r
+
+    upper = tmp_path / "overlay"
+    mounts = " ".join(
+        f"mkdir -p {upper}/u{d} {upper}/w{d} && mount -t overlay lab-prepare-test"
+        f" -o lowerdir={d},upperdir={upper}/u{d},workdir={upper}/w{d} {d} &&"
+        for d in APT_WRITES
+    )
+    try:
+        on_board(
+            f"set -e; {mounts} cp {debs}/*.deb /var/cache/apt/archives/"
+            f" && dpkg --remove {PACKAGE} >/dev/null"
+        )
+        r = run_lab("boards", "prepare", one, "--profiles", "baseline", "--dry-run", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        [plan] = json.loads(r.stdout)
+        assert plan["packages"] == {PACKAGE: [PACKAGE]}, plan
+
+        r = run_lab("boards", "prepare", one, "--profiles", "baseline", "--yes", timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"board client: missing {PACKAGE} ({PACKAGE})" in r.stdout
+        assert "board client: installed" in r.stdout
+
+        board = on_board(
+            f"{PACKAGE} --version; dpkg-query -W -f='${{Status}}\t${{Version}}\\n' {PACKAGE};"
+            " grep Commandline: /var/log/apt/history.log"
+        ).stdout.splitlines()
+        upstream = version.split(":")[-1].split("-")[0]  # 1:6.1-1 -> 6.1
+        assert board[0] == f"{PACKAGE} version {upstream}", board
+        assert board[1] == f"install ok installed\t{version}", board
+        assert board[-1] == f"Commandline: apt-get install -y --no-install-recommends {PACKAGE}"
+        installed = upper / "u/usr" / "sbin" / PACKAGE
+        assert (
+            installed.is_file() and _sha256(str(installed)) == host_before[f"/usr/sbin/{PACKAGE}"]
+        )
+        assert {f: _sha256(f) for f in host_files} == host_before  # this machine: untouched
+
+        r = run_lab("boards", "prepare", one, "--profiles", "baseline", "--dry-run", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads(r.stdout)[0]["packages"] == {}
+    finally:
+        # lazily: the shell doing it runs from the overlay on /usr
+        left = on_board(
+            "".join(f"umount -l {d}; " for d in reversed(APT_WRITES)) + "cat /proc/self/mountinfo"
+        )
+    assert "lab-prepare-test" not in left.stdout
