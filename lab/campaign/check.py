@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab.core.paths import results_root
 from lab.core.errors import ConfigError
 from lab.results.expect import (
     Expectation,
@@ -61,8 +62,9 @@ def load_check(
 
 
 def new_run_path(plan: Plan, root: Path | None = None) -> Path:
-    """runs/<UTC time>_<plan>[-N]: a path that does not exist yet (lab run creates it)."""
-    root = root if root is not None else REPO / "runs"
+    """<results root>/<UTC time>_<plan>[-N] (lab.core.paths.results_root: ./runs or $LAB_RUN_DIR): a
+    path that does not exist yet (lab run creates it)."""
+    root = root if root is not None else results_root()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for i in range(1000):
         p = root / (f"{stamp}_{plan.name}" + (f"-{i}" if i else ""))

@@ -7,7 +7,7 @@ A plan is a TOML file (see plans/ and docs/results.md):
     impairments = ["none", "network1", {sweep = "delay", from = 0, to = 100, step = 10}]
     reps = 5                 # repetitions of every test without impairment
     impaired_reps = 1        # repetitions at each impairment point (study A: 1)
-    duration = 5             # duration_s of every test that takes one (unless the test sets it)
+    duration_s = 5           # of every test that takes one (unless the test sets it)
     [topology]
     file = "topologies/pi_pair.py"
     cpu = "pi4"              # the topology's cpu parameter: a CPU profile name
@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from lab import REPO
+from lab.core.paths import locate
 from lab.campaign.overrides import apply_overrides
 from lab.campaign.plan import SCHEMA, Plan, TestEntry
-from lab.core.errors import ConfigError, LabError
+from lab.core.errors import ConfigError, ConfigErrors, LabError, did_you_mean
 from lab.model.impairment.points import NAME_RE, impairment_points
 from lab.vpn.profiles import Profile, known_profiles, load_profile
 from lab.vpn.tunnel import place
@@ -68,7 +69,8 @@ TOP_KEYS: dict[str, str] = {
     "placement": "where impairment goes: egress, ingress or middlebox (default: the lab's)",
     "reps": "repetitions per test without impairment (>= 1)",
     "impaired_reps": "repetitions per test at each impairment point (>= 1; default: reps)",
-    "duration": "seconds for every test with a duration_s parameter that does not set its own",
+    "duration_s": "seconds for every test with a duration_s parameter that does not set its "
+    "own (`duration`, its old name, is still read)",
     "adaptive": "true: tests that can (tcp, udp, ping) stop on lab.model.stoprule, duration/count "
     "the cap, and repetitions stop when their interval is narrow (default false)",
     "timeout_s": "grace beyond a tool's planned duration before it is killed (default 30)",
@@ -83,7 +85,8 @@ TOP_KEYS: dict[str, str] = {
 
 
 TOPOLOGY_KEYS = {
-    "file": "topology file (relative to the plan, else to the repository)",
+    "file": "topology file: a path relative to the plan, else to the current directory, else to "
+    "the installation; or a name in topologies/",
     "topo": "entry of the file's topos dict",
     "cpu": "CPU profile name given as the topology's cpu parameter",
     "params": "table of other topology parameters (the -p of `lab up`)",
@@ -102,17 +105,9 @@ ERROR_BARS = ("sd", "minmax")
 
 
 def find_plan(name: str) -> Path:
-    """A path, or the name of a file in plans/ (with or without .toml)."""
-    p = Path(name)
-    if p.is_dir():
-        raise ConfigError("is a directory, not a plan file (.toml)", source=name, field="PLAN")
-    if p.is_file():
-        return p
-    for cand in (PLAN_DIR / name, PLAN_DIR / f"{name}.toml"):
-        if cand.is_file():
-            return cand
-    known = sorted(q.stem for q in PLAN_DIR.glob("*.toml"))
-    raise ConfigError(f"plan file not found; plans in {PLAN_DIR}: {', '.join(known)}", source=name)
+    """A plan file: a path (relative to the current directory, else to the installation) or the
+    name of a file in plans/ (with or without .toml); lab.core.paths says the rule."""
+    return locate("plan", name, field="PLAN")
 
 
 def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
@@ -141,6 +136,8 @@ def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
         raw, source=src, base_dir=path.parent, default_name=path.stem, file_points=file_points
     )
     plan.overrides = overrides
+    if any(o.split("=", 1)[0].strip() == "duration" for o in overrides):
+        plan.notices.append("-o duration is now -o duration_s; the old name will go")
     return plan
 
 
@@ -155,6 +152,48 @@ def plan_file(source: str) -> str:
 # ---------------------------------------------------------------------- validation
 
 
+class _Problems:
+    """Every ConfigError of one plan, collected so that the file's problems are reported
+    together (issue 32 item 14): `with problems:` around each independent check."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.errors: list[ConfigError] = []
+
+    def __enter__(self) -> _Problems:
+        return self
+
+    def __exit__(self, kind, error, tb) -> bool:
+        if isinstance(error, ConfigError):
+            self.errors.append(error)
+            return True
+        return False
+
+    def check(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise ConfigErrors(self.errors, source=self.source)
+
+
+#: old key -> the key of the one vocabulary (names carry their unit, as every test parameter
+#: and timeout_s do): still accepted, with a one-line note
+ALIASES = {"duration": "duration_s"}
+
+
+def _aliases(raw: dict, source: str, notices: list[str]) -> dict:
+    """`raw` with the old keys of ALIASES renamed; a note for each one used."""
+    raw = dict(raw)
+    for old, new in ALIASES.items():
+        if old not in raw:
+            continue
+        if new in raw:
+            raise _bad(f"give {new} only ({old} is its old name)", source, old)
+        raw[new] = raw.pop(old)
+        notices.append(f"{source}: {old!r} is now {new!r}; the old name will go")
+    return raw
+
+
 def validate(
     raw: dict,
     *,
@@ -163,50 +202,96 @@ def validate(
     default_name: str,
     file_points: set[str] | None = None,
 ) -> Plan:
-    """Turn a raw plan dict into a Plan; ConfigError on the first problem found.
+    """Turn a raw plan dict into a Plan; every problem found is reported at once (a
+    ConfigError, or ConfigErrors for several), each naming its field and the accepted values.
     `file_points`: the point names of the plan file before `-o impairments` replaced them
     (a test's `points` may name those; it then runs at the ones that remain)."""
-    unknown = sorted(set(raw) - set(TOP_KEYS))
-    if unknown:
-        raise _bad(f"unknown key; accepted: {', '.join(TOP_KEYS)}", source, unknown[0])
-    schema = raw.get("schema", SCHEMA)
-    if schema != SCHEMA or type(schema) is not type(SCHEMA):  # 1.0 == 1 but is not a version
-        raise _bad(f"got {schema!r}; accepted: {SCHEMA}", source, "schema")
-    name = _str(raw, "name", source, default_name)
-    if not NAME_RE.match(name):
-        raise _bad(f"got {name!r}; accepted: letters, digits, '-', '_', '.'", source, "name")
-    notes = raw.get("notes", [])
-    if isinstance(notes, str):
-        notes = [notes]
-    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-        raise _bad("accepted: a string or a list of strings", source, "notes")
+    problems = _Problems(source)
+    notices: list[str] = []
+    with problems:
+        raw = _aliases(raw, source, notices)
+    with problems:
+        unknown = sorted(set(raw) - set(TOP_KEYS) - set(ALIASES))
+        _each(
+            [
+                _bad(
+                    f"unknown key{did_you_mean(k, TOP_KEYS)}; accepted: {', '.join(TOP_KEYS)}",
+                    source,
+                    k,
+                )
+                for k in unknown
+            ]
+        )
+    with problems:
+        schema = raw.get("schema", SCHEMA)
+        if schema != SCHEMA or type(schema) is not type(SCHEMA):  # 1.0 == 1 is not a version
+            raise _bad(f"got {schema!r}; accepted: {SCHEMA}", source, "schema")
+    name = default_name
+    with problems:
+        name = _str(raw, "name", source, default_name)
+        if not NAME_RE.match(name):
+            raise _bad(f"got {name!r}; accepted: letters, digits, '-', '_', '.'", source, "name")
+    notes: list[str] = []
+    with problems:
+        notes = raw.get("notes", [])
+        if isinstance(notes, str):
+            notes = [notes]
+        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+            raise _bad("accepted: a string or a list of strings", source, "notes")
 
-    topo_file, topo, params, spec = _topology(raw, source, base_dir)
-    loaded = _profiles(raw, source, spec)
-    points = impairment_points(raw, source)
+    topo_file, topo, params, spec = "", None, {}, None
+    with problems:
+        topo_file, topo, params, spec = _topology(raw, source, base_dir)
+    loaded = _profiles(raw, source, spec, problems)
+    points = []
+    with problems:
+        points = impairment_points(raw, source)
     placement = raw.get("placement")
-    if placement is not None:
-        if placement not in PLACEMENTS:
-            raise _bad(f"got {placement!r}; accepted: {', '.join(PLACEMENTS)}", source, "placement")
-    reps = _int(raw, "reps", source, 1)
-    impaired_reps = _int(raw, "impaired_reps", source, reps)
-    timeout_s = _num(raw.get("timeout_s", 30), "timeout_s", source, 1, 3600)
+    with problems:
+        if placement is not None and placement not in PLACEMENTS:
+            raise _bad(
+                f"got {placement!r}{did_you_mean(placement, PLACEMENTS)}; accepted: "
+                f"{', '.join(PLACEMENTS)}",
+                source,
+                "placement",
+            )
+    reps = impaired_reps = 1
+    with problems:
+        reps = _int(raw, "reps", source, 1)
+    with problems:
+        impaired_reps = _int(raw, "impaired_reps", source, reps)
+    timeout_s = 30.0
+    with problems:
+        timeout_s = _num(raw.get("timeout_s", 30), "timeout_s", source, 1, 3600)
     error_bars = raw.get("error_bars", "sd")
-    if error_bars not in ERROR_BARS:
-        raise _bad(f"got {error_bars!r}; accepted: {', '.join(ERROR_BARS)}", source, "error_bars")
-    adaptive = raw.get("adaptive", False)
-    if not isinstance(adaptive, bool):
-        raise _bad(f"got {adaptive!r}; accepted: true, false", source, "adaptive")
+    with problems:
+        if error_bars not in ERROR_BARS:
+            raise _bad(
+                f"got {error_bars!r}; accepted: {', '.join(ERROR_BARS)}", source, "error_bars"
+            )
+    with problems:
+        adaptive = raw.get("adaptive", False)
+        if not isinstance(adaptive, bool):
+            raise _bad(f"got {adaptive!r}; accepted: true, false", source, "adaptive")
     names = {p.name for p in points}
-    tests = _tests(raw, source, names | (file_points or set()))
-    vm = raw.get("vm", False)
-    if not isinstance(vm, bool):
-        raise _bad(f"got {vm!r}; accepted: true, false", source, "vm")
+    if file_points is None and not points:
+        names = None  # the impairments did not load: the tests' points are not judged
+    tests = _tests(raw, source, None if names is None else names | (file_points or set()), problems)
+    vm = False
+    with problems:
+        vm = raw.get("vm", False)
+        if not isinstance(vm, bool):
+            raise _bad(f"got {vm!r}; accepted: true, false", source, "vm")
+    texts = {"description": "", "study": ""}
+    for key in texts:
+        with problems:
+            texts[key] = _str(raw, key, source)
+    problems.check()
     return Plan(
         name=name,
         source=source,
-        description=_str(raw, "description", source),
-        study=_str(raw, "study", source),
+        description=texts["description"],
+        study=texts["study"],
         notes=notes,
         topology_file=topo_file,
         topo=topo,
@@ -222,7 +307,16 @@ def validate(
         vm=vm,
         raw=raw,
         loaded=loaded,
+        notices=notices,
     )
+
+
+def _each(errors: list[ConfigError]) -> None:
+    """Raise the one error, or all of them together."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors(errors, source=errors[0].source)
 
 
 def _topology(raw: dict, source: str, base_dir: Path):
@@ -241,13 +335,9 @@ def _topology(raw: dict, source: str, base_dir: Path):
             source,
             "topology.file",
         )
-    try:
-        path = next((p for p in (base_dir / f, REPO / f, Path(f)) if p.is_file()), None)
-    except OSError as e:  # ENAMETOOLONG and kin: no file of that name can exist
-        raise _bad(f"file {f[:60]!r}: {e.strerror}", source, "topology.file") from None
-    if path is None:
-        known = sorted(str(p.relative_to(REPO)) for p in (REPO / "topologies").glob("*.py"))
-        raise _bad(f"file {f!r} not found; topologies: {', '.join(known)}", source, "topology.file")
+    # a path in a plan is relative to the plan's folder, then to the current directory (a
+    # plan beside its topologies/), then to the installation; a bare name is a shipped one
+    path = locate("topology", f, source=source, field="topology.file", bases=[base_dir, Path()])
     topo = t.get("topo")
     if topo is not None and not isinstance(topo, str):
         raise _bad(f"got {topo!r}; accepted: a string", source, "topology.topo")
@@ -280,36 +370,46 @@ def _topology(raw: dict, source: str, base_dir: Path):
         spec = load_topology(path, topo, params)
     except ConfigError as e:
         raise _bad(str(e), source, "topology") from None
-    rel = (
-        str(path.resolve().relative_to(REPO)) if path.resolve().is_relative_to(REPO) else str(path)
-    )
+    # the installation's files by their path in it (plans' digests stay those of earlier
+    # runs), others absolute: the run is resumed, and its lab built, from any folder
+    full = path.resolve()
+    rel = str(full.relative_to(REPO)) if full.is_relative_to(REPO) else str(full)
     return rel, spec.topo_name, params, spec
 
 
-def _profiles(raw: dict, source: str, spec) -> dict[str, Profile]:
-    """The plan's profile specs, each loaded, validated and placed in the topology `spec`, by
-    the spec the plan gives (its name in cases and records), in the plan's order."""
+def _profiles(raw: dict, source: str, spec, problems: _Problems) -> dict[str, Profile]:
+    """The plan's profile specs, each loaded, validated and placed in the topology `spec` (when
+    it loaded), by the spec the plan gives (its name in cases and records), in the plan's
+    order; every bad one goes to `problems`, each named by its field (profiles[i])."""
     profiles = raw.get("profiles")
-    if not isinstance(profiles, list) or not profiles:
-        raise _bad(
-            f"missing or empty; accepted: a list of {', '.join(known_profiles())}",
-            source,
-            "profiles",
-        )
     loaded: dict[str, Profile] = {}
+    with problems:
+        if not isinstance(profiles, list) or not profiles:
+            raise _bad(
+                f"missing or empty; accepted: a list of {', '.join(known_profiles())}",
+                source,
+                "profiles",
+            )
+    if not isinstance(profiles, list):
+        return loaded
     for i, p in enumerate(profiles):
-        if not isinstance(p, str):
-            raise _bad(f"got {p!r}; accepted: a profile name", source, f"profiles[{i}]")
-        try:
-            loaded[p] = load_profile(p)
-            place(spec, loaded[p])
-        except ConfigError as e:
-            known = ", ".join(known_profiles())
-            msg = str(e) if known in str(e) else f"{e}; profiles: {known}"
-            raise _bad(msg, source, f"profiles[{i}]") from None
-    dup = sorted({p for p in profiles if profiles.count(p) > 1})
-    if dup:
-        raise _bad(f"profile {dup[0]!r} listed twice", source, "profiles")
+        fld = f"profiles[{i}]"
+        with problems:
+            if not isinstance(p, str):
+                raise _bad(f"got {p!r}; accepted: a profile name", source, fld)
+            where = f"{source}: {fld}"
+            try:
+                loaded[p] = load_profile(p, where=where)
+                if spec is not None:
+                    place(spec, loaded[p])
+            except ConfigError as e:
+                if (e.source or "").startswith(where):  # the spec's own error names its field
+                    raise
+                raise _bad(str(e), source, fld) from None  # the profile file's, or placing it
+    with problems:
+        dup = sorted({p for p in profiles if isinstance(p, str) and profiles.count(p) > 1})
+        if dup:
+            raise _bad(f"profile {dup[0]!r} listed twice", source, "profiles")
     return loaded
 
 
@@ -327,77 +427,122 @@ def _points(t: dict, known: set[str], source: str, fld: str) -> tuple[str, ...] 
     return tuple(dict.fromkeys(v))
 
 
-def _tests(raw: dict, source: str, point_names: set[str]) -> list[TestEntry]:
+def _tests(
+    raw: dict, source: str, point_names: set[str] | None, problems: _Problems
+) -> list[TestEntry]:
+    """The [[tests]] entries; every bad one goes to `problems`. `point_names`: the plan's
+    impairment point names (None: they did not load, and the tests' `points` are not judged)."""
     tests = raw.get("tests")
-    if not isinstance(tests, list) or not tests:
-        raise _bad(
-            f"missing or empty; add [[tests]] with test = one of {', '.join(sorted(TESTS))}",
-            source,
-            "tests",
-        )
-    defaults = raw.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise _bad("accepted: a table of test parameters", source, "defaults")
-    used_defaults: set[str] = set()
-    duration = raw.get("duration")
-    if duration is not None:
-        duration = _num(duration, "duration", source, 0.1, 36000)
     out: list[TestEntry] = []
-    for i, t in enumerate(tests):
-        fld = f"tests[{i}]"
-        if not isinstance(t, dict):
-            raise _bad("accepted: a table with test = NAME", source, fld)
-        if "test" not in t:
-            raise _bad(f"missing test; accepted: {', '.join(sorted(TESTS))}", source, f"{fld}.test")
-        test = get_test(t["test"], source=source, field=f"{fld}.test")
-        label = t.get("name", t["test"])
-        if not isinstance(label, str) or not NAME_RE.match(label):
+    with problems:
+        if not isinstance(tests, list) or not tests:
             raise _bad(
-                f"got {label!r}; accepted: letters, digits, '-', '_', '.'", source, f"{fld}.name"
-            )
-        reps = _int(t, "reps", f"{source}: {fld}", None)
-        ip = t.get("ip", 4)
-        if ip not in (4, 6) or isinstance(ip, bool):
-            raise _bad(
-                f"got {ip!r}; accepted: 4 or 6 (the traffic address the test targets)",
+                f"missing or empty; add [[tests]] with test = one of {', '.join(sorted(TESTS))}",
                 source,
-                f"{fld}.ip",
+                "tests",
             )
-        params = {k: v for k, v in t.items() if k not in TEST_META_KEYS}
-        # `args = {...}`: the test's parameters as a table, for names the entry itself uses
-        # (contention's own `test` parameter)
-        args = t.get("args", {})
-        if not isinstance(args, dict):
-            raise _bad("accepted: a table of the test's parameters", source, f"{fld}.args")
-        params.update(args)
-        for k, v in defaults.items():
-            if k in test.schema and k not in params:
-                params[k] = v
-                used_defaults.add(k)
-        if duration is not None and "duration_s" in test.schema and "duration_s" not in params:
-            params["duration_s"] = duration
-        if raw.get("adaptive") is True and "adaptive" in test.schema and "adaptive" not in params:
-            params["adaptive"] = True
-        try:
-            params = test.validate(params, source=f"{source}: {fld} ({label})")
-        except LabError as e:
-            raise ConfigError(str(e)) from None
-        out.append(
-            TestEntry(label, test.name, params, reps, ip, _points(t, point_names, source, fld))
+    defaults: dict = {}
+    with problems:
+        defaults = raw.get("defaults", {})
+        if not isinstance(defaults, dict):
+            defaults = {}
+            raise _bad("accepted: a table of test parameters", source, "defaults")
+    duration = None
+    with problems:
+        duration = raw.get("duration_s")
+        if duration is not None:
+            duration = _num(duration, "duration_s", source, 0.1, 36000)
+    if not isinstance(tests, list):
+        return out
+    used_defaults: set[str] = set()
+    bad_entries = 0
+    for i, t in enumerate(tests):
+        with problems:
+            bad_entries += 1
+            out.append(
+                _test(t, f"tests[{i}]", raw, source, defaults, duration, used_defaults, point_names)
+            )
+            bad_entries -= 1
+    with problems:
+        unused = sorted(
+            set(defaults) - used_defaults - {k for t in out for k in TESTS[t.test].schema}
         )
-    unused = sorted(set(defaults) - used_defaults - {k for t in out for k in TESTS[t.test].schema})
-    if unused:
-        accepted = sorted({k for t in out for k in TESTS[t.test].schema})
-        raise _bad(
-            f"no test of the plan takes this parameter; accepted: {', '.join(accepted)}",
-            source,
-            f"defaults.{unused[0]}",
-        )
-    labels = [t.label for t in out]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
-    if dup:
-        raise _bad(f"test label {dup[0]!r} used twice; give each a unique name=", source, "tests")
+        if unused and not bad_entries:  # a bad entry may be the one that takes it
+            accepted = sorted({k for t in out for k in TESTS[t.test].schema})
+            _each(
+                [
+                    _bad(
+                        f"no test of the plan takes this parameter{did_you_mean(k, accepted)}; "
+                        f"accepted: {', '.join(accepted)}",
+                        source,
+                        f"defaults.{k}",
+                    )
+                    for k in unused
+                ]
+            )
+    with problems:
+        labels = [t.label for t in out]
+        dup = sorted({x for x in labels if labels.count(x) > 1})
+        if dup:
+            raise _bad(
+                f"test label {dup[0]!r} used twice; give each a unique name=", source, "tests"
+            )
     return out
+
+
+def _test(
+    t: Any,
+    fld: str,
+    raw: dict,
+    source: str,
+    defaults: dict,
+    duration: float | None,
+    used_defaults: set[str],
+    point_names: set[str] | None,
+) -> TestEntry:
+    """One [[tests]] entry (`fld`: tests[i]) validated, the plan's defaults, duration_s and
+    adaptive given to it."""
+    if not isinstance(t, dict):
+        raise _bad("accepted: a table with test = NAME", source, fld)
+    if "test" not in t:
+        raise _bad(f"missing test; accepted: {', '.join(sorted(TESTS))}", source, f"{fld}.test")
+    test = get_test(t["test"], source=source, field=f"{fld}.test")
+    label = t.get("name", t["test"])
+    if not isinstance(label, str) or not NAME_RE.match(label):
+        raise _bad(
+            f"got {label!r}; accepted: letters, digits, '-', '_', '.'", source, f"{fld}.name"
+        )
+    reps = _int(t, "reps", f"{source}: {fld}", None)
+    ip = t.get("ip", 4)
+    if ip not in (4, 6) or isinstance(ip, bool):
+        raise _bad(
+            f"got {ip!r}; accepted: 4 or 6 (the traffic address the test targets)",
+            source,
+            f"{fld}.ip",
+        )
+    params = {k: v for k, v in t.items() if k not in TEST_META_KEYS}
+    # `args = {...}`: the test's parameters as a table, for names the entry itself uses
+    # (contention's own `test` parameter)
+    args = t.get("args", {})
+    if not isinstance(args, dict):
+        raise _bad("accepted: a table of the test's parameters", source, f"{fld}.args")
+    params.update(args)
+    for k, v in defaults.items():
+        if k in test.schema and k not in params:
+            params[k] = v
+            used_defaults.add(k)
+    if duration is not None and "duration_s" in test.schema and "duration_s" not in params:
+        params["duration_s"] = duration
+    if raw.get("adaptive") is True and "adaptive" in test.schema and "adaptive" not in params:
+        params["adaptive"] = True
+    try:
+        params = test.validate(params, source=f"{source}: {fld} ({label})")
+    except ConfigError:
+        raise
+    except LabError as e:
+        raise ConfigError(str(e)) from None
+    points = _points(t, point_names, source, fld) if point_names is not None else None
+    return TestEntry(label, test.name, params, reps, ip, points)
 
 
 #: repetitions a plan may ask for (a typo of 10**9 would otherwise run for years)

@@ -89,6 +89,9 @@ class Plan:
     #: the runner hands down to the lab that runs it; empty for a plan read back from its
     #: plan.json (lab.campaign.shard.plan_from_json), which lists cases and runs none
     loaded: dict[str, Profile] = field(default_factory=dict, repr=False, compare=False)
+    #: one-line notes for the user about the file (an old key name it used), which the CLI
+    #: prints; not part of what runs
+    notices: list[str] = field(default_factory=list, repr=False, compare=False)
 
     # ------------------------------------------------------------------ derived
     def reps_for(self, test: TestEntry, point: ImpairmentPoint) -> int:

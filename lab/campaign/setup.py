@@ -12,6 +12,7 @@ import socket
 import time
 from pathlib import Path
 
+from lab.core.paths import results_root
 from lab.core import proc
 from lab.core.errors import ConfigError, LabError
 from lab import REPO
@@ -52,7 +53,7 @@ def create_run_dir(plan: Plan, path: Path | None = None, *, root: Path | None = 
         check_run_dir(path)
         path.mkdir(parents=True, exist_ok=True)
     else:
-        root = root if root is not None else REPO / "runs"
+        root = root if root is not None else results_root()
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         for i in itertools.count():
             path = root / (f"{stamp}_{plan.name}" + (f"-{i}" if i else ""))

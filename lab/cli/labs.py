@@ -10,7 +10,7 @@ import time
 from lab.cli.printing import err, impairment_words, out, print_status
 from lab.core.errors import ConfigError, TeardownIncomplete
 from lab.core.state import check_id, lab_dir, list_lab_ids, state_root
-from lab.model.topology import load_topology, parse_params
+from lab.model.topology import find_topology, load_topology, parse_params
 from lab.substrate.base import UpRequest
 from lab.substrate.registry import (
     status_line,
@@ -27,7 +27,8 @@ from lab.model.impairment.words import PRESETS
 
 def cmd_up(args) -> int:
     params = parse_params(args.param)
-    spec = load_topology(args.topology, args.topo, params)
+    topology = find_topology(args.topology)  # lab.core.paths: cwd, else the installation
+    spec = load_topology(topology, args.topo, params)
     guest = [a for p in args.param for a in ("-p", p)]
     for flag, value in (
         ("--topo", args.topo),
@@ -46,7 +47,7 @@ def cmd_up(args) -> int:
         impair=args.impair,
         placement=args.placement,
         impair_backend=args.impair_backend,
-        topology_file=args.topology,
+        topology_file=str(topology),
         guest_args=guest,
     )
     lab, status, notes = substrate.bring_up(spec, request)

@@ -335,7 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a plan value: reps=1, duration=3, profiles=a,b, ...",
     )
-    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<UTC>_<plan>)")
+    p.add_argument(
+        "--out",
+        metavar="RUN_DIR",
+        help="run directory (default ./runs/<UTC>_<plan>, or $LAB_RUN_DIR/...)",
+    )
     p.add_argument(
         "--shard",
         metavar="I/N",
@@ -454,7 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a plan value, as lab run -o",
     )
-    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<UTC>_<plan>)")
+    p.add_argument(
+        "--out",
+        metavar="RUN_DIR",
+        help="run directory (default ./runs/<UTC>_<plan>, or $LAB_RUN_DIR/...)",
+    )
     p.add_argument("--vm", action="store_true", help="run the plan in the full-kernel VM")
     p.add_argument(
         "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"

@@ -161,3 +161,9 @@ def print_run_summary(s: dict) -> None:
     out.print(f"report: {s['report']}", markup=False, highlight=False)
     if s.get("html"):
         out.print(f"report: {s['html']}", markup=False, highlight=False)
+
+
+def print_notices(plan) -> None:
+    """A plan's one-line notes (an old key name it used), on stderr."""
+    for n in plan.notices:
+        err.print(f"lab: note: {n}", markup=False, highlight=False, soft_wrap=True)

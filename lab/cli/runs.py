@@ -9,7 +9,7 @@ import sys
 from rich.markup import escape as rich_escape
 from rich.table import Table
 
-from lab.cli.printing import err, out, print_run_summary
+from lab.cli.printing import err, out, print_notices, print_run_summary
 from lab.core.errors import ConfigError, TeardownIncomplete
 from lab.substrate.registry import check_resume, select
 from lab.campaign.calibrate import RESIDUAL_GOAL, SECONDS_GOAL, calibrate
@@ -240,6 +240,7 @@ def cmd_run(args) -> int:
         shard = resume_shard(run, shard)
     elif args.plan:
         plan = load_plan(args.plan, overrides)
+        print_notices(plan)
         substrate = _run_substrate(args, plan)
         if args.out:
             check_run_dir(Path(args.out))
@@ -374,6 +375,7 @@ def cmd_check(args) -> int:
         expectations = run_expectations(run, args.plan, args.override)
     elif args.plan:
         plan, expectations = load_check(args.plan, args.override)
+        print_notices(plan)
         args.out = args.out or str(new_run_path(plan))
         # lab check runs the whole plan, one lab at a time
         args.resume, args.shard, args.jobs, args.force = None, None, None, False

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
-from lab.core.errors import ConfigError, StartupError
+from lab.core.errors import ConfigError, StartupError, did_you_mean
 from lab.core.node import Daemon, Node
 from lab.core.tools import Tool
 from lab.model.params import Param, validate
@@ -358,7 +358,8 @@ def get_test(name: str, *, source: str | None = None, field: str | None = "test"
         return TESTS[name]
     except (KeyError, TypeError):
         raise ConfigError(
-            f"unknown test {name!r}; accepted: {', '.join(sorted(TESTS))}",
+            f"unknown test {name!r}{did_you_mean(name, TESTS)}; accepted: "
+            f"{', '.join(sorted(TESTS))}",
             source=source,
             field=field,
         ) from None
