@@ -92,6 +92,8 @@ class Plan:
     #: one-line notes for the user about the file (an old key name it used), which the CLI
     #: prints; not part of what runs
     notices: list[str] = field(default_factory=list, repr=False, compare=False)
+    #: the plan file, absolute (resumed from any folder); "" for a plan read from plan.json
+    file: str = field(default="", repr=False, compare=False)
 
     # ------------------------------------------------------------------ derived
     def reps_for(self, test: TestEntry, point: ImpairmentPoint) -> int:

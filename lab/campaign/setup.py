@@ -64,7 +64,9 @@ def create_run_dir(plan: Plan, path: Path | None = None, *, root: Path | None = 
                 continue
     for sub in ("raw", "monitor"):
         (path / sub).mkdir()
-    write_json_atomic(path / "plan.json", {**plan.to_json(), "digest": plan.digest()})
+    # "file": the plan file wherever `lab run --resume` is typed (the source is as typed)
+    extra = {"file": plan.file} if plan.file else {}
+    write_json_atomic(path / "plan.json", {**plan.to_json(), **extra, "digest": plan.digest()})
     return RunDir(path)
 
 
@@ -72,7 +74,7 @@ def resume_plan(run: RunDir, plan_path: str | None, overrides: list[str]) -> Pla
     """The plan a resumed run continues: the one it stored (PLAN, if given, must match it)."""
 
     stored = run.check().plan_json()
-    base = plan_path or plan_file(stored.get("source", ""))
+    base = plan_path or stored.get("file") or plan_file(stored.get("source", ""))
     plan = load_plan(base, list(stored.get("overrides") or []) + list(overrides))
     if plan.digest() != stored.get("digest"):
         raise ConfigError(
