@@ -98,14 +98,12 @@ def locate(
     (default: the text itself), the places tried and the shipped names. A path found relative
     to the current directory is returned as typed; one found in the installation, absolute."""
     k = KINDS[kind]
-    src = source if source is not None else text
     if not text:
-        raise ConfigError(f"empty; accepted: a {k.noun} file or name", source=src, field=field)
+        raise ConfigError(f"empty; accepted: a {k.noun} file or name", source=source, field=field)
+    shown = repr(text) if len(text) <= 255 else repr(text[:60]) + "..."
     if max(len(part.encode()) for part in text.split("/")) > 255:
         raise ConfigError(
-            "path too long (a name may have 255 bytes)",
-            source=src if source is not None else text[:60] + "...",
-            field=field,
+            f"path too long (a name may have 255 bytes): {shown}", source=source, field=field
         )
     tried = candidates(kind, text, bases)
     dirs = []
@@ -116,22 +114,20 @@ def locate(
             if c.is_dir():
                 dirs.append(c)
         except OSError as e:  # ENAMETOOLONG and kin: no file of that name can exist
-            raise ConfigError(f"{text[:60]!r}: {e.strerror}", source=src, field=field) from None
+            raise ConfigError(f"{shown}: {e.strerror}", source=source, field=field) from None
     if dirs and dirs[0] == tried[0]:  # the path as typed is a folder
         raise ConfigError(
-            f"is a directory, not a {k.noun} file ({k.suffix})", source=src, field=field
+            f"{shown} is a directory, not a {k.noun} file ({k.suffix})", source=source, field=field
         )
     names = shipped(kind)
-    stem = Path(text).name.removesuffix(k.suffix)
-    shown = text if len(text) <= 60 else text[:60] + "..."
-    what = (
-        f"{k.noun} file not found: {shown!r}"
-        if is_path(kind, text)
-        else f"unknown {k.noun} {shown!r}"
-    )
+    near = did_you_mean(Path(text).name.removesuffix(k.suffix), names)
+    places = ", ".join(str(c) for c in tried)
+    if is_path(kind, text):
+        what = f"{k.noun} file not found: {shown}{near}; looked for {places}"
+    else:
+        what = f"unknown {k.noun} {shown}{near}; not found: {places}"
     raise ConfigError(
-        f"{what}{did_you_mean(stem, names)}; looked for "
-        f"{', '.join(str(c) for c in tried)}; valid: a path, or one of the {k.plural} in "
+        f"{what}; valid: a path, or one of the {k.plural} in "
         f"{'/'.join(str(d) for d in k.dirs())}: {', '.join(names)}",
         source=source,
         field=field,
