@@ -8,6 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from lab.model.cpuwords import capacity_words
 from lab.model.impairment.model import Impairment
 
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -95,11 +96,10 @@ def print_status(s: dict) -> None:
     specs = _point_specs(s)
     for name, n in s.get("nodes", {}).items():
         cpu = n.get("cpu") or {}
-        cpu_s = cpu.get("profile") or (f"{cpu['cores']:.2f} cores" if cpu.get("cores") else "-")
-        if cpu.get("profile") and cpu.get("cores"):
-            cpu_s += (
-                f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
-            )
+        # "pi4: 4 board cores = 0.90 host cores", the report's words (lab.model.cpuwords)
+        cpu_s = capacity_words(cpu)
+        if cpu.get("profile") and cpu.get("cores") and not cpu.get("calibrated"):
+            cpu_s += " (uncalibrated)"
         if cpu.get("cgroup") and (cpu.get("profile") or cpu.get("cores")):
             # the mechanism of its cores here: v1, v2-threaded, v2-one-core (docs/cpu.md)
             cpu_s += f", cgroup {cpu['cgroup']}"
@@ -109,7 +109,7 @@ def print_status(s: dict) -> None:
         if dp.get("groups"):  # lab/substrate/local/dataplane.py: the board's data plane model
             cpu_s += (
                 f"; {dp['daemon']}: {dp['groups']} x {dp.get('group_cores', dp['share']):.3f} "
-                f"cores ({dp['threading']}, {dp.get('board_reference') or 'core_share'})"
+                f"host cores ({dp['threading']}, {dp.get('board_reference') or 'core_share'})"
             )
         if n.get("arch"):  # the board's binaries under qemu-user, uncapped (docs/arch.md)
             cpu_s += f", {n['arch']} (qemu-user)"
