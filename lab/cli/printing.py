@@ -3,6 +3,7 @@ modules it uses to print; nothing below it prints)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 from rich.console import Console
@@ -10,9 +11,41 @@ from rich.table import Table
 
 from lab.model.cpuwords import capacity_words
 from lab.model.impairment.model import Impairment
+from lab.results.doc import short_warning
 
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+#: a warning's closing pointer to the docs section that explains it: "(docs/cpu.md#warning-x)"
+DOC_REF = re.compile(r"\s*\((?:details: )?(docs/[\w-]+\.md(?:#[\w-]+)?)\)$")
+#: the longest warning text `lab up` prints before its docs pointer (one line on a terminal)
+WARNING_CHARS = 90
+#: the docs section that lists every warning of `lab up`, for `lab status`'s reminder
+WARNINGS_DOC = "docs/cpu.md#warnings-at-lab-up"
+
+
+def warning_line(text: str) -> str:
+    """A warning of `lab up` on one short line: its first clause and where the docs explain
+    it ("... (details: docs/cpu.md#warning-scaled-to-fit)"); the whole text stays in lab.json
+    (`lab status --json`). Applied twice it gives the same line (a VM's guest printed it)."""
+    m = DOC_REF.search(text)
+    body = text[: m.start()] if m else text
+    short = short_warning(body, WARNING_CHARS)
+    if m:
+        return f"{short} (details: {m.group(1)})"
+    return short if short == body else f"{short} (whole: `lab status --json`)"
+
+
+def warnings_reminder(s: dict) -> str | None:
+    """`lab status`'s one line on the warnings `lab up` printed (None if there were none)."""
+    n = len(dict.fromkeys(s.get("warnings") or []))
+    if not n:
+        return None
+    return (
+        f"{n} warning{'s' if n > 1 else ''} when this lab came up: `lab status --json` has "
+        f"{'them' if n > 1 else 'it'}, {WARNINGS_DOC} explains each"
+    )
 
 
 def impairment_words(applied) -> str:
@@ -55,12 +88,14 @@ def status_lines(s: dict) -> list[str]:
             "a symmetric spec applies to each direction (each point is one egress)"
         )
     nic = s.get("nic_latency") or {}
-    if nic.get("directions"):  # the boards' NICs (lab.substrate.local.cpuplan.nic_decision)
+    # the boards' NICs (lab.substrate.local.cpuplan.nic_decision); not applied with a warning,
+    # `lab up` said it and `lab status` reminds of the warnings once
+    if nic.get("directions") and (nic.get("applied") or not nic.get("warned")):
         each = ", ".join(f"{k} {v['us']:g} us" for k, v in nic["directions"].items())
         lines.append(
             f"boards' NIC latency ({each}): "
             + (f"applied ({nic.get('backend')})" if nic.get("applied") else "not applied")
-            + f", {nic.get('why')}"
+            + f", {short_warning(str(nic.get('why')), WARNING_CHARS)}"
         )
     return lines
 

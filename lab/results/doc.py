@@ -192,15 +192,15 @@ WARNINGS = "Warnings"
 SHORT_WARNING = 120
 
 
-def short_warning(text: str) -> str:
+def short_warning(text: str, limit: int = SHORT_WARNING) -> str:
     """A warning as it is, if it is short; else its first clause (up to the first '. ', ': ',
-    '; ' or ' (' after 20 characters), at most SHORT_WARNING characters, cut at a word."""
-    if len(text) <= SHORT_WARNING:
+    '; ' or ' (' after 20 characters), at most `limit` characters, cut at a word."""
+    if len(text) <= limit:
         return text
     cuts = [i for sep in (". ", ": ", "; ", " (") if (i := text.find(sep, 20)) > 0]
     short = text[: min(cuts)] if cuts else text.rstrip(".")
-    if len(short) > SHORT_WARNING:
-        short = short[:SHORT_WARNING].rsplit(" ", 1)[0] + " ..."
+    if len(short) > limit:
+        short = short[:limit].rsplit(" ", 1)[0] + " ..."
     if short.count("`") % 2:  # never cut inside `code`
         short = short[: short.rindex("`")].rstrip() + " ..."
     return short
