@@ -384,7 +384,9 @@ def cmd_check(args) -> int:
         store_expectations(run, plan)
     else:
         raise ConfigError("give a PLAN (or --run RUN_DIR)", source="lab check", field="PLAN")
-    res = judge_run(run.path, expectations, baselines)
+    res = judge_run(
+        run.path, expectations, baselines, allow_missing_baseline=args.allow_missing_baseline
+    )
     style = {"pass": "green", "fail": "red", "skip": "yellow"}
     for v in res.verdicts:
         out.print(
