@@ -9,11 +9,13 @@ case") and the bound read `throughput_bps >= 5e+07`."""
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from lab.campaign.check import CI_FILES, EDIT_RE
 from lab.cli.main import main
 from lab.results.expect import parse_expectations
 from lab.results.verdicts import match_baseline, overrides_differ
@@ -229,3 +231,30 @@ def test_a_regression_shows_the_tests_main_unit(tmp_path, capsys):
     v = regression(cand)
     assert v["measured_text"] == "301 Mbit/s"
     assert "vs baseline 401.7 Mbit/s" in v["message"] and "(361.5 Mbit/s)" in v["bound"]
+
+
+# ---------------------------------------------------------------------- lab ci init
+
+
+def test_ci_init_lists_the_edits_the_files_need(tmp_path, capsys):
+    assert main(["ci", "init", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    wf = tmp_path / ".github/workflows/lab-check.yml"
+    lines = wf.read_text().splitlines()
+    (n,) = [i for i, x in enumerate(lines, 1) if x.strip().startswith("LAB_REPO:")]
+    assert "your-org/lab" in lines[n - 1] and "# EDIT:" in lines[n - 1]  # the placeholder marked
+    assert f"{wf}:{n}: LAB_REPO: your-org/lab" in out  # and listed, with file and line
+    plan = tmp_path / "lab-check.toml"
+    (p,) = [i for i, x in enumerate(plan.read_text().splitlines(), 1) if x.startswith("profiles")]
+    assert f"{plan}:{p}: profiles =" in out
+    assert "vpn_profiles/" in out and "no baseline to commit" in out
+    # every marked line of every file written is in the list, and nothing else is numbered so
+    marked = [
+        (rel, i)
+        for rel in CI_FILES
+        for i, x in enumerate((tmp_path / rel).read_text().splitlines(), 1)
+        if EDIT_RE.search(x)
+    ]
+    for rel, i in marked:
+        assert f"{tmp_path / rel}:{i}:" in out
+    assert re.findall(r"^\s+(\d+)\. ", out, re.M) == [str(i) for i in range(1, len(marked) + 3)]

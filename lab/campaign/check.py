@@ -8,6 +8,7 @@ and validates what a check needs before anything runs, and judges a run director
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ CI_FILES = {
     ".github/workflows/lab-check.yml": REPO / "docs/examples/ci/config-regression.yml",
     "lab-check.toml": REPO / "docs/examples/ci/check.toml",
 }
+#: a line of those files that needs the user's value carries this comment; `lab ci init` lists them
+EDIT_RE = re.compile(r"#\s*EDIT:\s*(?P<what>.+?)\s*$")
 
 
 @dataclass
@@ -246,3 +249,16 @@ def ci_init(dest: str | Path, *, force: bool = False) -> list[Path]:
         t.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, t)
     return list(targets)
+
+
+def ci_edits(paths: list[Path]) -> list[tuple[Path, int, str, str]]:
+    """What the files `lab ci init` wrote still need: (file, line number, the line's setting,
+    what to put there) for every line marked `# EDIT: ...`."""
+    out = []
+    for path in paths:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            m = EDIT_RE.search(line)
+            if m:
+                setting = line[: m.start()].strip()
+                out.append((path, n, setting, m["what"]))
+    return out
