@@ -213,6 +213,11 @@ class HandshakeTest(Test):
             description="rekey to the first interval back within 10 % of rekey_before_bps",
         ),
         Metric(
+            "rekey_status",
+            "string",
+            description="recovered, or not recovered (the flow ended below the median)",
+        ),
+        Metric(
             "rekey_retransmits",
             unit="segments",
             description="TCP retransmits of the sender from the rekey to the recovery",
@@ -263,8 +268,11 @@ class HandshakeTest(Test):
             else:
                 status = f"failed after {est.failed_after_s:.1f} s"
                 out.update(handshake_completed=0, handshake_status=status)
+                why = f"{status}: {est.error}"
+                if est.not_restored:  # the runner builds the lab again before the next case
+                    why += f"; the tunnel could not be brought up again: {est.not_restored}"
                 # a result, not a failed case: the reason goes with it
-                return [self.record(error=f"{status}: {est.error}", **out)]
+                return [self.record(error=why, **out)]
         if params["rekey"]:
             try:
                 out.update(self._rekey(ctx, params, files))
@@ -328,6 +336,7 @@ class HandshakeTest(Test):
             "rekey_dip_pct": fx["dip_pct"],
             "rekey_noise_pct": fx["noise_pct"],
             "rekey_recovery_s": fx["recovery_s"],
+            "rekey_status": "recovered" if fx["recovery_s"] is not None else "not recovered",
             "rekey_retransmits": fx["retransmits"],
             "rekey_keys_s": evidence.get("seconds"),
             "rekey_evidence": f"{evidence.get('how')}: {evidence.get('before')} -> "

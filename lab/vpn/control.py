@@ -17,7 +17,7 @@ a dead tunnel (lab.substrate.*.tunnel_alive) and builds the lab again.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lab.core.errors import PreconditionError, StartupError
 from lab.vpn.base import Rekey
@@ -44,6 +44,9 @@ class Establishment:
     ms: float | None = None
     failed_after_s: float | None = None
     error: str | None = None
+    #: after a failure: the tunnel could not be brought up again either (why); the lab's
+    #: record then stays "starting" and the runner builds the lab again before the next case
+    not_restored: str | None = None
 
 
 class TunnelControl:
@@ -61,10 +64,16 @@ class TunnelControl:
     def rekey_support(self) -> Rekey:
         return self.profile.driver.rekey_support(self.profile.params)
 
-    def _plan(self) -> TunnelPlan:
+    def _plan(self, cap_s: float | None = None) -> TunnelPlan:
         """The profile placed in the lab's topology: what the driver's check() said on the
-        nodes the first time is kept, so a restart times the start, not the questions."""
-        p = plan(self.lab.spec, self.profile)
+        nodes the first time is kept, so a restart times the start, not the questions. With
+        `cap_s`, a driver's own start-up bound (its `start_timeout` parameter: strongSwan waits
+        that long for its CHILD_SA inside start()) is lowered to it."""
+        profile = self.profile
+        bound = profile.params.get("start_timeout")
+        if cap_s is not None and isinstance(bound, int | float) and bound > cap_s:
+            profile = replace(profile, params={**profile.params, "start_timeout": cap_s})
+        p = plan(self.lab.spec, profile)
         if self._placed is not None:
             p.availability = self._placed.availability
         self._placed = p
@@ -74,22 +83,25 @@ class TunnelControl:
         """Stop the tunnel and start it again, timed (bring_up's Timing.established_ms), the
         first reply awaited for at most `cap_s` from the driver's start() with a ping every
         `probe_s`. Not established in time: an Establishment with ok=False, and the tunnel
-        brought up again as `lab up` would (StartupError when even that fails)."""
+        brought up again as `lab up` would (when even that fails, `not_restored` says why)."""
         tear_down(self.lab)
         t0 = time.monotonic()
         try:
-            rec = bring_up(self.lab, self._plan(), cap_s=cap_s, probe_s=probe_s)
+            rec = bring_up(self.lab, self._plan(cap_s), cap_s=cap_s, probe_s=probe_s)
         except StartupError as e:
             failed = Establishment(
                 False,
-                failed_after_s=round(time.monotonic() - t0, 1),
+                failed_after_s=getattr(e, "after_launch_s", round(time.monotonic() - t0, 1)),
                 error=(str(e).strip().splitlines() or ["no reason given"])[0],
             )
         else:
             assert rec.timing is not None  # set by a bring_up that returned
             return Establishment(True, ms=rec.timing.established_ms)
         tear_down(self.lab)
-        bring_up(self.lab, self._plan())
+        try:
+            bring_up(self.lab, self._plan())
+        except StartupError as e:
+            return replace(failed, not_restored=(str(e).strip().splitlines() or ["?"])[0])
         return failed
 
     def rekey(self, *, timeout: float) -> dict:

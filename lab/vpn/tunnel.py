@@ -387,8 +387,8 @@ def bring_up(
     record.store(lab)
     secrets = drv.secrets(ctx, params)
     rendered = drv.render(ctx, params, secrets)
+    t_launch = time.monotonic()
     try:
-        t_launch = time.monotonic()
         drv.start(ctx, params, rendered)
         addrs = [a for e in ctx.ends() for a in (e.tunnel_v4, e.tunnel_v6)]
         for node, argv in tunneladdr.tunnel_routes(lab.spec, drv, p.client, p.server, addrs):
@@ -396,6 +396,10 @@ def bring_up(
         t_started = time.monotonic()
         left = READY_TIMEOUT if cap_s is None else max(0.0, cap_s - (t_started - t_launch))
         ready = wait_ready(ctx, p, timeout=left, probe_s=probe_s)
+    except StartupError as e:
+        # how long the tunnel had (the handshake test's "failed after N s")
+        e.after_launch_s = round(time.monotonic() - t_launch, 1)
+        raise
     finally:
         record.daemons = [DaemonRecord.of(d) for d in ctx.daemons]
         record.store(lab)
@@ -458,6 +462,10 @@ def wait_ready(
             )
             while pop.poll() is None:
                 _check_daemons(ctx, p)
+                if time.monotonic() > deadline:  # ping's -w counts whole seconds only
+                    pop.kill()
+                    pop.wait()
+                    break
                 time.sleep(0.005)
             if pop.returncode == 0:
                 times[fam] = time.monotonic()
