@@ -120,6 +120,8 @@ class TunnelRecord:
                 v = [d.to_dict() for d in v]
             elif f.name in ("traffic", "timing") and v is not None:
                 v = asdict(v)
+                if f.name == "timing" and v["established_ms"] is None:
+                    del v["established_ms"]  # a lab.json from before it reads back unchanged
             out[f.name] = v
         return {**self.extra, **out}
 
