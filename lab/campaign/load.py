@@ -42,17 +42,19 @@ from pathlib import Path
 from lab import REPO
 from lab.core.paths import locate
 from lab.campaign.overrides import apply_overrides
-from lab.campaign.plan import SCHEMA, Plan
+from lab.campaign.plan import SCHEMA, Plan, TestEntry
 from lab.campaign.plantests import Problems, bad, each, int_field, num_field, plan_tests, str_field
 from lab.core.errors import ConfigError, did_you_mean
 from lab.model.impairment.points import NAME_RE, impairment_points
 from lab.vpn.profiles import Profile, known_profiles, load_profile
+from lab.vpn.control import can
 from lab.vpn.tunnel import place
 from lab.model.cpuprofile import known_profiles as known_cpu
 from lab.model.cpuprofile import parse_nic_latency
 from lab.model.dilation import parse_dilation
 from lab.model.topology import load_topology
 from lab.model.impairment.presets import PLACEMENTS
+from lab.measure import TESTS
 
 PLAN_DIR = REPO / "plans"
 
@@ -251,9 +253,13 @@ def validate(
     names = {p.name for p in points}
     if file_points is None and not points:
         names = None  # the impairments did not load: the tests' points are not judged
+    before = len(problems.errors)
     tests = plan_tests(
         raw, source, None if names is None else names | (file_points or set()), problems
     )
+    if len(problems.errors) == before:  # every entry loaded: tests[i] is the file's i-th
+        with problems:
+            _check_needs(tests, loaded, source)
     vm = False
     with problems:
         vm = raw.get("vm", False)
@@ -380,3 +386,28 @@ def _profiles(raw: dict, source: str, spec, problems: Problems) -> dict[str, Pro
         if dup:
             raise bad(f"profile {dup[0]!r} listed twice", source, "profiles")
     return loaded
+
+
+def _check_needs(tests: list[TestEntry], loaded: dict[str, Profile], source: str) -> None:
+    """Each profile can do what each test asks of it (Test.needs, e.g. the handshake test's
+    forced rekey), or a ConfigError naming the test, the profile, why not and the profiles
+    that can."""
+    for i, t in enumerate(tests):
+        for need in TESTS[t.test].needs(t.params):
+            for spec, profile in loaded.items():
+                answer = can(profile, need)
+                if answer.ok:
+                    continue
+                able = []
+                for name in known_profiles():
+                    try:
+                        if can(load_profile(name), need).ok:
+                            able.append(name)
+                    except ConfigError:  # a profile file that does not load cannot do it
+                        continue
+                raise bad(
+                    f"test {t.label!r} asks for {need} = true, which profile {spec!r} cannot "
+                    f"do: {answer.how}; profiles that can: {', '.join(able) or '(none)'}",
+                    source,
+                    f"tests[{i}].{need}",
+                )

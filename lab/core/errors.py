@@ -64,6 +64,30 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {' or '.join(repr(c) for c in near[:2])}?)"
 
 
+def reject_unknown(
+    table: Iterable, accepted: Iterable, *, source: str | None, where: str = ""
+) -> None:
+    """Refuse the keys of `table` not in `accepted`: ConfigError naming the first unknown key as
+    the field (under `where`), every unknown one, a near miss's likely meaning, and the accepted
+    keys in the order given."""
+    accepted = list(accepted)
+    unknown = sorted(set(map(str, table)) - set(map(str, accepted)))
+    if not unknown:
+        return
+    hints = [
+        f"{u!r}: did you mean {close[0]!r}?"
+        for u in unknown
+        if (close := difflib.get_close_matches(u, accepted, n=1, cutoff=0.75))
+    ]
+    raise ConfigError(
+        f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+        + (f" ({'; '.join(hints)})" if hints else "")
+        + f"; accepted: {', '.join(map(str, accepted))}",
+        source=source,
+        field=f"{where}.{unknown[0]}" if where else unknown[0],
+    )
+
+
 class PreconditionError(LabError):
     """This machine lacks something the request needs (tool, kernel feature, root, free id)."""
 

@@ -114,6 +114,14 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
         "float64",
         "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0",
     ),
+    # frozen where they were before test kinds registered ahead of them (handshake)
+    "stop_reason",
+    "measured_s",
+    "ci_rel_pct",
+    "stopped_after_s",
+    "partial_bytes",
+    "partial_rate_bps",
+    "projected_s",
 ]
 
 
