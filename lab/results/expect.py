@@ -33,7 +33,8 @@ from typing import Any
 
 from lab.core.errors import ConfigError
 from lab.results.doc import primary
-from lab.results.rundir import SUMMARY_METRICS
+from lab.measure.tcp import DIRECTIONS
+from lab.results.rundir import SUMMARY_METRICS, point_directions
 from lab.model.stats import mean_sd, regressed, regressed_runs
 
 #: keys of one [[expect]] table -> meaning (for error messages and docs/ci.md)
@@ -43,6 +44,8 @@ EXPECT_KEYS = {
     "profile": "profile spec the expectation is about (default: every profile)",
     "impairment": "impairment point name (default: every point)",
     "test": "test label (default: every test of the plan)",
+    "direction": "client-to-server or server-to-client: only records of that direction (a tcp or "
+    "udp bidir = true test has one of each; default: every record)",
     "metric": "results.csv column a regression is judged on (default: the test's main metric)",
     "alpha": "significance level of the regression test (default 0.05)",
     "of": "what a bound is checked on: 'mean' of the repetitions (default) or 'every' one",
@@ -110,6 +113,7 @@ class Expectation:
     tolerance: float | None = None  # regression: fraction (0.10)
     alpha: float = DEFAULT_ALPHA
     of: str = "mean"
+    direction: str | None = None
 
     def matches(self, profile: str, impairment: str, label: str) -> bool:
         return (
@@ -139,10 +143,12 @@ class Verdict:
     n: int = 0
     kind: str = "case"  # "case" | "bound" | "regression"
     details: dict[str, Any] = field(default_factory=dict)
+    #: the records' direction where the case's points are directions (a bidir test), else ""
+    direction: str = ""
 
     @property
     def case(self) -> str:
-        pt = f" #{self.point}" if self.point else ""
+        pt = f" {self.direction}" if self.direction else f" #{self.point}" if self.point else ""
         return f"{self.impairment}/{self.test_label}{pt}"
 
 
@@ -243,7 +249,17 @@ def parse_expectations(
         name = e.get("name")
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise _bad("accepted: a non-empty string", source, f"{fld}.name")
-        scope = dict(profile=e.get("profile"), impairment=e.get("impairment"), test=e.get("test"))
+        direction = e.get("direction")
+        if direction is not None and direction not in DIRECTIONS:
+            raise _bad(
+                f"got {direction!r}; accepted: {', '.join(DIRECTIONS)}", source, f"{fld}.direction"
+            )
+        scope = dict(
+            profile=e.get("profile"),
+            impairment=e.get("impairment"),
+            test=e.get("test"),
+            direction=direction,
+        )
         if "that" in e:
             that = e["that"]
             m = THAT_RE.match(that) if isinstance(that, str) else None
@@ -373,6 +389,8 @@ def judge(
             )
     for e in expectations:
         hit = [(k, rs) for k, rs in groups.items() if e.matches(*k[:3])]
+        if e.direction is not None:
+            hit = [(k, rs) for k, rs in hit if any(r.get("direction") == e.direction for r in rs)]
         if e.kind == "bound":
             hit = [
                 (k, rs)
@@ -404,7 +422,21 @@ def judge(
                 out.append(_bound(e, key, rs))
             else:
                 out.append(_regression(e, key, rs, base_groups))
+    _name_directions(out, table)
     return out
+
+
+def _name_directions(verdicts: list[Verdict], table: list[dict]) -> None:
+    """Name a verdict by its records' direction where a case's points are directions (a bidir
+    test: "none/tcp-bidir server-to-client" rather than "#1")."""
+    cases: dict[tuple, list[dict]] = {}
+    for row in table:
+        cases.setdefault((row["profile"], row["impairment"], row["test_label"]), []).append(row)
+    dirs = {k: point_directions(rs) for k, rs in cases.items()}
+    for v in verdicts:
+        named = dirs.get((v.profile, v.impairment, v.test_label))
+        if named and v.point in named:
+            v.direction = named[v.point]
 
 
 def _metric(e: Expectation, rs: list[dict]) -> str:
