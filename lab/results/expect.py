@@ -33,8 +33,9 @@ from typing import Any
 
 from lab.core.errors import ConfigError
 from lab.results.doc import primary
-from lab.measure.tcp import DIRECTIONS
-from lab.results.rundir import SUMMARY_METRICS, point_directions
+from lab.results.directions import DIRECTION_DOC, check_direction, name_directions, of_direction
+from lab.results.rundir import SUMMARY_METRICS
+from lab.results.units import convert
 from lab.model.stats import mean_sd, regressed, regressed_runs
 
 #: keys of one [[expect]] table -> meaning (for error messages and docs/ci.md)
@@ -44,8 +45,7 @@ EXPECT_KEYS = {
     "profile": "profile spec the expectation is about (default: every profile)",
     "impairment": "impairment point name (default: every point)",
     "test": "test label (default: every test of the plan)",
-    "direction": "client-to-server or server-to-client: only records of that direction (a tcp or "
-    "udp bidir = true test has one of each; default: every record)",
+    "direction": DIRECTION_DOC,
     "metric": "results.csv column a regression is judged on (default: the test's main metric)",
     "alpha": "significance level of the regression test (default 0.05)",
     "of": "what a bound is checked on: 'mean' of the repetitions (default) or 'every' one",
@@ -59,34 +59,6 @@ OPS = {
     ">": lambda a, b: a > b,
     "<": lambda a, b: a < b,
 }
-
-#: unit -> (dimension, factor to the dimension's base unit)
-UNITS: dict[str, tuple[str, float]] = {
-    "bit/s": ("rate", 1.0),
-    "bps": ("rate", 1.0),
-    "kbit/s": ("rate", 1e3),
-    "Mbit/s": ("rate", 1e6),
-    "Gbit/s": ("rate", 1e9),
-    "s": ("time", 1.0),
-    "ms": ("time", 1e-3),
-    "us": ("time", 1e-6),
-    "%": ("share", 1.0),
-    "B": ("bytes", 1.0),
-    "bytes": ("bytes", 1.0),
-    "MiB": ("bytes", 2.0**20),
-}
-
-#: column name ending -> (dimension, base units per column unit)
-COLUMN_UNITS = [
-    ("_bps", ("rate", 1.0)),
-    ("_ms", ("time", 1e-3)),
-    ("_us", ("time", 1e-6)),
-    ("seconds", ("time", 1.0)),
-    ("_pct", ("share", 1.0)),
-    ("_mb", ("bytes", 2.0**20)),
-    ("mtu", ("bytes", 1.0)),
-    ("_mss", ("bytes", 1.0)),
-]
 
 THAT_RE = re.compile(
     r"^\s*(?P<metric>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op>>=|<=|==|>|<)\s*"
@@ -143,8 +115,7 @@ class Verdict:
     n: int = 0
     kind: str = "case"  # "case" | "bound" | "regression"
     details: dict[str, Any] = field(default_factory=dict)
-    #: the records' direction where the case's points are directions (a bidir test), else ""
-    direction: str = ""
+    direction: str = ""  # a bidir test's point: its records' (lab.results.directions)
 
     @property
     def case(self) -> str:
@@ -169,32 +140,6 @@ def resolve_metric(name: str, source: str, fld: str) -> str:
         return cands[0]
     shown = ", ".join(cands or SUMMARY_METRICS)
     raise _bad(f"unknown metric {name!r}; accepted: {shown}", source, fld)
-
-
-def column_unit(column: str) -> tuple[str, float] | None:
-    for end, dim in COLUMN_UNITS:
-        if column.endswith(end):
-            return dim
-    return None
-
-
-def _convert(value: float, unit: str | None, column: str, source: str, fld: str) -> float:
-    """VALUE UNIT -> the column's own unit (150 Mbit/s -> 150e6 for throughput_bps)."""
-    if unit is None:
-        return value
-    if unit not in UNITS:
-        raise _bad(f"unknown unit {unit!r}; accepted: {', '.join(UNITS)}", source, fld)
-    dim, factor = UNITS[unit]
-    col = column_unit(column)
-    if col is None or col[0] != dim:
-        ok = [u for u, (d, _) in UNITS.items() if col and d == col[0]]
-        raise _bad(
-            f"unit {unit!r} does not fit {column}; accepted: "
-            + (", ".join(ok) if ok else "no unit (the column's own)"),
-            source,
-            fld,
-        )
-    return value * factor / col[1]
 
 
 def _tolerance(v: Any, source: str, fld: str) -> float:
@@ -249,17 +194,8 @@ def parse_expectations(
         name = e.get("name")
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise _bad("accepted: a non-empty string", source, f"{fld}.name")
-        direction = e.get("direction")
-        if direction is not None and direction not in DIRECTIONS:
-            raise _bad(
-                f"got {direction!r}; accepted: {', '.join(DIRECTIONS)}", source, f"{fld}.direction"
-            )
-        scope = dict(
-            profile=e.get("profile"),
-            impairment=e.get("impairment"),
-            test=e.get("test"),
-            direction=direction,
-        )
+        scope = dict(profile=e.get("profile"), impairment=e.get("impairment"), test=e.get("test"))
+        scope["direction"] = check_direction(e.get("direction"), source, f"{fld}.direction")
         if "that" in e:
             that = e["that"]
             m = THAT_RE.match(that) if isinstance(that, str) else None
@@ -271,7 +207,7 @@ def parse_expectations(
                     f"{fld}.that",
                 )
             metric = resolve_metric(m["metric"], source, f"{fld}.that")
-            value = _convert(float(m["value"]), m["unit"], metric, source, f"{fld}.that")
+            value = convert(float(m["value"]), m["unit"], metric, source, f"{fld}.that")
             text = " ".join(that.split())
             out.append(
                 Expectation(
@@ -389,8 +325,7 @@ def judge(
             )
     for e in expectations:
         hit = [(k, rs) for k, rs in groups.items() if e.matches(*k[:3])]
-        if e.direction is not None:
-            hit = [(k, rs) for k, rs in hit if any(r.get("direction") == e.direction for r in rs)]
+        hit = of_direction(e.direction, hit)
         if e.kind == "bound":
             hit = [
                 (k, rs)
@@ -422,21 +357,8 @@ def judge(
                 out.append(_bound(e, key, rs))
             else:
                 out.append(_regression(e, key, rs, base_groups))
-    _name_directions(out, table)
+    name_directions(out, table)
     return out
-
-
-def _name_directions(verdicts: list[Verdict], table: list[dict]) -> None:
-    """Name a verdict by its records' direction where a case's points are directions (a bidir
-    test: "none/tcp-bidir server-to-client" rather than "#1")."""
-    cases: dict[tuple, list[dict]] = {}
-    for row in table:
-        cases.setdefault((row["profile"], row["impairment"], row["test_label"]), []).append(row)
-    dirs = {k: point_directions(rs) for k, rs in cases.items()}
-    for v in verdicts:
-        named = dirs.get((v.profile, v.impairment, v.test_label))
-        if named and v.point in named:
-            v.direction = named[v.point]
 
 
 def _metric(e: Expectation, rs: list[dict]) -> str:

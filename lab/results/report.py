@@ -39,7 +39,8 @@ from lab.results.preamble import (
     what_ran_section,
 )
 from lab.results.ranking import recommendation_section, summary_section
-from lab.results.rundir import RunDir, imported_figure, point_directions, time_budget, write_tables
+from lab.results.directions import point_directions
+from lab.results.rundir import RunDir, imported_figure, time_budget, write_tables
 from lab.results.series import UNSETTLED_SHARE, unsettled
 
 

@@ -53,11 +53,7 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
     ("test_label", "string", "the plan's label for the test entry"),
     ("ip", "int64", "IP version of the traffic address the test targeted (4 or 6)"),
     ("rep", "int64", "repetition, from 0"),
-    (
-        "point",
-        "int64",
-        "index of the record within the case (udp-sweep step, mtu family, bidir direction)",
-    ),
+    ("point", "int64", "index of the record in the case (udp-sweep step, mtu family, direction)"),
     ("ok", "bool", "the measurement succeeded"),
     ("error", "string", "why not (tool error, tunnel failure), empty when ok"),
     ("started_utc", "string", "start of the case, ISO 8601 UTC"),
@@ -342,20 +338,6 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
                 row["imported"] = r["imported"]
             out.append(row)
     return out
-
-
-def point_directions(rows_) -> dict[int, str] | None:
-    """{point: direction} when a test's records are one per direction (tcp/udp `bidir = true`:
-    point 0 client-to-server, 1 server-to-client), else None."""
-    by_point: dict[int, set] = {}
-    for r in rows_:
-        by_point.setdefault(r["point"], set()).add(r.get("direction") or "")
-    names = [next(iter(d)) for d in by_point.values() if len(d) == 1]
-    if len(by_point) < 2 or len(names) < len(by_point) or "" in names:
-        return None
-    if len(set(names)) < len(names):  # udp-sweep: every step runs the same way
-        return None
-    return {p: next(iter(d)) for p, d in by_point.items()}
 
 
 def _cell(v: Any) -> str:
