@@ -13,7 +13,8 @@ from lab.core.errors import ConfigError
 from lab.measure import TESTS
 from lab.measure.iperf3 import client_argv, parse_iperf3_tcp, parse_iperf3_udp, records_of
 from lab.results.doc import Doc
-from lab.results.expect import judge, parse_expectations
+from lab.results.expect import parse_expectations
+from lab.results.verdicts import judge
 from lab.results.report import _results_tables
 from lab.results.rundir import COLUMN_NAMES, SUMMARY_METRICS, rows
 from tests.test_measure_commands import golden, make, run
