@@ -132,6 +132,8 @@ impl DirShared {
                 "bytes_per_opportunity": crate::trace::MTU_BYTES,
                 "lines": link.trace.ms.len(),
                 "period_ms": link.trace.period_ms,
+                // CLOCK_MONOTONIC of the trace's millisecond 0 (to line a capture up with it)
+                "start_ns": link.start_ns,
             });
         }
         out

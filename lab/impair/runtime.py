@@ -131,6 +131,15 @@ def choose_backend(probe_node) -> tuple[str, str]:
     return "userspace", f"kernel netem unavailable ({pr.reason}); using the lab's engine"
 
 
+def needs_engine(spec: LabSpec, initial: str | None) -> bool:
+    """Whether the `lab up --impair` words ask for what only the engine does (a trace)."""
+    if not initial:
+        return False
+    a, b = spec.endpoints("vpn")
+    d = parse_directional(initial, source="--impair", a=a, b=b)
+    return d.a2b.trace is not None or d.b2a.trace is not None
+
+
 # ------------------------------------------------------------------------- run-time control
 
 
@@ -323,6 +332,8 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> dict[str, 
     ]
     sent: dict[str, Impairment] = {}
     if st["backend"] == "kernel-netem":
+        for _p, imp in changes:  # every point checked before the first changes
+            kernel.refuse_engine_only(imp)
         for p, imp in changes:
             node = lab.node(p.node)
             dev = f"ifb{p.link}" if st["placement"] == "ingress" else p.ifname
@@ -442,6 +453,14 @@ def _show(lab) -> tuple[dict, dict[str, Impairment | None]]:
                     read[f"{name}:{d}"] = Impairment.from_json(v["spec"], source=name)
                     v = str(read[f"{name}:{d}"])
                 applied[name][d] = v
+        # the spec's trace is in `applied` (its path); the engine's whole echo of it is not
+        # for people (`lab impair show --json`): its opportunities' count stands for it
+        for e in eng_out.values():
+            for d in ("a2b", "b2a"):
+                spec = (e.get(d) or {}).get("spec") if isinstance(e.get(d), dict) else None
+                if isinstance(spec, dict) and isinstance(spec.get("trace"), dict):
+                    spec["trace"] = {"path": spec["trace"].get("path"),
+                                     "lines": len(spec["trace"].get("ms") or [])}  # fmt: skip
         out["applied"] = applied
     return out, read
 

@@ -85,6 +85,8 @@ def choose(lab, spec: LabSpec, impair: str, placement) -> tuple[runtime.ImpairPl
     {node: engine path}; refuses, naming the board and what it lacks, when neither can run."""
     iplan = runtime.plan_for(spec, placement, impair, "kernel-netem", "boards: kernel netem")
     lacking = {}
+    if runtime.needs_engine(spec, impair):  # netem has no trace-driven link
+        lacking[iplan.points[0].node] = "a trace-driven link (trace) needs the lab's engine"
     for p in iplan.points:
         pr = probe_netem(lab.node(p.node))
         if not pr.ok:

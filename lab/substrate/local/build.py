@@ -167,11 +167,19 @@ def _arch_plan(spec: LabSpec, cpu: dict[str, dict], vpn=None) -> list[str]:
 
 def impair_plan(spec, lab_id, info, impair, placement, backend):
 
-    if backend == "auto":
+    if backend == "auto" and runtime.needs_engine(spec, impair):
+        backend, why = "userspace", "a trace-driven link (trace): only the lab's engine has it"
+    elif backend == "auto":
         first = next(n for n in spec.hosts())
         probe_node = Lab(lab_id, info).node(first.name)
         backend, why = runtime.choose_backend(probe_node)
     elif backend == "kernel-netem":
+        if runtime.needs_engine(spec, impair):
+            raise ConfigError(
+                "--impair-backend kernel-netem: the --impair words have a trace, which only the "
+                "lab's engine runs; use --impair-backend userspace (or auto)",
+                source="--impair-backend",
+            )
         first = next(n for n in spec.hosts())
         pr = probe_netem(Lab(lab_id, info).node(first.name))
         if not pr.ok:
