@@ -34,7 +34,7 @@ from lab.impair.effective import (
 )
 from lab.model.impairment.directional import DirectionalImpairment, parse_directional
 from lab.model.impairment.model import Impairment
-from lab.impair.engine import EngineClient, NodeEngineClient
+from lab.impair.engine import brief_traces, EngineClient, NodeEngineClient
 from lab.impair.where import directions
 
 DEFAULT = "default"
@@ -129,15 +129,6 @@ def choose_backend(probe_node) -> tuple[str, str]:
     if pr.ok:
         return "kernel-netem", "sch_netem available"
     return "userspace", f"kernel netem unavailable ({pr.reason}); using the lab's engine"
-
-
-def needs_engine(spec: LabSpec, initial: str | None) -> bool:
-    """Whether the `lab up --impair` words ask for what only the engine does (a trace)."""
-    if not initial:
-        return False
-    a, b = spec.endpoints("vpn")
-    d = parse_directional(initial, source="--impair", a=a, b=b)
-    return d.a2b.trace is not None or d.b2a.trace is not None
 
 
 # ------------------------------------------------------------------------- run-time control
@@ -453,14 +444,7 @@ def _show(lab) -> tuple[dict, dict[str, Impairment | None]]:
                     read[f"{name}:{d}"] = Impairment.from_json(v["spec"], source=name)
                     v = str(read[f"{name}:{d}"])
                 applied[name][d] = v
-        # the spec's trace is in `applied` (its path); the engine's whole echo of it is not
-        # for people (`lab impair show --json`): its opportunities' count stands for it
-        for e in eng_out.values():
-            for d in ("a2b", "b2a"):
-                spec = (e.get(d) or {}).get("spec") if isinstance(e.get(d), dict) else None
-                if isinstance(spec, dict) and isinstance(spec.get("trace"), dict):
-                    spec["trace"] = {"path": spec["trace"].get("path"),
-                                     "lines": len(spec["trace"].get("ms") or [])}  # fmt: skip
+        brief_traces(eng_out)  # after `read`: a trace's opportunities are not for people
         out["applied"] = applied
     return out, read
 

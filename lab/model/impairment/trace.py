@@ -14,6 +14,7 @@ them over its control socket and the lab's records need no file afterwards.
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -90,8 +91,6 @@ class Trace:
 
 
 def _count_le(t: Trace, ms: int) -> int:
-    import bisect
-
     k, r = divmod(ms, t.period_ms)
     return k * len(t.ms) + bisect.bisect_right(t.ms, r)
 
