@@ -53,6 +53,10 @@ class Context:
     #: private per-lab scratch (ssh keys, scp payload); never part of results.
     #: None: a directory named ``measure-state`` beside raw_dir.
     state_dir: Path | None = None
+    #: the lab's tunnel, for a test that stops, starts or rekeys it (handshake): an object with
+    #: the methods of lab.measure.handshake.Tunnel (lab.vpn.control.TunnelControl); None where
+    #: the runner gives none
+    tunnel: Any = None
     _seq: int = field(default=0, repr=False)
 
     def state_path(self) -> Path:
@@ -177,6 +181,10 @@ class Test(ABC):
     #: what the report's Recommendation ranks profiles by with this test: a key of RANKS, or
     #: None (not ranked)
     ranks: ClassVar[str | None] = None
+    #: parameters added after plans were written, with the value that means "as before": a plan
+    #: entry at that value leaves them out of its digest (digest_params), so runs recorded
+    #: before them can still be resumed and merged
+    since_plans: ClassVar[Mapping[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -237,9 +245,21 @@ class Test(ABC):
         """Reject unknown keys and impossible values (ConfigError naming source and field)."""
         return validate(self.schema, params, source=source, owner=f"test '{self.name}'")
 
+    def digest_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Validated `params` as a plan's digest records them: `since_plans` at their old value
+        left out (lab.campaign.plan.TestEntry.to_json)."""
+        later = self.since_plans
+        return {k: v for k, v in params.items() if k not in later or v != later[k]}
+
     def estimate_s(self, params: Mapping[str, Any]) -> float:
         """Expected wall time of one run with validated `params` (the progress bar's ETA)."""
         return 5.0
+
+    def needs(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        """What this test with validated `params` asks of every VPN profile of a plan beyond a
+        tunnel, checked when the plan loads (lab.campaign.load), before anything is built:
+        "rekey" (Driver.rekey_support). Default: nothing."""
+        return ()
 
     @abstractmethod
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:

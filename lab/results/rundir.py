@@ -53,7 +53,7 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
     ("test_label", "string", "the plan's label for the test entry"),
     ("ip", "int64", "IP version of the traffic address the test targeted (4 or 6)"),
     ("rep", "int64", "repetition, from 0"),
-    ("point", "int64", "index of the record within the case (udp-sweep step, mtu family)"),
+    ("point", "int64", "index of the record in the case (udp-sweep step, mtu family, direction)"),
     ("ok", "bool", "the measurement succeeded"),
     ("error", "string", "why not (tool error, tunnel failure), empty when ok"),
     ("started_utc", "string", "start of the case, ISO 8601 UTC"),
@@ -114,6 +114,15 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
         "float64",
         "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0",
     ),
+    # frozen where they were before test kinds registered ahead of them (handshake)
+    "stop_reason",
+    "measured_s",
+    "ci_rel_pct",
+    "stopped_after_s",
+    "partial_bytes",
+    "partial_rate_bps",
+    "projected_s",
+    "streams",
 ]
 
 
