@@ -256,6 +256,13 @@ def impairment_lines(res: dict) -> list[str]:
             if counters:
                 moved = ", ".join(f"{k} {v}" for k, v in counters.items() if v)
                 lines.append(f"      counters: {moved or 'all 0'}")
+            tr = (eng.get(d) or {}).get("trace") if isinstance(eng.get(d), dict) else None
+            if tr:  # a trace-driven link: its delivery opportunities so far (engine/src/trace.rs)
+                lines.append(
+                    f"      trace: {tr['opportunities']} delivery opportunities, {tr['used']} "
+                    f"used, {tr['wasted']} wasted (up to {tr['bytes_per_opportunity']} bytes "
+                    f"each; {tr['lines']} lines, period {tr['period_ms']} ms)"
+                )
     for w in res.get("warnings") or []:
         lines.append(f"  warning: {w}")
     return lines
