@@ -114,6 +114,19 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
         "float64",
         "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0",
     ),
+    "stop_reason",
+    "measured_s",
+    "ci_rel_pct",
+    "stopped_after_s",
+    "partial_bytes",
+    "partial_rate_bps",
+    "projected_s",
+    (
+        "not_applicable",
+        "string",
+        "why the row does not apply to the lab (IPv6 over an IPv4-only tunnel): ok, no metric; "
+        "empty otherwise",
+    ),
 ]
 
 
@@ -315,6 +328,9 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
         for i, rec in enumerate(records):
             row = dict(common)
             row["point"] = i
+            # the family a record probed (mtu's IPv6 row of an IPv4 case) over the case's
+            row["ip"] = rec.get("family") or row["ip"]
+            row["not_applicable"] = rec.get("not_applicable") or ""
             row["ok"] = bool(r.get("ok")) and bool(rec.get("ok", False))
             row["error"] = rec.get("error") or (r.get("error") if not r.get("ok") else None) or ""
             # a column the record's test declares is read from its source key; any other metric
