@@ -445,6 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="run the regressions are judged against; repeat it to judge at the run level",
     )
+    p.add_argument(
+        "--allow-missing-baseline",
+        action="store_true",
+        help="skip (instead of fail) a regression whose case the baseline did not measure (a "
+        "profile or test it did not run, or whose repetitions all failed there)",
+    )
     p.add_argument("--junit", metavar="FILE", help="write the verdicts as JUnit XML")
     p.add_argument(
         "-o",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class LabError(Exception):
     """Base of every error the lab raises on purpose."""
@@ -24,6 +27,30 @@ class ConfigError(LabError):
         self.message = message
         where = ": ".join(p for p in (source, field) if p)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+def reject_unknown(
+    table: Iterable, accepted: Iterable, *, source: str | None, where: str = ""
+) -> None:
+    """Refuse the keys of `table` not in `accepted`: ConfigError naming the first unknown key as
+    the field (under `where`), every unknown one, a near miss's likely meaning, and the accepted
+    keys in the order given."""
+    accepted = list(accepted)
+    unknown = sorted(set(map(str, table)) - set(map(str, accepted)))
+    if not unknown:
+        return
+    hints = [
+        f"{u!r}: did you mean {close[0]!r}?"
+        for u in unknown
+        if (close := difflib.get_close_matches(u, accepted, n=1, cutoff=0.75))
+    ]
+    raise ConfigError(
+        f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+        + (f" ({'; '.join(hints)})" if hints else "")
+        + f"; accepted: {', '.join(map(str, accepted))}",
+        source=source,
+        field=f"{where}.{unknown[0]}" if where else unknown[0],
+    )
 
 
 class PreconditionError(LabError):
