@@ -12,8 +12,9 @@ belong to it; the other lines are sample output). The comments before a block sa
 The commands run in order, as root, in one scratch folder that has the checkout's topologies/,
 plans/, vpn_profiles/ and docs/ linked in (the relative paths of the page then mean what they
 mean in the checkout, and nothing is written into it), under the suite's own LAB_STATE_DIR and
-LAB_RUN_DIR. `sudo` is dropped, `lab` is this checkout's code, and `lab up` gets a unique
-`--id`. Afterwards no trace of any lab the walk created is left.
+LAB_RUN_DIR. `sudo` only passes its VAR=value words on (the test is root), `lab` is this
+checkout's code, and `lab up` gets a unique `--id`. Afterwards no trace of any lab the walk
+created is left.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import time
 import warnings
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 from .conftest import REPO, lab_traces
+from .test_byoc import need
 
 DOC = REPO / "docs" / "tutorial.md"
 LINKED = ("topologies", "plans", "vpn_profiles", "docs")
@@ -99,14 +102,18 @@ def test_the_page_parses_into_the_walk():
     assert not [c for c in cmds if c.startswith("$")]  # no prompt left inside a command
 
 
-def _prelude(py: str, lab_id: str) -> str:
-    """Shell functions: `sudo` is a no-op (the test is root), `lab` is this checkout's code."""
-    return (
-        "set -e\n"
-        'sudo() { "$@"; }\n'
-        f'lab() {{ if [ "$1" = up ]; then {py} -m lab.cli.main "$@" --id {lab_id}; '
-        f'else {py} -m lab.cli.main "$@"; fi; }}\n'
+def _shims(bin_dir: Path, py: str, lab_id: str) -> str:
+    """`lab` on PATH is this checkout's code (`lab up` with the walk's own id); `sudo`, a shell
+    function, runs its command with its VAR=value words as `env` does (the test is root)."""
+    bin_dir.mkdir()
+    lab = bin_dir / "lab"
+    lab.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = up ]; then exec {py} -m lab.cli.main "$@" --id {lab_id}; fi\n'
+        f'exec {py} -m lab.cli.main "$@"\n'
     )
+    lab.chmod(0o755)
+    return 'set -e\nsudo() { env "$@"; }\n'
 
 
 def _min_rtts(out: str) -> list[float]:
@@ -116,6 +123,8 @@ def _min_rtts(out: str) -> list[float]:
 @pytest.mark.root
 @pytest.mark.slow
 def test_tutorial_runs_command_by_command(tmp_path):
+    for case in ("wireguard", "strongswan"):  # the page's tunnels: skip naming a missing tool
+        need(case)
     blocks = parse(DOC.read_text())
     work = tmp_path / "walk"
     work.mkdir()
@@ -123,7 +132,8 @@ def test_tutorial_runs_command_by_command(tmp_path):
         (work / name).symlink_to(REPO / name)
     lab_id = "tut" + secrets.token_hex(3)
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
-    prelude = _prelude(sys.executable, lab_id)
+    prelude = _shims(tmp_path / "bin", sys.executable, lab_id)
+    env["PATH"] = f"{tmp_path / 'bin'}:{env['PATH']}"
     skipped, ran, seconds = [], 0, {}
     try:
         for b in blocks:
@@ -181,6 +191,8 @@ def test_tutorial_runs_command_by_command(tmp_path):
     assert "| team/wg.toml | n/a |" in v6 and "| team/ipsec.toml | n/a |" in v6
     assert (work / "team" / "wg.toml").is_file() and (work / "team" / "ipsec.toml").is_file()
     assert (work / "my-configs" / ".github" / "workflows" / "lab-check.yml").is_file()
+    ci = json.loads((work / "runs" / "ci" / "plan.json").read_text())
+    assert ci["profiles"] == ["wg"]  # the check ran the user's profile, not the example's
     junit = ET.parse(work / "runs" / "ci" / "verdicts.xml").getroot()
     assert list(junit.iter("testcase")) and (work / "runs" / "ci" / "check.md").is_file()
     if shutil.which("chromium-headless-shell"):
