@@ -44,6 +44,7 @@ from lab.campaign.plan import SCHEMA, Plan, TestEntry
 from lab.core.errors import ConfigError, LabError
 from lab.model.impairment.points import NAME_RE, impairment_points
 from lab.vpn.profiles import Profile, known_profiles, load_profile
+from lab.vpn.control import can
 from lab.vpn.tunnel import place
 from lab.model.cpuprofile import known_profiles as known_cpu
 from lab.model.cpuprofile import parse_nic_latency
@@ -199,6 +200,7 @@ def validate(
         raise _bad(f"got {adaptive!r}; accepted: true, false", source, "adaptive")
     names = {p.name for p in points}
     tests = _tests(raw, source, names | (file_points or set()))
+    _check_needs(tests, loaded, source)
     vm = raw.get("vm", False)
     if not isinstance(vm, bool):
         raise _bad(f"got {vm!r}; accepted: true, false", source, "vm")
@@ -398,6 +400,31 @@ def _tests(raw: dict, source: str, point_names: set[str]) -> list[TestEntry]:
     if dup:
         raise _bad(f"test label {dup[0]!r} used twice; give each a unique name=", source, "tests")
     return out
+
+
+def _check_needs(tests: list[TestEntry], loaded: dict[str, Profile], source: str) -> None:
+    """Each profile can do what each test asks of it (Test.needs, e.g. the handshake test's
+    forced rekey), or a ConfigError naming the test, the profile, why not and the profiles
+    that can."""
+    for i, t in enumerate(tests):
+        for need in TESTS[t.test].needs(t.params):
+            for spec, profile in loaded.items():
+                answer = can(profile, need)
+                if answer.ok:
+                    continue
+                able = []
+                for name in known_profiles():
+                    try:
+                        if can(load_profile(name), need).ok:
+                            able.append(name)
+                    except ConfigError:  # a profile file that does not load cannot do it
+                        continue
+                raise _bad(
+                    f"test {t.label!r} asks for {need} = true, which profile {spec!r} cannot "
+                    f"do: {answer.how}; profiles that can: {', '.join(able) or '(none)'}",
+                    source,
+                    f"tests[{i}].{need}",
+                )
 
 
 #: repetitions a plan may ask for (a typo of 10**9 would otherwise run for years)

@@ -32,6 +32,7 @@ from lab.results.rundir import RESULT_SCHEMA, RunDir
 from lab.campaign.shard import case_id, case_seed, shard_cases
 from lab.substrate.registry import select
 from lab.core.state import lab_dir, new_lab_id, write_json_atomic
+from lab.vpn.control import TunnelControl
 from lab.vpn.record import TrafficTarget, TunnelRecord
 
 RAW_TAIL_LINES = 30
@@ -236,6 +237,9 @@ class Runner(RunRecord):
             iface=iface,
             timeout_s=self.plan.timeout_s * d,
             state_dir=lab.dir / "measure",
+            tunnel=TunnelControl(lab, self.plan.loaded[case.profile])
+            if case.profile in self.plan.loaded
+            else None,
         )
         test = TESTS[case.test.test]
         started = utc_now()

@@ -7,7 +7,14 @@ import json
 import time
 
 
-from lab.cli.printing import err, impairment_words, out, print_status
+from lab.cli.printing import (
+    err,
+    impairment_words,
+    out,
+    print_status,
+    warning_line,
+    warnings_reminder,
+)
 from lab.core.errors import ConfigError, TeardownIncomplete
 from lab.core.state import check_id, lab_dir, list_lab_ids, state_root
 from lab.model.topology import load_topology, parse_params
@@ -23,6 +30,10 @@ from lab.substrate.registry import (
 from lab.model.impairment.directional import check_words
 from lab.model.impairment.vocab import KEYWORDS
 from lab.model.impairment.words import PRESETS
+
+
+#: how a substrate's bring_up notes start when they are the lab's warnings
+WARNING = "lab: warning: "
 
 
 def cmd_up(args) -> int:
@@ -51,8 +62,10 @@ def cmd_up(args) -> int:
     )
     lab, status, notes = substrate.bring_up(spec, request)
     dt = time.monotonic() - t0
-    for line in notes:
-        err.print(line, markup=False, highlight=False)
+    for line in dict.fromkeys(notes):  # each warning once, on one line (docs/cpu.md)
+        if line.startswith(WARNING):
+            line = WARNING + warning_line(line.removeprefix(WARNING))
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
@@ -142,6 +155,8 @@ def cmd_status(args) -> int:
         out.print("no labs are up")
     for s in statuses:
         _print_lab(s)
+        if line := warnings_reminder(s):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

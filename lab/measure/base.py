@@ -56,6 +56,10 @@ class Context:
     #: private per-lab scratch (ssh keys, scp payload); never part of results.
     #: None: a directory named ``measure-state`` beside raw_dir.
     state_dir: Path | None = None
+    #: the lab's tunnel, for a test that stops, starts or rekeys it (handshake): an object with
+    #: the methods of lab.measure.handshake.Tunnel (lab.vpn.control.TunnelControl); None where
+    #: the runner gives none
+    tunnel: Any = None
     _seq: int = field(default=0, repr=False)
 
     def state_path(self) -> Path:
@@ -243,6 +247,12 @@ class Test(ABC):
     def estimate_s(self, params: Mapping[str, Any]) -> float:
         """Expected wall time of one run with validated `params` (the progress bar's ETA)."""
         return 5.0
+
+    def needs(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        """What this test with validated `params` asks of every VPN profile of a plan beyond a
+        tunnel, checked when the plan loads (lab.campaign.load), before anything is built:
+        "rekey" (Driver.rekey_support). Default: nothing."""
+        return ()
 
     @abstractmethod
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:

@@ -39,6 +39,9 @@ class ContentionTest(Test):
         inner = get_test(params["test"])
         return inner.estimate_s(inner.validate(params["params"], source="estimate")) + 0.5
 
+    def needs(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        return get_test(params["test"]).needs(params["params"])
+
     def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
         out = super().validate(params, source=source)
         if out["test"] == self.name:

@@ -114,6 +114,7 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
         "float64",
         "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0",
     ),
+    # frozen where they were before test kinds registered ahead of them (handshake)
     "stop_reason",
     "measured_s",
     "ci_rel_pct",
@@ -121,6 +122,19 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
     "partial_bytes",
     "partial_rate_bps",
     "projected_s",
+    # the handshake test's, frozen where they were written before the next common column
+    "handshake_ms",
+    "handshake_completed",
+    "handshake_status",
+    "rekey_before_bps",
+    "rekey_min_bps",
+    "rekey_dip_pct",
+    "rekey_noise_pct",
+    "rekey_recovery_s",
+    "rekey_status",
+    "rekey_retransmits",
+    "rekey_keys_s",
+    "rekey_evidence",
     (
         "not_applicable",
         "string",
