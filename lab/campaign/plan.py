@@ -36,6 +36,7 @@ class TestEntry:
             # a fixed-length test's adaptive_* knobs are unused: plans written before adaptive
             # length (issue 17) keep their digest
             params = {k: v for k, v in params.items() if not k.startswith("adaptive")}
+        params = get_test(self.test).digest_params(params)  # e.g. without tcp's bidir = false
         d = {"label": self.label, "test": self.test, "reps": self.reps, "params": params}
         if self.ip != 4:  # absent for IPv4: plans written before `ip` keep their digest
             d["ip"] = self.ip

@@ -184,6 +184,10 @@ class Test(ABC):
     #: what the report's Recommendation ranks profiles by with this test: a key of RANKS, or
     #: None (not ranked)
     ranks: ClassVar[str | None] = None
+    #: parameters added after plans were written, with the value that means "as before": a plan
+    #: entry at that value leaves them out of its digest (digest_params), so runs recorded
+    #: before them can still be resumed and merged
+    since_plans: ClassVar[Mapping[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -243,6 +247,12 @@ class Test(ABC):
     def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
         """Reject unknown keys and impossible values (ConfigError naming source and field)."""
         return validate(self.schema, params, source=source, owner=f"test '{self.name}'")
+
+    def digest_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Validated `params` as a plan's digest records them: `since_plans` at their old value
+        left out (lab.campaign.plan.TestEntry.to_json)."""
+        later = self.since_plans
+        return {k: v for k, v in params.items() if k not in later or v != later[k]}
 
     def estimate_s(self, params: Mapping[str, Any]) -> float:
         """Expected wall time of one run with validated `params` (the progress bar's ETA)."""

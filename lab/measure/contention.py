@@ -51,6 +51,10 @@ class ContentionTest(Test):
         out["params"] = inner.validate(out["params"], source=f"{source}: params")
         return out
 
+    def digest_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        inner = get_test(params["test"]).digest_params(params["params"])
+        return {**super().digest_params(params), "params": inner}
+
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         inner = get_test(params["test"])
         node = ctx.client if params["node"] == "client" else ctx.server

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab.core.errors import ConfigError
+from lab.results.directions import DIRECTION_DOC, check_direction
 from lab.results.rundir import SUMMARY_METRICS
 from lab.vpn.profiles import split_spec
 
@@ -40,6 +41,7 @@ EXPECT_KEYS = {
     "PROFILE:key=value spec (default: every profile)",
     "impairment": "impairment point name (default: every point)",
     "test": "test label (default: every test of the plan)",
+    "direction": DIRECTION_DOC,
     "metric": "results.csv column a regression is judged on (default: the test's main metric)",
     "alpha": "significance level of the regression test (default 0.05)",
     "of": "what a bound is checked on: 'mean' of the repetitions (default) or 'every' one",
@@ -114,6 +116,8 @@ class Expectation:
     unit_scale: float = 1.0
     #: `profile` is a profile name the plan has only with overrides: it covers each of its specs
     profile_by_name: bool = False
+    #: only the records of this direction (a bidir test has one of each: lab.results.directions)
+    direction: str | None = None
 
     def matches(self, profile: str, impairment: str, label: str) -> bool:
         by_name = self.profile_by_name and profile_name(profile) == self.profile
@@ -236,6 +240,7 @@ def parse_expectations(
             impairment=e.get("impairment"),
             test=e.get("test"),
             profile_by_name=e.get("profile") is not None and e.get("profile") not in profiles,
+            direction=check_direction(e.get("direction"), source, f"{fld}.direction"),
         )
         if "that" in e:
             that = e["that"]

@@ -40,6 +40,7 @@ from lab.results.preamble import (
     what_ran_section,
 )
 from lab.results.ranking import recommendation_section, summary_section
+from lab.results.directions import point_directions
 from lab.results.rundir import RunDir, imported_figure, time_budget, write_tables
 from lab.results.series import UNSETTLED_SHARE, unsettled
 
@@ -192,10 +193,9 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
                     failed = len(all_rs) - len(rs)
                     row.append(c + (f" [{failed} failed]" if failed else ""))
                 out.append(row)
-            doc.p(
-                f"**{label}** ({test}{_point_name(rows_l, pidx, len(npoints))}): "
-                f"{metric_name(col)} ({unit.split()[0]})"
-            )
+            dirs = point_directions(rows_l)
+            what = f", {dirs[pidx]}" if dirs else _point_name(rows_l, pidx, len(npoints))
+            doc.p(f"**{label}** ({test}{what}): {metric_name(col)} ({unit.split()[0]})")
             doc.table(header, out)
             _not_applicable_note(doc, rows_where(rows_l, point=pidx))
     _cpu_table(doc, table, profiles, labels, tests, results, manifest)
@@ -230,31 +230,36 @@ SIDE_METRICS = {"loss_pct": "%", "jitter_ms": "ms"}
 
 def _side_by_side(doc, label, test, rows_l, profiles, points, extras) -> None:
     col, unit, scale, _ = primary(test)
-    header = ["profile", "condition", f"{metric_name(col)} ({unit.split()[0]})"] + [
+    dirs = point_directions(rows_l)  # a bidir test: a row per direction
+    header = ["profile", "condition"] + (["direction"] if dirs else [])
+    header += [f"{metric_name(col)} ({unit.split()[0]})"] + [
         f"{metric_name(c)} ({SIDE_METRICS[c]})" for c in extras
     ]
     out = []
     for prof in profiles:
         for pt in points:
-            all_rs = rows_where(rows_l, profile=prof, impairment=pt, point=0)
-            if not all_rs:
-                continue
-            rs = [r for r in all_rs if r["ok"]]
-            failed = len(all_rs) - len(rs)
-            if all(r.get("not_applicable") for r in all_rs):
-                out.append([prof, pt, "n/a"] + ["n/a" for _ in extras])
-                continue
-            out.append(
-                [prof, pt, stat_cell(stats_of([r[col] for r in rs]), scale)
-                 + (f" [{failed} failed]" if failed else "")]
-                + [stat_cell(stats_of([r[c] for r in rs]), 1.0) for c in extras]
-            )  # fmt: skip
+            for pidx in sorted(dirs) if dirs else [0]:
+                all_rs = rows_where(rows_l, profile=prof, impairment=pt, point=pidx)
+                if not all_rs:
+                    continue
+                rs = [r for r in all_rs if r["ok"]]
+                failed = len(all_rs) - len(rs)
+                if all(r.get("not_applicable") for r in all_rs):
+                    na = [prof, pt] + ([dirs[pidx]] if dirs else [])
+                    out.append(na + ["n/a"] + ["n/a" for _ in extras])
+                    continue
+                out.append(
+                    [prof, pt] + ([dirs[pidx]] if dirs else [])
+                    + [stat_cell(stats_of([r[col] for r in rs]), scale)
+                       + (f" [{failed} failed]" if failed else "")]
+                    + [stat_cell(stats_of([r[c] for r in rs]), 1.0) for c in extras]
+                )  # fmt: skip
     doc.p(
         f"**{label}** ({test}): {metric_name(col)} ({unit.split()[0]}) with "
         + " and ".join(metric_name(c) for c in extras)
     )
     doc.table(header, out)
-    _not_applicable_note(doc, rows_where(rows_l, point=0))
+    _not_applicable_note(doc, rows_l)
 
 
 _SPEC_LOSS = re.compile(r"\bloss\s+(?:random\s+)?([\d.]+)%")

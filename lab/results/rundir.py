@@ -53,7 +53,7 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
     ("test_label", "string", "the plan's label for the test entry"),
     ("ip", "int64", "IP version of the traffic address the test targeted (4 or 6)"),
     ("rep", "int64", "repetition, from 0"),
-    ("point", "int64", "index of the record within the case (udp-sweep step, mtu family)"),
+    ("point", "int64", "index of the record in the case (udp-sweep step, mtu family, direction)"),
     ("ok", "bool", "the measurement succeeded"),
     ("error", "string", "why not (tool error, tunnel failure), empty when ok"),
     ("started_utc", "string", "start of the case, ISO 8601 UTC"),
@@ -122,6 +122,7 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
     "partial_bytes",
     "partial_rate_bps",
     "projected_s",
+    "streams",
     # the handshake test's, frozen where they were written before the next common column
     "handshake_ms",
     "handshake_completed",

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab.model.stats import mean_sd, regressed, regressed_runs
+from lab.results.directions import name_directions, of_direction
 from lab.results.doc import primary
 from lab.results.expect import OPS, Expectation, fmt, profile_name, split_profile
 
@@ -52,10 +53,12 @@ class Verdict:
     details: dict[str, Any] = field(default_factory=dict)
     #: `measured` (kept in the column's unit) as shown, in the bound's unit ('301 Mbit/s')
     measured_text: str = ""
+    #: the records' direction where the case's points are directions (a bidir test), else ""
+    direction: str = ""
 
     @property
     def case(self) -> str:
-        pt = f" #{self.point}" if self.point else ""
+        pt = f" {self.direction}" if self.direction else f" #{self.point}" if self.point else ""
         return f"{self.impairment}/{self.test_label}{pt}"
 
 
@@ -142,7 +145,7 @@ def judge(
                 )
             )
     for e in expectations:
-        hit = [(k, rs) for k, rs in groups.items() if e.matches(*k[:3])]
+        hit = of_direction(e.direction, [(k, rs) for k, rs in groups.items() if e.matches(*k[:3])])
         if e.kind == "bound":
             hit = [
                 (k, rs)
@@ -174,6 +177,7 @@ def judge(
                 out.append(_bound(e, key, rs))
             else:
                 out.append(_regression(e, key, rs, bases, allow_missing))
+    name_directions(out, table)
     return out
 
 
