@@ -215,11 +215,18 @@ class Runner(RunRecord):
         raw_dir.mkdir(parents=True, exist_ok=True)
         target = traffic.v4 if case.test.ip == 4 else traffic.v6
         if not target:
-            return self._not_run(
-                case,
+            # an IPv4-only tunnel (or topology) and a test entry with ip = 6: the case does not
+            # apply, it does not fail (issue 32), and its row says why
+            why = (
                 f"ip = {case.test.ip}: the lab has no IPv{case.test.ip} traffic address "
-                f"(profile {case.profile} or the topology carries no IPv{case.test.ip})",
+                f"(profile {case.profile} or the topology carries no IPv{case.test.ip})"
             )
+            return {
+                **self._not_run(case, why),
+                "ok": True,
+                "error": None,
+                "records": [TESTS[case.test.test].not_applicable(why, family=case.test.ip)],
+            }
         d = dilation.factor(lab.spec.dilation)  # time dilation: parameters in, figures back
         ctx = Context(
             client=lab.node(tc),

@@ -4,7 +4,9 @@ lab.model.params, re-exported here as Param).
 
 A test never prints, never exits and never raises on a *measurement* failure (the tool ran but
 reported an error, nothing came back): it returns a record with ``ok=False`` and ``error`` set, so
-the runner decides what a failed point means for the campaign. Bad parameters raise ConfigError in
+the runner decides what a failed point means for the campaign. A point that cannot apply to the
+lab (IPv6 over an IPv4-only tunnel) is neither a failure nor left out: ``Test.not_applicable``
+returns a record that says why, with no metric. Bad parameters raise ConfigError in
 ``validate`` before anything runs; a missing tool raises PreconditionError.
 """
 
@@ -30,7 +32,8 @@ class MeasurementFailed(Exception):
 
 
 Record = dict[str, Any]
-"""One measured point: metrics plus ``test``, ``ok``, ``error`` and ``raw_files``."""
+"""One measured point: metrics plus ``test``, ``ok``, ``error`` and ``raw_files`` (and
+``not_applicable``, the reason, on a point that does not apply)."""
 
 
 @dataclass
@@ -280,6 +283,12 @@ class Test(ABC):
             "raw_files": [str(p) for p in raw_files],
             **metrics,
         }
+
+    def not_applicable(self, reason: str, **fields: Any) -> Record:
+        """The record of a point that does not apply to this lab (e.g. IPv6 over an IPv4-only
+        tunnel): nothing failed and nothing was measured; `reason` says why (results.csv's
+        not_applicable column, the report's "n/a")."""
+        return {**self.record(**fields), "not_applicable": reason}
 
 
 # --- running tools --------------------------------------------------------------------------

@@ -186,16 +186,42 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
                         st = {**st, "n": fig["n"], "sd": fig["sd"]}
                     if st is not None and st["sd"] is None:
                         c = f"{fmt_value(st['mean'] * scale)} (n={st['n']}, sd not given)"
+                    elif st is None and all_rs and all(r.get("not_applicable") for r in all_rs):
+                        c = "n/a"
                     else:
                         c = stat_cell(st, scale)
                     failed = len(all_rs) - len(rs)
                     row.append(c + (f" [{failed} failed]" if failed else ""))
                 out.append(row)
             dirs = point_directions(rows_l)
-            what = f", {dirs[pidx]}" if dirs else f" (point {pidx})" if len(npoints) > 1 else ""
+            what = f", {dirs[pidx]}" if dirs else _point_name(rows_l, pidx, len(npoints))
             doc.p(f"**{label}** ({test}{what}): {metric_name(col)} ({unit.split()[0]})")
             doc.table(header, out)
+            _not_applicable_note(doc, rows_where(rows_l, point=pidx))
     _cpu_table(doc, table, profiles, labels, tests, results, manifest)
+
+
+def _point_name(rows_l: list[dict], pidx: int, npoints: int) -> str:
+    """' (IPv6)' for a point whose rows all probed one family other points do not (mtu's
+    families), else ' (point N)'; '' for a test of one point."""
+    if npoints < 2:
+        return ""
+    ips = {r["ip"] for r in rows_where(rows_l, point=pidx)}
+    if len(ips) == 1 and len({r["ip"] for r in rows_l}) > 1:
+        return f" (IPv{ips.pop()})"
+    return f" (point {pidx})"
+
+
+def _not_applicable_note(doc: Doc, rows_p: list[dict]) -> None:
+    """Why the n/a cells of a table do not apply, once per reason, with the profiles."""
+    why: dict[str, list[str]] = {}
+    for r in rows_p:
+        if r.get("not_applicable"):
+            profs = why.setdefault(r["not_applicable"], [])
+            if r["profile"] not in profs:
+                profs.append(r["profile"])
+    for reason, profs in why.items():
+        doc.p(f"n/a ({', '.join(profs)}): not applicable, {reason}.")
 
 
 #: the metrics a test's table shows beside its primary one when its records have them
@@ -218,6 +244,10 @@ def _side_by_side(doc, label, test, rows_l, profiles, points, extras) -> None:
                     continue
                 rs = [r for r in all_rs if r["ok"]]
                 failed = len(all_rs) - len(rs)
+                if all(r.get("not_applicable") for r in all_rs):
+                    na = [prof, pt] + ([dirs[pidx]] if dirs else [])
+                    out.append(na + ["n/a"] + ["n/a" for _ in extras])
+                    continue
                 out.append(
                     [prof, pt] + ([dirs[pidx]] if dirs else [])
                     + [stat_cell(stats_of([r[col] for r in rs]), scale)
@@ -229,6 +259,7 @@ def _side_by_side(doc, label, test, rows_l, profiles, points, extras) -> None:
         + " and ".join(metric_name(c) for c in extras)
     )
     doc.table(header, out)
+    _not_applicable_note(doc, rows_l)
 
 
 _SPEC_LOSS = re.compile(r"\bloss\s+(?:random\s+)?([\d.]+)%")
