@@ -50,7 +50,19 @@ def suite_state_roots(tmp_path_factory):
             run.rmdir()
 
 
+#: fixtures that boot the full-kernel VM (QEMU TCG): a test using one runs in the "vm" group
+VM_FIXTURES = {"vm", "vm_ready", "guest", "kern"}
+
+
 def pytest_collection_modifyitems(config, items):
+    """Two groups for pytest-xdist (`-n 2 --dist loadgroup`, the README's test command): the
+    tests that boot the VM, and everything else. QEMU's single-threaded TCG keeps one host CPU
+    busy, so the VM tests run beside the host's tests on the other; each group runs in order on
+    one worker, so no two host tests ever run at once (their before/after machine snapshots see
+    only their own labs; the VM changes nothing on the host: no netns, link, cgroup or mount)."""
+    for item in items:
+        vm = item.get_closest_marker("vm") or VM_FIXTURES & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("vm" if vm else "host"))
     if os.geteuid() == 0:
         return
     skip = pytest.mark.skip(reason="needs root: creates network namespaces, cgroups and mounts")

@@ -14,7 +14,7 @@ from lab.core import proc
 
 from .conftest import REPO, vm_kernel_or_skip
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.vm]
 
 
 @pytest.mark.timeout(600)

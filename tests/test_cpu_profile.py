@@ -440,7 +440,7 @@ def test_scaling_below_one_board_core_slows_the_core_too():
         assert p["cores"] == pytest.approx(room / 4)  # 0.15 < one core's 0.26
         assert p["slot_cores"] == pytest.approx(room / 4)
         assert p["single_thread_vs_board"] == pytest.approx(room / 4 / 0.26, abs=1e-3)
-    assert "of its board's CPU time" in warnings[0]
+    assert "of their boards' CPU time" in warnings[0]
 
 
 def test_impossible_request_is_refused():

@@ -138,7 +138,7 @@ def test_undilated_shortfall_warns_naming_the_factor_that_fits():
     plan = {"a": _node(), "b": _node()}
     assert cpuplan.dilate(plan, 1.0, host_cores=2) == 1.0
     (w,) = cpuplan.scale_to_host(plan, 2)
-    assert "90% of its board's cores" in w
+    assert "scaled to 90% of their boards' cores" in w
     assert "-p dilation=1.5" in w and "dilation = 1.5" in w and "dilation=auto" in w
     assert plan["a"]["board_cores_emulated"] == pytest.approx(3.6)
 

@@ -414,7 +414,7 @@ class Gen:
         quick = {
             "name": '"quick"',
             "reps": "3",
-            "duration": "5",
+            "duration_s": "5",
             "count": "20",
             "schema": "1",
             "rate_mbit": "100",
@@ -448,7 +448,7 @@ class Gen:
             "type": [
                 setv("reps", '"3"'),
                 setv("reps", "true"),
-                setv("duration", '"long"'),
+                setv("duration_s", '"long"'),
                 (mutate("profiles = [", "profiles = [5, "), "profiles[0]"),
                 setv("error_bars", "1"),
                 (mutate("[topology]", "topology = 5\n[nottopology]"), "topology"),
@@ -457,7 +457,7 @@ class Gen:
             ],
             "range": [
                 *(setv("reps", v) for v in ("0", "-1", "1000000000")),
-                *(setv("duration", v) for v in ("0", "1e9")),
+                *(setv("duration_s", v) for v in ("0", "1e9")),
                 setv("rate_mbit", "-100"),
                 setv("schema", "99"),
                 setv("impairments", '["delay -5ms"]'),
@@ -498,8 +498,8 @@ class Gen:
             "huge": [
                 setv("name", f'"{"q" * 5000}"'),
                 setv("reps", f"{10**18}"),
-                setv("duration", "inf"),
-                setv("duration", "nan"),
+                setv("duration_s", "inf"),
+                setv("duration_s", "nan"),
                 setv("file", f'"{"x" * 300}.py"'),
             ],
             "unicode": [setv("name", '"qüick"'), setv("test", '"tсp"')],

@@ -231,11 +231,16 @@ def test_mtu_ipv6_probes_the_contexts_ipv6_traffic_address(tmp_path):
     assert v6_pings and all(a[-1] == "fd00:1::2" for a in v6_pings)
 
 
-def test_mtu_ipv6_without_an_ipv6_traffic_address_fails_that_family_only(tmp_path):
-    ctx, _, _ = make(tmp_path, df_responder({4: 1420}), iface="wg0")
+def test_mtu_ipv6_on_an_ipv4_only_tunnel_is_not_applicable(tmp_path):
+    # an imported IPv4-only wg-quick file: no IPv6 traffic address; the IPv6 row says why,
+    # fails nothing and measures nothing, and no IPv6 probe is sent
+    ctx, client, _ = make(tmp_path, df_responder({4: 1420}), iface="wg0")
     v4, v6 = run("mtu", ctx, ipv6=True, attempts=1)
-    assert v6["family"] == 6 and not v6["ok"] and "no IPv6 traffic address" in v6["error"]
+    assert v6["family"] == 6 and v6["ok"] and v6["error"] is None
+    assert "no IPv6 traffic address" in v6["not_applicable"]
+    assert "path_mtu" not in v6 and "iface_mtu" not in v6
     assert v4["family"] == 4 and v4["ok"] and v4["path_mtu"] == 1420
+    assert "not_applicable" not in v4 and not [a for a in client.popened if "-6" in a]
 
 
 def test_mtu_survives_loss_with_retries(tmp_path):

@@ -41,8 +41,8 @@ def test_unknown_key_names_source_field_and_accepted():
         TESTS["tcp"].validate({"duraton_s": 5}, source=SRC)
     assert e.value.source == SRC and e.value.field == "duraton_s"
     assert (
-        "accepted: adaptive, adaptive_min_s, adaptive_rel_pct, direction, duration_s, mss, "
-        "omit_s, port, streams" in str(e.value)
+        "accepted: adaptive, adaptive_min_s, adaptive_rel_pct, bidir, direction, duration_s, "
+        "mss, omit_s, port, streams" in str(e.value)
     )
 
 
@@ -56,6 +56,14 @@ def test_unknown_key_names_source_field_and_accepted():
         ("tcp", {"streams": True}, "streams", "int"),
         ("udp", {"rate_mbit": -1}, "rate_mbit", ">= 0.001"),
         ("udp", {"size": 70000}, "size", "<= 65507"),
+        ("tcp", {"bidir": "yes"}, "bidir", "bool"),
+        ("udp", {"bidir": 1}, "bidir", "bool"),
+        ("udp", {"streams": 0}, "streams", "int >= 1 and <= 128"),
+        # iperf3 refuses -R with --bidir; adaptive length reads one receiver's series
+        ("tcp", {"bidir": True, "direction": "server-to-client"}, "direction", "bidir = false"),
+        ("udp", {"bidir": True, "direction": "server-to-client"}, "direction", "direction unset"),
+        ("tcp", {"bidir": True, "adaptive": True}, "adaptive", "adaptive = false on this test"),
+        ("udp", {"bidir": True, "adaptive": True}, "adaptive", "adaptive = false on this test"),
         ("ping", {"interval_s": 0.0001}, "interval_s", ">= 0.002"),
         ("ping", {"family": 5}, "family", "4, 6"),
         ("mtu", {"addr6": "198.18.0.2"}, "addr6", "not an IPv6 address literal"),

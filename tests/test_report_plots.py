@@ -133,15 +133,16 @@ def test_rtt_cdf_pools_every_sample(run):
 def test_cpu_in_board_cores_and_host_shares_as_in_the_table(run):
     data = _plot(run, "cpu")
     nodes, host = data["panels"]["tcp: nodes"], data["panels"]["tcp: host"]
-    # the fixture's monitor: client 20 %, server 25 % of one host core; host softirq 5 % of all
+    # the fixture's monitor: client 20 %, server 25 % of one host core; host softirq 5 % of
+    # all 2 host cores = 0.1 host cores (docs/cpu.md "Board cores and host cores")
     assert nodes["node client"]["y"] == pytest.approx([20 / 100 / CORE_SHARE] * 2)
     assert nodes["node server"]["y"] == pytest.approx([25 / 100 / CORE_SHARE] * 2)
-    assert host["host softirq"]["y"] == pytest.approx([5.0, 5.0])
+    assert host["host softirq"]["y"] == pytest.approx([5.0 / 100 * 2] * 2)
     assert "board cores" in data["ylabels"]["tcp: nodes"]
-    assert "all host cores" in data["ylabels"]["tcp: host"]
+    assert data["ylabels"]["tcp: host"] == "Host CPU (host cores, of 2)"
     md = run.file("report.md").read_text()
-    assert "0.80 of 1 pi4 core (20 % of the board)" in md
-    assert "| 5.0 % |" in md  # the table's host softirq is the plot's
+    assert "0.80 of 1 board core = 0.20 host cores" in md
+    assert "| 0.10 of 2 host cores |" in md  # the table's host softirq is the plot's
 
 
 def test_axes_are_linear_unless_the_range_demands_log():

@@ -104,7 +104,7 @@ MALFORMED = [
     (
         "unknown host option",
         _pair(host_a=", cpux=1"),
-        r"host 'a': cpux: unknown option; accepted: arch, cpu, defaultRoute, ip",
+        r"host 'a': cpux: unknown option \(did you mean 'cpu'\?\); accepted: arch, cpu, defaultRoute, ip",
     ),
     (
         "unknown link option",

@@ -11,7 +11,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-const MAX_LINE: usize = 1 << 20;
+/// A request line's limit: a trace's opportunities travel in it (crate::trace::MAX_LINES).
+const MAX_LINE: usize = 64 << 20;
 
 pub struct Engine {
     pub a2b: Arc<DirShared>,

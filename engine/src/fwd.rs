@@ -9,6 +9,7 @@
 use crate::csum::{self, VnetHdr, VNET_HDR_LEN};
 use crate::model::{Netem, Sched};
 use crate::now_ns;
+use crate::trace::TraceLink;
 use crate::pkt::{forward_rx, PacketSocket, RxBatch, TxBatch};
 use serde_json::{json, Value};
 use std::cmp::Ordering as CmpOrdering;
@@ -79,6 +80,9 @@ pub struct DirShared {
     pub realtime: AtomicBool,
     pub rx: Arc<PacketSocket>,
     pub tx: Arc<PacketSocket>,
+    /// The trace link's progress as the forwarding thread last left it (None: no trace), for
+    /// `show` to count delivery opportunities used and wasted at the moment it is asked.
+    trace: Mutex<Option<TraceLink>>,
 }
 
 impl DirShared {
@@ -93,6 +97,7 @@ impl DirShared {
             realtime: AtomicBool::new(false),
             rx,
             tx,
+            trace: Mutex::new(None),
         }
     }
 
@@ -113,11 +118,25 @@ impl DirShared {
     pub fn show(&self) -> Value {
         let (_, drops) = self.rx.take_stats();
         self.counters.dropped_rx.fetch_add(drops, R);
-        json!({
+        let mut out = json!({
             "spec": self.spec_json.lock().unwrap().clone(),
             "counters": self.counters.to_json(),
             "realtime": self.realtime.load(R),
-        })
+        });
+        if let Some(link) = self.trace.lock().unwrap().as_ref() {
+            let c = link.counts(now_ns());
+            out["trace"] = json!({
+                "opportunities": c.opportunities,
+                "used": c.used,
+                "wasted": c.wasted,
+                "bytes_per_opportunity": crate::trace::MTU_BYTES,
+                "lines": link.trace.ms.len(),
+                "period_ms": link.trace.period_ms,
+                // CLOCK_MONOTONIC of the trace's millisecond 0 (to line a capture up with it)
+                "start_ns": link.start_ns,
+            });
+        }
+        out
     }
 }
 
@@ -214,7 +233,12 @@ impl Forwarder {
         let g = self.shared.gen.load(Ordering::Acquire);
         if g != self.gen {
             self.gen = g;
-            if let Some(m) = self.shared.pending.lock().unwrap().take() {
+            if let Some(mut m) = self.shared.pending.lock().unwrap().take() {
+                // a trace's millisecond 0 is when its spec takes effect here
+                if let Some(n) = m.as_mut() {
+                    n.start_trace(now_ns());
+                }
+                *self.shared.trace.lock().unwrap() = m.as_ref().and_then(|n| n.trace.clone());
                 self.netem = m;
             }
 
@@ -260,7 +284,13 @@ impl Forwarder {
         let qlen = self.heap.len();
         let last = if qlen > 0 { Some(self.max_tts) } else { None };
         let sched = match self.netem.as_mut() {
-            Some(n) => n.schedule(buf.len() - VNET_HDR_LEN, now, qlen, last),
+            Some(n) => {
+                let s = n.schedule(buf.len() - VNET_HDR_LEN, now, qlen, last);
+                if let (Some(link), Sched::At(_)) = (n.trace.as_ref(), s) {
+                    self.shared.trace.lock().unwrap().clone_from(&Some(link.clone()));
+                }
+                s
+            }
             None => Sched::At(now),
         };
         match sched {

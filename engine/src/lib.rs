@@ -3,8 +3,8 @@
 //!
 //! Layout: `rng`/`dist` (random numbers, netem distribution tables), `model` (the JSON spec and the
 //! netem decision logic, pure and unit-tested), `csum` (checksum completion, corruption, software
-//! GSO), `pkt` (AF_PACKET sockets and batched I/O), `fwd` (one forwarding loop per direction with
-//! its timer heap), `control` (the Unix control socket).
+//! GSO), `pkt` (AF_PACKET sockets and batched I/O), `trace` (trace-driven links, Mahimahi's format), `fwd` (one
+//! forwarding loop per direction with its timer heap), `control` (the Unix control socket).
 
 pub mod control;
 pub mod csum;
@@ -13,6 +13,7 @@ pub mod fwd;
 pub mod model;
 pub mod pkt;
 pub mod rng;
+pub mod trace;
 
 /// CLOCK_MONOTONIC in nanoseconds (vDSO, no syscall).
 #[inline]

@@ -8,6 +8,7 @@
 
 use crate::dist::{self, DistTable, NETEM_DIST_SCALE};
 use crate::rng::{pct_to_u32, CRnd, Rng};
+use crate::trace::{Trace, TraceLink, ETH_HLEN};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ pub const DEFAULT_LIMIT: u32 = 1000;
 const KNOWN_KEYS: &[&str] = &[
     "delay_us", "jitter_us", "delay_corr_pct", "distribution", "loss", "duplicate_pct",
     "duplicate_corr_pct", "corrupt_pct", "corrupt_corr_pct", "reorder_pct", "reorder_corr_pct",
-    "reorder_gap", "rate_bps", "rate_packet_overhead", "limit", "seed",
+    "reorder_gap", "rate_bps", "rate_packet_overhead", "limit", "seed", "trace",
 ];
 
 #[derive(Debug, Clone)]
@@ -53,6 +54,9 @@ pub struct Netem {
     pub rate_bps: u64,
     pub overhead: i64,
     pub limit: u32,
+    /// A trace-driven link (crate::trace): packets leave only at its delivery opportunities.
+    /// Its clock starts when the forwarding thread takes the spec (`start_trace`).
+    pub trace: Option<TraceLink>,
     pub rng: Rng,
 }
 
@@ -196,6 +200,18 @@ impl Netem {
         let rate_bps = obj_u64(m, "rate_bps", u64::MAX / 16)?.unwrap_or(0);
         let overhead = obj_f64(m, "rate_packet_overhead", -65535.0, 65535.0)?.unwrap_or(0.0) as i64;
         let limit = obj_u64(m, "limit", u32::MAX as u64)?.unwrap_or(DEFAULT_LIMIT as u64) as u32;
+        let trace = match m.get("trace") {
+            None | Some(Value::Null) => None,
+            Some(t) => {
+                if rate_bps != 0 {
+                    return Err("trace: not with rate_bps (both set the link's capacity; give one)".into());
+                }
+                if reorder_pct > 0.0 {
+                    return Err("trace: not with reorder_pct (a packet leaves only at a delivery opportunity)".into());
+                }
+                Some(TraceLink::new(Arc::new(Trace::from_json(t)?), 0))
+            }
+        };
         Ok(Netem {
             latency_ns: (latency_us * 1000.0).round() as i64,
             jitter_ns: (jitter_us * 1000.0).round() as i64,
@@ -213,6 +229,7 @@ impl Netem {
             rate_bps,
             overhead,
             limit,
+            trace,
             rng,
         })
     }
@@ -229,7 +246,14 @@ impl Netem {
 
     /// Packets wait for a time (delay, jitter or rate), so the timer heap is used.
     pub fn needs_queue(&self) -> bool {
-        self.latency_ns != 0 || self.jitter_ns != 0 || self.rate_bps != 0
+        self.latency_ns != 0 || self.jitter_ns != 0 || self.rate_bps != 0 || self.trace.is_some()
+    }
+
+    /// Millisecond 0 of the trace (if any) is `now`: called when the spec takes effect.
+    pub fn start_trace(&mut self, now: u64) {
+        if let Some(t) = self.trace.as_mut() {
+            *t = TraceLink::new(t.trace.clone(), now);
+        }
     }
 
     #[inline]
@@ -343,6 +367,13 @@ impl Netem {
     pub fn schedule(&mut self, len: usize, now: u64, qlen: usize, last_tts: Option<u64>) -> Sched {
         if qlen >= self.limit as usize {
             return Sched::DropLimit;
+        }
+        if let Some(link) = self.trace.as_mut() {
+            // the link first (its FIFO and opportunities), then the delay after it (as
+            // `mm-link` inside `mm-delay` on the way out); reorder is refused with a trace
+            let departure = link.depart(now, len.saturating_sub(ETH_HLEN) as u64);
+            let delay = self.tabledist().max(0);
+            return Sched::At(departure + delay as u64);
         }
         if self.gap == 0 || self.counter < self.gap - 1 || self.reorder < self.reorder_cor.next(&mut self.rng) {
             let mut delay = self.tabledist();
@@ -574,5 +605,31 @@ mod tests {
         let mut n = netem(json!({"rate_bps": 8_000_000, "delay_us": 10000}));
         assert_eq!(n.schedule(1000, 0, 0, None), Sched::At(11_000_000));
         assert_eq!(n.schedule(1000, 0, 1, Some(11_000_000)), Sched::At(12_000_000));
+    }
+
+    #[test]
+    fn trace_then_delay() {
+        // 1 ms trace, 514-byte frames (500 IP bytes): three per opportunity, then 10 ms delay
+        let mut n = netem(json!({"trace": {"path": "x", "ms": [1]}, "delay_us": 10000}));
+        n.start_trace(0);
+        let t: Vec<Sched> = (0..4).map(|q| n.schedule(514, 0, q, None)).collect();
+        let ms = 1_000_000;
+        assert_eq!(t, vec![Sched::At(11 * ms), Sched::At(11 * ms), Sched::At(11 * ms), Sched::At(12 * ms)]);
+        assert!(!n.is_passthrough());
+        // the queue limit still applies in front of the link
+        let mut n = netem(json!({"trace": {"ms": [1]}, "limit": 2}));
+        assert_eq!(n.schedule(1514, 0, 2, Some(0)), Sched::DropLimit);
+    }
+
+    #[test]
+    fn trace_refuses_rate_and_reorder() {
+        for bad in [
+            json!({"trace": {"ms": [1]}, "rate_bps": 1000000}),
+            json!({"trace": {"ms": [1]}, "delay_us": 1000, "reorder_pct": 5}),
+            json!({"trace": {"ms": []}}),
+            json!({"trace": [1, 2]}),
+        ] {
+            assert!(Netem::from_json(&bad, 0).is_err(), "accepted {bad}");
+        }
     }
 }

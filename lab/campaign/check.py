@@ -8,20 +8,16 @@ and validates what a check needs before anything runs, and judges a run director
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab.core.paths import results_root
 from lab.core.errors import ConfigError
-from lab.results.expect import (
-    Expectation,
-    Verdict,
-    judge,
-    parse_expectations,
-    plan_expectations,
-    summary,
-)
+from lab.results.expect import Expectation, parse_expectations, plan_expectations
+from lab.results.verdicts import Verdict, judge, summary
 from lab.results.junit import junit_xml
 from lab.campaign.load import REPO, load_plan, plan_file
 from lab.campaign.plan import Plan
@@ -35,6 +31,8 @@ CI_FILES = {
     ".github/workflows/lab-check.yml": REPO / "docs/examples/ci/config-regression.yml",
     "lab-check.toml": REPO / "docs/examples/ci/check.toml",
 }
+#: a line of those files that needs the user's value carries this comment; `lab ci init` lists them
+EDIT_RE = re.compile(r"#\s*EDIT:\s*(?P<what>.+?)\s*$")
 
 
 @dataclass
@@ -61,8 +59,9 @@ def load_check(
 
 
 def new_run_path(plan: Plan, root: Path | None = None) -> Path:
-    """runs/<UTC time>_<plan>[-N]: a path that does not exist yet (lab run creates it)."""
-    root = root if root is not None else REPO / "runs"
+    """<results root>/<UTC time>_<plan>[-N] (lab.core.paths.results_root: ./runs or $LAB_RUN_DIR): a
+    path that does not exist yet (lab run creates it)."""
+    root = root if root is not None else results_root()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for i in range(1000):
         p = root / (f"{stamp}_{plan.name}" + (f"-{i}" if i else ""))
@@ -120,7 +119,11 @@ def store_expectations(run: RunDir, plan: Plan) -> None:
 
 
 def judge_run(
-    run_dir: str | Path, expectations: list[Expectation], baselines: list[RunDir] | None = None
+    run_dir: str | Path,
+    expectations: list[Expectation],
+    baselines: list[RunDir] | None = None,
+    *,
+    allow_missing_baseline: bool = False,
 ) -> CheckResult:
     run = RunDir(Path(run_dir)).check()
     results = run.load_results()
@@ -130,7 +133,7 @@ def judge_run(
         )
     table = rows(run.name, results)
     base_tables = [rows(b.name, b.load_results()) for b in baselines or []]
-    verdicts = judge(expectations, table, base_tables)
+    verdicts = judge(expectations, table, base_tables, allow_missing=allow_missing_baseline)
     seconds: dict[tuple, float] = {}
     for r in results:
         k = (r["profile"], (r.get("impairment") or {}).get("name"), r["label"])
@@ -171,6 +174,14 @@ def _md(cell: str) -> str:
     return str(cell).replace("|", "\\|").replace("\n", " ")
 
 
+def _statistic(v: Verdict) -> str:
+    """A verdict's last cell: its statistic (or why there is none), and the baseline case it was
+    compared with when that is another spec of the profile (lab.results.verdicts.match_baseline)."""
+    text = v.statistic or v.message
+    compared = v.details.get("compared_with")
+    return f"{text}; {compared}" if compared and v.statistic else text
+
+
 def check_markdown(res: CheckResult) -> str:
     """The job summary: the verdicts, then the report's headline table."""
     c = res.counts
@@ -186,14 +197,21 @@ def check_markdown(res: CheckResult) -> str:
             else ""
         ),
         "",
+    ]
+    unjudged = [v for v in res.verdicts if v.kind == "regression" and v.status == "skip"]
+    if unjudged and res.baselines:  # a gate that did not close says so before the table
+        lines += [f"**{len(unjudged)} regression(s) not judged against the baseline:**", ""]
+        lines += [f"- {_md(v.profile)} {_md(v.case)}: {_md(v.message)}" for v in unjudged]
+        lines.append("")
+    lines += [
         "| | profile | case | check | measured | bound | statistic |",
         "|---|---|---|---|---|---|---|",
     ]
     for v in res.verdicts:
-        measured = "-" if v.measured is None else f"{v.measured:.4g}"
+        measured = v.measured_text or ("-" if v.measured is None else f"{v.measured:.4g}")
         lines.append(
             f"| {icon[v.status]} | {_md(v.profile)} | {_md(v.case)} | {_md(v.check)} | "
-            f"{measured} | {_md(v.bound)} | {_md(v.statistic or v.message)} |"
+            f"{measured} | {_md(v.bound)} | {_md(_statistic(v))} |"
         )
     h = res.headline
     if h.get("rows"):
@@ -233,3 +251,16 @@ def ci_init(dest: str | Path, *, force: bool = False) -> list[Path]:
         t.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, t)
     return list(targets)
+
+
+def ci_edits(paths: list[Path]) -> list[tuple[Path, int, str, str]]:
+    """What the files `lab ci init` wrote still need: (file, line number, the line's setting,
+    what to put there) for every line marked `# EDIT: ...`."""
+    out = []
+    for path in paths:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            m = EDIT_RE.search(line)
+            if m:
+                setting = line[: m.start()].strip()
+                out.append((path, n, setting, m["what"]))
+    return out

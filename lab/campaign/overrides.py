@@ -7,13 +7,14 @@ import copy
 import tomllib
 from typing import Any
 
-from lab.core.errors import ConfigError
+from lab.core.errors import ConfigError, did_you_mean
 
 #: keys `-o key=value` accepts (the dotted ones reach into [topology])
 OVERRIDE_KEYS = {
     "reps": "all repetitions (reps, impaired_reps and per-test reps) to this number",
     "impaired_reps": "repetitions at each impairment point",
-    "duration": "duration_s of every test that takes one (wins over per-test values)",
+    "duration_s": "duration_s of every test that takes one (wins over per-test values; "
+    "`duration` is its old name)",
     "adaptive": "true or false: adaptive length of every test that has it (wins over per-test)",
     "profiles": "comma-separated profile specs",
     "impairments": "comma-separated impairment names ('none', presets) or ';'-separated specs",
@@ -79,8 +80,9 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
             for t in raw.get("tests") or []:
                 if isinstance(t, dict):
                     t.pop("reps", None)
-        elif key == "duration":
-            raw["duration"] = value
+        elif key in ("duration_s", "duration"):  # `duration`: the old name (load.ALIASES)
+            raw.pop("duration", None)
+            raw["duration_s"] = value
             for t in raw.get("tests") or []:
                 if isinstance(t, dict):
                     t.pop("duration_s", None)
@@ -124,7 +126,8 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
                 )
         else:
             raise ConfigError(
-                f"unknown override key {key!r}; accepted: {', '.join(OVERRIDE_KEYS)}",
+                f"unknown override key {key!r}{did_you_mean(key, OVERRIDE_KEYS)}; accepted: "
+                f"{', '.join(OVERRIDE_KEYS)}",
                 source="-o",
                 field=key,
             )

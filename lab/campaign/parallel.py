@@ -178,7 +178,7 @@ def run_jobs(plan: Plan, spec, run_path: Path, requested: str, force: bool, ev: 
         "requested": requested,
         "force": force,
         "argv": argv,
-        "plan": plan_file(plan.source),
+        "plan": plan.file or plan_file(plan.source),
         "overrides": list(plan.overrides),
         "host_cores": os.cpu_count(),
     }

@@ -36,6 +36,7 @@ class TestEntry:
             # a fixed-length test's adaptive_* knobs are unused: plans written before adaptive
             # length (issue 17) keep their digest
             params = {k: v for k, v in params.items() if not k.startswith("adaptive")}
+        params = get_test(self.test).digest_params(params)  # e.g. without tcp's bidir = false
         d = {"label": self.label, "test": self.test, "reps": self.reps, "params": params}
         if self.ip != 4:  # absent for IPv4: plans written before `ip` keep their digest
             d["ip"] = self.ip
@@ -89,6 +90,11 @@ class Plan:
     #: the runner hands down to the lab that runs it; empty for a plan read back from its
     #: plan.json (lab.campaign.shard.plan_from_json), which lists cases and runs none
     loaded: dict[str, Profile] = field(default_factory=dict, repr=False, compare=False)
+    #: one-line notes for the user about the file (an old key name it used), which the CLI
+    #: prints; not part of what runs
+    notices: list[str] = field(default_factory=list, repr=False, compare=False)
+    #: the plan file, absolute (resumed from any folder); "" for a plan read from plan.json
+    file: str = field(default="", repr=False, compare=False)
 
     # ------------------------------------------------------------------ derived
     def reps_for(self, test: TestEntry, point: ImpairmentPoint) -> int:

@@ -32,6 +32,7 @@ from lab.results.rundir import RESULT_SCHEMA, RunDir
 from lab.campaign.shard import case_id, case_seed, shard_cases
 from lab.substrate.registry import select
 from lab.core.state import lab_dir, new_lab_id, write_json_atomic
+from lab.vpn.control import TunnelControl
 from lab.vpn.record import TrafficTarget, TunnelRecord
 
 RAW_TAIL_LINES = 30
@@ -214,11 +215,18 @@ class Runner(RunRecord):
         raw_dir.mkdir(parents=True, exist_ok=True)
         target = traffic.v4 if case.test.ip == 4 else traffic.v6
         if not target:
-            return self._not_run(
-                case,
+            # an IPv4-only tunnel (or topology) and a test entry with ip = 6: the case does not
+            # apply, it does not fail (issue 32), and its row says why
+            why = (
                 f"ip = {case.test.ip}: the lab has no IPv{case.test.ip} traffic address "
-                f"(profile {case.profile} or the topology carries no IPv{case.test.ip})",
+                f"(profile {case.profile} or the topology carries no IPv{case.test.ip})"
             )
+            return {
+                **self._not_run(case, why),
+                "ok": True,
+                "error": None,
+                "records": [TESTS[case.test.test].not_applicable(why, family=case.test.ip)],
+            }
         d = dilation.factor(lab.spec.dilation)  # time dilation: parameters in, figures back
         ctx = Context(
             client=lab.node(tc),
@@ -229,6 +237,9 @@ class Runner(RunRecord):
             iface=iface,
             timeout_s=self.plan.timeout_s * d,
             state_dir=lab.dir / "measure",
+            tunnel=TunnelControl(lab, self.plan.loaded[case.profile])
+            if case.profile in self.plan.loaded
+            else None,
         )
         test = TESTS[case.test.test]
         started = utc_now()

@@ -12,6 +12,7 @@ import socket
 import time
 from pathlib import Path
 
+from lab.core.paths import results_root
 from lab.core import proc
 from lab.core.errors import ConfigError, LabError
 from lab import REPO
@@ -52,7 +53,7 @@ def create_run_dir(plan: Plan, path: Path | None = None, *, root: Path | None = 
         check_run_dir(path)
         path.mkdir(parents=True, exist_ok=True)
     else:
-        root = root if root is not None else REPO / "runs"
+        root = root if root is not None else results_root()
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         for i in itertools.count():
             path = root / (f"{stamp}_{plan.name}" + (f"-{i}" if i else ""))
@@ -63,7 +64,9 @@ def create_run_dir(plan: Plan, path: Path | None = None, *, root: Path | None = 
                 continue
     for sub in ("raw", "monitor"):
         (path / sub).mkdir()
-    write_json_atomic(path / "plan.json", {**plan.to_json(), "digest": plan.digest()})
+    # "file": the plan file wherever `lab run --resume` is typed (the source is as typed)
+    extra = {"file": plan.file} if plan.file else {}
+    write_json_atomic(path / "plan.json", {**plan.to_json(), **extra, "digest": plan.digest()})
     return RunDir(path)
 
 
@@ -71,7 +74,7 @@ def resume_plan(run: RunDir, plan_path: str | None, overrides: list[str]) -> Pla
     """The plan a resumed run continues: the one it stored (PLAN, if given, must match it)."""
 
     stored = run.check().plan_json()
-    base = plan_path or plan_file(stored.get("source", ""))
+    base = plan_path or stored.get("file") or plan_file(stored.get("source", ""))
     plan = load_plan(base, list(stored.get("overrides") or []) + list(overrides))
     if plan.digest() != stored.get("digest"):
         raise ConfigError(

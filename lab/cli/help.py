@@ -152,7 +152,10 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("lab ci init ../myrepo --force", "in another one, overwriting"),
     ],
     "ci init": [
-        ("lab ci init", ".github/workflows/lab-check.yml and lab-check.toml here"),
+        (
+            "lab ci init",
+            ".github/workflows/lab-check.yml and lab-check.toml here, then the lines to edit",
+        ),
         ("lab ci init ../myrepo --force", "in another repository, overwriting"),
     ],
 }

@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from lab.cli.printing import err, out, print_run_summary
+from lab.core.paths import results_root
+from lab.cli.printing import err, out, print_notices, print_run_summary
 from lab.core.errors import ConfigError
 from lab.campaign.parallel import is_jobs_run, resume_jobs, run_jobs
-from lab.campaign.load import REPO, load_plan
+from lab.campaign.load import load_plan
 from lab.campaign.setup import check_run_dir
 from lab.substrate.registry import select
 from lab.campaign.parallel import precheck
@@ -68,6 +69,7 @@ def cmd_run_jobs(args, jobs) -> int:
     if not args.plan:
         raise ConfigError("give a PLAN (or --resume RUN_DIR)", source="lab run", field="PLAN")
     plan = load_plan(args.plan, list(args.override))
+    print_notices(plan)
     substrate = select(plan=plan)
     if not substrate.supports_jobs:
         refuse_with(args, "a plan with vm = true")
@@ -75,7 +77,7 @@ def cmd_run_jobs(args, jobs) -> int:
         run = Path(args.out)
     else:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        run = REPO / "runs" / f"{stamp}_{plan.name}"
+        run = results_root() / f"{stamp}_{plan.name}"
     check_run_dir(run)
     spec = substrate.preflight(plan)
 

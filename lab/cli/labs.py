@@ -7,10 +7,17 @@ import json
 import time
 
 
-from lab.cli.printing import err, impairment_words, out, print_status
+from lab.cli.printing import (
+    err,
+    impairment_words,
+    out,
+    print_status,
+    warning_line,
+    warnings_reminder,
+)
 from lab.core.errors import ConfigError, TeardownIncomplete
 from lab.core.state import check_id, lab_dir, list_lab_ids, state_root
-from lab.model.topology import load_topology, parse_params
+from lab.model.topology import find_topology, load_topology, parse_params
 from lab.substrate.base import UpRequest
 from lab.substrate.registry import (
     status_line,
@@ -25,9 +32,14 @@ from lab.model.impairment.vocab import KEYWORDS
 from lab.model.impairment.words import PRESETS
 
 
+#: how a substrate's bring_up notes start when they are the lab's warnings
+WARNING = "lab: warning: "
+
+
 def cmd_up(args) -> int:
     params = parse_params(args.param)
-    spec = load_topology(args.topology, args.topo, params)
+    topology = find_topology(args.topology)  # lab.core.paths: cwd, else the installation
+    spec = load_topology(topology, args.topo, params)
     guest = [a for p in args.param for a in ("-p", p)]
     for flag, value in (
         ("--topo", args.topo),
@@ -46,13 +58,15 @@ def cmd_up(args) -> int:
         impair=args.impair,
         placement=args.placement,
         impair_backend=args.impair_backend,
-        topology_file=args.topology,
+        topology_file=str(topology),
         guest_args=guest,
     )
     lab, status, notes = substrate.bring_up(spec, request)
     dt = time.monotonic() - t0
-    for line in notes:
-        err.print(line, markup=False, highlight=False)
+    for line in dict.fromkeys(notes):  # each warning once, on one line (docs/cpu.md)
+        if line.startswith(WARNING):
+            line = WARNING + warning_line(line.removeprefix(WARNING))
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
@@ -142,6 +156,8 @@ def cmd_status(args) -> int:
         out.print("no labs are up")
     for s in statuses:
         _print_lab(s)
+        if line := warnings_reminder(s):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -240,6 +256,13 @@ def impairment_lines(res: dict) -> list[str]:
             if counters:
                 moved = ", ".join(f"{k} {v}" for k, v in counters.items() if v)
                 lines.append(f"      counters: {moved or 'all 0'}")
+            tr = (eng.get(d) or {}).get("trace") if isinstance(eng.get(d), dict) else None
+            if tr:  # a trace-driven link: its delivery opportunities so far (engine/src/trace.rs)
+                lines.append(
+                    f"      trace: {tr['opportunities']} delivery opportunities, {tr['used']} "
+                    f"used, {tr['wasted']} wasted (up to {tr['bytes_per_opportunity']} bytes "
+                    f"each; {tr['lines']} lines, period {tr['period_ms']} ms)"
+                )
     for w in res.get("warnings") or []:
         lines.append(f"  warning: {w}")
     return lines

@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a plan value: reps=1, duration=3, profiles=a,b, ...",
     )
-    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<UTC>_<plan>)")
+    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default ./runs/<UTC>_<plan>)")
     p.add_argument(
         "--shard",
         metavar="I/N",
@@ -445,6 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="run the regressions are judged against; repeat it to judge at the run level",
     )
+    p.add_argument(
+        "--allow-missing-baseline",
+        action="store_true",
+        help="skip (instead of fail) a regression whose case the baseline did not measure (a "
+        "profile or test it did not run, or whose repetitions all failed there)",
+    )
     p.add_argument("--junit", metavar="FILE", help="write the verdicts as JUnit XML")
     p.add_argument(
         "-o",
@@ -454,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a plan value, as lab run -o",
     )
-    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<UTC>_<plan>)")
+    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default ./runs/<UTC>_<plan>)")
     p.add_argument("--vm", action="store_true", help="run the plan in the full-kernel VM")
     p.add_argument(
         "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"

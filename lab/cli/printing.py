@@ -3,15 +3,49 @@ modules it uses to print; nothing below it prints)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 from rich.console import Console
 from rich.table import Table
 
+from lab.model.cpuwords import capacity_words
 from lab.model.impairment.model import Impairment
+from lab.results.doc import short_warning
 
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+#: a warning's closing pointer to the docs section that explains it: "(docs/cpu.md#warning-x)"
+DOC_REF = re.compile(r"\s*\((?:details: )?(docs/[\w-]+\.md(?:#[\w-]+)?)\)$")
+#: the longest warning text `lab up` prints before its docs pointer (one line on a terminal)
+WARNING_CHARS = 90
+#: the docs section that lists every warning of `lab up`, for `lab status`'s reminder
+WARNINGS_DOC = "docs/cpu.md#warnings-at-lab-up"
+
+
+def warning_line(text: str) -> str:
+    """A warning of `lab up` on one short line: its first clause and where the docs explain
+    it ("... (details: docs/cpu.md#warning-scaled-to-fit)"); the whole text stays in lab.json
+    (`lab status --json`). Applied twice it gives the same line (a VM's guest printed it)."""
+    m = DOC_REF.search(text)
+    body = text[: m.start()] if m else text
+    short = short_warning(body, WARNING_CHARS)
+    if m:
+        return f"{short} (details: {m.group(1)})"
+    return short if short == body else f"{short} (whole: `lab status --json`)"
+
+
+def warnings_reminder(s: dict) -> str | None:
+    """`lab status`'s one line on the warnings `lab up` printed (None if there were none)."""
+    n = len(dict.fromkeys(s.get("warnings") or []))
+    if not n:
+        return None
+    return (
+        f"{n} warning{'s' if n > 1 else ''} when this lab came up: `lab status --json` has "
+        f"{'them' if n > 1 else 'it'}, {WARNINGS_DOC} explains each"
+    )
 
 
 def impairment_words(applied) -> str:
@@ -54,12 +88,14 @@ def status_lines(s: dict) -> list[str]:
             "a symmetric spec applies to each direction (each point is one egress)"
         )
     nic = s.get("nic_latency") or {}
-    if nic.get("directions"):  # the boards' NICs (lab.substrate.local.cpuplan.nic_decision)
+    # the boards' NICs (lab.substrate.local.cpuplan.nic_decision); not applied with a warning,
+    # `lab up` said it and `lab status` reminds of the warnings once
+    if nic.get("directions") and (nic.get("applied") or not nic.get("warned")):
         each = ", ".join(f"{k} {v['us']:g} us" for k, v in nic["directions"].items())
         lines.append(
             f"boards' NIC latency ({each}): "
             + (f"applied ({nic.get('backend')})" if nic.get("applied") else "not applied")
-            + f", {nic.get('why')}"
+            + f", {short_warning(str(nic.get('why')), WARNING_CHARS)}"
         )
     return lines
 
@@ -95,11 +131,10 @@ def print_status(s: dict) -> None:
     specs = _point_specs(s)
     for name, n in s.get("nodes", {}).items():
         cpu = n.get("cpu") or {}
-        cpu_s = cpu.get("profile") or (f"{cpu['cores']:.2f} cores" if cpu.get("cores") else "-")
-        if cpu.get("profile") and cpu.get("cores"):
-            cpu_s += (
-                f" ({cpu['cores']:.2f} cores{'' if cpu.get('calibrated') else ', uncalibrated'})"
-            )
+        # "pi4: 4 board cores = 0.90 host cores", the report's words (lab.model.cpuwords)
+        cpu_s = capacity_words(cpu)
+        if cpu.get("profile") and cpu.get("cores") and not cpu.get("calibrated"):
+            cpu_s += " (uncalibrated)"
         if cpu.get("cgroup") and (cpu.get("profile") or cpu.get("cores")):
             # the mechanism of its cores here: v1, v2-threaded, v2-one-core (docs/cpu.md)
             cpu_s += f", cgroup {cpu['cgroup']}"
@@ -109,7 +144,7 @@ def print_status(s: dict) -> None:
         if dp.get("groups"):  # lab/substrate/local/dataplane.py: the board's data plane model
             cpu_s += (
                 f"; {dp['daemon']}: {dp['groups']} x {dp.get('group_cores', dp['share']):.3f} "
-                f"cores ({dp['threading']}, {dp.get('board_reference') or 'core_share'})"
+                f"host cores ({dp['threading']}, {dp.get('board_reference') or 'core_share'})"
             )
         if n.get("arch"):  # the board's binaries under qemu-user, uncapped (docs/arch.md)
             cpu_s += f", {n['arch']} (qemu-user)"
@@ -161,3 +196,9 @@ def print_run_summary(s: dict) -> None:
     out.print(f"report: {s['report']}", markup=False, highlight=False)
     if s.get("html"):
         out.print(f"report: {s['html']}", markup=False, highlight=False)
+
+
+def print_notices(plan) -> None:
+    """A plan's one-line notes (an old key name it used), on stderr."""
+    for n in plan.notices:
+        err.print(f"lab: note: {n}", markup=False, highlight=False, soft_wrap=True)

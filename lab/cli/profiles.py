@@ -168,13 +168,7 @@ def param_rows(profile) -> list[dict]:
 def profile_detail(spec: str, *, as_json: bool) -> int:
     """`lab profiles NAME[:k=v,...]`: the profile's parameters (with the overrides applied)."""
 
-    try:
-        prof = load_profile(spec)
-    except ConfigError as e:  # the spec came as NAME, not as --vpn
-        if e.source != "--vpn":
-            raise
-        where = ": ".join(p for p in (e.source, e.field) if p)
-        raise ConfigError(str(e)[len(where) + 2 :], source="lab profiles NAME", field=e.field)
+    prof = load_profile(spec, where="lab profiles NAME")
     rows = param_rows(prof)
     avail = availability(prof)
     if as_json:

@@ -9,7 +9,7 @@ import sys
 from rich.markup import escape as rich_escape
 from rich.table import Table
 
-from lab.cli.printing import err, out, print_run_summary
+from lab.cli.printing import err, out, print_notices, print_run_summary
 from lab.core.errors import ConfigError, TeardownIncomplete
 from lab.substrate.registry import check_resume, select
 from lab.campaign.calibrate import RESIDUAL_GOAL, SECONDS_GOAL, calibrate
@@ -39,7 +39,7 @@ from lab.campaign.check import (
     store_expectations,
     write_junit,
 )
-from lab.campaign.check import ci_init
+from lab.campaign.check import ci_edits, ci_init
 
 
 def _print_dataplanes(r: dict) -> None:
@@ -240,6 +240,7 @@ def cmd_run(args) -> int:
         shard = resume_shard(run, shard)
     elif args.plan:
         plan = load_plan(args.plan, overrides)
+        print_notices(plan)
         substrate = _run_substrate(args, plan)
         if args.out:
             check_run_dir(Path(args.out))
@@ -374,6 +375,7 @@ def cmd_check(args) -> int:
         expectations = run_expectations(run, args.plan, args.override)
     elif args.plan:
         plan, expectations = load_check(args.plan, args.override)
+        print_notices(plan)
         args.out = args.out or str(new_run_path(plan))
         # lab check runs the whole plan, one lab at a time
         args.resume, args.shard, args.jobs, args.force = None, None, None, False
@@ -384,7 +386,9 @@ def cmd_check(args) -> int:
         store_expectations(run, plan)
     else:
         raise ConfigError("give a PLAN (or --run RUN_DIR)", source="lab check", field="PLAN")
-    res = judge_run(run.path, expectations, baselines)
+    res = judge_run(
+        run.path, expectations, baselines, allow_missing_baseline=args.allow_missing_baseline
+    )
     style = {"pass": "green", "fail": "red", "skip": "yellow"}
     for v in res.verdicts:
         out.print(
@@ -407,7 +411,28 @@ def cmd_check(args) -> int:
 def cmd_ci(args) -> int:
     if args.ci_cmd != "init":
         raise ConfigError(f"unknown action {args.ci_cmd!r}; accepted: init", source="lab ci")
-    for p in ci_init(args.dir, force=args.force):
+    paths = ci_init(args.dir, force=args.force)
+    for p in paths:
         out.print(f"wrote {p}", markup=False, highlight=False)
-    out.print("commit them; the workflow runs `lab check lab-check.toml` on every change")
+    edits = ci_edits(paths)
+    out.print(f"\nbefore the first commit, edit ({len(edits)} lines marked EDIT):")
+    for i, (path, n, setting, what) in enumerate(edits, 1):
+        line = f"  {i}. {path}:{n}: " + (f"{setting}  <- " if setting else "") + what
+        out.print(line, markup=False, highlight=False)
+    out.print(
+        f"  {len(edits) + 1}. your own profiles go in vpn_profiles/ beside lab-check.toml (the "
+        "workflow sets LAB_VPN_PROFILES to it; `lab profiles import FILE --out "
+        "vpn_profiles/NAME.toml` makes one from a wg-quick, swanctl or OpenVPN file)",
+        markup=False,
+        highlight=False,
+    )
+    out.print(
+        f"  {len(edits) + 2}. no baseline to commit: on a pull request the workflow measures the "
+        "target branch's configuration first, on the same runner; commit these files to the "
+        "default branch first (until it has lab-check.toml, pull requests get no baseline and "
+        "regressions are skipped, saying so)",
+        markup=False,
+        highlight=False,
+    )
+    out.print("the workflow then runs `lab check lab-check.toml` on every change", markup=False)
     return 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class LabError(Exception):
     """Base of every error the lab raises on purpose."""
@@ -24,6 +27,65 @@ class ConfigError(LabError):
         self.message = message
         where = ": ".join(p for p in (source, field) if p)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class ConfigErrors(ConfigError):
+    """Every problem found in one input (a plan file), reported together: one line each, naming
+    its field (issue 32 item 14). `errors` holds them, nested ones flattened."""
+
+    def __init__(self, errors: Iterable[ConfigError], *, source: str | None = None):
+        flat: list[ConfigError] = []
+        for e in errors:
+            flat += e.errors if isinstance(e, ConfigErrors) else [e]
+        self.errors = flat
+        head = f"{source}: " if source else ""
+        lines = []
+        for e in flat:
+            text = str(e)
+            lines.append(text.removeprefix(head) if head else text)
+        n = len(flat)
+        message = f"{n} problems:\n  " + "\n  ".join(lines)
+        super().__init__(message, source=source)
+        self.field = flat[0].field if flat else None  # the first problem's, for code reading one
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """ " (did you mean 'x'?)" for the nearest of `choices` to a mistyped `word`, else "".
+
+    A word that is a choice without its unit suffix (`duration` for `duration_s`, `rate` for
+    `rate_mbit`) counts as near, whatever difflib's ratio says."""
+    choices = [c for c in choices if isinstance(c, str)]
+    if not isinstance(word, str) or not word or word in choices:
+        return ""
+    near = difflib.get_close_matches(word, choices, n=2, cutoff=0.6)
+    near += [c for c in choices if c.startswith(word + "_") and c not in near]
+    if not near:
+        return ""
+    return f" (did you mean {' or '.join(repr(c) for c in near[:2])}?)"
+
+
+def reject_unknown(
+    table: Iterable, accepted: Iterable, *, source: str | None, where: str = ""
+) -> None:
+    """Refuse the keys of `table` not in `accepted`: ConfigError naming the first unknown key as
+    the field (under `where`), every unknown one, a near miss's likely meaning, and the accepted
+    keys in the order given."""
+    accepted = list(accepted)
+    unknown = sorted(set(map(str, table)) - set(map(str, accepted)))
+    if not unknown:
+        return
+    hints = [
+        f"{u!r}: did you mean {close[0]!r}?"
+        for u in unknown
+        if (close := difflib.get_close_matches(u, accepted, n=1, cutoff=0.75))
+    ]
+    raise ConfigError(
+        f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+        + (f" ({'; '.join(hints)})" if hints else "")
+        + f"; accepted: {', '.join(map(str, accepted))}",
+        source=source,
+        field=f"{where}.{unknown[0]}" if where else unknown[0],
+    )
 
 
 class PreconditionError(LabError):

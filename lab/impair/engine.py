@@ -190,6 +190,18 @@ class EngineClient:
             time.sleep(interval)
 
 
+def brief_traces(shown: dict[str, Any]) -> None:
+    """In engines' `show` answers ({name: answer}), each spec's trace as its path and line
+    count: the whole list of opportunities the engine echoes is for comparing, not for people
+    (`lab impair show --json`) or records; the answer's "trace" counts what it did."""
+    for ans in shown.values():
+        for d in ("a2b", "b2a"):
+            spec = ans.get(d, {}).get("spec") if isinstance(ans.get(d), dict) else None
+            if isinstance(spec, dict) and isinstance(spec.get("trace"), dict):
+                tr = spec["trace"]
+                spec["trace"] = {"path": tr.get("path"), "lines": len(tr.get("ms") or [])}
+
+
 #: the control socket exchange of EngineClient._exchange, run on a node with `python3 -c`
 _NODE_EXCHANGE = """
 import socket, sys

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from lab.core.errors import PreconditionError
+from lab.core.errors import ConfigError, PreconditionError
 from lab.core.node import Node
 from lab.model.impairment.loss import GELoss, RandomLoss, StateLoss
 from lab.model.impairment.model import Impairment
@@ -50,6 +50,7 @@ def netem_argv(
     """
     if verb not in ("add", "replace", "change"):
         raise ValueError(f"verb must be add, replace or change, got {verb!r}")
+    refuse_engine_only(imp)
     if imp.seed is not None and tc_version is not None and tc_version < SEED_MIN_TC:
         raise PreconditionError(
             f"netem seed needs iproute2 >= {'.'.join(map(str, SEED_MIN_TC))}, this tc is "
@@ -59,6 +60,18 @@ def netem_argv(
     if handle:
         argv += ["handle", handle]
     return argv + ["netem", *imp.to_netem_words()]
+
+
+def refuse_engine_only(imp: Impairment) -> None:
+    """Refuse what only the lab's engine does (a trace-driven link) before any tc runs."""
+    if imp.trace is not None:
+        raise ConfigError(
+            f"trace {imp.trace.path}: kernel netem has no trace-driven link, only the lab's "
+            "engine does; build the lab with `--impair-backend userspace` (a lab whose first "
+            "--impair has a trace gets the engine by itself)",
+            source="impairment",
+            field="trace",
+        )
 
 
 def clear_argv(ifname: str, *, parent: str = "root") -> list[str]:

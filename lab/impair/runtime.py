@@ -34,7 +34,7 @@ from lab.impair.effective import (
 )
 from lab.model.impairment.directional import DirectionalImpairment, parse_directional
 from lab.model.impairment.model import Impairment
-from lab.impair.engine import EngineClient, NodeEngineClient
+from lab.impair.engine import brief_traces, EngineClient, NodeEngineClient
 from lab.impair.where import directions
 
 DEFAULT = "default"
@@ -323,6 +323,8 @@ def _apply(lab, st: dict, changes: list[tuple[Point, Impairment]]) -> dict[str, 
     ]
     sent: dict[str, Impairment] = {}
     if st["backend"] == "kernel-netem":
+        for _p, imp in changes:  # every point checked before the first changes
+            kernel.refuse_engine_only(imp)
         for p, imp in changes:
             node = lab.node(p.node)
             dev = f"ifb{p.link}" if st["placement"] == "ingress" else p.ifname
@@ -442,6 +444,7 @@ def _show(lab) -> tuple[dict, dict[str, Impairment | None]]:
                     read[f"{name}:{d}"] = Impairment.from_json(v["spec"], source=name)
                     v = str(read[f"{name}:{d}"])
                 applied[name][d] = v
+        brief_traces(eng_out)  # after `read`: a trace's opportunities are not for people
         out["applied"] = applied
     return out, read
 

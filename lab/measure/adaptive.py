@@ -18,6 +18,8 @@ receiver's: with -R the client's own intervals, else the server's, which an adap
 gets by running the server with -J and the client with --get-server-output (the sender's
 rate of a UDP flow is its target, whatever arrives); udp adds the loss criterion on the
 receiver's counts (lab.model.stoprule.loss_decision). A fixed-length test runs exactly as before.
+A --bidir test (tcp/udp `bidir = true`) has two receivers and is refused with adaptive = true
+(lab.measure.iperf3.check_bidir): it runs at its fixed length.
 
 **ping streams.** Its reply lines are read as they arrive; when the RTT interval is met the
 process gets SIGINT, on which iputils ping prints its usual statistics (parsed as always).
@@ -131,6 +133,10 @@ def combine(parts: list[dict]) -> dict:
         for key, n in (("sent_pps", sent), ("received_pps", sum(got))):
             out[key] = n / total if all(p.get(key) for p in parts) else None
     out["duration_s"] = sum(p.get("duration_s") or 0 for p in parts)
+    if "per_stream" in out:  # each segment's own connections
+        out["per_stream"] = [
+            {**s, "segment": k} for k, p in enumerate(parts) for s in p.get("per_stream") or []
+        ]
     for key in ("intervals", "server_intervals"):
         ivs, offset = [], 0.0
         for k, p in enumerate(parts):

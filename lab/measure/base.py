@@ -4,7 +4,9 @@ lab.model.params, re-exported here as Param).
 
 A test never prints, never exits and never raises on a *measurement* failure (the tool ran but
 reported an error, nothing came back): it returns a record with ``ok=False`` and ``error`` set, so
-the runner decides what a failed point means for the campaign. Bad parameters raise ConfigError in
+the runner decides what a failed point means for the campaign. A point that cannot apply to the
+lab (IPv6 over an IPv4-only tunnel) is neither a failure nor left out: ``Test.not_applicable``
+returns a record that says why, with no metric. Bad parameters raise ConfigError in
 ``validate`` before anything runs; a missing tool raises PreconditionError.
 """
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
-from lab.core.errors import ConfigError, StartupError
+from lab.core.errors import ConfigError, StartupError, did_you_mean
 from lab.core.node import Daemon, Node
 from lab.core.tools import Tool
 from lab.model.params import Param, validate
@@ -30,7 +32,8 @@ class MeasurementFailed(Exception):
 
 
 Record = dict[str, Any]
-"""One measured point: metrics plus ``test``, ``ok``, ``error`` and ``raw_files``."""
+"""One measured point: metrics plus ``test``, ``ok``, ``error`` and ``raw_files`` (and
+``not_applicable``, the reason, on a point that does not apply)."""
 
 
 @dataclass
@@ -53,6 +56,10 @@ class Context:
     #: private per-lab scratch (ssh keys, scp payload); never part of results.
     #: None: a directory named ``measure-state`` beside raw_dir.
     state_dir: Path | None = None
+    #: the lab's tunnel, for a test that stops, starts or rekeys it (handshake): an object with
+    #: the methods of lab.measure.handshake.Tunnel (lab.vpn.control.TunnelControl); None where
+    #: the runner gives none
+    tunnel: Any = None
     _seq: int = field(default=0, repr=False)
 
     def state_path(self) -> Path:
@@ -177,6 +184,10 @@ class Test(ABC):
     #: what the report's Recommendation ranks profiles by with this test: a key of RANKS, or
     #: None (not ranked)
     ranks: ClassVar[str | None] = None
+    #: parameters added after plans were written, with the value that means "as before": a plan
+    #: entry at that value leaves them out of its digest (digest_params), so runs recorded
+    #: before them can still be resumed and merged
+    since_plans: ClassVar[Mapping[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -237,9 +248,21 @@ class Test(ABC):
         """Reject unknown keys and impossible values (ConfigError naming source and field)."""
         return validate(self.schema, params, source=source, owner=f"test '{self.name}'")
 
+    def digest_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Validated `params` as a plan's digest records them: `since_plans` at their old value
+        left out (lab.campaign.plan.TestEntry.to_json)."""
+        later = self.since_plans
+        return {k: v for k, v in params.items() if k not in later or v != later[k]}
+
     def estimate_s(self, params: Mapping[str, Any]) -> float:
         """Expected wall time of one run with validated `params` (the progress bar's ETA)."""
         return 5.0
+
+    def needs(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        """What this test with validated `params` asks of every VPN profile of a plan beyond a
+        tunnel, checked when the plan loads (lab.campaign.load), before anything is built:
+        "rekey" (Driver.rekey_support). Default: nothing."""
+        return ()
 
     @abstractmethod
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
@@ -260,6 +283,12 @@ class Test(ABC):
             "raw_files": [str(p) for p in raw_files],
             **metrics,
         }
+
+    def not_applicable(self, reason: str, **fields: Any) -> Record:
+        """The record of a point that does not apply to this lab (e.g. IPv6 over an IPv4-only
+        tunnel): nothing failed and nothing was measured; `reason` says why (results.csv's
+        not_applicable column, the report's "n/a")."""
+        return {**self.record(**fields), "not_applicable": reason}
 
 
 # --- running tools --------------------------------------------------------------------------
@@ -358,7 +387,8 @@ def get_test(name: str, *, source: str | None = None, field: str | None = "test"
         return TESTS[name]
     except (KeyError, TypeError):
         raise ConfigError(
-            f"unknown test {name!r}; accepted: {', '.join(sorted(TESTS))}",
+            f"unknown test {name!r}{did_you_mean(name, TESTS)}; accepted: "
+            f"{', '.join(sorted(TESTS))}",
             source=source,
             field=field,
         ) from None

@@ -39,6 +39,9 @@ class ContentionTest(Test):
         inner = get_test(params["test"])
         return inner.estimate_s(inner.validate(params["params"], source="estimate")) + 0.5
 
+    def needs(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        return get_test(params["test"]).needs(params["params"])
+
     def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
         out = super().validate(params, source=source)
         if out["test"] == self.name:
@@ -47,6 +50,10 @@ class ContentionTest(Test):
         inner = get_test(out["test"], source=source, field="test")
         out["params"] = inner.validate(out["params"], source=f"{source}: params")
         return out
+
+    def digest_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        inner = get_test(params["test"]).digest_params(params["params"])
+        return {**super().digest_params(params), "params": inner}
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         inner = get_test(params["test"])

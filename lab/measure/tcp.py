@@ -1,4 +1,5 @@
-"""tcp: iperf3 TCP bulk transfer in either direction, with optional MSS for small packets."""
+"""tcp: iperf3 TCP bulk transfer in either direction or both at once (--bidir: one record per
+direction), over one or more streams, with optional MSS for small packets."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from lab.measure.base import Context, MeasurementFailed, Metric, Primary, Record
 from lab.model.params import Param
 from lab.core.tools import SS
 from lab.measure.iperf3 import (
+    BIDIR_PARAM,
     IPERF3,
     DEFAULT_PORT,
     IPERF3_METRICS,
+    check_bidir,
     client_argv,
     iperf3_server,
     parse_iperf3_tcp,
+    records_of,
     run_client,
 )
 
@@ -73,7 +77,8 @@ class TcpTest(Test):
         ),
         "duration_s": Param(float, 10.0, min=1, max=36000, doc="iperf3 -t"),
         "omit_s": Param(float, 0.0, min=0, max=600, doc="warm-up seconds discarded, iperf3 -O"),
-        "streams": Param(int, 1, min=1, max=128, doc="parallel streams, iperf3 -P"),
+        "streams": Param(int, 1, min=1, max=128, doc="parallel streams, iperf3 -P (each way)"),
+        "bidir": BIDIR_PARAM,
         "mss": Param(
             int,
             None,
@@ -97,6 +102,10 @@ class TcpTest(Test):
         *ADAPTIVE_METRICS,
     )
     primary = Primary("throughput_bps", "Mbit/s", 1e-6, True)
+    since_plans: ClassVar[dict[str, Any]] = {"bidir": False}
+
+    def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
+        return check_bidir(super().validate(params, source=source), source=source)
 
     def estimate_s(self, params: Mapping[str, Any]) -> float:
         return params["duration_s"] + params["omit_s"] + 0.5
@@ -112,6 +121,7 @@ class TcpTest(Test):
                 reverse=params["direction"] == "server-to-client",
                 mss=params["mss"],
                 server_output=params["adaptive"],
+                bidir=params["bidir"],
             )
             text = run_client(
                 ctx, argv, label="iperf3-tcp", files=files, expected_s=duration + params["omit_s"]
@@ -119,6 +129,8 @@ class TcpTest(Test):
             return parse_iperf3_tcp(text)
 
         base: dict[str, Any] = {"direction": params["direction"], "mss": params["mss"]}
+        if params["bidir"]:
+            base["bidir"] = True
         files: list[Path] = []
         try:
             with iperf3_server(ctx, params["port"], json=params["adaptive"]) as server_log:
@@ -134,13 +146,19 @@ class TcpTest(Test):
                 else:
                     metrics = run_one(params["duration_s"])
         except MeasurementFailed as e:
-            return [self.record(ok=False, error=str(e), raw_files=files, **base)]
-        metrics.update(
-            packet_rate(
-                metrics["receiver_bps"],
-                metrics["tcp_mss"],
-                mss_set=metrics["tcp_mss_set"],
-                family=family_of(ctx.server_addr),
+            return [
+                self.record(ok=False, error=str(e), raw_files=files, **{**base, "direction": d})
+                for d in (DIRECTIONS if params["bidir"] else (params["direction"],))
+            ]
+        out = []
+        for m in records_of(metrics):
+            m.update(
+                packet_rate(
+                    m["receiver_bps"],
+                    m["tcp_mss"],
+                    mss_set=m["tcp_mss_set"],
+                    family=family_of(ctx.server_addr),
+                )
             )
-        )
-        return [self.record(raw_files=files, **{**base, **metrics})]
+            out.append(self.record(raw_files=files, **{**base, **m}))
+        return out

@@ -1,4 +1,5 @@
-"""udp and udp-sweep: iperf3 UDP at a target rate (one point, or a sweep of rates).
+"""udp and udp-sweep: iperf3 UDP at a target rate (one point, or a sweep of rates). udp also runs
+both directions at once (--bidir: one record per direction) and over several streams.
 
 The sweep sends the same datagram size at rising target rates through one iperf3 server and
 reports sent vs received packets/s per step, which tells a sender-bound implementation (sent
@@ -17,12 +18,15 @@ from lab.measure.base import Context, MeasurementFailed, Metric, Primary, Record
 from lab.model.params import Param
 from lab.core.tools import SS
 from lab.measure.iperf3 import (
+    BIDIR_PARAM,
     IPERF3,
     DEFAULT_PORT,
     IPERF3_METRICS,
+    check_bidir,
     client_argv,
     iperf3_server,
     parse_iperf3_udp,
+    records_of,
     run_client,
 )
 from lab.measure.tcp import DIRECTIONS
@@ -61,22 +65,30 @@ def _one(
     rate_mbit: float,
     label: str,
     server_log: Path,
-) -> Record:
+) -> list[Record]:
+    """One record, or with bidir one per direction."""
+    streams, bidir = params.get("streams", 1), bool(params.get("bidir"))
+
     def run_one(duration: float) -> dict[str, Any]:
         argv = client_argv(
             ctx.server_addr,
             params["port"],
             duration=duration,
+            streams=streams,
             reverse=params["direction"] == "server-to-client",
             udp=True,
-            rate_bps=rate_mbit * MBIT,
+            # iperf3's -b is per stream: rate_mbit is the target of all of them (each way)
+            rate_bps=rate_mbit * MBIT / streams,
             length=params["size"],
             server_output=bool(params.get("adaptive")),
+            bidir=bidir,
         )
         text = run_client(ctx, argv, label=label, files=files, expected_s=duration)
         return parse_iperf3_udp(text)
 
     base = {"direction": params["direction"], "rate_mbit": rate_mbit, "size": params["size"]}
+    if bidir:
+        base["bidir"] = True
     files: list[Path] = [server_log]
     try:
         if params.get("adaptive"):  # udp only; segments bounded by -t (measure/adaptive.py)
@@ -86,10 +98,15 @@ def _one(
         else:
             metrics = run_one(params["duration_s"])
     except MeasurementFailed as e:
-        return test.record(ok=False, error=str(e), raw_files=files, **base)
+        return [
+            test.record(ok=False, error=str(e), raw_files=files, **{**base, "direction": d})
+            for d in (DIRECTIONS if bidir else (params["direction"],))
+        ]
     target_pps = rate_mbit * MBIT / 8 / params["size"]
-    metrics["target_pps"] = target_pps
-    return test.record(raw_files=files, **{**base, **metrics})
+    return [
+        test.record(raw_files=files, **{**base, **m, "target_pps": target_pps})
+        for m in records_of(metrics)
+    ]
 
 
 class UdpTest(Test):
@@ -100,19 +117,31 @@ class UdpTest(Test):
     server_tools = ("iperf3", "ss")
     requires = (IPERF3, SS)
     schema: ClassVar[dict[str, Param]] = {
-        "rate_mbit": Param(float, 1.0, min=0.001, max=100_000, doc="target rate, iperf3 -b"),
+        "rate_mbit": Param(
+            float,
+            1.0,
+            min=0.001,
+            max=100_000,
+            doc="target rate (each way), iperf3 -b rate_mbit / streams per stream",
+        ),
         **_common_schema(10.0),
+        "streams": Param(int, 1, min=1, max=128, doc="parallel streams, iperf3 -P (each way)"),
+        "bidir": BIDIR_PARAM,
         **ADAPTIVE_SCHEMA,
     }
     metrics = (*UDP_METRICS, *ADAPTIVE_METRICS)
     primary = THROUGHPUT
+    since_plans: ClassVar[dict[str, Any]] = {"bidir": False, "streams": 1}
+
+    def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
+        return check_bidir(super().validate(params, source=source), source=source)
 
     def estimate_s(self, params: Mapping[str, Any]) -> float:
         return params["duration_s"] + 0.5
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
         with iperf3_server(ctx, params["port"], json=params["adaptive"]) as log:
-            return [_one(self, ctx, params, params["rate_mbit"], "iperf3-udp", log)]
+            return _one(self, ctx, params, params["rate_mbit"], "iperf3-udp", log)
 
 
 def _positive_rates(rates: list) -> str | None:
@@ -167,7 +196,7 @@ class UdpSweepTest(Test):
         records = []
         with iperf3_server(ctx, params["port"]) as log:
             for i, rate in enumerate(self.rates(params)):
-                rec = _one(self, ctx, params, rate, f"iperf3-udp-sweep-{rate:g}M", log)
-                rec["step"] = i
-                records.append(rec)
+                for rec in _one(self, ctx, params, rate, f"iperf3-udp-sweep-{rate:g}M", log):
+                    rec["step"] = i
+                    records.append(rec)
         return records

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.core.errors import ConfigError
+from lab.core.errors import ConfigError, reject_unknown
 
 #: how a board's kernel spreads one tunnel's packet crypto over its cores
 THREADING = ("one-core", "per-cpu")
@@ -82,13 +82,7 @@ def parse_kernel_table(
         return None
     if not isinstance(table, dict):
         raise ConfigError("must be a table", source=src, field="kernel")
-    bad = sorted(set(table) - _KERNEL_FIELDS)
-    if bad:
-        raise ConfigError(
-            f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(sorted(_KERNEL_FIELDS))}",
-            source=src,
-            field=f"kernel.{bad[0]}",
-        )
+    reject_unknown(table, sorted(_KERNEL_FIELDS), source=src, where="kernel")
     for k in ("version", "arch", "source"):
         if not isinstance(table.get(k, ""), str):
             raise ConfigError("must be a string", source=src, field=f"kernel.{k}")
@@ -104,13 +98,7 @@ def parse_kernel_table(
         where = f"kernel.dataplane.{name}"
         if not isinstance(d, dict):
             raise ConfigError("must be a table with threading and source", source=src, field=where)
-        bad = sorted(set(d) - _DP_FIELDS)
-        if bad:
-            raise ConfigError(
-                f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(sorted(_DP_FIELDS))}",
-                source=src,
-                field=f"{where}.{bad[0]}",
-            )
+        reject_unknown(d, sorted(_DP_FIELDS), source=src, where=where)
         if d.get("threading") not in THREADING:
             raise ConfigError(
                 f"must be one of {', '.join(THREADING)}, got {d.get('threading')!r}",

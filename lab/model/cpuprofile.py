@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.core.errors import ConfigError
+from lab.core.errors import ConfigError, reject_unknown
 from lab.model.boardkernel import BoardKernel, parse_kernel_table
 from lab.model.cpucalibration import CORE_SHARE_MAX, apply_calibration
 from lab.model.storageprofile import StorageModel, parse_storage
@@ -239,13 +239,7 @@ def _str(v: Any, src: str, fld: str) -> str:
 
 def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
     """Validate a profile's TOML data. Errors name the file, the field and what is accepted."""
-    unknown = sorted(set(data) - _TOP_FIELDS)
-    if unknown:
-        raise ConfigError(
-            f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_TOP_FIELDS))}",
-            source=src,
-            field=unknown[0],
-        )
+    reject_unknown(data, sorted(_TOP_FIELDS), source=src)
     if "name" in data and data["name"] != name:
         raise ConfigError(
             f"is {data['name']!r} but the file is {name}.toml; they must match",
@@ -304,13 +298,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
             )
         if not isinstance(r, dict):
             raise ConfigError("must be a table with mbps and source", source=src, field=where)
-        bad = sorted(set(r) - _REF_FIELDS)
-        if bad:
-            raise ConfigError(
-                f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(sorted(_REF_FIELDS))}",
-                source=src,
-                field=f"{where}.{bad[0]}",
-            )
+        reject_unknown(r, sorted(_REF_FIELDS), source=src, where=where)
         for req in ("mbps", "source"):
             if req not in r:
                 raise ConfigError(
@@ -359,13 +347,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
     os_table = data.get("os", {})
     if not isinstance(os_table, dict):
         raise ConfigError('must be a table of NAME = "value"', source=src, field="os")
-    bad = sorted(set(os_table) - set(OS_SYSCTLS) - {"source"})
-    if bad:
-        raise ConfigError(
-            f"unknown field(s) {', '.join(bad)}; accepted: {', '.join([*OS_SYSCTLS, 'source'])}",
-            source=src,
-            field=f"os.{bad[0]}",
-        )
+    reject_unknown(os_table, [*OS_SYSCTLS, "source"], source=src, where="os")
     os_sysctls = {
         OS_SYSCTLS[k]: " ".join(_str(v, src, f"os.{k}").split())
         for k, v in os_table.items()
@@ -406,13 +388,7 @@ def _link_table(table: Any, src: str) -> dict:
         raise ConfigError(
             f"must be a table with {', '.join(LINK_FIELDS)}", source=src, field="link"
         )
-    bad = sorted(set(table) - set(LINK_FIELDS))
-    if bad:
-        raise ConfigError(
-            f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(LINK_FIELDS)}",
-            source=src,
-            field=f"link.{bad[0]}",
-        )
+    reject_unknown(table, LINK_FIELDS, source=src, where="link")
     out = {"nic_latency_us": 0.0, "source": "", "derivation": ""}
     if not table:
         return out

@@ -122,6 +122,15 @@ def impairment(imp: Impairment, d: float) -> Impairment:
     is not in the language (lab.model.impairment.vocab UNSUPPORTED)."""
     if d == 1.0 or imp.is_empty():
         return imp
+    if imp.trace is not None:
+        # its opportunities are whole milliseconds: stretched by d they would no longer be the
+        # file's, and the records name the file
+        raise ConfigError(
+            f"trace {imp.trace.path} in a time-dilated lab (x{d:g}) is not supported; run "
+            "the trace with dilation off (-p dilation=1)",
+            source="impairment",
+            field="trace",
+        )
     changes: dict[str, Any] = {}
     for f in ("delay_us", "jitter_us"):
         v = getattr(imp, f)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lab.core.errors import ConfigError
+from lab.core.errors import ConfigError, ConfigErrors, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -104,12 +104,16 @@ def validate(
         )
     given = dict(given or {})
     unknown = sorted(set(given) - set(schema), key=str)
-    if unknown:
-        raise ConfigError(
-            f"unknown {noun}{for_owner}; accepted: {accepted}",
-            source=source,
-            field=f"{field_prefix}{unknown[0]}",
-        )
+    if unknown:  # every unknown name at once, each with the nearest accepted one
+        errors = [
+            ConfigError(
+                f"unknown {noun}{for_owner}{did_you_mean(str(k), schema)}; accepted: {accepted}",
+                source=source,
+                field=f"{field_prefix}{k}",
+            )
+            for k in unknown
+        ]
+        raise errors[0] if len(errors) == 1 else ConfigErrors(errors, source=source)
     out: dict[str, Any] = {}
     for name, p in schema.items():
         value = given.get(name, p.default)

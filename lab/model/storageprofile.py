@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lab.core.errors import ConfigError
+from lab.core.errors import ConfigError, reject_unknown
 
 MIB = 1024 * 1024
 #: a file at the root of a node's storage that says it is a board's card (the model, as JSON):
@@ -133,13 +133,7 @@ def parse_storage(table: Any, src: str) -> StorageModel | None:
         raise ConfigError(
             f"must be a table with {', '.join(STORAGE_FIELDS)}", source=src, field="storage"
         )
-    bad = sorted(set(table) - set(STORAGE_FIELDS))
-    if bad:
-        raise ConfigError(
-            f"unknown field(s) {', '.join(bad)}; accepted: {', '.join(STORAGE_FIELDS)}",
-            source=src,
-            field=f"storage.{bad[0]}",
-        )
+    reject_unknown(table, STORAGE_FIELDS, source=src, where="storage")
     for f in _REQUIRED:
         if f not in table or table[f] in ("", None):
             raise ConfigError(

@@ -22,6 +22,7 @@ from lab.core.errors import ConfigError
 from lab.model.impairment.model import parse_spec
 from lab.model.labspec import Interface, LabSpec, LinkSpec, NodeSpec, Segment
 from lab.model.params import Param, validate
+from lab.core.paths import locate
 from lab.model.topofile import build_topo
 
 # the dataclasses live in lab.model.labspec; their old home still names them
@@ -201,8 +202,16 @@ def parse_param(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def find_topology(text: str | Path) -> Path:
+    """A topology file: a path (relative to the current directory, else to the installation)
+    or the name of a file in topologies/ (lab.core.paths says the rule)."""
+    return locate("topology", str(text), field="TOPOLOGY")
+
+
 def load_topology(path: str | Path, topo: str | None = None, params: dict | None = None) -> LabSpec:
-    """Import the topology file, build the chosen Topo and resolve it into a LabSpec."""
+    """Find (find_topology) and import the topology file, build the chosen Topo and resolve it
+    into a LabSpec."""
+    path = find_topology(path)
     params = dict(params or {})
     # a lab parameter, not the topology's: its build() never sees it (docs/cpu.md "Time dilation")
     dilation = parse_dilation(params.pop("dilation", 1.0), source=str(path), field="dilation")

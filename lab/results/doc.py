@@ -192,15 +192,15 @@ WARNINGS = "Warnings"
 SHORT_WARNING = 120
 
 
-def short_warning(text: str) -> str:
+def short_warning(text: str, limit: int = SHORT_WARNING) -> str:
     """A warning as it is, if it is short; else its first clause (up to the first '. ', ': ',
-    '; ' or ' (' after 20 characters), at most SHORT_WARNING characters, cut at a word."""
-    if len(text) <= SHORT_WARNING:
+    '; ' or ' (' after 20 characters), at most `limit` characters, cut at a word."""
+    if len(text) <= limit:
         return text
     cuts = [i for sep in (". ", ": ", "; ", " (") if (i := text.find(sep, 20)) > 0]
     short = text[: min(cuts)] if cuts else text.rstrip(".")
-    if len(short) > SHORT_WARNING:
-        short = short[:SHORT_WARNING].rsplit(" ", 1)[0] + " ..."
+    if len(short) > limit:
+        short = short[:limit].rsplit(" ", 1)[0] + " ..."
     if short.count("`") % 2:  # never cut inside `code`
         short = short[: short.rindex("`")].rstrip() + " ..."
     return short
@@ -306,37 +306,9 @@ def metric_name(col: str) -> str:
     return METRIC_NAMES.get(col, col.replace("_", " "))
 
 
-def host_cores_per_board_core(cpu: dict | None) -> float | None:
-    """Host cores one board core of the node's CPU profile is worth (its calibrated or assumed
-    core_share); None for an uncapped node or a cap that was not applied (docs/cpu.md)."""
-    cpu = cpu or {}
-    if not cpu.get("profile") or cpu.get("not_applied"):
-        return None
-    if cpu.get("core_share"):
-        # a time-dilated lab emulates one board core with core_share / dilation host cores
-        return float(cpu["core_share"]) / float(cpu.get("dilation") or 1.0)
-    if cpu.get("cores") and cpu.get("emulated_cores"):
-        return float(cpu["cores"]) / float(cpu["emulated_cores"])
-    return None
-
-
-def board_cores(pct_of_host_core: float | None, cpu: dict | None) -> float | None:
-    """A node's CPU in % of one host core -> board cores of its profile (None if uncapped)."""
-    share = host_cores_per_board_core(cpu)
-    if pct_of_host_core is None or not share:
-        return None
-    return pct_of_host_core / 100 / share
-
-
-def board_cpu_text(pct_of_host_core: float | None, cpu: dict | None) -> str:
-    """'0.95 of 1 pi4 core (24 % of the board)' for a capped node, else '% of one host core'."""
-    cores = board_cores(pct_of_host_core, cpu)
-    if cores is None:
-        return "-" if pct_of_host_core is None else f"{fmt_value(pct_of_host_core)} % host core"
-    cpu = cpu or {}
-    cap, total = cpu.get("emulated_cores"), cpu.get("board_cores")
-    unit = "core" if cap == 1 else "cores"
-    text = f"{cores:.2f}" + (f" of {cap:g}" if cap else "") + f" {cpu.get('profile')} {unit}"
-    if total:
-        text += f" ({100 * cores / total:.0f} % of the board)"
-    return text
+def host_ncores(results) -> int | None:
+    """How many cores the run's host has, as its monitor recorded (None if it did not)."""
+    return next(
+        (n for r in results if (n := ((r.get("monitor") or {}).get("host") or {}).get("ncores"))),
+        None,
+    )

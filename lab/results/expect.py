@@ -1,4 +1,5 @@
-"""Expectations: what must hold in a run (`[[expect]]` in a plan), and the verdicts on a run.
+"""Expectations: what must hold in a run (`[[expect]]` in a plan), parsed and validated; the
+verdicts on a run are judged by lab.results.verdicts.
 
 Three kinds, each an `[[expect]]` table (docs/ci.md):
 
@@ -11,38 +12,36 @@ Three kinds, each an `[[expect]]` table (docs/ci.md):
     test = "tcp"
     regression = "10%"                 # not worse than the baseline by more than 10 %
 
-Every case (profile x impairment x test label) is judged too, without being written: every
-repetition ran and succeeded (the tunnel came up and the tool did its work).
+An expectation's `profile = "wireguard"` covers every spec of that profile (`wireguard:mtu=1380`)
+when the plan has no spec spelled exactly so.
 
-The regression rule: a case regresses when its mean is worse than the baseline's by more than
-the tolerance AND a one-sided Welch t-test says it is worse at all (p < alpha, default 0.05).
-The tolerance is the midpoint between "unchanged" and "a real drop worth failing a build for"
-(10 % for 20 %), so noise alone must carry the mean across half the gap, and a real drop must
-be both large and significant. With several baseline runs (`--baseline` repeated) the test is
-at the run level instead: the spread of the baseline runs' means is the noise (lab.model.stats).
+Bounds keep the value as written (`50 Mbit/s`); a verdict shows the bound and the measured
+value in that unit (a regression: in the test's main unit, lab.results.doc.primary).
 
-Pure: parses raw tables and judges result rows (lab.results.rundir.rows); runs nothing, prints nothing.
+Pure: parses raw tables; runs nothing, prints nothing.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from lab.core.errors import ConfigError
-from lab.results.doc import primary
+from lab.results.directions import DIRECTION_DOC, check_direction
 from lab.results.rundir import SUMMARY_METRICS
-from lab.model.stats import mean_sd, regressed, regressed_runs
+from lab.vpn.profiles import split_spec
 
 #: keys of one [[expect]] table -> meaning (for error messages and docs/ci.md)
 EXPECT_KEYS = {
     "that": "a bound: 'METRIC OP VALUE [UNIT]', OP one of >= <= == > <",
     "regression": "largest tolerated worsening against the baseline: '10%' or 0.10",
-    "profile": "profile spec the expectation is about (default: every profile)",
+    "profile": "profile spec the expectation is about; a name alone covers its every "
+    "PROFILE:key=value spec (default: every profile)",
     "impairment": "impairment point name (default: every point)",
     "test": "test label (default: every test of the plan)",
+    "direction": DIRECTION_DOC,
     "metric": "results.csv column a regression is judged on (default: the test's main metric)",
     "alpha": "significance level of the regression test (default 0.05)",
     "of": "what a bound is checked on: 'mean' of the repetitions (default) or 'every' one",
@@ -110,40 +109,32 @@ class Expectation:
     tolerance: float | None = None  # regression: fraction (0.10)
     alpha: float = DEFAULT_ALPHA
     of: str = "mean"
+    #: the bound's VALUE [UNIT] as written ("50 Mbit/s"); `value` is it in the column's unit
+    written: str | None = None
+    #: the unit written (None: the column's own) and column units per written unit (1e6)
+    unit: str | None = None
+    unit_scale: float = 1.0
+    #: `profile` is a profile name the plan has only with overrides: it covers each of its specs
+    profile_by_name: bool = False
+    #: only the records of this direction (a bidir test has one of each: lab.results.directions)
+    direction: str | None = None
 
     def matches(self, profile: str, impairment: str, label: str) -> bool:
+        by_name = self.profile_by_name and profile_name(profile) == self.profile
         return (
-            self.profile in (None, profile)
+            (self.profile in (None, profile) or by_name)
             and self.impairment in (None, impairment)
             and self.test in (None, label)
         )
 
+    def show(self, x: float | None) -> str:
+        """A value of the column in the unit the bound was written in ('301 Mbit/s')."""
+        if x is None:
+            return "-"
+        return fmt(x / self.unit_scale) + (f" {self.unit}" if self.unit else "")
+
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
-
-
-@dataclass
-class Verdict:
-    """The judgement of one case (profile, impairment, test label, point) against one check."""
-
-    profile: str
-    impairment: str
-    test_label: str
-    point: int
-    check: str  # "ok" for the case itself, else the expectation's name
-    status: str  # "pass" | "fail" | "skip"
-    message: str
-    measured: float | None = None
-    bound: str = ""
-    statistic: str = ""
-    n: int = 0
-    kind: str = "case"  # "case" | "bound" | "regression"
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def case(self) -> str:
-        pt = f" #{self.point}" if self.point else ""
-        return f"{self.impairment}/{self.test_label}{pt}"
 
 
 # ---------------------------------------------------------------------- parsing
@@ -172,10 +163,10 @@ def column_unit(column: str) -> tuple[str, float] | None:
     return None
 
 
-def _convert(value: float, unit: str | None, column: str, source: str, fld: str) -> float:
-    """VALUE UNIT -> the column's own unit (150 Mbit/s -> 150e6 for throughput_bps)."""
+def _unit_scale(unit: str | None, column: str, source: str, fld: str) -> float:
+    """Column units per UNIT (Mbit/s for throughput_bps: 1e6; 150 Mbit/s is 150e6 there)."""
     if unit is None:
-        return value
+        return 1.0
     if unit not in UNITS:
         raise _bad(f"unknown unit {unit!r}; accepted: {', '.join(UNITS)}", source, fld)
     dim, factor = UNITS[unit]
@@ -188,7 +179,7 @@ def _convert(value: float, unit: str | None, column: str, source: str, fld: str)
             source,
             fld,
         )
-    return value * factor / col[1]
+    return factor / col[1]
 
 
 def _tolerance(v: Any, source: str, fld: str) -> float:
@@ -226,9 +217,10 @@ def parse_expectations(
             raise _bad(
                 f"unknown key; accepted: {', '.join(EXPECT_KEYS)}", source, f"{fld}.{unknown[0]}"
             )
+        names = {profile_name(p) for p in profiles}
         for key, known in (("profile", profiles), ("impairment", points), ("test", list(tests))):
             v = e.get(key)
-            if v is not None and v not in known:
+            if v is not None and v not in known and not (key == "profile" and v in names):
                 raise _bad(f"got {v!r}; the plan has: {', '.join(known)}", source, f"{fld}.{key}")
         if ("that" in e) == ("regression" in e):
             raise _bad("give exactly one of that = '...' or regression = '10%'", source, fld)
@@ -243,7 +235,13 @@ def parse_expectations(
         name = e.get("name")
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise _bad("accepted: a non-empty string", source, f"{fld}.name")
-        scope = dict(profile=e.get("profile"), impairment=e.get("impairment"), test=e.get("test"))
+        scope = dict(
+            profile=e.get("profile"),
+            impairment=e.get("impairment"),
+            test=e.get("test"),
+            profile_by_name=e.get("profile") is not None and e.get("profile") not in profiles,
+            direction=check_direction(e.get("direction"), source, f"{fld}.direction"),
+        )
         if "that" in e:
             that = e["that"]
             m = THAT_RE.match(that) if isinstance(that, str) else None
@@ -255,7 +253,8 @@ def parse_expectations(
                     f"{fld}.that",
                 )
             metric = resolve_metric(m["metric"], source, f"{fld}.that")
-            value = _convert(float(m["value"]), m["unit"], metric, source, f"{fld}.that")
+            scale = _unit_scale(m["unit"], metric, source, f"{fld}.that")
+            written = m["value"] + (f" {m['unit']}" if m["unit"] else "")
             text = " ".join(that.split())
             out.append(
                 Expectation(
@@ -265,7 +264,10 @@ def parse_expectations(
                     name or text,
                     metric=metric,
                     op=m["op"],
-                    value=value,
+                    value=float(m["value"]) * scale,
+                    written=written,
+                    unit=m["unit"],
+                    unit_scale=scale,
                     alpha=float(alpha),
                     of=of,
                     **scope,
@@ -312,10 +314,11 @@ def plan_expectations(plan) -> list[Expectation]:
     )
 
 
-# ---------------------------------------------------------------------- judging
+# -------------------------------------------------- values as shown, profile specs
 
 
-def _fmt(v: float | None) -> str:
+def fmt(v: float | None) -> str:
+    """A figure in a verdict: four significant digits, 5e+07 only beyond what a unit covers."""
     if v is None:
         return "-"
     if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-2):
@@ -323,178 +326,15 @@ def _fmt(v: float | None) -> str:
     return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
 
 
-def _groups(table: list[dict]) -> dict[tuple, list[dict]]:
-    g: dict[tuple, list[dict]] = {}
-    for row in table:
-        g.setdefault(
-            (row["profile"], row["impairment"], row["test_label"], row["point"]), []
-        ).append(row)
-    return g
+def profile_name(spec: str) -> str:
+    """The profile a spec loads: 'wireguard:mtu=1380' -> 'wireguard'."""
+    return split_profile(spec)[0]
 
 
-def _values(rows_: list[dict], metric: str) -> list[float]:
-    return [r[metric] for r in rows_ if r["ok"] and r.get(metric) is not None]
-
-
-def judge(
-    expectations: list[Expectation],
-    table: list[dict],
-    baselines: list[list[dict]] | None = None,
-) -> list[Verdict]:
-    """Verdicts for every case of `table` (results.csv rows) and every expectation that matches
-    it. `baselines`: the rows of each baseline run (None or []: regressions are skipped, saying
-    why); one run is judged over its repetitions (Welch), several at the run level."""
-    out: list[Verdict] = []
-    groups = _groups(table)
-    base_groups = [_groups(b) for b in baselines or []]
-    for (profile, imp, label, point), rs in groups.items():
-        if point == 0:
-            bad = sorted({r["rep"] for r in rs if not r["ok"]})
-            reps = len({r["rep"] for r in rs})
-            errors = sorted({r["error"] for r in rs if not r["ok"] and r["error"]})
-            out.append(
-                Verdict(
-                    profile,
-                    imp,
-                    label,
-                    point,
-                    "ok",
-                    "fail" if bad else "pass",
-                    (
-                        f"{len(bad)} of {reps} repetitions failed (rep {', '.join(map(str, bad))})"
-                        + (f": {'; '.join(errors)[:500]}" if errors else "")
-                    )
-                    if bad
-                    else f"{reps} repetitions ran and succeeded",
-                    measured=float(reps - len(bad)),
-                    bound=f"{reps} of {reps} succeed",
-                    n=reps,
-                )
-            )
-    for e in expectations:
-        hit = [(k, rs) for k, rs in groups.items() if e.matches(*k[:3])]
-        if e.kind == "bound":
-            hit = [
-                (k, rs)
-                for k, rs in hit
-                if any(r.get(e.metric) is not None for r in rs) or not any(r["ok"] for r in rs)
-            ]
-        else:
-            hit = [
-                (k, rs)
-                for k, rs in hit
-                if k[3] == 0 or any(r.get(_metric(e, rs)) is not None for r in rs)
-            ]
-        if not hit:
-            out.append(
-                Verdict(
-                    e.profile or "*",
-                    e.impairment or "*",
-                    e.test or "*",
-                    0,
-                    e.name,
-                    "fail",
-                    f"no case of the run matches {e.text!r}",
-                    kind=e.kind,
-                )
-            )
-            continue
-        for key, rs in hit:
-            if e.kind == "bound":
-                out.append(_bound(e, key, rs))
-            else:
-                out.append(_regression(e, key, rs, base_groups))
-    return out
-
-
-def _metric(e: Expectation, rs: list[dict]) -> str:
-    return e.metric or primary(rs[0]["test"]).column
-
-
-def _bound(e: Expectation, key: tuple, rs: list[dict]) -> Verdict:
-    vals = _values(rs, e.metric)
-    bound = f"{e.metric} {e.op} {_fmt(e.value)}"
-    v = Verdict(*key, e.name, "fail", "", bound=bound, n=len(vals), kind="bound")
-    if not vals:
-        v.message = f"no successful repetition measured {e.metric}"
-        return v
-    if e.of == "every":
-        worst = [x for x in vals if not OPS[e.op](x, e.value)]
-        v.measured = worst[0] if worst else (min(vals) if e.op in (">=", ">") else max(vals))
-        v.status = "fail" if worst else "pass"
-        v.statistic = f"every repetition (n={len(vals)}): {', '.join(_fmt(x) for x in vals)}"
-        v.message = f"{e.metric} = {_fmt(v.measured)}; bound {bound}; {v.statistic}"
-        return v
-    mean, sd = mean_sd(vals)
-    v.measured = mean
-    v.status = "pass" if OPS[e.op](mean, e.value) else "fail"
-    v.statistic = f"mean of n={len(vals)}, sd {_fmt(sd)}"
-    v.message = f"{e.metric} = {_fmt(mean)} (mean of {len(vals)}, sd {_fmt(sd)}); bound {bound}"
-    return v
-
-
-def _regression(e: Expectation, key: tuple, rs: list[dict], base_groups: list[dict]) -> Verdict:
-    metric = _metric(e, rs)
-    hib = primary(rs[0]["test"]).higher_is_better if e.metric is None else _higher(metric)
-    limit = 1 - e.tolerance if hib else 1 + e.tolerance
-    bound = f"{metric} {'>=' if hib else '<='} {limit:.0%} of the baseline's mean"
-    v = Verdict(*key, e.name, "skip", "", bound=bound, kind="regression")
-    if not base_groups:
-        v.message = "no --baseline given"
-        return v
-    new = _values(rs, metric)
-    runs = [x for x in (_values(g.get(key, []), metric) for g in base_groups) if x]
-    base = [x for r in runs for x in r]
-    v.n = len(new)
-    if not base:
-        v.message = f"the baseline has no successful {metric} for this case"
-        return v
-    if not new:
-        v.status = "fail"
-        v.message = f"no successful repetition measured {metric}"
-        return v
-    if len(runs) > 1:
-        bad, ratio, w = regressed_runs(runs, new, e.tolerance, hib, e.alpha)
-        base_mean = sum(sum(r) / len(r) for r in runs) / len(runs)
-        of = f"mean of {len(runs)} runs' means"
-    else:
-        bad, ratio, w = regressed(base, new, e.tolerance, hib, e.alpha)
-        base_mean = sum(base) / len(base)
-        of = f"mean of {len(base)}"
-    v.status = "fail" if bad else "pass"
-    v.measured = sum(new) / len(new)
-    name = "Welch t" if w.kind == "welch" else f"t against {len(runs)} baseline runs"
-    stat = (
-        f"{name} = {w.t:.2f}, df = {w.df:.1f}, one-sided p = {w.p:.3g}"
-        if w.t is not None
-        else f"no t-test (n = {len(runs) if len(runs) > 1 else len(base)}/{len(new)} or no "
-        "spread): decided on the means"
-    )
-    v.statistic = f"ratio {ratio:.3f}; {stat}; alpha {e.alpha:g}"
-    v.details = {
-        "baseline_mean": base_mean,
-        "baseline_n": len(base),
-        "baseline_runs": len(runs),
-        "test": w.kind,
-        "ratio": ratio,
-        "t": w.t,
-        "df": w.df,
-        "p": w.p,
-    }
-    v.message = (
-        f"{metric} = {_fmt(v.measured)} (mean of {len(new)}) vs baseline "
-        f"{_fmt(base_mean)} ({of}): {v.statistic}; "
-        f"fails when beyond {limit:.0%} of the baseline and p < {e.alpha:g}"
-    )
-    return v
-
-
-def _higher(metric: str) -> bool:
-    """Direction of a column given explicitly: rates up, times, losses and CPU down."""
-    return not any(
-        metric.endswith(s) for s in ("_ms", "_us", "seconds", "_pct", "retransmits", "_mb")
-    )
-
-
-def summary(verdicts: list[Verdict]) -> dict[str, int]:
-    return {s: sum(1 for v in verdicts if v.status == s) for s in ("pass", "fail", "skip")}
+def split_profile(spec: str) -> tuple[str, dict[str, str]]:
+    """A case's profile spec split as lab.vpn.profiles does; a name that is no spec (an imported
+    run's 'IPsec: AES-GCM', say) stays whole, with no overrides."""
+    try:
+        return split_spec(spec)
+    except ConfigError:
+        return spec, {}

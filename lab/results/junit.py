@@ -15,7 +15,7 @@ import socket
 import time
 import xml.etree.ElementTree as ET
 
-from lab.results.expect import Verdict
+from lab.results.verdicts import Verdict
 
 
 def _props(manifest: dict, profile: str) -> list[tuple[str, str]]:
@@ -44,7 +44,9 @@ def _text(v: Verdict) -> str:
     lines = [v.message]
     if v.bound:
         lines.append(f"bound: {v.bound}")
-    if v.measured is not None:
+    if v.measured_text:
+        lines.append(f"measured: {v.measured_text}")
+    elif v.measured is not None:
         lines.append(f"measured: {v.measured!r}")
     if v.statistic:
         lines.append(f"statistic: {v.statistic}")

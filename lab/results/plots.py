@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from lab.results.series import NO_BAR, condition_legend, drawn_err, series_plots, style_axis
-from lab.results.doc import rows_where, mean_of, in_order, stats_of, board_cores, draws
+from lab.model.cpuwords import board_cores
+from lab.results.doc import rows_where, mean_of, in_order, stats_of, draws, host_ncores
 from lab.results.rundir import RunDir
 from lab.core.state import write_text_atomic
 
@@ -311,13 +312,14 @@ def rate_target_data(table, labels, profiles, points) -> dict:
 
 def cpu_data(run: RunDir, unimp: list[dict], profiles: list[str], labels: list[str]) -> dict:
     """Mean CPU per profile during each throughput test without impairment (repetitions
-    averaged): each node's cgroup in board cores of its CPU profile (% of one host core for an
-    uncapped node), and the host's busy and softirq shares of all its cores, as the report's
-    table gives them."""
+    averaged): each node's cgroup in board cores of its CPU profile (host cores for an
+    uncapped node), and the host's busy and softirq time in host cores (% of all its cores
+    where the run did not record how many it has), as the report's table gives them."""
     results = {r["case"]: r for r in run.load_results()}
     cpu = run.manifest().get("cpu") or {}
     capped = all(board_cores(100, cpu.get(n)) is not None for n in cpu) and bool(cpu)
-    node_unit = "board cores" if capped else "% of one host core"
+    node_unit = "board cores" if capped else "host cores"
+    ncores = host_ncores(results.values())
     data: dict = {
         "title": "CPU during the throughput tests without impairment: nodes (cgroup) and host",
         "ylabels": {},
@@ -354,7 +356,7 @@ def cpu_data(run: RunDir, unimp: list[dict], profiles: list[str], labels: list[s
                 if pct is None:
                     continue
                 xs.append(p)
-                ys.append(board_cores(pct, cpu.get(n)) if capped else pct)
+                ys.append(board_cores(pct, cpu.get(n)) if capped else pct / 100)
             nodes_panel[f"node {n}"] = {"x": xs, "y": ys}
         for key, name in (("busy_pct", "host busy"), ("softirq_pct", "host softirq")):
             xs, ys = [], []
@@ -367,10 +369,12 @@ def cpu_data(run: RunDir, unimp: list[dict], profiles: list[str], labels: list[s
                 )
                 if v is not None:
                     xs.append(p)
-                    ys.append(v)
+                    ys.append(v / 100 * ncores if ncores else v)
             host_panel[name] = {"x": xs, "y": ys}
         data["panels"][f"{lb}: nodes"] = nodes_panel
         data["panels"][f"{lb}: host"] = host_panel
         data["ylabels"][f"{lb}: nodes"] = f"Node CPU ({node_unit})"
-        data["ylabels"][f"{lb}: host"] = "Host CPU (% of all host cores)"
+        data["ylabels"][f"{lb}: host"] = (
+            f"Host CPU (host cores, of {ncores})" if ncores else "Host CPU (% of all host cores)"
+        )
     return data

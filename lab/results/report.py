@@ -16,11 +16,12 @@ from pathlib import Path
 
 from lab.core.state import write_text_atomic
 from lab.model import dilation
+from lab.model.cpuwords import capacity_words, host_cores_words, usage_words
 from lab.results.doc import (
     Doc,
-    board_cpu_text,
     draws,
     fmt_value,
+    host_ncores,
     mean_of,
     metric_name,
     in_order,
@@ -39,6 +40,7 @@ from lab.results.preamble import (
     what_ran_section,
 )
 from lab.results.ranking import recommendation_section, summary_section
+from lab.results.directions import point_directions
 from lab.results.rundir import RunDir, imported_figure, time_budget, write_tables
 from lab.results.series import UNSETTLED_SHARE, unsettled
 
@@ -184,15 +186,42 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
                         st = {**st, "n": fig["n"], "sd": fig["sd"]}
                     if st is not None and st["sd"] is None:
                         c = f"{fmt_value(st['mean'] * scale)} (n={st['n']}, sd not given)"
+                    elif st is None and all_rs and all(r.get("not_applicable") for r in all_rs):
+                        c = "n/a"
                     else:
                         c = stat_cell(st, scale)
                     failed = len(all_rs) - len(rs)
                     row.append(c + (f" [{failed} failed]" if failed else ""))
                 out.append(row)
-            what = f" (point {pidx})" if len(npoints) > 1 else ""
+            dirs = point_directions(rows_l)
+            what = f", {dirs[pidx]}" if dirs else _point_name(rows_l, pidx, len(npoints))
             doc.p(f"**{label}** ({test}{what}): {metric_name(col)} ({unit.split()[0]})")
             doc.table(header, out)
+            _not_applicable_note(doc, rows_where(rows_l, point=pidx))
     _cpu_table(doc, table, profiles, labels, tests, results, manifest)
+
+
+def _point_name(rows_l: list[dict], pidx: int, npoints: int) -> str:
+    """' (IPv6)' for a point whose rows all probed one family other points do not (mtu's
+    families), else ' (point N)'; '' for a test of one point."""
+    if npoints < 2:
+        return ""
+    ips = {r["ip"] for r in rows_where(rows_l, point=pidx)}
+    if len(ips) == 1 and len({r["ip"] for r in rows_l}) > 1:
+        return f" (IPv{ips.pop()})"
+    return f" (point {pidx})"
+
+
+def _not_applicable_note(doc: Doc, rows_p: list[dict]) -> None:
+    """Why the n/a cells of a table do not apply, once per reason, with the profiles."""
+    why: dict[str, list[str]] = {}
+    for r in rows_p:
+        if r.get("not_applicable"):
+            profs = why.setdefault(r["not_applicable"], [])
+            if r["profile"] not in profs:
+                profs.append(r["profile"])
+    for reason, profs in why.items():
+        doc.p(f"n/a ({', '.join(profs)}): not applicable, {reason}.")
 
 
 #: the metrics a test's table shows beside its primary one when its records have them
@@ -201,27 +230,36 @@ SIDE_METRICS = {"loss_pct": "%", "jitter_ms": "ms"}
 
 def _side_by_side(doc, label, test, rows_l, profiles, points, extras) -> None:
     col, unit, scale, _ = primary(test)
-    header = ["profile", "condition", f"{metric_name(col)} ({unit.split()[0]})"] + [
+    dirs = point_directions(rows_l)  # a bidir test: a row per direction
+    header = ["profile", "condition"] + (["direction"] if dirs else [])
+    header += [f"{metric_name(col)} ({unit.split()[0]})"] + [
         f"{metric_name(c)} ({SIDE_METRICS[c]})" for c in extras
     ]
     out = []
     for prof in profiles:
         for pt in points:
-            all_rs = rows_where(rows_l, profile=prof, impairment=pt, point=0)
-            if not all_rs:
-                continue
-            rs = [r for r in all_rs if r["ok"]]
-            failed = len(all_rs) - len(rs)
-            out.append(
-                [prof, pt, stat_cell(stats_of([r[col] for r in rs]), scale)
-                 + (f" [{failed} failed]" if failed else "")]
-                + [stat_cell(stats_of([r[c] for r in rs]), 1.0) for c in extras]
-            )  # fmt: skip
+            for pidx in sorted(dirs) if dirs else [0]:
+                all_rs = rows_where(rows_l, profile=prof, impairment=pt, point=pidx)
+                if not all_rs:
+                    continue
+                rs = [r for r in all_rs if r["ok"]]
+                failed = len(all_rs) - len(rs)
+                if all(r.get("not_applicable") for r in all_rs):
+                    na = [prof, pt] + ([dirs[pidx]] if dirs else [])
+                    out.append(na + ["n/a"] + ["n/a" for _ in extras])
+                    continue
+                out.append(
+                    [prof, pt] + ([dirs[pidx]] if dirs else [])
+                    + [stat_cell(stats_of([r[col] for r in rs]), scale)
+                       + (f" [{failed} failed]" if failed else "")]
+                    + [stat_cell(stats_of([r[c] for r in rs]), 1.0) for c in extras]
+                )  # fmt: skip
     doc.p(
         f"**{label}** ({test}): {metric_name(col)} ({unit.split()[0]}) with "
         + " and ".join(metric_name(c) for c in extras)
     )
     doc.table(header, out)
+    _not_applicable_note(doc, rows_l)
 
 
 _SPEC_LOSS = re.compile(r"\bloss\s+(?:random\s+)?([\d.]+)%")
@@ -311,13 +349,47 @@ def _unsettled(doc, results, plan) -> None:
 
 
 NODE_ROLES = ("vpn_client", "vpn_server", "traffic_client", "traffic_server")
+ROLE_WORDS = {
+    "vpn_client": "VPN client",
+    "vpn_server": "VPN server",
+    "traffic_client": "traffic client",
+    "traffic_server": "traffic server",
+}
+
+
+def cpu_columns(roles: dict) -> list[tuple[str | None, list[str]]]:
+    """The node columns of the CPU table: (node, its roles in NODE_ROLES order), a node with
+    several roles (the VPN client is often the traffic client too) once; a role whose node the
+    results do not name gets a column of its own, node None."""
+    cols: dict[str, tuple[str | None, list[str]]] = {}
+    for role in NODE_ROLES:
+        node = roles.get(role)
+        cols.setdefault(node or f"?{role}", (node, []))[1].append(role)
+    return list(cols.values())
+
+
+def cpu_column_header(node: str | None, node_roles: list[str]) -> str:
+    words = ", ".join(ROLE_WORDS[r] for r in node_roles)
+    return f"{node} ({words})" if node else f"{words} node"
 
 
 def _cpu_table(doc, table, profiles, labels, tests, results, manifest) -> None:
-    """CPU during the unimpaired throughput tests: each node in board cores of its CPU profile
-    (and % of the board), the host's busy and softirq shares of all its cores separately."""
+    """CPU during the unimpaired throughput tests: each node once (with its roles) in board
+    cores of its CPU profile and in host cores, the VPN daemons and the host's busy and softirq
+    time in host cores, so that every figure can be set against the others (docs/cpu.md "Board
+    cores and host cores")."""
     roles = next((r["roles"] for r in results if r.get("roles")), {})
     cpu = manifest.get("cpu") or {}
+    columns = cpu_columns(roles)
+    ncores = host_ncores(results)
+
+    def host_share(pct: float | None) -> str:  # % of all host cores -> host cores
+        if pct is None:
+            return "-"
+        if not ncores:
+            return f"{pct:.1f} % of all host cores"
+        return host_cores_words(pct / 100 * ncores, of=ncores)
+
     cpu_rows = []
     for label in labels:
         if not draws(tests[label], "throughput"):
@@ -328,49 +400,43 @@ def _cpu_table(doc, table, profiles, labels, tests, results, manifest) -> None:
             if not rs:
                 continue
             nodes = [
-                board_cpu_text(
-                    mean_of([r[f"cpu_{role}_pct"] for r in rs]), cpu.get(roles.get(role))
-                )
-                for role in NODE_ROLES
-            ]
-            host = [
-                f"{v:.1f} %" if (v := mean_of([r[c] for r in rs])) is not None else "-"
-                for c in ("host_busy_pct", "host_softirq_pct")
+                usage_words(mean_of([r[f"cpu_{rr[0]}_pct"] for r in rs]), cpu.get(node))
+                for node, rr in columns
             ]
             daemons = mean_of([r["daemon_cpu_pct"] for r in rs])
             cpu_rows.append(
                 [label, prof]
                 + nodes
-                + [f"{fmt_value(daemons)} % host core" if daemons is not None else "-"]
-                + host
+                + [host_cores_words(daemons / 100) if daemons is not None else "-"]
+                + [
+                    host_share(mean_of([r[c] for r in rs]))
+                    for c in ("host_busy_pct", "host_softirq_pct")
+                ]
             )
     if not cpu_rows:
         return
-    ncores = next(
-        (n for r in results if (n := ((r.get("monitor") or {}).get("host") or {}).get("ncores"))),
-        None,
-    )
+    capacity = {}
+    for node, _ in columns:
+        if node and cpu.get(node) and (words := capacity_words(cpu.get(node))) != "-":
+            capacity.setdefault(words, []).append(node)
+    has = "; ".join(f"{', '.join(nodes)}: {words}" for words, nodes in capacity.items())
     doc.p(
-        "**CPU during the throughput tests without impairment.** Nodes: the node's cgroup in "
-        "cores of its board's CPU profile (1.00 of 1 = the node's cap is saturated), and the share "
-        "of the whole board; an uncapped node in % of one host core. VPN daemons: % of one host "
-        "core. Host busy and host softirq: shares of all "
-        + (f"{ncores} " if ncores else "")
-        + "host cores, shared with anything else on this machine; kernel data planes "
-        "(WireGuard, XFRM) work mostly in softirq, which no node's cgroup is charged for."
+        "**CPU during the throughput tests without impairment.** One column per node, named "
+        "with its roles; a node capped by a CPU profile in board cores of the cores it has "
+        "(1.00 of 1 = its cap is saturated) and in host cores, an uncapped node in host cores"
+        + (f" ({has})" if has else "")
+        + ". VPN daemons: the tunnel's daemons at both ends together, in host cores (inside "
+        "the nodes' figures). Host busy and host softirq: every process and the kernel on this "
+        "machine, "
+        + (f"in host cores of the {ncores} it has" if ncores else "in % of all its cores")
+        + ", so host busy is at least the nodes' and daemons' sum up to sampling; "
+        "kernel data planes (WireGuard, XFRM) work mostly in softirq, which no node's cgroup is "
+        'charged for (docs/cpu.md "Board cores and host cores").'
     )
     doc.table(
-        [
-            "test",
-            "profile",
-            "VPN client node",
-            "VPN server node",
-            "traffic client node",
-            "traffic server node",
-            "VPN daemons",
-            "host busy",
-            "host softirq",
-        ],
+        ["test", "profile"]
+        + [cpu_column_header(node, rr) for node, rr in columns]
+        + ["VPN daemons", "host busy", "host softirq"],
         cpu_rows,
     )
 

@@ -53,7 +53,7 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
     ("test_label", "string", "the plan's label for the test entry"),
     ("ip", "int64", "IP version of the traffic address the test targeted (4 or 6)"),
     ("rep", "int64", "repetition, from 0"),
-    ("point", "int64", "index of the record within the case (udp-sweep step, mtu family)"),
+    ("point", "int64", "index of the record in the case (udp-sweep step, mtu family, direction)"),
     ("ok", "bool", "the measurement succeeded"),
     ("error", "string", "why not (tool error, tunnel failure), empty when ok"),
     ("started_utc", "string", "start of the case, ISO 8601 UTC"),
@@ -113,6 +113,34 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
         "firmware_throttled",
         "float64",
         "1: the Pi firmware throttled/capped/under-volted (vcgencmd), else 0",
+    ),
+    # frozen where they were before test kinds registered ahead of them (handshake)
+    "stop_reason",
+    "measured_s",
+    "ci_rel_pct",
+    "stopped_after_s",
+    "partial_bytes",
+    "partial_rate_bps",
+    "projected_s",
+    "streams",
+    # the handshake test's, frozen where they were written before the next common column
+    "handshake_ms",
+    "handshake_completed",
+    "handshake_status",
+    "rekey_before_bps",
+    "rekey_min_bps",
+    "rekey_dip_pct",
+    "rekey_noise_pct",
+    "rekey_recovery_s",
+    "rekey_status",
+    "rekey_retransmits",
+    "rekey_keys_s",
+    "rekey_evidence",
+    (
+        "not_applicable",
+        "string",
+        "why the row does not apply to the lab (IPv6 over an IPv4-only tunnel): ok, no metric; "
+        "empty otherwise",
     ),
 ]
 
@@ -315,6 +343,9 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
         for i, rec in enumerate(records):
             row = dict(common)
             row["point"] = i
+            # the family a record probed (mtu's IPv6 row of an IPv4 case) over the case's
+            row["ip"] = rec.get("family") or row["ip"]
+            row["not_applicable"] = rec.get("not_applicable") or ""
             row["ok"] = bool(r.get("ok")) and bool(rec.get("ok", False))
             row["error"] = rec.get("error") or (r.get("error") if not r.get("ok") else None) or ""
             # a column the record's test declares is read from its source key; any other metric

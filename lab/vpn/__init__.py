@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from lab.core.errors import ConfigError
+from lab.core.errors import ConfigError, did_you_mean
 from lab.vpn import drivers as drivers_pkg
 from lab.vpn.base import Driver
 from lab.core.tools import NODE_TOOLS, Tool
@@ -59,7 +59,8 @@ def get_driver(name: str, *, source: str | None = None) -> Driver:
     cls = driver_classes().get(name)
     if cls is None:
         raise ConfigError(
-            f"unknown driver {name!r}; valid: {', '.join(sorted(driver_classes()))}",
+            f"unknown driver {name!r}{did_you_mean(name, driver_classes())}; valid: "
+            f"{', '.join(sorted(driver_classes()))}",
             source=source,
             field="driver",
         )

@@ -11,6 +11,8 @@ picks a driver and its parameters. The lab calls, in order:
     (the lab then polls until traffic really passes the tunnel: lab.vpn.tunnel.wait_ready)
     describe() -> implementation, version, data-plane path, cipher, tunnel MTU, config hash
     stop()   -> stop what start() started (teardown also ends every recorded PID on its own)
+and, for the `handshake` test's forced rekey (docs/measurements.md), rekey_support() says whether
+and how a profile's keys can be renewed on demand, trigger_rekey() does it on a running tunnel.
 Drivers run commands only through a lab.core.node.Node (ctx.client.node, ctx.server.node, the node
 check() is given), never on the host directly and never by reading the controller's files about a
 node (its /proc, /sys, /dev, kernel config or installed files), so the same driver later drives
@@ -36,6 +38,7 @@ from typing import Any, ClassVar
 
 import jinja2
 
+from lab.core.errors import PreconditionError
 from lab.core.node import Daemon, Node
 from lab.core.tools import Tool
 from lab.model.boardkernel import DataPlaneCpu
@@ -101,6 +104,15 @@ class Availability:
     why: str = ""  # when not ok: what is missing (and e.g. "use --vm")
 
 
+@dataclass(frozen=True)
+class Rekey:
+    """Whether a profile's session keys can be renewed on demand (`ok`), and how -- or, when
+    not, why not (`how`: one sentence a plan error or a report quotes)."""
+
+    ok: bool
+    how: str
+
+
 class Driver(ABC):
     name: str = ""
     #: False for the baseline: no tunnel, traffic goes to the peer's underlay address
@@ -159,6 +171,20 @@ class Driver(ABC):
     @abstractmethod
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
         """{implementation, version, path, cipher, mtu, config_hash, ...}."""
+
+    def rekey_support(self, params: dict) -> Rekey:
+        """Can the running tunnel of a profile with `params` be rekeyed on demand
+        (trigger_rekey)? Pure: the plan asks before anything is built."""
+        return Rekey(False, f"{self.name} has no key exchange that could be renewed")
+
+    def trigger_rekey(self, ctx: TunnelContext, params: dict, *, timeout: float) -> dict:
+        """Renew the running tunnel's keys now and wait (up to `timeout` s) until the new ones
+        are in use. Returns the daemon's own evidence: {"how", "before", "after"} (e.g. the
+        CHILD_SA's SPIs). StartupError when no new keys appear in time; PreconditionError for a
+        profile whose rekey_support() says no."""
+        raise PreconditionError(
+            f"profile {ctx.profile!r} cannot be rekeyed on demand: {self.rekey_support(params).how}"
+        )
 
     def stop(self, ctx: TunnelContext, params: dict) -> None:
         for d in reversed(ctx.daemons):

@@ -365,6 +365,53 @@ def sa(ctx: TunnelContext, end: Endpoint, conn: str = CONN) -> tuple[dict, dict]
     return {}, {}
 
 
+def child_spis(ctx: TunnelContext, end: Endpoint, ike: str = CONN) -> set[str]:
+    """The "SPI-in/SPI-out" of every INSTALLED CHILD_SA of IKE_SA `ike` on `end`, as vici lists
+    them (a rekey installs the new CHILD_SA before it deletes the old one)."""
+    cp = swanctl(ctx, end, ["--list-sas", "--ike", ike, "--raw"])
+    out = set()
+    for name, msg in parse_vici_raw(cp.stdout):
+        if name == "list-sa event" and ike in msg:
+            for child in (msg[ike].get("child-sas") or {}).values():
+                if isinstance(child, dict) and child.get("state") == "INSTALLED":
+                    out.add(f"{child.get('spi-in')}/{child.get('spi-out')}")
+    return out
+
+
+def rekey(ctx: TunnelContext, *, timeout: float) -> dict:
+    """Rekey the CHILD_SA now (`swanctl --rekey --child`, a CREATE_CHILD_SA exchange over the
+    running IKE_SA, from the client) and wait until a CHILD_SA with SPIs that were not
+    installed before is installed. Returns {"how", "before", "after", "seconds"} read from
+    charon over vici; StartupError when none appears within `timeout` s."""
+    ike, child = conn_names(ctx, ctx.client) if ctx.configs else (CONN, CONN)
+    before = child_spis(ctx, ctx.client, ike)
+    if not before:
+        raise StartupError(f"strongSwan: no installed CHILD_SA {child!r} on {ctx.client.name}")
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    cp = swanctl(ctx, ctx.client, ["--rekey", "--child", child], check=False, timeout=timeout + 5)
+    if cp.returncode != 0:
+        raise StartupError(
+            f"strongSwan: swanctl --rekey --child {child} failed (exit {cp.returncode})\n"
+            + tail_of(cp.stdout + cp.stderr, 8)
+        )
+    while True:
+        new = child_spis(ctx, ctx.client, ike) - before
+        if new:
+            return {
+                "how": f"swanctl --rekey --child {child}",
+                "before": " ".join(sorted(before)),
+                "after": " ".join(sorted(new)),
+                "seconds": round(time.monotonic() - t0, 3),
+            }
+        if time.monotonic() > deadline:
+            raise StartupError(
+                f"strongSwan: no new CHILD_SA {child!r} within {timeout:.0f} s of the rekey"
+                + log_tails(ctx)
+            )
+        time.sleep(0.02)
+
+
 def algorithms(ctx: TunnelContext, end: Endpoint) -> dict:
     cp = swanctl(ctx, end, ["--list-algs", "--raw"])
     for name, msg in parse_vici_raw(cp.stdout):

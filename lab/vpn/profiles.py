@@ -15,14 +15,14 @@ is created.
 from __future__ import annotations
 
 from lab import REPO
-import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.core.errors import ConfigError
+from lab.core.errors import ConfigError, did_you_mean
+from lab.core.paths import is_path, locate, shipped
 from lab.vpn import get_driver
 from lab.model.params import validate, value_error
 from lab.vpn import tunneladdr
@@ -40,11 +40,6 @@ TOP_KEYS = {
 }
 #: a profile name: a file name in vpn_profiles/ without .toml
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._\-]{0,63}\Z")
-
-
-def profile_dirs() -> list[Path]:
-    extra = os.environ.get("LAB_VPN_PROFILES")
-    return ([Path(extra)] if extra else []) + [PROFILE_DIR]
 
 
 @dataclass
@@ -81,78 +76,62 @@ class Profile:
 
 
 def known_profiles() -> list[str]:
-    names: set[str] = set()
-    for d in profile_dirs():
-        if d.is_dir():
-            names.update(p.stem for p in d.glob("*.toml"))
-    return sorted(names)
+    return shipped("profile")
 
 
-def find_profile(name: str) -> Path:
-    if name.endswith(".toml") or "/" in name:
-        p = Path(name)
-        if max(len(part.encode()) for part in name.split("/")) > 255:
-            raise ConfigError(
-                "path too long (a name may have 255 bytes)", source=name[:60] + "...", field="--vpn"
-            )
-        if p.is_dir():
-            raise ConfigError("is a directory, not a profile file (.toml)", source=name)
-        if not p.is_file():
-            raise ConfigError("profile file not found", source=name, field="--vpn")
-        return p
-    if not NAME_RE.match(name):
+def find_profile(name: str, *, where: str = "--vpn") -> Path:
+    """A profile file: a .toml path (relative to the current directory, else to the
+    installation) or a name in $LAB_VPN_PROFILES or vpn_profiles/ (lab.core.paths says the
+    rule). `where`: where the name was given, for the error (`--vpn`, a plan's profiles[0])."""
+    if not is_path("profile", name) and not NAME_RE.match(name):
         shown = name if len(name) <= 60 else name[:60] + "..."
         raise ConfigError(
             f"{shown!r} is not a profile name (lowercase letters, digits, '.', '_', '-', "
-            f"at most 64) nor a .toml path; valid: {', '.join(known_profiles())}",
-            source="--vpn",
+            f"at most 64) nor a .toml path{did_you_mean(name.lower(), known_profiles())}; "
+            f"valid: {', '.join(known_profiles())}",
+            source=where,
         )
-    for d in profile_dirs():
-        p = d / f"{name}.toml"
-        if p.is_file():
-            return p
-    raise ConfigError(
-        f"unknown VPN profile {name!r}; valid: {', '.join(known_profiles())}", source="--vpn"
-    )
+    return locate("profile", name, source=where)
 
 
-def split_spec(spec: str) -> tuple[str, dict[str, str]]:
+def split_spec(spec: str, *, where: str = "--vpn") -> tuple[str, dict[str, str]]:
     """'wireguard:mtu=1280,listen_port=51821' -> ('wireguard', {'mtu': '1280', ...})."""
     name, colon, rest = spec.partition(":")
     if not name.strip():
-        raise ConfigError(f"expected PROFILE[:key=value,...], got {spec!r}", source="--vpn")
+        raise ConfigError(f"expected PROFILE[:key=value,...], got {spec!r}", source=where)
     if colon and not rest.strip():
         raise ConfigError(
-            f"nothing after ':' in {spec!r}; give PROFILE or PROFILE:key=value,...", source="--vpn"
+            f"nothing after ':' in {spec!r}; give PROFILE or PROFILE:key=value,...", source=where
         )
     overrides: dict[str, str] = {}
     for item in rest.split(",") if colon else []:
         key, eq, value = (s.strip() for s in item.partition("="))
         if not eq or not key or not value:
             raise ConfigError(
-                f"override {item!r} must be key=value (PROFILE:key=value,key=value)", source="--vpn"
+                f"override {item!r} must be key=value (PROFILE:key=value,key=value)", source=where
             )
         if not (key + value).isascii():
             raise ConfigError(
                 f"override {item!r}: accepted ASCII only (a look-alike character is not the value "
                 "it resembles)",
-                source="--vpn",
+                source=where,
                 field=f"params.{key}",
             )
         if key in overrides:
             raise ConfigError(
                 f"given twice in {spec!r}; give each parameter once",
-                source="--vpn",
+                source=where,
                 field=f"params.{key}",
             )
         overrides[key] = value
     return name, overrides
 
 
-def load_profile(spec: str) -> Profile:
-    """Load, override and validate a profile spec `NAME[:k=v,...]`."""
-    name, overrides = split_spec(spec)
-    path = find_profile(name)
+def load_profile(spec: str, *, where: str = "--vpn") -> Profile:
+    """Load, override and validate a profile spec `NAME[:k=v,...]`. `where`: where the spec was
+    given (`--vpn`, or a plan's "FILE: profiles[0]"), the source of the errors in the spec."""
+    name, overrides = split_spec(spec, where=where)
+    path = find_profile(name, where=where)
     src = str(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -177,8 +156,8 @@ def load_profile(spec: str) -> Profile:
     params = validate_params(driver, data.get("params", {}), source=src)
     typed = {}
     for key, raw in overrides.items():
-        typed[key] = coerce(driver, key, raw)
-    params = validate_params(driver, {**params, **typed}, source="--vpn")
+        typed[key] = coerce(driver, key, raw, where=where)
+    params = validate_params(driver, {**params, **typed}, source=where)
     return Profile(
         name=path.stem,
         path=path,
@@ -196,12 +175,12 @@ def _owner(driver: Driver) -> str:
     return f"driver {driver.name!r}"
 
 
-def coerce(driver: Driver, key: str, raw: str) -> Any:
+def coerce(driver: Driver, key: str, raw: str, *, where: str = "--vpn") -> Any:
     """A command-line override string converted to the parameter's type."""
     p = driver.params.get(key)
     if p is None:
         validate(
-            driver.params, {key: raw}, source="--vpn", owner=_owner(driver), field_prefix="params."
+            driver.params, {key: raw}, source=where, owner=_owner(driver), field_prefix="params."
         )
     try:
         return p.from_text(raw)
@@ -210,7 +189,7 @@ def coerce(driver: Driver, key: str, raw: str) -> Any:
             p,
             f"got {raw!r}",
             name=key,
-            source="--vpn",
+            source=where,
             owner=_owner(driver),
             field_prefix="params.",
         ) from None

@@ -73,6 +73,10 @@ class Timing:
     ready_s: float
     ready_v6_s: float | None
     ready_monotonic: float
+    #: ms from the driver's start() (daemons launched, configs already written) to the first
+    #: reply through the tunnel: the cold establishment the `handshake` test reports (absent
+    #: from lab.json files written before it)
+    established_ms: float | None = None
 
 
 @dataclass(kw_only=True)  # fields in lab.json's order
@@ -116,6 +120,8 @@ class TunnelRecord:
                 v = [d.to_dict() for d in v]
             elif f.name in ("traffic", "timing") and v is not None:
                 v = asdict(v)
+                if f.name == "timing" and v["established_ms"] is None:
+                    del v["established_ms"]  # a lab.json from before it reads back unchanged
             out[f.name] = v
         return {**self.extra, **out}
 
@@ -146,6 +152,14 @@ class TunnelRecord:
 
 #: fields a record has only once its tunnel is up (left out of lab.json before)
 _LATE = ("describe", "path", "tunnel", "traffic", "timing", "configs")
+
+
+def half_up(lab) -> bool:
+    """The lab has a tunnel record that never reached "up" (a bring-up that failed and left it
+    behind, e.g. a `handshake` test's restart that could not restore the tunnel): no daemon
+    check can make that tunnel alive."""
+    rec = TunnelRecord.of(lab)
+    return rec is not None and rec.state != "up"
 
 
 def daemons_of(lab) -> list[DaemonRecord]:

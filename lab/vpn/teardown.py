@@ -6,6 +6,7 @@ daemons it started. The profile is not loaded again (its file may have changed o
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 from lab.core.errors import LabError, StartupError
 from lab.vpn import get_driver
@@ -15,11 +16,10 @@ from lab.vpn.tunnel import end_side, endpoint, tunnel_addrs
 from lab.vpn.tunneladdr import tunnel_routes
 
 
-def tear_down(lab) -> None:
-    """Stop the lab's tunnel and undo its routes; the lab itself stays up."""
-    rec = TunnelRecord.of(lab)
-    if rec is None:
-        return
+def context_of(lab, rec: TunnelRecord, *, where: bool = False) -> TunnelContext:
+    """The TunnelContext of the lab's tunnel as its record `rec` gives it (ends, daemons).
+    `where`: each daemon asked through its node (alive(), log_text()), as a board's must be;
+    default: this machine's /proc and files, enough to stop them by PID."""
     drv = get_driver(rec.driver, source=f"lab {lab.id}: lab.json")
     client = end_side(lab.spec, rec.client, rec.server)
     server = end_side(lab.spec, rec.server, rec.client)
@@ -30,16 +30,30 @@ def tear_down(lab) -> None:
         e = (rec.tunnel or {}).get(role)
         addrs = (e.v4, e.v6) if e else tunnel_addrs(drv, {}, side, role == "client")
         ends.append(endpoint(side, lab.node(side.node), addrs))
-    ctx = TunnelContext(
+    daemons = [d.daemon() for d in rec.daemons]
+    if where:
+        daemons = [replace(d, where=lab.node(d.node)) for d in daemons]
+    return TunnelContext(
         lab_id=lab.id,
         client=ends[0],
         server=ends[1],
         secrets_dir=lab.dir / "secrets",
         config_dir=lab.dir / "config" / "vpn",
         log_dir=lab.dir / "logs",
-        daemons=[d.daemon() for d in rec.daemons],
+        daemons=daemons,
         profile=rec.profile,
     )
+
+
+def tear_down(lab) -> None:
+    """Stop the lab's tunnel and undo its routes; the lab itself stays up."""
+    rec = TunnelRecord.of(lab)
+    if rec is None:
+        return
+    drv = get_driver(rec.driver, source=f"lab {lab.id}: lab.json")
+    ctx = context_of(lab, rec)
+    client = end_side(lab.spec, rec.client, rec.server)
+    server = end_side(lab.spec, rec.server, rec.client)
     errors = []
     try:
         drv.stop(ctx, rec.params)

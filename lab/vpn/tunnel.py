@@ -46,6 +46,8 @@ from lab.vpn.userconfig import hashes, tunnel_layout
 TUNNEL_V4 = ipaddress.ip_network("10.99.0.0/24")
 TUNNEL_V6 = ipaddress.ip_network("fd99::/64")
 READY_TIMEOUT = 20.0
+#: seconds between wait_ready's pings (iputils ping takes < 0.2 s from root only: the lab is root)
+PROBE_S = 0.05
 REDACTED = "<redacted:{}>"
 
 
@@ -351,7 +353,9 @@ def write_rendered(result: dict, out: Path) -> list[Path]:
 # ------------------------------------------------------------------------------- bring-up
 
 
-def bring_up(lab, p: TunnelPlan) -> TunnelRecord:
+def bring_up(
+    lab, p: TunnelPlan, *, cap_s: float | None = None, probe_s: float = PROBE_S
+) -> TunnelRecord:
     """Start the tunnel of `p` (prepare()'s, or plan()'s where the nodes are asked here) in a
     running lab and wait until traffic passes it. One type: the profile is loaded, validated and
     placed before anything of the lab exists, and not again here.
@@ -359,7 +363,9 @@ def bring_up(lab, p: TunnelPlan) -> TunnelRecord:
     Records it (profile, driver, describe(), addresses, traffic target, timing: a TunnelRecord)
     in lab.json, before the daemons start and again once it is up. A daemon that dies or a
     tunnel that passes nothing raises StartupError with the daemons' log tails; the caller
-    (lab.up) then unwinds the whole lab.
+    (lab.up) then unwinds the whole lab. `cap_s`: seconds from the driver's start() by which
+    the first reply must have come (default: READY_TIMEOUT after start() returned); `probe_s`:
+    wait_ready's ping interval (the `handshake` test's cold establishments set both).
     """
     t0 = time.monotonic()
     old = TunnelRecord.of(lab)
@@ -381,13 +387,19 @@ def bring_up(lab, p: TunnelPlan) -> TunnelRecord:
     record.store(lab)
     secrets = drv.secrets(ctx, params)
     rendered = drv.render(ctx, params, secrets)
+    t_launch = time.monotonic()
     try:
         drv.start(ctx, params, rendered)
         addrs = [a for e in ctx.ends() for a in (e.tunnel_v4, e.tunnel_v6)]
         for node, argv in tunneladdr.tunnel_routes(lab.spec, drv, p.client, p.server, addrs):
             lab.node(node).run(argv)
         t_started = time.monotonic()
-        ready = wait_ready(ctx, p, timeout=READY_TIMEOUT)
+        left = READY_TIMEOUT if cap_s is None else max(0.0, cap_s - (t_started - t_launch))
+        ready = wait_ready(ctx, p, timeout=left, probe_s=probe_s)
+    except StartupError as e:
+        # how long the tunnel had (the handshake test's "failed after N s")
+        e.after_launch_s = round(time.monotonic() - t_launch, 1)
+        raise
     finally:
         record.daemons = [DaemonRecord.of(d) for d in ctx.daemons]
         record.store(lab)
@@ -412,19 +424,22 @@ def bring_up(lab, p: TunnelPlan) -> TunnelRecord:
         ready_s=round(t_ready - t0, 3),
         ready_v6_s=round(ready[6] - t0, 3) if 6 in ready else None,
         ready_monotonic=t_ready,
+        established_ms=round((t_ready - t_launch) * 1000, 1),
     )
     record.configs = sorted(f"{n}/{f}" for n, fs in rendered.items() for f in fs)
     record.store(lab)
     return record
 
 
-def wait_ready(ctx: TunnelContext, p: TunnelPlan, *, timeout: float) -> dict[int, float]:
+def wait_ready(
+    ctx: TunnelContext, p: TunnelPlan, *, timeout: float, probe_s: float = PROBE_S
+) -> dict[int, float]:
     """Poll a ping from the client to the server's tunnel address, IPv4 then IPv6; returns
     {4: monotonic time of the first IPv4 reply, 6: ... IPv6}.
 
-    One ping process per attempt asks for a single reply and sends every 50 ms, so readiness is
-    seen within ~50 ms of the first packet passing; meanwhile every daemon is checked, and one
-    that has died ends the wait at once with its log tail.
+    One ping process per attempt asks for a single reply and sends every `probe_s` (50 ms), so
+    readiness is seen within ~`probe_s` of the first packet passing; meanwhile every daemon is
+    checked, and one that has died ends the wait at once with its log tail.
     """
     deadline = time.monotonic() + timeout
     times: dict[int, float] = {}
@@ -441,12 +456,16 @@ def wait_ready(ctx: TunnelContext, p: TunnelPlan, *, timeout: float) -> dict[int
                 )
             wait = str(max(1, min(int(left), 2)))
             pop = ctx.client.node.popen(
-                ["ping", "-n", "-q", "-c", "1", "-i", "0.05", "-w", wait, addr],
+                ["ping", "-n", "-q", "-c", "1", "-i", f"{probe_s:g}", "-w", wait, addr],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
             while pop.poll() is None:
                 _check_daemons(ctx, p)
+                if time.monotonic() > deadline:  # ping's -w counts whole seconds only
+                    pop.kill()
+                    pop.wait()
+                    break
                 time.sleep(0.005)
             if pop.returncode == 0:
                 times[fam] = time.monotonic()

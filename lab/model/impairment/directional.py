@@ -155,3 +155,12 @@ def check_words(text: str, *, source: str = "impairment") -> None:
             a, b = m[1].split("->", 1)
             break
     parse_directional(text, source=source, a=a, b=b)
+
+
+def needs_engine(text: str | None, *, a: str | None = None, b: str | None = None) -> bool:
+    """Whether the words ask for what only the lab's engine does: a trace-driven link (kernel
+    netem has none). `a`, `b`: the node names direction labels may use."""
+    if not text:
+        return False
+    d = parse_directional(text, source="--impair", a=a, b=b)
+    return d.a2b.trace is not None or d.b2a.trace is not None

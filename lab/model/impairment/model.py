@@ -24,6 +24,7 @@ from lab.model.impairment.vocab import (
     U32_MAX,
     U64_MAX,
 )
+from lab.model.impairment.trace import Trace
 from lab.model.impairment.words import parse_fragment
 
 
@@ -49,6 +50,7 @@ _FIELD_WORD = {
     "rate_packet_overhead": "rate packetoverhead",
     "limit": "limit",
     "seed": "seed",
+    "trace": "trace",
     **_PCT_FIELDS,
 }
 
@@ -80,6 +82,8 @@ class Impairment:
     rate_packet_overhead: int | None = None
     limit: int | None = None
     seed: int | None = None
+    #: a trace-driven link (lab.model.impairment.trace): packets leave at its opportunities
+    trace: Trace | None = None
 
     def __post_init__(self):
         norm = _normalize(self._fields(), "impairment")
@@ -99,7 +103,7 @@ class Impairment:
         """The docs/impairment-spec.md object: only the fields that are on."""
         out: dict[str, Any] = {}
         for name, value in self._fields().items():
-            out[name] = value.to_json() if name == "loss" else value
+            out[name] = value.to_json() if name in ("loss", "trace") else value
         return out
 
     @classmethod
@@ -117,6 +121,8 @@ class Impairment:
         fields = {k: v for k, v in d.items() if v is not None}
         if "loss" in fields:
             fields["loss"] = loss_from_json(fields["loss"], source)
+        if "trace" in fields:
+            fields["trace"] = Trace.from_json(fields["trace"], source=source)
         return cls(**_normalize(fields, source))
 
     def to_netem_words(self) -> list[str]:
@@ -149,6 +155,8 @@ class Impairment:
             w += ["limit", str(self.limit)]
         if self.seed is not None:
             w += ["seed", str(self.seed)]
+        if self.trace is not None:
+            w += ["trace", self.trace.path]  # not netem's: the kernel backend refuses it
         return w
 
     def __str__(self) -> str:
@@ -228,6 +236,14 @@ def _normalize(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
         )
     if "loss" in f and not isinstance(f["loss"], (RandomLoss, StateLoss, GELoss)):
         err(f"loss must be a loss model object, got {f['loss']!r}", "loss")
+    if "trace" in f and not isinstance(f["trace"], Trace):
+        err(f"trace must be a Trace (lab.model.impairment.trace), got {f['trace']!r}", "trace")
+    if "trace" in f and "rate_bps" in f:
+        err(
+            "trace and rate both set the link's capacity; give one (the trace's mean is "
+            f"{f['trace'].mean_bps / 1e6:.3g} Mbit/s)",
+            "trace",
+        )
 
     # Zero means off; dependent values go with their parent.
     for name in ("delay_us", "jitter_us"):
@@ -258,6 +274,12 @@ def _normalize(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
         err("rate packetoverhead needs a rate (e.g. 'rate 100mbit 14')", "rate_packet_overhead")
     if f.get("rate_packet_overhead") == 0:
         del f["rate_packet_overhead"]
+    if "reorder_pct" in f and "trace" in f:
+        err(
+            "reorder with trace: on a trace-driven link a packet leaves only at a delivery "
+            "opportunity, in order; drop one of them",
+            "reorder_pct",
+        )
     if "reorder_pct" in f and "delay_us" not in f:
         err(
             "reorder needs a delay: netem sends the reordered packets at once and the others "

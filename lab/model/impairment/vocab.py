@@ -52,6 +52,7 @@ SYNTAX: dict[str, str] = {
     "rate": "rate RATE [PACKETOVERHEAD | packetoverhead BYTES]",
     "limit": "limit PACKETS",
     "seed": "seed NUMBER",
+    "trace": "trace FILE (a link trace in Mahimahi's format, or a name in traces/)",
 }
 
 

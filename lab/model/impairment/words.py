@@ -1,7 +1,8 @@
 """The tc-netem word parser: text (optionally starting with a preset) -> the fields it sets.
 
 `parse_fragment` knows nothing of `Impairment`; lab.model.impairment.model.parse_spec merges and
-validates what it returns. PRESETS lives here because the parser reads it (lab.model.impairment.presets
+validates what it returns. `trace FILE` is the one word that reads a file
+(lab.model.impairment.trace.load_trace). PRESETS lives here because the parser reads it (lab.model.impairment.presets
 re-exports it with the sweeps built on it).
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from lab.core.errors import ConfigError
 from lab.model.impairment.loss import GELoss, LOSS_MODELS, RandomLoss, StateLoss
+from lab.model.impairment.trace import load_trace
 from lab.model.impairment.vocab import (
     ALIASES,
     DISTRIBUTIONS,
@@ -262,6 +264,14 @@ def _kw_seed(t: _Tokens, source: str) -> dict:
     return {"seed": parse_int(tok, "seed", 0, U64_MAX, "", source)}
 
 
+def _kw_trace(t: _Tokens, source: str) -> dict:
+    word = t.value("trace", "a FILE", source)
+    try:
+        return {"trace": load_trace(word)}
+    except ConfigError as e:
+        raise ConfigError(e.message, source=source, field="trace") from None
+
+
 _KEYWORD_PARSERS = {
     "delay": _kw_delay,
     "distribution": _kw_distribution,
@@ -273,4 +283,5 @@ _KEYWORD_PARSERS = {
     "rate": _kw_rate,
     "limit": _kw_limit,
     "seed": _kw_seed,
+    "trace": _kw_trace,
 }

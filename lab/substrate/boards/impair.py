@@ -29,6 +29,7 @@ import time
 
 from lab.core.errors import PreconditionError, StartupError
 from lab.impair import runtime
+from lab.model.impairment.directional import needs_engine
 from lab.impair.engine import BUILD_COMMAND, NodeEngineClient, engine_binary
 from lab.impair.kernel import probe_netem
 from lab.substrate.local.impair import splice_side
@@ -85,6 +86,9 @@ def choose(lab, spec: LabSpec, impair: str, placement) -> tuple[runtime.ImpairPl
     {node: engine path}; refuses, naming the board and what it lacks, when neither can run."""
     iplan = runtime.plan_for(spec, placement, impair, "kernel-netem", "boards: kernel netem")
     lacking = {}
+    a, b = spec.endpoints("vpn")
+    if needs_engine(impair, a=a, b=b):  # netem has no trace-driven link
+        lacking[iplan.points[0].node] = "a trace-driven link (trace) needs the lab's engine"
     for p in iplan.points:
         pr = probe_netem(lab.node(p.node))
         if not pr.ok:

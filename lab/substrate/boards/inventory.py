@@ -16,7 +16,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from lab.core.errors import ConfigError
+from lab.core.errors import ConfigError, reject_unknown
 from lab.substrate.boards.ansible import read_ansible
 from lab.substrate.boards.inventoryfields import BOARD_KEYS, Field, build, relative_to
 from lab.substrate.boards.types import Inventory
@@ -52,7 +52,7 @@ def _load_toml(path: Path) -> Inventory:
         raise ConfigError(f"not valid TOML: {e}", source=src)
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read: {e}", source=src)
-    _reject_unknown(doc, TOP_KEYS, src, "top level")
+    reject_unknown(doc, TOP_KEYS, source=src)
     raw: dict[str, dict[str, Field]] = {}
     cables: list[tuple[str, str, str, str]] = []  # (a, b, source, field)
     sources = [src]
@@ -87,7 +87,7 @@ def _load_toml(path: Path) -> Inventory:
             raise ConfigError(
                 f"must be a table with keys {', '.join(BOARD_KEYS)}", source=src, field=where
             )
-        _reject_unknown(table, BOARD_KEYS, src, where)
+        reject_unknown(table, BOARD_KEYS, source=src, where=where)
         fields = raw.setdefault(name, {})
         for key, value in table.items():
             fields[key] = (value, src, f"{where}.{key}")
@@ -100,7 +100,7 @@ def _load_toml(path: Path) -> Inventory:
             raise ConfigError(
                 'must be a table: a = "board:ifname", b = "board:ifname"', source=src, field=where
             )
-        _reject_unknown(c, {k: "board:ifname" for k in CABLE_KEYS}, src, where)
+        reject_unknown(c, CABLE_KEYS, source=src, where=where)
         missing = [k for k in CABLE_KEYS if k not in c]
         if missing:
             raise ConfigError(
@@ -110,14 +110,3 @@ def _load_toml(path: Path) -> Inventory:
             )
         cables.append((c["a"], c["b"], src, where))
     return build(path, raw, cables, tuple(sources), toml=True)
-
-
-def _reject_unknown(table: dict, allowed: dict, src: str, where: str) -> None:
-    unknown = sorted(set(table) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))};"
-            f" accepted: {', '.join(allowed)}",
-            source=src,
-            field=where,
-        )

@@ -13,6 +13,7 @@ from lab.core.errors import ConfigError, PreconditionError
 from lab.core.state import Ledger, create_lab_dir, lab_dir, run_root, write_json_atomic
 from lab.core.teardown import teardown
 from lab.impair import runtime
+from lab.model.impairment.directional import needs_engine
 from lab.impair.engine import EngineClient, engine_argv
 from lab.impair.kernel import probe_netem
 from lab.model import dilation
@@ -167,11 +168,20 @@ def _arch_plan(spec: LabSpec, cpu: dict[str, dict], vpn=None) -> list[str]:
 
 def impair_plan(spec, lab_id, info, impair, placement, backend):
 
-    if backend == "auto":
+    a, b = spec.endpoints("vpn")
+    if backend == "auto" and needs_engine(impair, a=a, b=b):
+        backend, why = "userspace", "a trace-driven link (trace): only the lab's engine has it"
+    elif backend == "auto":
         first = next(n for n in spec.hosts())
         probe_node = Lab(lab_id, info).node(first.name)
         backend, why = runtime.choose_backend(probe_node)
     elif backend == "kernel-netem":
+        if needs_engine(impair, a=a, b=b):
+            raise ConfigError(
+                "--impair-backend kernel-netem: the --impair words have a trace, which only the "
+                "lab's engine runs; use --impair-backend userspace (or auto)",
+                source="--impair-backend",
+            )
         first = next(n for n in spec.hosts())
         pr = probe_netem(Lab(lab_id, info).node(first.name))
         if not pr.ok:

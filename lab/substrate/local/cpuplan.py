@@ -30,6 +30,12 @@ MIN_SCALE = 0.25
 MIN_QUOTA_CORES = 0.01
 
 
+def doc_ref(warning: str) -> str:
+    """Where docs/cpu.md explains a warning of `lab up` ("Warnings at `lab up`"): the CLI prints
+    the warning's first clause and this pointer, lab.json keeps the whole text."""
+    return f"(docs/cpu.md#warning-{warning})"
+
+
 def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
     """Fit the capped nodes of `plan` (node -> cpu dict, as cpu_plan builds it) onto this machine.
 
@@ -65,8 +71,7 @@ def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
         dilate = (
             f"; or run the experiment time-dilated (`-p dilation={fits:g}` or `dilation=auto` to "
             f"`lab up`, `dilation = {fits:g}` in a plan's [topology]): every node then gets all "
-            f"its board's cores, the run takes {fits:g} times as long (docs/cpu.md \"Time "
-            'dilation")'
+            f"its board's cores, the run takes {fits:g} times as long"
         )
         if scale < MIN_SCALE or any(p["cores"] * scale < MIN_QUOTA_CORES for p in prof.values()):
             need = (want * MIN_SCALE + fixed_sum) / HOST_BUDGET_FRACTION
@@ -75,21 +80,22 @@ def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
                 f"{want:.2f} host cores (plus {fixed_sum:.2f} fixed) but {host_cores} cores leave "
                 f"{room:.2f} for them, {scale:.0%} of what they need (minimum {MIN_SCALE:.0%}); use "
                 f"fewer capped nodes, a profile with fewer emulated_cores, or a machine with at "
-                f"least {need:.1f} cores" + (dilate if fits < MAX_DILATION else "")
+                f"least {need:.1f} cores"
+                + (f'{dilate} (docs/cpu.md "Time dilation")' if fits < MAX_DILATION else "")
             )
         if all(p.get("slots") and p["cores"] * scale >= p["core_share"] / d for p in prof.values()):
             warnings.append(
-                f"CPU profiles scaled to fit {host_cores} host cores: every profile node keeps "
-                f"one board core's speed per thread but gets {scale:.0%} of its board's cores "
-                "in total, so multi-threaded data planes (wireguard-go, several daemons at once) "
-                "are under-provisioned by that much (the nodes' cpu.board_cores_emulated in "
-                "`lab status`)" + dilate
+                f"CPU profiles scaled to {scale:.0%} of their boards' cores to fit {host_cores} "
+                "host cores: every profile node keeps one board core's speed per thread, so "
+                "multi-threaded data planes (wireguard-go, several daemons at once) are "
+                "under-provisioned by that much (the nodes' cpu.board_cores_emulated in `lab "
+                f"status --json`){dilate} {doc_ref('scaled-to-fit')}"
             )
         else:
             warnings.append(
-                f"CPU profiles scaled to fit {host_cores} host cores: every profile node gets "
-                f"{scale:.0%} of its board's CPU time (see the nodes' cpu.scale in `lab status`)"
-                + dilate
+                f"CPU profiles scaled to {scale:.0%} of their boards' CPU time to fit "
+                f"{host_cores} host cores (the nodes' cpu.scale in `lab status --json`){dilate} "
+                + doc_ref("scaled-to-fit")
             )
     for p in prof.values():
         # one board core's worth of host CPU in the (dilated) experiment
@@ -110,7 +116,7 @@ def scale_to_host(plan: dict[str, dict], host_cores: int) -> list[str]:
     if fixed_sum > budget:
         warnings.append(
             f"fixed CPU caps add up to {fixed_sum:.2f} of {host_cores} host cores: nodes will "
-            "compete and may not get their caps"
+            f"compete and may not get their caps {doc_ref('fixed-caps')}"
         )
     return warnings
 
@@ -235,10 +241,13 @@ def cpu_plan(
             if not prof.calibrated:
                 warnings.append(
                     f"CPU profile {prof.name!r} is uncalibrated on this machine (core_share "
-                    f"{prof.core_share} is a placeholder): {prof.uncalibrated_reason}"
+                    f"{prof.core_share} is a placeholder): {prof.uncalibrated_reason} "
+                    + doc_ref("uncalibrated")
                 )
             elif ((prof.calibration or {}).get("fit") or {}).get("warning"):
-                # the quota is fitted, but some primitives run well off the board's speed here
+                # the quota is fitted, but some primitives run well off the board's speed here;
+                # its text as the calibration wrote it (no doc_ref): the report says it once by
+                # that text, from the node's cpu record and from lab_warnings alike
                 warnings.append(prof.calibration["fit"]["warning"])
             plan[n.name] = plan_entry(prof)
             why_not = cgroups.slots_supported(layout) if plan[n.name]["slots"] and layout else None
@@ -249,7 +258,7 @@ def cpu_plan(
                 plan[n.name]["per_core_not_applied"] = why_not
                 warnings.append(
                     f"CPU profile {prof.name!r}: nodes get one of the board's {prof.cores} cores, "
-                    f"not all of them ({why_not})"
+                    f"not all of them ({why_not}) {doc_ref('one-board-core')}"
                 )
             cc = (plan[n.name].get("os") or {}).get("net.ipv4.tcp_congestion_control")
             why = congestion_control_refused(cc) if cc else None
@@ -258,7 +267,7 @@ def cpu_plan(
                 plan[n.name]["os_not_applied"] = {"net.ipv4.tcp_congestion_control": why}
                 warnings.append(
                     f"CPU profile {prof.name!r}: TCP congestion control {cc!r} not set in the "
-                    f"nodes, which keep this machine's: {why}"
+                    f"nodes, which keep this machine's: {why} {doc_ref('congestion-control')}"
                 )
     sub = substrate
     tcg = sub.get("kind") == "vm" and sub.get("accelerator") == "tcg"
@@ -270,8 +279,8 @@ def cpu_plan(
         warnings.append(
             f"time-dilated x{spec.dilation:g}: CPU quotas, link and impairment rates / "
             f"{spec.dilation:g}, delays and test durations x {spec.dilation:g}, results scaled "
-            "back; kernel timers and uncapped kernel packet work do not dilate (docs/cpu.md "
-            '"Time dilation")'
+            "back; kernel timers and uncapped kernel packet work do not dilate "
+            + doc_ref("time-dilated")
         )
     if tcg:
         # QEMU TCG emulates the CPU in software, many times slower than the host: a quota
@@ -290,7 +299,7 @@ def cpu_plan(
             warnings.append(
                 f"CPU caps not applied to {', '.join(capped)}: the lab runs in a VM under TCG "
                 "(software CPU emulation), where a host-calibrated quota means nothing; "
-                "profile masks still apply"
+                f"profile masks still apply {doc_ref('no-cap-under-tcg')}"
             )
         return plan, list(dict.fromkeys(warnings))
     # fit the capped nodes onto this machine (or refuse); see scale_to_host
@@ -404,7 +413,11 @@ def nic_decision(
         return rec, []
     rec["why"] = NO_NETEM.format(reason=reason)
     each = ", ".join(f"{k} {v['us']:g} us" for k, v in path.items())
-    return rec, [f"the boards' per-hop NIC latency ({each}) is not applied: {rec['why']}"]
+    rec["warned"] = True  # `lab up` said it; `lab status` does not again
+    return rec, [
+        f"the boards' NIC latency is not applied ({each}): {rec['why']} "
+        + doc_ref("nic-latency-not-applied")
+    ]
 
 
 def nic_point_delays(record: dict, points: list[dict], backend: str) -> dict[str, int]:
@@ -437,7 +450,11 @@ def nic_latency_plan(
     except ConfigError as e:  # no VPN path to put it on (ends not marked): said, not fatal
         rec, _ = nic_decision(spec.nic_latency, {}, netem)
         rec["why"] = f"no VPN path to add it to: {e}"
-        return rec, [f"the boards' per-hop NIC latency is not applied: {rec['why']}"]
+        rec["warned"] = True
+        return rec, [
+            f"the boards' NIC latency is not applied: {rec['why']} "
+            + doc_ref("nic-latency-not-applied")
+        ]
     return nic_decision(spec.nic_latency, path, netem, engine_anyway=engine_anyway)
 
 

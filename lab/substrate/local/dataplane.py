@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from lab.model import boardkernel
 from lab.model.cpuprofile import load_cpu_profile
+from lab.substrate.local.cpuplan import doc_ref
 
 
 def dataplane_plan(cpu: dict[str, dict], vpn) -> list[str]:
@@ -55,7 +56,10 @@ def dataplane_plan(cpu: dict[str, dict], vpn) -> list[str]:
             )
         p["dataplane"] = rec
         if rec.get("why"):
-            warnings.append(f"node {node}: {dp.daemon}'s data plane: {rec['why']}")
+            warnings.append(
+                f"node {node}: {dp.daemon}'s data plane held to the node's quota, slower than the "
+                f"board's: {rec['why']} {doc_ref('data-plane-held')}"
+            )
     return warnings
 
 

@@ -26,6 +26,7 @@ from lab.core.state import Ledger, lab_dir, write_json_atomic
 from lab.model.cpuprofile import load_cpu_profile
 from lab.model.labspec import LabSpec
 from lab.model.storageprofile import STORAGE_MARKER
+from lab.substrate.local.cpuplan import doc_ref
 
 #: the runner's Context.state_dir, relative to the lab's directory (lab/campaign/runner.py)
 MEASURE_DIR = "measure"
@@ -92,7 +93,7 @@ def build_storage(lab_id: str, info: dict, ledger: Ledger) -> None:
             info["warnings"].append(
                 f"node {name}: the board's dirty-page limit is not applied "
                 f"({rec['dirty_limit']['not_applied']}): its writes wait for the card only "
-                "beyond this machine's own limits"
+                f"beyond this machine's own limits {doc_ref('dirty-page-limit')}"
             )
         rec.update(
             image=str(image),

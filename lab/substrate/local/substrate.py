@@ -18,7 +18,7 @@ from lab.substrate.local.build import up
 from lab.substrate.local.lab import Lab, current_substrate
 from lab.substrate.local.monitor import Monitor
 from lab.substrate.local.preflight import preflight
-from lab.vpn.record import daemons_of
+from lab.vpn.record import daemons_of, half_up
 from lab.vpn.tunnel import prepare
 
 
@@ -103,8 +103,9 @@ class LocalSubstrate(Substrate):
         return True
 
     def tunnel_alive(self, lab) -> bool:
-        """The lab still exists and every VPN daemon is the process that was started."""
-        if not (lab.dir / "lab.json").is_file():
+        """The lab still exists, its tunnel came up, and every VPN daemon is the process that
+        was started."""
+        if not (lab.dir / "lab.json").is_file() or half_up(lab):
             return False
         return all(proc.is_same_process(d.pid, d.start_time) for d in daemons_of(lab))
 

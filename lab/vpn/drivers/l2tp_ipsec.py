@@ -23,7 +23,7 @@ from lab.core.errors import TeardownIncomplete
 from lab.core.node import Node
 from lab.vpn import charon, charonkernel
 from lab.vpn.drivers import l2tp
-from lab.vpn.base import Availability, Driver, Endpoint, TunnelContext
+from lab.vpn.base import Availability, Driver, Endpoint, Rekey, TunnelContext
 from lab.model.params import Param
 from lab.vpn.kernelfeatures import missing_features
 from lab.vpn.drivers.strongswan import StrongSwanDriver
@@ -87,6 +87,12 @@ class L2TPIPsecDriver(Driver):
 
     def __init__(self) -> None:
         self._l2tp = l2tp.L2TPDriver()
+
+    def rekey_support(self, params: dict) -> Rekey:
+        return Rekey(True, "swanctl --rekey --child: a new ESP transport-mode CHILD_SA (IKEv1)")
+
+    def trigger_rekey(self, ctx: TunnelContext, params: dict, *, timeout: float) -> dict:
+        return charon.rekey(ctx, timeout=timeout)
 
     def validate(self, params: dict, *, source: str = "") -> None:
         charon.validate_proposals(params, source=source)

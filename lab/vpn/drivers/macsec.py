@@ -31,6 +31,7 @@ from lab.vpn.base import (
     Availability,
     Driver,
     Endpoint,
+    Rekey,
     TunnelContext,
     write_secret,
     render_template,
@@ -268,6 +269,15 @@ class MACsecDriver(Driver):
             time.sleep(0.2)
 
     # ------------------------------------------------------------------ describe / stop
+
+    def rekey_support(self, params: dict) -> Rekey:
+        if params["mode"] == "static":
+            return Rekey(False, "static MACsec keys (ip macsec): no key agreement to renew")
+        return Rekey(
+            False,
+            "MKA (wpa_supplicant) distributes a new SAK on its own schedule; the lab has no "
+            "command wired to force one",
+        )
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
         node = ctx.client.node

@@ -26,6 +26,7 @@ from lab.model.boardkernel import DataPlaneCpu
 from lab.vpn.base import (
     Availability,
     Driver,
+    Rekey,
     TunnelContext,
     route_through,
     write_secret,
@@ -46,6 +47,8 @@ READY_LOG = (
     "Listening for incoming TCP connection",
     "TCP connection established",
 )
+#: the client's log line once a (re)negotiated session carries data
+SESSION_UP = "Initialization Sequence Completed"
 OPENSSL_CNF = """\
 [req]
 distinguished_name = dn
@@ -357,6 +360,44 @@ class OpenVPNDriver(Driver):
                     f"openvpn on {node} {what} during start-up\n{daemon.log_tail(20)}"
                 )
             time.sleep(0.01)
+
+    # ---------------------------------------------------------------- rekey
+    def rekey_support(self, params: dict) -> Rekey:
+        if params["mode"] == "static":
+            return Rekey(False, 'static-key mode has no key exchange (mode = "tls" has one)')
+        return Rekey(
+            True,
+            "SIGUSR1 to the client's openvpn: a soft restart with a new TLS session and new "
+            "data-channel keys, the TUN device reopened (OpenVPN 2 has no command that "
+            "renegotiates in place; reneg-sec only sets the timer)",
+        )
+
+    def trigger_rekey(self, ctx: TunnelContext, params: dict, *, timeout: float) -> dict:
+        d = next((d for d in ctx.daemons if d.node == ctx.client.name), None)
+        if d is None or not d.alive():
+            raise StartupError(f"openvpn on {ctx.client.name} is not running")
+        before = d.log_text().count(SESSION_UP)
+        t0 = time.monotonic()
+        # kill is the shell's builtin: no tool beyond the node's sh
+        ctx.client.node.run(["sh", "-c", 'kill -USR1 "$1"', "sh", str(d.pid)])
+        deadline = t0 + timeout
+        while d.log_text().count(SESSION_UP) <= before:
+            if not d.alive() or time.monotonic() > deadline:
+                what = "exited" if not d.alive() else f"not up again after {timeout:.0f} s"
+                raise StartupError(
+                    f"openvpn on {ctx.client.name} {what} after SIGUSR1\n{d.log_tail(20)}"
+                )
+            time.sleep(0.02)
+        seconds = round(time.monotonic() - t0, 3)
+        for end in ctx.ends():  # a reopened TUN device lost the routes through it
+            if ctx.peer(end).behind:
+                route_through(end, ctx.peer(end), IFNAME)
+        return {
+            "how": f"SIGUSR1 to openvpn (pid {d.pid}) on {ctx.client.name}",
+            "before": f"{before} TLS session(s) completed",
+            "after": f"{before + 1} TLS session(s) completed",
+            "seconds": seconds,
+        }
 
     def cpu_dataplane(self, params: dict, path: str) -> DataPlaneCpu | None:
         # OpenVPN 2.x encrypts on one thread, on the board as here

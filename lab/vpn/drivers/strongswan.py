@@ -34,7 +34,7 @@ from lab.core.errors import StartupError, TeardownIncomplete
 from lab.core.node import Node
 from lab.vpn import charon, charonkernel, userconfig
 from lab.model.boardkernel import DataPlaneCpu
-from lab.vpn.base import Availability, Driver, Endpoint, TunnelContext, config_hash
+from lab.vpn.base import Availability, Driver, Endpoint, Rekey, TunnelContext, config_hash
 from lab.core.tools import IP, PING
 from lab.model.params import Param
 from lab.vpn.charon import (
@@ -320,6 +320,18 @@ class StrongSwanDriver(Driver):
             f"{dev} MTU - ESP overhead",
             None,
         )
+
+    # ------------------------------------------------------------------ rekey
+
+    def rekey_support(self, params: dict) -> Rekey:
+        return Rekey(
+            True,
+            "swanctl --rekey --child: a new CHILD_SA (new ESP keys and SPIs) negotiated over "
+            "the running IKE_SA",
+        )
+
+    def trigger_rekey(self, ctx: TunnelContext, params: dict, *, timeout: float) -> dict:
+        return charon.rekey(ctx, timeout=timeout)
 
     # ------------------------------------------------------------------ stop
 

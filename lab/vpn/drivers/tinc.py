@@ -28,7 +28,7 @@ from lab.core import proc
 from lab.core.errors import LabError, StartupError
 from lab.core.node import Node
 from lab.model.boardkernel import DataPlaneCpu
-from lab.vpn.base import Availability, Driver, TunnelContext, write_secret, render_template
+from lab.vpn.base import Availability, Driver, Rekey, TunnelContext, write_secret, render_template
 from lab.core.tools import IP, Tool
 from lab.model.params import Param
 from lab.vpn.kernelfeatures import has_char_device
@@ -203,6 +203,13 @@ class TincDriver(Driver):
             board="userspace",
             threads="one",
             what="tincd (userspace, OpenSSL, one thread)",
+        )
+
+    def rekey_support(self, params: dict) -> Rekey:
+        return Rekey(
+            False,
+            "tinc 1.0 renews its session keys on its own KeyExpire timer (default 3600 s); no "
+            "signal or command forces it",
         )
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:

@@ -22,6 +22,7 @@ from lab.model.boardkernel import DataPlaneCpu
 from lab.vpn.base import (
     Availability,
     Driver,
+    Rekey,
     TunnelContext,
     route_through,
     write_secret,
@@ -282,6 +283,16 @@ class WireGuardDriver(Driver):
             board="kernel:wireguard" if board_kernel else "userspace",
             what="wireguard-go (userspace, Go x/crypto)"
             + (" for the board's kernel WireGuard" if board_kernel else ""),
+        )
+
+    def rekey_support(self, params: dict) -> Rekey:
+        # REKEY_AFTER_TIME is an enum constant of the kernel module (messages.h) and a Go const
+        # of wireguard-go (device/constants.go): neither has a knob, `wg` has no command for it
+        return Rekey(
+            False,
+            "WireGuard starts a new handshake on its own timer (REKEY_AFTER_TIME = 120 s, a "
+            "constant compiled into the kernel module and wireguard-go); no command forces one "
+            "and neither binary lets the timer be shortened",
         )
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:

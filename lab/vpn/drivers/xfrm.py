@@ -40,6 +40,7 @@ from lab.vpn.base import (
     Availability,
     Driver,
     Endpoint,
+    Rekey,
     TunnelContext,
     config_hash,
     write_secret,
@@ -247,6 +248,9 @@ class XfrmManualDriver(Driver):
         return sas(ctx, params, spis)
 
     # ------------------------------------------------------------------ describe / stop
+
+    def rekey_support(self, params: dict) -> Rekey:
+        return Rekey(False, "manual keys (ip xfrm state): no key exchange, the SAs never change")
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
         node, ifname = ctx.client.node, ctx.client.underlay_if

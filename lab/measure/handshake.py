@@ -1,0 +1,363 @@
+"""handshake: the tunnel's cold establishment time and, on request, what a forced rekey costs a
+running TCP flow.
+
+Cold (`cold = true`, each repetition one): the lab's tunnel is stopped on both ends and started
+again (the runner's Context.tunnel: lab.vpn.control.TunnelControl); the time is from the
+driver's start() -- daemons launched, configs already written -- to the first ping reply
+through the tunnel, pinged every `probe_ms`. Nothing within `timeout_s` is a result, not an
+error: handshake_status "failed after N s", handshake_completed 0, the reason in `error`; the
+tunnel is then brought up again the ordinary way for the cases that follow.
+
+Rekey (`rekey = true`): an iperf3 TCP flow of `duration_s` with `interval_s` intervals (the
+receiver's, from its own JSON via --get-server-output); at its midpoint the driver renews the
+keys (Driver.trigger_rekey: strongSwan `swanctl --rekey --child`, OpenVPN SIGUSR1) and waits for
+its evidence (new CHILD_SA SPIs, a new TLS session in the log). rekey_effect() then reads the
+interval series: the median before the trigger, the dip (the lowest interval right after it
+against that median), the retransmits meanwhile and the recovery time (to the first interval
+back within 10 % of the median). A profile that cannot be rekeyed on demand (WireGuard, static
+keys) is refused when the plan loads (Test.needs -> lab.campaign.load), before anything is built.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from lab.core.errors import ConfigError, LabError
+from lab.core.tools import SS
+from lab.measure.base import (
+    Context,
+    MeasurementFailed,
+    Metric,
+    Primary,
+    Record,
+    Test,
+    family_of,
+    wait_listening,
+)
+from lab.measure.iperf3 import DEFAULT_PORT, IPERF3, client_argv, parse_iperf3_tcp, run_client
+from lab.model.params import Param
+
+#: an interval within this share of the median before the rekey counts as recovered
+RECOVERED_WITHIN = 0.10
+#: the dip is looked for in the intervals that overlap the trigger .. the new keys + this (s):
+#: data in flight and the receiver's view lag the trigger
+DIP_MARGIN_S = 1.0
+
+
+class Tunnel(Protocol):
+    """What the test asks of Context.tunnel (lab.vpn.control.TunnelControl)."""
+
+    name: str
+
+    def establish(self, *, cap_s: float, probe_s: float) -> Any:
+        """Stop and start the tunnel; .ok, .ms, .failed_after_s, .error."""
+
+    def rekey(self, *, timeout: float) -> dict:
+        """Renew the keys now; the daemon's evidence {"how", "before", "after", "seconds"}."""
+
+
+# --------------------------------------------------------------------- the pure part
+
+
+def rekey_effect(
+    intervals: Sequence[Mapping[str, Any]],
+    trigger_s: float,
+    *,
+    keys_s: float = 0.0,
+    retransmits: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """What a rekey at `trigger_s` (seconds into the flow, the intervals' clock) did to the
+    interval series `intervals` ({"start", "end", "bps"}, in order; omitted ones are skipped):
+
+    before_bps    median of the intervals that ended by the trigger
+    min_bps       the lowest interval overlapping trigger .. trigger + keys_s + DIP_MARGIN_S
+    dip_pct       100 x (1 - min_bps / before_bps), 0 when higher
+    recovery_s    from the trigger to the start of the first interval after the lowest one that
+                  is within RECOVERED_WITHIN of before_bps; 0 when the lowest already is; None
+                  when the flow never got back
+    retransmits   the sender's retransmits (`retransmits`: its intervals with "retransmits")
+                  in the intervals overlapping trigger .. recovery (or the flow's end)
+    noise_pct     the same dip measure over the intervals before the trigger: how deep the
+                  flow dips without a rekey
+    MeasurementFailed when no whole interval precedes the trigger or none follows it.
+    """
+    ivs = [iv for iv in intervals if not iv.get("omitted")]
+    before = [float(iv["bps"]) for iv in ivs if iv["end"] <= trigger_s]
+    after = [iv for iv in ivs if iv["end"] > trigger_s]
+    if not before or not after:
+        where = "before" if not before else "after"
+        raise MeasurementFailed(
+            f"no interval {where} the rekey at {trigger_s:.2f} s of the flow: a longer "
+            "duration_s or a shorter interval_s"
+        )
+    base = statistics.median(before)
+    floor = (1 - RECOVERED_WITHIN) * base
+    horizon = trigger_s + keys_s + DIP_MARGIN_S
+    window = [iv for iv in after if iv["start"] < horizon] or after[:1]
+    lowest = min(window, key=lambda iv: iv["bps"])
+    low = float(lowest["bps"])
+    if low >= floor:
+        recovered_at: float | None = trigger_s
+    else:
+        later = [iv for iv in after if iv["start"] >= lowest["end"] and iv["bps"] >= floor]
+        recovered_at = later[0]["start"] if later else None
+    end = recovered_at if recovered_at is not None else after[-1]["end"]
+    lost = [
+        iv.get("retransmits")
+        for iv in retransmits
+        if iv["end"] > trigger_s and iv["start"] < max(end, lowest["end"])
+    ]
+
+    def dip(x: float) -> float:
+        return max(0.0, 100.0 * (1 - x / base)) if base > 0 else 0.0
+
+    return {
+        "before_bps": base,
+        "min_bps": low,
+        "dip_pct": dip(low),
+        "recovery_s": None if recovered_at is None else max(0.0, recovered_at - trigger_s),
+        "retransmits": sum(x for x in lost if x is not None)
+        if any(x is not None for x in lost)
+        else None,
+        "noise_pct": dip(min(before)),
+    }
+
+
+def with_interval(argv: list[str], interval_s: float) -> list[str]:
+    """iperf3 client argv with its report interval (-i) set to `interval_s`."""
+    out = list(argv)
+    i = out.index("-i")
+    out[i + 1] = f"{interval_s:g}"
+    return out
+
+
+# --------------------------------------------------------------------- the test
+
+
+class HandshakeTest(Test):
+    name = "handshake"
+    client_tools = ("iperf3",)
+    server_tools = ("iperf3", "ss")
+    requires = (IPERF3, SS)
+    schema: ClassVar[dict[str, Param]] = {
+        "cold": Param(
+            bool, True, doc="stop the tunnel on both ends and time its start to the first byte"
+        ),
+        "timeout_s": Param(
+            float,
+            30.0,
+            min=1,
+            max=600,
+            doc="cap on one establishment (and on a rekey's new keys): past it, 'failed after N s'",
+        ),
+        "probe_ms": Param(
+            float, 5.0, min=1, max=1000, doc="ping interval while waiting for the first reply"
+        ),
+        "rekey": Param(
+            bool,
+            False,
+            doc="force a rekey at the midpoint of a TCP flow (profiles that can: lab profiles)",
+        ),
+        "duration_s": Param(float, 10.0, min=2, max=3600, doc="the rekey's TCP flow, iperf3 -t"),
+        "interval_s": Param(
+            float, 0.5, min=0.1, max=60, doc="the flow's report interval, iperf3 -i"
+        ),
+        "port": Param(int, DEFAULT_PORT, min=1, max=65535),
+    }
+    metrics = (
+        Metric(
+            "handshake_ms",
+            unit="ms",
+            description="cold establishment: the driver's start (daemons launched) to the first "
+            "ping reply through the tunnel",
+        ),
+        Metric(
+            "handshake_completed",
+            unit="",
+            description="1 when the cold establishment got a reply within timeout_s, else 0 "
+            "(its mean: the share that completed)",
+        ),
+        Metric(
+            "handshake_status",
+            "string",
+            description="established, or 'failed after N s' (the reason in error)",
+        ),
+        Metric(
+            "rekey_before_bps",
+            unit="bit/s",
+            description="median interval throughput of the flow before the rekey",
+        ),
+        Metric(
+            "rekey_min_bps",
+            unit="bit/s",
+            description="lowest interval throughput right after the rekey",
+        ),
+        Metric(
+            "rekey_dip_pct",
+            unit="%",
+            description="100 x (1 - rekey_min_bps / rekey_before_bps)",
+        ),
+        Metric(
+            "rekey_noise_pct",
+            unit="%",
+            description="the same dip measure over the intervals before the rekey (no rekey)",
+        ),
+        Metric(
+            "rekey_recovery_s",
+            unit="s",
+            description="rekey to the first interval back within 10 % of rekey_before_bps",
+        ),
+        Metric(
+            "rekey_status",
+            "string",
+            description="recovered, or not recovered (the flow ended below the median)",
+        ),
+        Metric(
+            "rekey_retransmits",
+            unit="segments",
+            description="TCP retransmits of the sender from the rekey to the recovery",
+        ),
+        Metric(
+            "rekey_keys_s",
+            unit="s",
+            description="rekey command to the daemon showing the new keys",
+        ),
+        Metric(
+            "rekey_evidence",
+            "string",
+            description="how the rekey was forced and the daemon's old -> new keys",
+        ),
+        Metric("retransmits", unit="segments", description="TCP retransmits of the sender"),
+    )
+    primary = Primary("handshake_ms", "ms", 1.0, False)
+
+    def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
+        out = super().validate(params, source=source)
+        if not out["cold"] and not out["rekey"]:
+            raise ConfigError(
+                "test 'handshake' with cold = false and rekey = false measures nothing; "
+                "accepted: cold = true, rekey = true or both",
+                source=source,
+                field="cold",
+            )
+        return out
+
+    def needs(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        return ("rekey",) if params["rekey"] else ()
+
+    def estimate_s(self, params: Mapping[str, Any]) -> float:
+        cold = 3.0 if params["cold"] else 0.0
+        return cold + (params["duration_s"] + 2.0 if params["rekey"] else 0.0)
+
+    def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
+        if ctx.tunnel is None:
+            return [self.record(ok=False, error="no tunnel control: the runner gave none")]
+        out: dict[str, Any] = {}
+        files: list[Path] = []
+        if params["cold"]:
+            est = ctx.tunnel.establish(cap_s=params["timeout_s"], probe_s=params["probe_ms"] / 1e3)
+            if est.ok:
+                out.update(
+                    handshake_ms=est.ms, handshake_completed=1, handshake_status="established"
+                )
+            else:
+                status = f"failed after {est.failed_after_s:.1f} s"
+                out.update(handshake_completed=0, handshake_status=status)
+                why = f"{status}: {est.error}"
+                if est.not_restored:  # the runner builds the lab again before the next case
+                    why += f"; the tunnel could not be brought up again: {est.not_restored}"
+                # a result, not a failed case: the reason goes with it
+                return [self.record(error=why, **out)]
+        if params["rekey"]:
+            try:
+                out.update(self._rekey(ctx, params, files))
+            except (MeasurementFailed, LabError) as e:
+                return [self.record(ok=False, error=str(e), raw_files=files, **out)]
+        return [self.record(raw_files=files, **out)]
+
+    # ------------------------------------------------------------------ rekey under a flow
+    def _rekey(self, ctx: Context, params: Mapping[str, Any], files: list[Path]) -> dict:
+        port, duration = params["port"], params["duration_s"]
+        argv = client_argv(ctx.server_addr, port, duration=duration, server_output=True)
+        argv = with_interval(argv, params["interval_s"])
+        got: dict[str, Any] = {}
+
+        def client() -> None:
+            try:
+                got["text"] = run_client(
+                    ctx, argv, label="iperf3-tcp-rekey", files=files, expected_s=duration
+                )
+            except MeasurementFailed as e:
+                got["error"] = e
+
+        log = ctx.next_raw("iperf3-server", ".log")
+        files.append(log)
+        server = ["iperf3", "-s", "-p", str(port), "-J", "-i", f"{params['interval_s']:g}"]
+        if family_of(ctx.server_addr):
+            server += ["-B", ctx.server_addr.strip("[]")]
+        daemon = ctx.server.spawn(f"iperf3-server-{port}", server, log=log)
+        trigger_error: LabError | None = None
+        try:
+            wait_listening(ctx.server, daemon, proto="tcp", port=port)
+            flow = threading.Thread(target=client, name="handshake-iperf3", daemon=True)
+            flow.start()
+            t0 = flow_start(ctx, port, until=time.monotonic() + ctx.timeout_s)
+            time.sleep(max(0.0, t0 + duration / 2 - time.monotonic()))
+            t_trigger = time.monotonic()
+            try:
+                evidence = ctx.tunnel.rekey(timeout=params["timeout_s"])
+            except LabError as e:
+                trigger_error, evidence = e, {}
+            flow.join(duration + ctx.timeout_s + 5)
+        finally:
+            ctx.server.stop(daemon)
+        if trigger_error is not None:
+            raise trigger_error
+        if "error" in got:
+            raise got["error"]
+        if "text" not in got:
+            raise MeasurementFailed("iperf3 did not finish")
+        m = parse_iperf3_tcp(got["text"])
+        series = m.get("server_intervals") or m["intervals"]
+        fx = rekey_effect(
+            series,
+            t_trigger - t0,
+            keys_s=float(evidence.get("seconds") or 0.0),
+            retransmits=m["intervals"],
+        )
+        return {
+            "rekey_before_bps": fx["before_bps"],
+            "rekey_min_bps": fx["min_bps"],
+            "rekey_dip_pct": fx["dip_pct"],
+            "rekey_noise_pct": fx["noise_pct"],
+            "rekey_recovery_s": fx["recovery_s"],
+            "rekey_status": "recovered" if fx["recovery_s"] is not None else "not recovered",
+            "rekey_retransmits": fx["retransmits"],
+            "rekey_keys_s": evidence.get("seconds"),
+            "rekey_evidence": f"{evidence.get('how')}: {evidence.get('before')} -> "
+            f"{evidence.get('after')}",
+            "rekey_at_s": round(t_trigger - t0, 3),
+            "retransmits": m["retransmits"],
+            "intervals": series,
+            "sender_intervals": m["intervals"],
+        }
+
+
+def flow_start(ctx: Context, port: int, *, until: float) -> float:
+    """time.monotonic() when the server first holds an established data connection on `port`
+    besides iperf3's control connection: where the receiver's interval clock starts (iperf3
+    starts its stream timers as it accepts the streams). Past `until`, now: the flow never
+    started, which the client's own error then says."""
+    while time.monotonic() < until:
+        cp = ctx.server.run(
+            ["ss", "-Htn", "state", "established", f"( sport = :{port} )"], check=False
+        )
+        if cp.returncode == 0 and len(cp.stdout.strip().splitlines()) >= 2:
+            return time.monotonic()
+        time.sleep(0.005)
+    return time.monotonic()
