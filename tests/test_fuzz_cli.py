@@ -3,23 +3,23 @@
 tests/test_fuzz_inputs.py generates the malformed inputs (topologies, VPN profiles and --vpn
 overrides, impairment specs, plans and -o overrides, inventories, lab ids, node names, argument
 vectors) and sends them through lab.cli.main.main() in-process, behind a tripwire. Here a
-stratified sample of at least 100 of the same cases runs as root through the installed console
-script (`.venv/bin/lab`, the `[project.scripts]` entry; this checkout's code first on
-PYTHONPATH), with nothing patched, while a lab of our own (the canary) is up under the same
+stratified sample of 120 of the same cases runs as root through the installed console script
+(`.venv/bin/lab`, the `[project.scripts]` entry, with this checkout first on PYTHONPATH), with
+nothing patched, two at a time, while a lab of our own (the canary) is up under the same
 LAB_STATE_DIR / LAB_RUN_DIR. Each case must give:
 
 - exit 2, a message naming the file or flag and the field (the corpus says which), and no
   traceback or "internal error";
-- the machine as it was: network namespaces, root-namespace links, the cgroup tree and the mount
-  table (conftest.machine_snapshot's lists, taken before and after every case: about 20 ms),
-  the state and run directories entry by entry (name, type, size, mtime: the canary's ledger, lab.json and
-  namespace handles included), the --out directories and the repository's runs/, and no process
-  of the case left behind.
+- the machine as it was: network namespaces, root-namespace links, the cgroup tree and the
+  mount table (conftest.machine_snapshot's lists, about 20 ms to read, before and after each
+  batch), the state and run directories entry by entry (type, size, mtime: the canary's ledger,
+  lab.json and namespace handles included), the --out directories and the checkout's runs/,
+  and no process of the case left behind.
 
 The machine is shared (other labs come and go while this runs), so a change of the machine-wide
-lists counts when it names a lab this case could have made: an id it passed with --id, the
+lists counts when it names a lab this batch could have made: an id passed with --id, the
 default id of `lab up`, the corpus's "fz", the canary's, or any lab directory that appeared
-under our state root; every lab object carries its id in its name (netns ID-node, cgroup
+under our state root. Every lab object carries its id in its name (netns ID-node, cgroup
 lab/ID, the farm's host link lab-ID, mounts under our roots or /run/netns/ID-node). The state
 and run roots are ours alone and compared whole.
 """
@@ -31,6 +31,7 @@ import random
 import re
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -68,9 +69,9 @@ def interpreter(script: Path) -> str:
 
 
 def sendable(case: Case) -> bool:
-    """A case of the corpus this test can judge: exit 2 wanted, a message that must name its
-    input, an argv a process can receive (no NUL byte), and no answer that depends on no lab
-    being up (the canary is: `lab impair show` would then show it)."""
+    """A case of the corpus this test can judge: exit 2 wanted (the cases wanting 3 say "no lab
+    is up", and the canary is), a message that must name its input, an argv a process can
+    receive (no NUL byte)."""
     return (
         case.codes == (2,)
         and bool(case.names)
@@ -117,7 +118,8 @@ def tree(*dirs: Path) -> dict[str, tuple]:
                 st = p.lstat()
             except FileNotFoundError:
                 continue
-            out[str(p)] = (st.st_mode >> 12, st.st_size if not p.is_dir() else 0, st.st_mtime_ns)
+            size = 0 if stat.S_ISDIR(st.st_mode) else st.st_size
+            out[str(p)] = (stat.S_IFMT(st.st_mode), size, st.st_mtime_ns)
     return out
 
 
