@@ -494,7 +494,8 @@ class Gen:
                 (QUICK + "\nreps = = 1\n", "TOML"),
                 ("schema = 1\nname = 'x\n", "TOML"),
             ],
-            "truncated": [(QUICK[: len(QUICK) // 2], ""), (QUICK[: len(QUICK) - 7], "")],
+            # cut mid-line: at half, and just after the last "=" (the file may end in comments)
+            "truncated": [(QUICK[: len(QUICK) // 2], ""), (QUICK[: QUICK.rindex(" = ") + 2], "")],
             "huge": [
                 setv("name", f'"{"q" * 5000}"'),
                 setv("reps", f"{10**18}"),
