@@ -54,6 +54,7 @@ def suite_state_roots(tmp_path_factory):
 VM_FIXTURES = {"vm", "vm_ready", "guest", "kern"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist turns the groups into node ids
 def pytest_collection_modifyitems(config, items):
     """Two groups for pytest-xdist (`-n 2 --dist loadgroup`, the README's test command): the
     tests that boot the VM, and everything else. QEMU's single-threaded TCG keeps one host CPU
