@@ -209,8 +209,9 @@ class NebulaDriver(Driver):
     def rekey_support(self, params: dict) -> Rekey:
         return Rekey(
             False,
-            "nebula keeps a tunnel's keys for its life (no rekey timer in 1.6); a new handshake "
-            "happens only when the tunnel is torn down and re-created",
+            "nebula 1.6 does not rekey: a tunnel keeps its handshake's keys until it is closed "
+            "(nebula's admin sshd `close-tunnel`, not enabled here), and the next packet then "
+            "makes a new handshake",
         )
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
