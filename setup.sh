@@ -3,12 +3,20 @@
 #   sudo ./setup.sh            # apt packages, .venv with Python deps, compiled helpers, VM kernel
 #   LAB_SETUP_SKIP_VM=1 ...    # skip fetching the full-kernel VM image
 #   sudo ./setup.sh --arch arm64   # also a board's own binaries (lab arch fetch arm64; repeatable)
+#   sudo ./setup.sh --with boringtun   # also build boringtun-cli (Rust, cargo: ~3 min the first
+#                                      # time on 2 CPUs, seconds after: cached in /var/cache/lab)
 set -euo pipefail
 arches=()
+withs=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) arches+=("${2:?--arch needs arm64 or armhf}"); shift 2 ;;
-    *) echo "setup.sh: unknown argument $1 (accepted: --arch arm64|armhf)" >&2; exit 2 ;;
+    --with)
+      case "${2:-}" in
+        boringtun) withs+=("$2"); shift 2 ;;
+        *) echo "setup.sh: --with ${2:-(nothing)}: accepted: boringtun" >&2; exit 2 ;;
+      esac ;;
+    *) echo "setup.sh: unknown argument $1 (accepted: --arch arm64|armhf, --with boringtun)" >&2; exit 2 ;;
   esac
 done
 cd "$(dirname "$0")"
@@ -103,6 +111,26 @@ done
 if [ -d tools/gobench ] && command -v go >/dev/null 2>&1; then
   (cd tools/gobench && go build -o gobench . )
 fi
+
+# Optional tools built from source, not in Debian: opt-in so a default set-up stays short.
+# Installed under ${LAB_CACHE:-/var/cache/lab} (outside the clone: a fresh clone reuses them);
+# `cargo install` with the version pinned does nothing when that version is already there.
+for w in "${withs[@]}"; do
+  case "$w" in
+    boringtun)
+      # lab/vpn/drivers/wireguard.py (implementation = "boringtun") looks here
+      BORINGTUN_VERSION=0.7.1
+      root="${LAB_CACHE:-/var/cache/lab}/boringtun"
+      log "boringtun-cli $BORINGTUN_VERSION (cargo, into $root)"
+      if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+      fi
+      export PATH="$HOME/.cargo/bin:$PATH"
+      cargo install --locked --quiet boringtun-cli --version "=$BORINGTUN_VERSION" --root "$root"
+      "$root/bin/boringtun-cli" --version
+      ;;
+  esac
+done
 
 if [ -z "${LAB_SETUP_SKIP_VM:-}" ] && [ -x scripts/fetch-kernel.sh ]; then
   log "full-kernel VM image"

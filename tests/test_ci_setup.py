@@ -37,7 +37,9 @@ def test_workflow_and_ci_run_set_up_lint_and_test_alike():
     def setup(cmds):
         return [c for c in cmds if c[0] == "./setup.sh"]
 
-    assert setup(local) == setup(remote) == [["./setup.sh", "--arch", "arm64"]], (local, remote)
+    assert (
+        setup(local) == setup(remote) == [["./setup.sh", "--arch", "arm64", "--with", "boringtun"]]
+    ), (local, remote)
     lint = [c for c in local if c[0].endswith("ruff")]
     assert lint and lint == [c for c in remote if c[0].endswith("ruff")]
     tests = [c for c in local if c[0].endswith("pytest")]

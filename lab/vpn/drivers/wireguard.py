@@ -1,4 +1,5 @@
-"""WireGuard: kernel WireGuard when the node's kernel has it, otherwise wireguard-go over TUN.
+"""WireGuard: kernel WireGuard when the node's kernel has it, otherwise wireguard-go over TUN;
+boringtun (Cloudflare's userspace WireGuard in Rust) when the profile asks for it.
 
 Keys are X25519 (RFC 7748), generated here in Python so that rendering needs no tool; `wg
 pubkey` agrees (tests/test_vpn_wireguard.py). The rendered file is wg-quick(8) format, as used on
@@ -6,6 +7,12 @@ a board; the lab strips the wg-quick-only keys and hands the rest to `wg setconf
 
 wireguard-go puts its UAPI socket in /var/run/wireguard/<ifname>.sock; every lab node has a
 private /run (lab.core.netops.create_node_mntns), so both ends can call their interface wg0.
+boringtun-cli serves the same UAPI on the same socket, so `wg setconf` configures either.
+
+boringtun is not a Debian package: `./setup.sh --with boringtun` builds boringtun-cli with cargo
+into ${LAB_CACHE:-/var/cache/lab}/boringtun (kept across runs and clones). It is therefore no
+`requires` Tool (those feed packages.txt, apt's list): check() looks for the binary itself and
+names the set-up option when it is missing, and describe() records its version.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 from typing import ClassVar
 
 from lab.core.errors import ConfigError, StartupError
@@ -35,6 +43,9 @@ from lab.vpn.kernelfeatures import has_char_device, probe_netns
 import base64
 
 IFNAME = "wg0"
+#: where `./setup.sh --with boringtun` installs boringtun-cli (cargo install --root)
+BORINGTUN_ROOT = Path(os.environ.get("LAB_CACHE", "/var/cache/lab")) / "boringtun"
+BORINGTUN_SETUP = "sudo ./setup.sh --with boringtun"
 WG_QUICK_ONLY = {
     "address",
     "mtu",
@@ -110,8 +121,16 @@ class WireGuardDriver(Driver):
         "implementation": Param(
             str,
             "auto",
-            "data plane: kernel, wireguard-go, or auto (kernel when the kernel has it)",
-            choices=("auto", "kernel", "wireguard-go"),
+            "data plane: kernel, wireguard-go, boringtun (userspace, Rust; built by "
+            f"`{BORINGTUN_SETUP}`), or auto (kernel when the kernel has it, else wireguard-go)",
+            choices=("auto", "kernel", "wireguard-go", "boringtun"),
+        ),
+        "boringtun_threads": Param(
+            int,
+            4,
+            "implementation=boringtun: its worker threads (boringtun-cli --threads, default 4)",
+            min=1,
+            max=64,
         ),
         "persistent_keepalive": Param(
             int, 0, "seconds between keepalives (0: off)", min=0, max=65535
@@ -134,6 +153,17 @@ class WireGuardDriver(Driver):
 
     def check(self, params: dict, node: Node) -> Availability:
         impl = params["implementation"]
+        if impl == "boringtun":
+            if boringtun_binary(node) is None:
+                return Availability(
+                    False,
+                    "boringtun",
+                    f"boringtun-cli not built (neither {BORINGTUN_ROOT}/bin/boringtun-cli nor "
+                    f"on PATH): run `{BORINGTUN_SETUP}`",
+                )
+            if not has_char_device(node, "/dev/net/tun"):
+                return Availability(False, "boringtun", "/dev/net/tun missing")
+            return Availability(True, "boringtun")
         kernel, why = kernel_wireguard(node)
         if impl in ("auto", "kernel") and kernel:
             return Availability(True, "kernel")
@@ -234,7 +264,11 @@ class WireGuardDriver(Driver):
                     raise StartupError(
                         f"{end.name}: cannot create a kernel WireGuard link: {cp.stderr.strip()}"
                     )
-            if not made:
+            if impl == "boringtun":
+                d = node.spawn("boringtun", boringtun_argv(node, params))
+                ctx.daemons.append(d)
+                self._wait_uapi(ctx, end, d)
+            elif not made:
                 d = node.spawn(
                     "wireguard-go",
                     ["wireguard-go", "-f", IFNAME],
@@ -261,19 +295,35 @@ class WireGuardDriver(Driver):
 
     @staticmethod
     def _wait_uapi(ctx: TunnelContext, end, daemon, timeout: float = 5.0) -> None:
-        """Until wireguard-go answers on its UAPI socket (it creates the TUN first)."""
+        """Until the userspace daemon (wireguard-go, boringtun) answers on its UAPI socket (it
+        creates the TUN first)."""
         deadline = time.monotonic() + timeout
         while True:
             if end.node.run(["wg", "show", IFNAME, "listen-port"], check=False).returncode == 0:
                 return
             if not daemon.alive() or time.monotonic() > deadline:
                 raise StartupError(
-                    f"wireguard-go on {end.name} {'exited' if not daemon.alive() else 'not ready'}"
+                    f"{daemon.name} on {end.name} {'exited' if not daemon.alive() else 'not ready'}"
                     f" during start-up\n{daemon.log_tail()}"
                 )
             time.sleep(0.01)
 
     def cpu_dataplane(self, params: dict, path: str) -> DataPlaneCpu | None:
+        if path == "boringtun":
+            # the board runs the same program: its --threads workers over the board's cores.
+            # Its data path seals with ring's ChaCha20-Poly1305 (boringtun src/noise/session.rs):
+            # assembly of the same origin as OpenSSL's, but ring picks its code by its own CPU
+            # probe, which OPENSSL_ia32cap does not reach. Priced by OpenSSL's masked figure it
+            # would run unmasked code at a masked code's price, so it names no primitive: one
+            # board core's share per core (core_share), listed as unreferenced
+            return DataPlaneCpu(
+                daemon="boringtun",
+                primitive=None,
+                board="userspace",
+                threads="program",
+                what="boringtun (userspace, ring's ChaCha20-Poly1305; unreferenced: no "
+                "calibrated figure for it, core_share)",
+            )
         if path != "wireguard-go":
             return None
         board_kernel = params["implementation"] != "wireguard-go"  # a board has the module
@@ -297,6 +347,8 @@ class WireGuardDriver(Driver):
 
     def describe(self, ctx: TunnelContext, params: dict) -> dict:
         node = ctx.client.node
+        if any(d.name == "boringtun" for d in ctx.daemons):
+            return self._describe_boringtun(ctx, params)
         userspace = any(d.name == "wireguard-go" for d in ctx.daemons)
         link = json.loads(node.run(["ip", "-j", "link", "show", "dev", IFNAME]).stdout)[0]
         version = node.run(["wg", "--version"]).stdout.strip().split(" - ")[0]
@@ -313,6 +365,51 @@ class WireGuardDriver(Driver):
             "mtu": int(link["mtu"]),
             "listen_port": params["listen_port"],
         }
+
+    def _describe_boringtun(self, ctx: TunnelContext, params: dict) -> dict:
+        node = ctx.client.node
+        link = json.loads(node.run(["ip", "-j", "link", "show", "dev", IFNAME]).stdout)[0]
+        binary = boringtun_binary(node) or "boringtun-cli"
+        return {
+            "implementation": "boringtun",
+            "version": node.run([binary, "--version"]).stdout.strip().splitlines()[0],
+            "tools": node.run(["wg", "--version"]).stdout.strip().split(" - ")[0],
+            "path": "boringtun",
+            "cipher": "ChaCha20-Poly1305 (Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s)",
+            "interface": IFNAME,
+            "mtu": int(link["mtu"]),
+            "listen_port": params["listen_port"],
+            "threads": params["boringtun_threads"],
+        }
+
+
+def boringtun_binary(node: Node) -> str | None:
+    """The boringtun-cli the node can execute: setup.sh's build, else one on PATH; None."""
+    built = str(BORINGTUN_ROOT / "bin" / "boringtun-cli")
+    missing = node.missing_tools([built, "boringtun-cli"])
+    for b in (built, "boringtun-cli"):
+        if b not in missing:
+            return b
+    return None
+
+
+def boringtun_argv(node: Node, params: dict) -> list[str]:
+    """boringtun-cli in the foreground (the lab owns the process: its PID is recorded), as root
+    (dropping privileges would lose the TUN it reconfigures), its UAPI socket in the node's
+    /run/wireguard like wireguard-go's."""
+    binary = boringtun_binary(node)
+    if binary is None:
+        raise StartupError(f"boringtun-cli missing on the node: run `{BORINGTUN_SETUP}`")
+    return [
+        binary,
+        "--foreground",
+        "--disable-drop-privileges",
+        "--threads",
+        str(params["boringtun_threads"]),
+        "--verbosity",
+        "error",
+        IFNAME,
+    ]
 
 
 def _host_route(cidr: str) -> str:
