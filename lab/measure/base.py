@@ -136,6 +136,8 @@ PLOTS: dict[str, str] = {
     "rate-target": "target against achieved rate and packets/s per profile",
     "rate-sweep": "received rate per target rate: a table and a plot of its own instead of a "
     "column of the headline",
+    "load-latency": "each flow's throughput over time per case, and the CDF of the RTT samples idle "
+    "against loaded per profile and condition",
 }
 #: what the report's Recommendation ranks the VPN profiles by, with the first test of the plan
 #: that declares it in `Test.ranks`

@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -348,16 +348,24 @@ class HandshakeTest(Test):
         }
 
 
-def flow_start(ctx: Context, port: int, *, until: float) -> float:
-    """time.monotonic() when the server first holds an established data connection on `port`
-    besides iperf3's control connection: where the receiver's interval clock starts (iperf3
-    starts its stream timers as it accepts the streams). Past `until`, now: the flow never
-    started, which the client's own error then says."""
-    while time.monotonic() < until:
+def flow_start(
+    ctx: Context,
+    port: int,
+    *,
+    until: float,
+    connections: int = 2,
+    running: Callable[[], bool] | None = None,
+) -> float:
+    """time.monotonic() when the server first holds `connections` established connections on
+    `port` (iperf3's control connection and its data streams; default one stream): where the
+    receiver's interval clock starts (iperf3 starts its stream timers as it accepts the
+    streams). Past `until`, or as soon as `running()` says the client is gone, now: the flow
+    never started, which the client's own error then says."""
+    while time.monotonic() < until and (running is None or running()):
         cp = ctx.server.run(
             ["ss", "-Htn", "state", "established", f"( sport = :{port} )"], check=False
         )
-        if cp.returncode == 0 and len(cp.stdout.strip().splitlines()) >= 2:
+        if cp.returncode == 0 and len(cp.stdout.strip().splitlines()) >= connections:
             return time.monotonic()
         time.sleep(0.005)
     return time.monotonic()

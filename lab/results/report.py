@@ -164,6 +164,11 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
             doc.p(f"**{label}** ({test}): received rate ({unit.split()[0]}) per target rate")
             doc.table(header, out)
             continue
+        if draws(
+            test, "load-latency"
+        ):  # latency under load: a row per case, its figures side by side
+            _rrul_table(doc, label, test, rows_l, profiles, present_points)
+            continue
         extras = [
             c
             for c in SIDE_METRICS
@@ -260,6 +265,42 @@ def _side_by_side(doc, label, test, rows_l, profiles, points, extras) -> None:
     )
     doc.table(header, out)
     _not_applicable_note(doc, rows_l)
+
+
+#: the rrul table's columns: (results.csv column, header, scale)
+RRUL_COLUMNS = (
+    ("rrul_c2s_bps", "up Mbit/s", 1e-6),
+    ("rrul_s2c_bps", "down Mbit/s", 1e-6),
+    ("rrul_total_bps", "total Mbit/s", 1e-6),
+    ("rtt_idle_p50_ms", "idle p50 ms", 1.0),
+    ("rtt_loaded_p50_ms", "loaded p50 ms", 1.0),
+    ("rtt_loaded_p90_ms", "loaded p90 ms", 1.0),
+    ("rtt_loaded_p99_ms", "loaded p99 ms", 1.0),
+    ("latency_inflation_ms", "inflation ms", 1.0),
+    ("responsiveness_rpm", "RPM", 1.0),
+)
+
+
+def _rrul_table(doc, label, test, rows_l, profiles, points) -> None:
+    """Latency under load per profile and condition: each direction's throughput, the RTT idle
+    and loaded, the inflation and the responsiveness (docs/measurements.md "Latency under
+    load")."""
+    out = []
+    for prof in profiles:
+        for pt in points:
+            all_rs = rows_where(rows_l, profile=prof, impairment=pt)
+            if not all_rs:
+                continue
+            rs = [r for r in all_rs if r["ok"]]
+            failed = len(all_rs) - len(rs)
+            cells = [stat_cell(stats_of([r[c] for r in rs]), k) for c, _, k in RRUL_COLUMNS]
+            out.append([prof + (f" [{failed} failed]" if failed else ""), pt] + cells)
+    doc.p(
+        f"**{label}** ({test}): latency under load, up = client to server, down = server to "
+        "client (receiver rates, all flows); RTT = ping idle, then under the flows; inflation = "
+        "loaded p50 - idle p50; RPM = 60000 / loaded p50 (round trips a minute)"
+    )
+    doc.table(["profile", "condition"] + [h for _, h, _ in RRUL_COLUMNS], out)
 
 
 _SPEC_LOSS = re.compile(r"\bloss\s+(?:random\s+)?([\d.]+)%")

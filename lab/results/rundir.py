@@ -142,6 +142,19 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
         "why the row does not apply to the lab (IPv6 over an IPv4-only tunnel): ok, no metric; "
         "empty otherwise",
     ),
+    # the rrul test's (issue 33), after the last common column
+    "rrul_c2s_bps",
+    "rrul_s2c_bps",
+    "rrul_total_bps",
+    "rtt_idle_p50_ms",
+    "rtt_idle_p90_ms",
+    "rtt_idle_p99_ms",
+    "rtt_loaded_p50_ms",
+    "rtt_loaded_p90_ms",
+    "rtt_loaded_p99_ms",
+    "rtt_loaded_loss_pct",
+    "latency_inflation_ms",
+    "responsiveness_rpm",
 ]
 
 

@@ -1,6 +1,6 @@
 """The plots read from results.jsonl's own series: RTT per profile and condition, each swept
 metric against the swept value (one line per profile), throughput over time per case (iperf3's
-intervals) and the CDF of RTT samples.
+intervals), the CDF of RTT samples, and rrul's flows over time and RTT idle against loaded.
 
 Every plot keeps the numbers it draws in `plots/<name>.json` next to its PNG/SVG
 (`{"title", "xlabel", "ylabel", "panels": {panel: {series: {"x": [...], "y": [...]}}}}`, with
@@ -304,6 +304,80 @@ def rtt_cdf(results: list[dict], plan: dict, label: str) -> dict:
     }
 
 
+#: an rrul RTT CDF needs this many samples in a phase (a profile and condition, repetitions
+#: pooled): its idle phase is short (a few seconds at 5 echoes/s)
+RRUL_CDF_MIN_SAMPLES = 5
+
+
+def rrul_flows_over_time(results: list[dict], plan: dict, label: str) -> dict:
+    """Each flow's rate over time in the first repetition of `label` per profile and network
+    condition (one panel each, at most MAX_TIME_PANELS, in plan order): the client's view of
+    iperf3's per-stream intervals, what it sent on a client-to-server flow and received on a
+    server-to-client one."""
+    profiles = plan.get("profiles", [])
+    points = [p["name"] for p in plan.get("impairments", [])]
+    rs = [r for r in _ok(results) if r.get("label") == label and _first_record(r).get("flows")]
+    panels: dict[str, dict] = {}
+    for cond in in_order([_point(r) for r in rs], points):
+        for p in profiles:
+            mine = sorted((r for r in rs if r["profile"] == p and _point(r) == cond),
+                          key=lambda r: r["rep"])  # fmt: skip
+            if not mine or len(panels) >= MAX_TIME_PANELS:
+                continue
+            panel: dict[str, dict] = {}
+            counts: dict[str, int] = {}
+            for f in _first_record(mine[0])["flows"]:
+                way = "up" if f["direction"] == "client-to-server" else "down"
+                counts[way] = counts.get(way, 0) + 1
+                ivs = [iv for iv in f.get("intervals") or [] if not iv.get("omitted")]
+                panel[f"{way} {counts[way]}"] = {
+                    "x": [iv["end"] for iv in ivs],
+                    "y": [iv["bps"] * 1e-6 for iv in ivs],
+                }
+            panels[f"{p}, {cond} #{mine[0]['rep']}"] = panel
+    return {
+        "title": f"{label}: each flow's throughput over time (up: client to server, down: "
+        "server to client; the client's per-stream iperf3 intervals)",
+        "xlabel": "Time since start (s)",
+        "ylabel": "Throughput (Mbit/s)",
+        "panels": panels,
+    }
+
+
+def rrul_rtt_cdf(results: list[dict], plan: dict, label: str) -> dict:
+    """Empirical CDF of the RTT samples of `label` idle and under load (repetitions pooled):
+    one panel per network condition, two lines per profile with at least RRUL_CDF_MIN_SAMPLES
+    samples in the phase."""
+    profiles = plan.get("profiles", [])
+    points = [p["name"] for p in plan.get("impairments", [])]
+    rs = [r for r in _ok(results) if r.get("label") == label]
+    panels: dict[str, dict] = {}
+    for cond in in_order([_point(r) for r in rs], points):
+        panel = {}
+        for p in profiles:
+            for phase in ("idle", "loaded"):
+                xs = sorted(
+                    s["rtt_ms"]
+                    for r in rs
+                    if r["profile"] == p and _point(r) == cond
+                    for rec in r.get("records") or []
+                    for s in rec.get(f"rtts_{phase}") or []
+                )
+                if len(xs) >= RRUL_CDF_MIN_SAMPLES:
+                    panel[f"{p} {phase}"] = {
+                        "x": xs,
+                        "y": [(i + 1) / len(xs) for i in range(len(xs))],
+                    }
+        if panel:
+            panels[cond] = panel
+    return {
+        "title": f"{label}: CDF of ping RTT idle and under load (repetitions pooled)",
+        "xlabel": "RTT (ms)",
+        "ylabel": "Share of samples",
+        "panels": panels,
+    }
+
+
 # ---------------------------------------------------------------------- drawing
 
 
@@ -436,6 +510,17 @@ def series_plots(run: RunDir, plan: dict, save, plt) -> list[tuple[str, str]]:
                 fig = _lines(plt, data, errors=False, marker=".", x0=0)
                 out.append(
                     (save(fig, f"time_{label}", data), f"{label} throughput over time per case")
+                )
+        if draws(test, "load-latency"):
+            data = rrul_flows_over_time(results, plan, label)
+            if data["panels"]:
+                fig = _lines(plt, data, errors=False, marker=".", x0=0)
+                out.append((save(fig, f"flows_{label}", data), f"{label} throughput per flow"))
+            data = rrul_rtt_cdf(results, plan, label)
+            if data["panels"]:
+                fig = _lines(plt, data, step=True)
+                out.append(
+                    (save(fig, f"rtt_load_cdf_{label}", data), f"{label} CDF of RTT idle/loaded")
                 )
         if draws(test, "rtt"):
             data = rtt_cdf(results, plan, label)
