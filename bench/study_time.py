@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO))
 
 from lab.measure.adaptive import FIRST_EXTRA_S  # noqa: E402
 from lab.campaign.load import load_plan  # noqa: E402
-from lab.results.rundir import RunDir, time_budget  # noqa: E402
+from lab.results.rundir import RunDir  # noqa: E402
+from lab.results.timebudget import time_budget  # noqa: E402
 from lab.campaign.shard import plan_from_json  # noqa: E402
 
 

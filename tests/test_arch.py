@@ -203,7 +203,7 @@ def test_arch_fetch_arm64_for_real(tmp_path, monkeypatch):
     host_before = _digests(HOST_APT_FILES)
     foreign_before = archfetch.foreign_architectures()
     cache = tmp_path / "arch"
-    r = run_lab("arch", "fetch", "arm64", env={"LAB_ARCH_CACHE": str(cache)}, timeout=900)
+    r = run_lab("arch", "fetch", "arm64", env={"LAB_ARCH_CACHE": str(cache)}, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     root = cache / "arm64"
     m = json.loads((root / MANIFEST).read_text())

@@ -372,7 +372,7 @@ def test_prepare_yes_installs_for_real_on_a_board(farm_record, tmp_path):
     one = _one_board(inv, "client", tmp_path / "one.toml")
 
     def on_board(script: str) -> subprocess.CompletedProcess:
-        r = run_lab("exec", "--id", rec["id"], "client", "--", "sh", "-c", script, timeout=300)
+        r = run_lab("exec", "--id", rec["id"], "client", "--", "sh", "-c", script, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
         return r
 
@@ -392,7 +392,7 @@ def test_prepare_yes_installs_for_real_on_a_board(farm_record, tmp_path):
         [plan] = json.loads(r.stdout)
         assert plan["packages"] == {PACKAGE: [PACKAGE]}, plan
 
-        r = run_lab("boards", "prepare", one, "--profiles", "baseline", "--yes", timeout=600)
+        r = run_lab("boards", "prepare", one, "--profiles", "baseline", "--yes", timeout=150)
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"board client: missing {PACKAGE} ({PACKAGE})" in r.stdout
         assert "board client: installed" in r.stdout

@@ -220,7 +220,7 @@ def roots(tmp_path, monkeypatch):
     yield state, run
     # a case wrongly accepted may have left a lab: the lab's own teardown removes it (these
     # roots are ours alone), and its ledger stays for a human to see when that fails
-    cleaned = lab("clean", timeout=300)
+    cleaned = lab("clean", timeout=120)
     assert cleaned.returncode == 0, f"{state}, {run}: {cleaned.stdout}{cleaned.stderr}"
     shutil.rmtree(state, ignore_errors=True)
     if run.is_dir():

@@ -147,7 +147,7 @@ def test_cpu_in_board_cores_and_host_shares_as_in_the_table(run):
 
 def test_axes_are_linear_unless_the_range_demands_log():
     from lab.results.plots import load_pyplot
-    from lab.results.series import style_axis
+    from lab.results.drawing import style_axis
 
     plt = load_pyplot()
     fig, (a, b) = plt.subplots(1, 2)
@@ -189,7 +189,7 @@ def test_recommendation_never_ranks_the_baseline(run, tmp_path):
 
 def test_a_profile_keeps_its_colour_and_its_repetitions_differ_by_line_style():
     from lab.results.plots import load_pyplot
-    from lab.results.series import _lines
+    from lab.results.drawing import lines as _lines
 
     plt = load_pyplot()
     line = {"x": [1.0, 2.0], "y": [1.0, 2.0]}
@@ -208,7 +208,8 @@ def test_a_profile_keeps_its_colour_and_its_repetitions_differ_by_line_style():
 
 def test_a_condition_whose_pings_all_failed_is_marked_not_left_blank(run):
     from lab.results.plots import load_pyplot
-    from lab.results.series import _bars, rtt_by_condition
+    from lab.results.drawing import bars as _bars
+    from lab.results.series import rtt_by_condition
 
     results = _results(run)
     for e in results:

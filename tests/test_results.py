@@ -19,9 +19,9 @@ from lab.results.rundir import (
     read_results_csv,
     rows,
     summarize,
-    time_budget,
     write_tables,
 )
+from lab.results.timebudget import time_budget
 from lab.core.state import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent

@@ -122,6 +122,7 @@ def _min_rtts(out: str) -> list[float]:
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the whole walk: ~60-100 s; one command may take up to 180 s
 def test_tutorial_runs_command_by_command(tmp_path):
     for case in ("wireguard", "strongswan"):  # the page's tunnels: skip naming a missing tool
         need(case)
@@ -153,7 +154,7 @@ def test_tutorial_runs_command_by_command(tmp_path):
                     env=env,
                     capture_output=True,
                     text=True,
-                    timeout=300,
+                    timeout=180,
                 )
                 seconds[cmd.split("\n")[0][:60]] = round(time.monotonic() - t0, 1)
                 ran += 1

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from lab.results.series import NO_BAR, condition_legend, drawn_err, series_plots, style_axis
+from lab.results.drawing import NO_BAR, condition_legend, drawn_err, style_axis
+from lab.results.series import series_plots
 from lab.model.cpuwords import board_cores
 from lab.results.doc import rows_where, mean_of, in_order, stats_of, draws, host_ncores
 from lab.results.rundir import RunDir

@@ -41,7 +41,8 @@ from lab.results.preamble import (
 )
 from lab.results.ranking import recommendation_section, summary_section
 from lab.results.directions import point_directions
-from lab.results.rundir import RunDir, imported_figure, time_budget, write_tables
+from lab.results.rundir import RunDir, imported_figure, write_tables
+from lab.results.timebudget import time_budget
 from lab.results.series import UNSETTLED_SHARE, unsettled
 
 
