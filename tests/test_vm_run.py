@@ -11,6 +11,7 @@ without QEMU or the kernel cache (scripts/fetch-kernel.sh).
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -62,7 +63,8 @@ def qemu_processes(mentioning: str) -> set[int]:
 
 
 def vm_ids(text: str) -> list[str]:
-    return [w.rstrip(":") for w in text.split() if w.startswith("v") and w.endswith(":")]
+    """The VM labs' ids the output names ("v" and five hex digits, lab.core.state), once each."""
+    return sorted(set(re.findall(r"(?<![\w-])(v[0-9a-f]{5}):", text)))
 
 
 def results(run: RunDir) -> list[dict]:

@@ -211,7 +211,17 @@ def set_dirty_limit(devt: str, limit_bytes: int) -> dict:
     bdi = SYS_BDI / devt
     if not (bdi / "max_bytes").is_file() or not (bdi / "strict_limit").is_file():
         return {"not_applied": f"{bdi} has no max_bytes/strict_limit (Linux < 6.2)"}
-    _write(bdi / "max_bytes", str(limit_bytes))
+    # a loop device's bdi outlives the device: a minimum left by an earlier user, converted to a
+    # ratio of the host's limit at that time, may now sit above this maximum (EINVAL): ours now
+    _write(bdi / "min_ratio", "0")
+    try:
+        _write(bdi / "max_bytes", str(limit_bytes))
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        # the kernel converts bytes to a share of its current global dirty limit, over 100 % when
+        # that limit is below `limit_bytes` (a host short of free memory)
+        return {"not_applied": f"the kernel refused max_bytes={limit_bytes} on {bdi} ({e})"}
     try:
         _write(bdi / "min_bytes", str(limit_bytes))
     except OSError as e:
