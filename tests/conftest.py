@@ -184,11 +184,11 @@ def kernel_quota_cores(layout, rel: str) -> float | None:
 
 
 def machine_snapshot() -> dict:
-    """What `lab down` must leave as it found: netns list, links, cgroup tree, mounts, processes."""
+    """What `lab down` must leave as it found: netns list, links, cgroup tree, mounts. Read so
+    that a group another lab removes meanwhile is skipped, not an error (os.walk)."""
     from lab.core import cgroups
 
-    layout = cgroups.probe()
-    cg = sorted(str(p) for d in layout.dirs("") for p in d.rglob("*") if p.is_dir())
+    cg = sorted(top for d in cgroups.probe().dirs("") for top, _, _ in os.walk(d) if top != str(d))
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     return {
         "netns": sorted(os.listdir("/var/run/netns")) if os.path.isdir("/var/run/netns") else [],

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, TOPOS, lab_traces
+from .conftest import REPO, TOPOS, lab_traces, machine_snapshot
 from .test_fuzz_inputs import Case, generate, verdict
 
 #: the corpus cases sent through the executable (each about 0.4 s of CPU, most of it imports)
@@ -127,23 +127,6 @@ def tree(*dirs: Path) -> dict[str, tuple]:
     return out
 
 
-def machine() -> dict[str, list[str]]:
-    """conftest.machine_snapshot()'s lists (netns, root-namespace links, cgroup tree, mount
-    points), read so that a directory another lab removes meanwhile is skipped, not an error:
-    the machine is shared."""
-    from lab.core import cgroups
-
-    cg = sorted(top for d in cgroups.probe().dirs("") for top, _, _ in os.walk(d) if top != str(d))
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    netns = Path("/var/run/netns")
-    return {
-        "netns": sorted(os.listdir(netns)) if netns.is_dir() else [],
-        "links": sorted(line.split(":")[1].strip() for line in links.splitlines()),
-        "cgroups": cg,
-        "mounts": sorted(line.split()[4] for line in open("/proc/self/mountinfo")),
-    }
-
-
 def processes_with(token: str) -> set[int]:
     """Processes whose environment holds `token`: the case's lab and anything it started."""
     found = set()
@@ -159,7 +142,7 @@ def processes_with(token: str) -> set[int]:
 
 
 def named_by(key: str, entry: str, ids: set[str], roots: tuple[Path, ...]) -> bool:
-    """Whether a netns / link / cgroup / mount of machine() belongs to one of `ids`
+    """Whether a netns / link / cgroup / mount of machine_snapshot() belongs to one of `ids`
     (or lies under our own roots)."""
     if key == "netns":
         return any(entry.startswith(f"{i}-") for i in ids)
@@ -300,9 +283,9 @@ def test_bad_input_through_the_lab_executable_changes_nothing(tmp_path, roots):
     try:
         for i in range(0, len(cases), BATCH):
             batch = cases[i : i + BATCH]
-            before = {**machine(), "files": tree(*watched)}
+            before = {**machine_snapshot(), "files": tree(*watched)}
             results = run_batch(batch)
-            after = {**machine(), "files": tree(*watched)}
+            after = {**machine_snapshot(), "files": tree(*watched)}
             ids = set().union(*(ids_of(c, canary, state) for c in batch))
             changed = changes(before, after, ids, (state, run))
             for case, token, rc, stderr in results:
