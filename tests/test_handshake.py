@@ -316,3 +316,32 @@ def test_strongswan_rekey_under_a_tcp_flow_installs_a_new_child_sa(hs_lab_id, tm
     assert rec["rekey_evidence"].startswith("swanctl --rekey --child lab")
     # the flow's intervals cover the trigger
     assert rec["intervals"][0]["start"] < rec["rekey_at_s"] < rec["intervals"][-1]["end"]
+
+
+def test_unsupported_not_applicable_lets_one_plan_hold_every_profile(tmp_path):
+    f = _plan(tmp_path, ["ipsec-chacha20poly1305", "wireguard", "baseline"])
+    f.write_text(f.read_text() + 'unsupported = "not-applicable"\n')
+    plan = load_plan(f)
+    assert plan.tests[0].params["unsupported"] == "not-applicable"
+    assert HANDSHAKE.needs(plan.tests[0].params) == ()
+    with pytest.raises(ConfigError) as e:
+        HANDSHAKE.validate({"rekey": True, "unsupported": "skip"}, source="p.toml")
+    assert e.value.field == "unsupported" and "not-applicable" in str(e.value)
+
+
+def test_a_rekey_the_profile_cannot_do_is_not_applicable_after_the_cold_part(tmp_path):
+    class Fixed(_Tunnel):
+        def rekey_support(self):
+            p = load_profile("wireguard")
+            return p.driver.rekey_support(p.params)
+
+        def rekey(self, *, timeout):
+            raise AssertionError("no rekey may be tried")
+
+    params = HANDSHAKE.validate(
+        {"timeout_s": 7, "rekey": True, "unsupported": "not-applicable"}, source="t"
+    )
+    [rec] = HANDSHAKE.run(_ctx(tmp_path, Fixed(Establishment(True, ms=12.0))), params)
+    assert rec["ok"] is True and rec["handshake_ms"] == 12.0
+    assert rec["rekey_status"] == "not applicable"
+    assert "REKEY_AFTER_TIME" in rec["not_applicable"]

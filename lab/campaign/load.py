@@ -407,7 +407,9 @@ def _check_needs(tests: list[TestEntry], loaded: dict[str, Profile], source: str
                         continue
                 raise bad(
                     f"test {t.label!r} asks for {need} = true, which profile {spec!r} cannot "
-                    f"do: {answer.how}; profiles that can: {', '.join(able) or '(none)'}",
+                    f"do: {answer.how}; profiles that can: {', '.join(able) or '(none)'} "
+                    f'(or unsupported = "not-applicable" in the test: those profiles then '
+                    "record it as not applicable)",
                     source,
                     f"tests[{i}].{need}",
                 )

@@ -163,6 +163,13 @@ class HandshakeTest(Test):
             False,
             doc="force a rekey at the midpoint of a TCP flow (profiles that can: lab profiles)",
         ),
+        "unsupported": Param(
+            str,
+            "refuse",
+            choices=("refuse", "not-applicable"),
+            doc="a profile that cannot be rekeyed on demand: refuse the plan when it loads, or "
+            "run its cold part and record the rekey as not applicable (one plan, every profile)",
+        ),
         "duration_s": Param(float, 10.0, min=2, max=3600, doc="the rekey's TCP flow, iperf3 -t"),
         "interval_s": Param(
             float, 0.5, min=0.1, max=60, doc="the flow's report interval, iperf3 -i"
@@ -248,7 +255,7 @@ class HandshakeTest(Test):
         return out
 
     def needs(self, params: Mapping[str, Any]) -> tuple[str, ...]:
-        return ("rekey",) if params["rekey"] else ()
+        return ("rekey",) if params["rekey"] and params["unsupported"] == "refuse" else ()
 
     def estimate_s(self, params: Mapping[str, Any]) -> float:
         cold = 3.0 if params["cold"] else 0.0
@@ -274,6 +281,12 @@ class HandshakeTest(Test):
                 # a result, not a failed case: the reason goes with it
                 return [self.record(error=why, **out)]
         if params["rekey"]:
+            support = ctx.tunnel.rekey_support()
+            if not support.ok:  # unsupported = "not-applicable": the plan let it through
+                why = f"no rekey on demand: {support.how}"
+                return [
+                    self.not_applicable(why, raw_files=files, rekey_status="not applicable", **out)
+                ]
             try:
                 out.update(self._rekey(ctx, params, files))
             except (MeasurementFailed, LabError) as e:
