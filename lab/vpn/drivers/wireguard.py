@@ -293,6 +293,19 @@ class WireGuardDriver(Driver):
             node.run(["ip", "link", "set", IFNAME, "mtu", str(mtu), "up"])
             route_through(end, ctx.peer(end), IFNAME)
 
+    def stop(self, ctx: TunnelContext, params: dict) -> None:
+        """The daemons, then the wg0 this driver made: a userspace daemon's TUN goes with its
+        process, but the kernel unregisters it a moment later, and a kernel link stays until
+        deleted; a start right after (the handshake test's cold establishment) must find none."""
+        super().stop(ctx, params)
+        for end in ctx.ends():
+            deadline = time.monotonic() + 2.0
+            while end.node.run(["ip", "link", "show", "dev", IFNAME], check=False).returncode == 0:
+                if time.monotonic() > deadline:
+                    end.node.run(["ip", "link", "del", "dev", IFNAME], check=False)
+                    break
+                time.sleep(0.02)
+
     @staticmethod
     def _wait_uapi(ctx: TunnelContext, end, daemon, timeout: float = 5.0) -> None:
         """Until the userspace daemon (wireguard-go, boringtun) answers on its UAPI socket (it
