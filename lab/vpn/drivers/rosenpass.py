@@ -69,7 +69,7 @@ class RosenpassDriver(WireGuardDriver):
             float,
             30.0,
             "seconds to wait for rosenpass's first key on both ends (its retransmissions back "
-            "off from 0.5 s)",
+            "off from 0.25-0.5 s)",
             min=1,
             max=600,
         ),
@@ -172,7 +172,7 @@ class RosenpassDriver(WireGuardDriver):
         before = {e.name: tx_counters(e) for e in ctx.ends()}
         t0 = time.monotonic()
         # the responder first, listening before the initiator's first message (a lost first
-        # message costs rosenpass's 0.5 s retransmission, which is not the exchange's cost)
+        # message costs rosenpass's first retransmission, 0.25-0.5 s later: no cost of the exchange)
         for end in (ctx.server, ctx.client):
             conf = ctx.write_config(end, {"rosenpass.toml": rendered[end.name]["rosenpass.toml"]})
             d = end.node.spawn(
