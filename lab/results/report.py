@@ -23,6 +23,7 @@ from lab.results.doc import (
     fmt_value,
     host_ncores,
     mean_of,
+    labelled,
     metric_name,
     in_order,
     primary,
@@ -107,7 +108,7 @@ def headline(table, profiles, points, labels, plan) -> dict:
     header = ["profile", "condition"]
     for lb in cols:
         col, unit, _, _ = primary(tests[lb])
-        header.append(f"{lb} {metric_name(col)} ({unit.split()[0]})")
+        header.append(f"{labelled(lb, metric_name(col))} ({unit.split()[0]})")
     rows = []
     for prof in profiles:
         for pt in in_order([r["impairment"] for r in table], points):
