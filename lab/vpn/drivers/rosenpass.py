@@ -119,6 +119,8 @@ class RosenpassDriver(WireGuardDriver):
             binary = proc.which("rosenpass") or ""
         if not binary:
             raise PreconditionError(f"rosenpass missing on the controller: run `{ROSENPASS_SETUP}`")
+        # not base.make_secrets: it keeps text files, and these keys are binary; made in place
+        # under the same umask, so neither file is ever readable by others
         d = ctx.secrets_dir
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         old = os.umask(0o077)  # both files born 0600
