@@ -1,7 +1,8 @@
 """WireGuard + Rosenpass: a post-quantum key exchange that feeds WireGuard's preshared key.
 
 The WireGuard half is the wireguard driver's, imported, not copied (lab.vpn.drivers.wireguard:
-the same wg0.conf, the same data planes: kernel, wireguard-go or boringtun by `implementation`).
+the same wg0.conf, the same data planes: kernel or wireguard-go by `implementation`; boringtun
+0.7.1 cannot take a key on a running peer, so it is refused when the profile loads).
 Beside it on each end runs one `rosenpass exchange-config rosenpass.toml` (rosenpass 0.2, the
 reference implementation in Rust): its UDP exchange (Classic McEliece 460896 static keys, Kyber
 512 ephemeral ones, liboqs) derives a 32-byte key every two minutes and hands it to WireGuard
@@ -84,6 +85,18 @@ class RosenpassDriver(WireGuardDriver):
 
     def validate(self, params: dict, *, source: str) -> None:
         super().validate(params, source=source)
+        if params["implementation"] == "boringtun":
+            # seen here: after its first `wg setconf`, boringtun-cli 0.7.1 answers every
+            # `wg set` with no errno ("Protocol error") and its UAPI then stops answering
+            # (cloudflare/boringtun issues 40 and 326: a peer cannot be modified), while
+            # rosenpass hands over each key as `wg set wg0 peer ... preshared-key`
+            raise ConfigError(
+                "boringtun 0.7.1 cannot take rosenpass's keys: it cannot modify a running "
+                "peer (`wg set` fails with 'Protocol error' and its UAPI hangs; boringtun "
+                "issues 40 and 326); accepted: 'auto', 'kernel', 'wireguard-go'",
+                source=source,
+                field="params.implementation",
+            )
         if params["rosenpass_port"] == params["listen_port"]:
             raise ConfigError(
                 f"{params['rosenpass_port']} is WireGuard's listen_port too; accepted: another "
@@ -100,7 +113,7 @@ class RosenpassDriver(WireGuardDriver):
                 wg.path,
                 f"no WireGuard for rosenpass to feed: params.implementation = "
                 f"{params['implementation']!r}: {wg.why} (accepted: auto, kernel, wireguard-go, "
-                "boringtun, whichever this node has)",
+                "whichever this node has)",
             )
         if rosenpass_binary(node) is None:
             return Availability(
