@@ -5,7 +5,7 @@
 #   sudo ./setup.sh --arch arm64   # also a board's own binaries (lab arch fetch arm64; repeatable)
 #   sudo ./setup.sh --with boringtun   # also build boringtun-cli (Rust, cargo: ~3 min the first
 #                                      # time on 2 CPUs, seconds after: cached in /var/cache/lab)
-#   sudo ./setup.sh --with rosenpass   # also build rosenpass (Rust + liboqs, cargo: ~MIN min the
+#   sudo ./setup.sh --with rosenpass   # also build rosenpass (Rust + liboqs, cargo: ~4.5 min the
 #                                      # first time on 2 CPUs, seconds after; repeatable --with)
 set -euo pipefail
 arches=()
