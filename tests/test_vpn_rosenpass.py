@@ -17,7 +17,7 @@ import pytest
 
 import lab.vpn.drivers.rosenpass as rpmod
 from lab.core import proc
-from lab.core.errors import ConfigError, KernelFeatureMissing
+from lab.core.errors import ConfigError, KernelFeatureMissing, StartupError
 from lab.core.proc import is_same_process
 from lab.core.teardown import teardown
 from lab.measure import get_test
@@ -203,6 +203,26 @@ def test_setup_sh_builds_it_with_the_drivers_build_packages():
     assert bad.returncode == 2 and "accepted: boringtun, rosenpass" in bad.stderr
     # the binary's one library is a declared runtime package (packages.txt, generated)
     assert "libsodium23  # driver rosenpass" in (REPO / "packages.txt").read_text()
+
+
+def test_start_waits_for_the_same_key_on_both_ends(tmp_path):
+    """psk_of reads `wg show wg0 preshared-keys`; _wait_psk gives up naming the end without a
+    key, or saying the keys differ (then WireGuard's handshake could not complete)."""
+    p = plan(spec_of(cpu=None), PROFILE)
+
+    def node(psk: str) -> RecordingNode:
+        return RecordingNode({("wg", "show"): (0, f"PEERKEY=\t{psk}\n", "")})
+
+    def ctx_with(client: str, server: str):
+        return make_context("t", p, {"client": node(client), "server": node(server)}, tmp_path)
+
+    drv = p.driver
+    assert rpmod.psk_of(node("(none)")) is None and rpmod.psk_of(node("K=")) == "K="
+    with pytest.raises(StartupError, match=r"rosenpass: no key on server within 0.05 s"):
+        drv._wait_psk(ctx_with("K=", "(none)"), 0.05)
+    with pytest.raises(StartupError, match=r"the ends' keys differ within 0.05 s"):
+        drv._wait_psk(ctx_with("K=", "L="), 0.05)
+    assert drv._wait_psk(ctx_with("K=", "K="), 0.05) > 0
 
 
 class _Tunnel:

@@ -220,11 +220,12 @@ class RosenpassDriver(WireGuardDriver):
                 return now
             dead = [d for d in ctx.daemons if not d.alive()]
             if dead or now > deadline:
+                without = [n for n, k in keys.items() if not k]
                 why = (
                     f"{dead[0].name} on {dead[0].node} exited"
                     if dead
-                    else f"no key on {', '.join(n for n, k in keys.items() if not k) or 'both ends alike'}"
-                    f" within {timeout:g} s"
+                    else (f"no key on {', '.join(without)}" if without else "the ends' keys differ")
+                    + f" within {timeout:g} s"
                 )
                 tails = "".join(
                     f"\n--- {d.name} on {d.node} ---\n{d.log_tail(15)}"
