@@ -12,6 +12,7 @@ returns a record that says why, with no metric. Bad parameters raise ConfigError
 
 from __future__ import annotations
 
+import threading
 import ipaddress
 import subprocess
 import time
@@ -34,6 +35,10 @@ class MeasurementFailed(Exception):
 Record = dict[str, Any]
 """One measured point: metrics plus ``test``, ``ok``, ``error`` and ``raw_files`` (and
 ``not_applicable``, the reason, on a point that does not apply)."""
+
+
+#: next_raw's numbering across the threads of one test
+_RAW_LOCK = threading.Lock()
 
 
 @dataclass
@@ -60,6 +65,10 @@ class Context:
     #: the methods of lab.measure.handshake.Tunnel (lab.vpn.control.TunnelControl); None where
     #: the runner gives none
     tunnel: Any = None
+    #: the server's underlay address, outside the tunnel, when the traffic runs between the
+    #: tunnel's own ends (IPv4); None without a tunnel or when the traffic nodes are others.
+    #: rrul pings it beside the tunnel to tell the link's queueing from the VPN's own
+    link_addr: str | None = None
     _seq: int = field(default=0, repr=False)
 
     def state_path(self) -> Path:
@@ -68,13 +77,15 @@ class Context:
         )
 
     def next_raw(self, label: str, suffix: str = ".txt") -> Path:
-        """A fresh raw-output path: ``NNN-label.suffix`` (never overwrites an earlier one)."""
+        """A fresh raw-output path: ``NNN-label.suffix`` (never overwrites an earlier one; safe
+        from a test's threads: rrul's two pings)."""
         self.raw_dir.mkdir(parents=True, exist_ok=True)
-        while True:
-            self._seq += 1
-            p = self.raw_dir / f"{self._seq:03d}-{label}{suffix}"
-            if not p.exists():
-                return p
+        with _RAW_LOCK:
+            while True:
+                self._seq += 1
+                p = self.raw_dir / f"{self._seq:03d}-{label}{suffix}"
+                if not p.exists():
+                    return p
 
 
 def family_of(addr: str) -> int | None:
