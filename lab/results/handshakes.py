@@ -140,7 +140,7 @@ def _status_notes(doc: Doc, rows_l: list[dict], col: str, *fine: str) -> None:
     hit = [r for r in rows_l if r["ok"] and r.get(col) and r[col] not in fine]
     if hit:
         doc.p(
-            f"**Why ({metric_name(col)}):** "
+            f"**Why not {fine[0]}:** "
             + "; ".join(f"`{r['case']}`: {(r.get('error') or r[col])[:300]}" for r in hit)
         )
 
