@@ -149,6 +149,10 @@ PLOTS: dict[str, str] = {
     "column of the headline",
     "load-latency": "each flow's throughput over time per case, and the CDF of the RTT samples idle "
     "against loaded per profile and condition",
+    "establishment": "a table per profile and condition of the cold establishment time, how many "
+    "completed, and a profile's own key exchange (time, bytes, packets) where it has one",
+    "rekey": "a table per profile and condition of a forced rekey's cost: new keys after, the dip "
+    "against the flow's own noise, recovery, retransmits and each repetition's status",
 }
 #: what the report's Recommendation ranks the VPN profiles by, with the first test of the plan
 #: that declares it in `Test.ranks`
@@ -266,6 +270,11 @@ class Test(ABC):
         left out (lab.campaign.plan.TestEntry.to_json)."""
         later = self.since_plans
         return {k: v for k, v in params.items() if k not in later or v != later[k]}
+
+    def primary_for(self, params: Mapping[str, Any]) -> Primary | None:
+        """The metric an entry with `params` (validated, as plan.json keeps them) is reported by:
+        `primary`, or another where these parameters leave it unmeasured."""
+        return self.primary
 
     def estimate_s(self, params: Mapping[str, Any]) -> float:
         """Expected wall time of one run with validated `params` (the progress bar's ETA)."""
