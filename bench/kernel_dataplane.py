@@ -1,0 +1,396 @@
+#!/usr/bin/env python3
+"""The board kernel's own per-packet data plane path (XFRM ESP, kernel WireGuard), counted.
+
+    sudo .venv/bin/python bench/kernel_dataplane.py [--packets 4000] [--json FILE] [--from-log]
+
+bench/kernel_crypto.py counts the board kernel's AEADs; this counts what the kernel does around
+them for each packet of a tunnel, the board's side of what a userspace stand-in (charon's
+kernel-libipsec, wireguard-go) does with TUN reads, UDP sends and thread hand-offs. The same
+guest as kernel_crypto.py (Debian 11's 5.10 armmp kernel, `qemu-system-arm -cpu cortex-a15`:
+NEON, no AES/PMULL, `-icount shift=0`: one guest nanosecond is one executed instruction), with
+Debian 12's iproute2, socat and wireguard-tools added to the initramfs:
+
+1. two network namespaces `a` and `b` on a veth pair; `dd bs=1400 | socat -b1400` in `a` sends
+   N UDP datagrams of 1400 bytes to a socat in `b` (stopped: its socket, 64 MiB of buffer, only
+   queues them, so every datagram is delivered through the whole receive path and nothing is
+   read back); the scheduler's own account of the CPU's non-idle run time (/proc/schedstat
+   rq_cpu_time, ns = instructions here) from before the first datagram until the receiver's
+   counter shows all N, divided by N, is the instructions of one datagram's trip;
+2. the same with an ESP SA in tunnel mode (as strongSwan installs it) between a and b, for
+   rfc4106(gcm(aes)) 128 and 256 and rfc7539esp(chacha20,poly1305), all with 128-bit ICVs
+   (esp4_offload not loaded), and with a null ESP (ecb(cipher_null) + digest_null): the
+   difference to the plain trip is the tunnel's cost per packet, encryption (xfrm_output,
+   esp_output, the AEAD in the sender's process context) plus decryption (esp_input,
+   xfrm_input, the AEAD in the NET_RX softirq: GCM handed to cryptd's kworker, ChaCha20 scalar
+   in place); the AEAD's share is taken out with tcrypt's counts of the same drivers (the
+   kernel_crypto.py guest logs: NEON for encryption and GCM's cryptd decryption, NEON-off for
+   ChaCha20's softirq decryption), which leaves the path;
+3. the same through kernel WireGuard (wg0 in each namespace, the 5.10 module; its encryption
+   and decryption workers and NAPI poll are kworkers and softirqs on the one CPU);
+4. the UnixBench 5.1.3 loops (System Call Overhead: close(dup), getpid, getuid, umask; Pipe
+   Throughput: 512-byte write + read), written in ARM assembly here (bench/armloops.S:
+   arm-linux-gnueabihf-as, binutils-arm-linux-gnueabihf), counted at two loop counts (the
+   difference removes fork and exec); with the published Pi 4 loops/s of cpu_profiles/pi4.toml
+   they give the Cortex-A72's IPC for kernel entry and copy code, the IPC the path's
+   instructions are turned into cycles with.
+
+Prints instructions per packet (total, AEAD, path), the IPC anchors, the path's board cycles
+per packet and the packets/s of one 1.5 GHz core, the figures cpu_profiles/pi4.toml's
+[reference.kernel-*-path] carry. About 5 minutes here; `--from-log` re-reports from the saved
+guest log. docs/cpu.md "The board kernel's packet path" has the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import kernel_crypto as kc  # noqa: E402
+
+from lab.substrate.vm.initramfs import Entry, newc  # noqa: E402
+
+ARCH = kc.ARCHES["armhf"]
+#: the guest's network userland (Debian 12, as the board's roots: lab.core.arch.fetch)
+NET_USERLAND = ("busybox-static/bookworm", "socat/bookworm", "iproute2/bookworm",
+                "wireguard-tools/bookworm")  # fmt: skip
+NET_MODULES = (
+    "veth",
+    "esp4",
+    "xfrm_user",
+    "seqiv",
+    "authenc",
+    "jitterentropy_rng",
+    "drbg",
+    "wireguard",
+)
+#: seqiv seeds its IVs from the default "stdrng" (crypto_get_default_rng): without drbg an AEAD SA
+#: fails with ENOENT (the board has one: nothing in Raspberry Pi OS works without it)
+PAYLOAD = 1400  # UDP payload bytes per datagram
+#: (name, `ip xfrm state` algorithm arguments, tcrypt alg and key bits of its AEAD or None)
+ESP = (
+    ("esp-null", "enc 'ecb(cipher_null)' '' auth digest_null ''", None),
+    ("esp-aes128gcm", "aead 'rfc4106(gcm(aes))' 0x" + "11" * 20 + " 128", ("rfc4106(gcm(aes))", 160)),
+    ("esp-aes256gcm", "aead 'rfc4106(gcm(aes))' 0x" + "22" * 36 + " 128", ("gcm(aes)", 256)),
+    ("esp-chacha20poly1305", "aead 'rfc7539esp(chacha20,poly1305)' 0x" + "33" * 36 + " 128",
+     ("rfc7539esp(chacha20,poly1305)", 288)),
+)  # fmt: skip
+#: UnixBench 5.1.3 loops per second of one Pi 4 core (cpu_profiles/pi4.toml, 1.5 GHz)
+UNIXBENCH = {"syscall": 491539.0, "pipe": 99812.0}
+LOOPS = (20000, 60000)  # two loop counts: the difference removes fork + exec
+
+
+def fetch_net() -> Path:
+    """Debian 12's iproute2, socat and wireguard-tools for armhf, unpacked (cached)."""
+    base = kc.CACHE / ARCH.name
+    root = base / "netroot"
+    if (root / ".done").exists():
+        return root
+    kc.fetch(ARCH)  # the kernel, and the private apt lists
+    apt = kc.apt_argv(ARCH, base / "apt")
+    dl = base / "netdebs"
+    (dl / "partial").mkdir(parents=True, exist_ok=True)
+    os.chmod(dl, 0o755)  # apt-get downloads as _apt
+    kc.log(f"[{ARCH.name}] apt-get install --download-only {' '.join(NET_USERLAND)}")
+    kc.run([*apt, "-o", f"Dir::Cache::archives={dl}", "install", "-y", "--download-only",
+            "--no-install-recommends", *NET_USERLAND])  # fmt: skip
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
+    for deb in sorted(dl.glob("*.deb")):
+        kc.run(["dpkg-deb", "-x", str(deb), str(root)])
+    (root / ".done").write_text("")
+    return root
+
+
+def build_loops(out: Path) -> bytes:
+    src = REPO / "bench" / "armloops.S"
+    obj = out.with_suffix(".o")
+    for tool in ("arm-linux-gnueabihf-as", "arm-linux-gnueabihf-ld"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} missing: apt-get install binutils-arm-linux-gnueabihf")
+    kc.run(["arm-linux-gnueabihf-as", "-march=armv7-a", "-o", str(obj), str(src)])
+    kc.run(["arm-linux-gnueabihf-ld", "-static", "-o", str(out), str(obj)])
+    return out.read_bytes()
+
+
+GUEST_HEAD = r"""#!/bin/busybox sh
+B=/bin/busybox  # its shell runs its own applets (ip too): full paths for the rest
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+$B mount -t proc proc /proc; $B mount -t sysfs sys /sys; $B mount -t devtmpfs dev /dev
+$B mount -t tmpfs tmp /run; $B mkdir -p /var; $B ln -s /run /var/run
+$B dmesg -n 1
+export LD_LIBRARY_PATH=/lib/arm-linux-gnueabihf:/usr/lib/arm-linux-gnueabihf
+echo @@BOOTED
+# the CPU's non-idle run time in ns (= instructions under -icount shift=0), read without a fork
+busy() { while read -r c x y z u v w t r; do [ "$c" = cpu0 ] && { echo "$t"; return; }; done < /proc/schedstat; }
+# a counter of /proc/PID/net/snmp (the receiver's namespace), read without a fork
+snmp() { local pid=$1 proto="$2:" key=$3 h="" p rest n
+  while read -r p rest; do [ "$p" = "$proto" ] || continue
+    if [ -z "$h" ]; then h="$rest"; else set -- $h
+      for n in $rest; do [ "$1" = "$key" ] && { echo "$n"; return; }; shift; done; fi
+  done < /proc/$pid/net/snmp; }
+"""
+
+
+def guest_script(mods: list[str], n: int) -> str:
+    sh = [GUEST_HEAD]
+    for m in mods:
+        if not m.startswith("tcrypt"):
+            sh.append(f"$B insmod /m/{m} || echo @@INSMOD_FAILED {m}")
+    sh += [
+        "/bin/ip netns add a; /bin/ip netns add b",
+        "/bin/ip link add va netns a type veth peer name vb netns b",
+        "/bin/ip -n a addr add 10.0.0.1/24 dev va; /bin/ip -n b addr add 10.0.0.2/24 dev vb",
+        "for ns in a b; do /bin/ip -n $ns link set lo up; done; /bin/ip -n a link set va up; /bin/ip -n b link set vb up",
+        "echo 134217728 > /proc/sys/net/core/rmem_max",
+    ]
+    # one measurement: $1 name, $2 destination address, $3 IP deliveries per datagram (1 plain;
+    # 2 through ESP: the outer packet to esp4, then the inner one; 3 through WireGuard, as
+    # counted: the receiving wg0's own rx counter, printed after the run, confirms the datagrams).
+    # Udp InDatagrams counts reads (udp_recvmsg), and the receiver is stopped: Ip InDelivers.
+    sh.append(rf"""
+measure() {{
+  /bin/ip netns exec b socat -u -b2000 UDP-RECV:5001,rcvbuf=67108864 /dev/null & R=$!
+  $B sleep 1; $B kill -STOP $R
+  # warm-up: the first packets set up neighbour entries, routes and the SA's crypto contexts
+  /bin/ip netns exec a sh -c "$B dd if=/dev/zero bs={PAYLOAD} count=50 2>/dev/null | socat -u -b{PAYLOAD} STDIN UDP-SENDTO:$2:5001"
+  $B sleep 1
+  r0=$(snmp $R Ip InDelivers); e0=$(snmp $R Udp RcvbufErrors); t0=$(busy); u0=$($B cat /proc/uptime)
+  /bin/ip netns exec a sh -c "$B dd if=/dev/zero bs={PAYLOAD} count={n} 2>/dev/null | socat -u -b{PAYLOAD} STDIN UDP-SENDTO:$2:5001"
+  k=0; while [ $(( $(snmp $R Ip InDelivers) - r0 )) -lt $(({n} * $3)) ] && [ $k -lt 200 ]; do $B usleep 20000; k=$((k+1)); done
+  t1=$(busy); u1=$($B cat /proc/uptime); r1=$(snmp $R Ip InDelivers); e1=$(snmp $R Udp RcvbufErrors)
+  echo "@@RESULT $1 packets={n} received=$(((r1-r0) / $3)) rcvbuf_errors=$((e1-e0)) busy_ns=$((t1-t0)) uptime0=${{u0%% *}} uptime1=${{u1%% *}} polls=$k"
+  $B kill -9 $R; wait $R 2>/dev/null
+}}
+""")
+    sh.append("measure plain 10.0.0.2 1")
+    for name, algo, _ in ESP:
+        sh += [
+            "/bin/ip -n a xfrm state flush; /bin/ip -n b xfrm state flush; /bin/ip -n a xfrm policy flush; /bin/ip -n b xfrm policy flush",
+            *[f"/bin/ip -n {ns} xfrm state add src 10.0.0.1 dst 10.0.0.2 proto esp spi 0x1000 reqid 1 mode tunnel {algo} || {{ echo @@XFRM_FAILED {name}; $B dmesg | $B tail -5; $B grep -E '^name' /proc/crypto | $B sort | $B uniq | $B tr '\\n' ' '; }}"
+              for ns in ("a", "b")],
+            "/bin/ip -n a xfrm policy add src 10.0.0.1/32 dst 10.0.0.2/32 dir out tmpl src 10.0.0.1 dst 10.0.0.2 proto esp reqid 1 mode tunnel",
+            "/bin/ip -n b xfrm policy add src 10.0.0.1/32 dst 10.0.0.2/32 dir in tmpl src 10.0.0.1 dst 10.0.0.2 proto esp reqid 1 mode tunnel",
+            f"measure {name} 10.0.0.2 2",
+            f"echo @@XFRM {name}; /bin/ip -n a -s xfrm state | $B grep -E 'aead|enc|lifetime current' -A1 | $B head -8",
+        ]  # fmt: skip
+    sh += [
+        "/bin/ip -n a xfrm state flush; /bin/ip -n b xfrm state flush; /bin/ip -n a xfrm policy flush; /bin/ip -n b xfrm policy flush",
+        "echo 'aCq3OTE0NDEkbWl4ZWR0ZXN0a2V5a2V5a2V5a2V5a2U=' > /run/ka; echo 'SGVsbG9Xb3JsZEhlbGxvV29ybGRIZWxsb1dvcmxkISE=' > /run/kb",
+        "/bin/ip -n a link add wg0 type wireguard; /bin/ip -n b link add wg0 type wireguard || echo @@WG_FAILED",
+        "PA=$(/usr/bin/wg pubkey < /run/ka); PB=$(/usr/bin/wg pubkey < /run/kb)",
+        "/bin/ip netns exec a /usr/bin/wg set wg0 private-key /run/ka listen-port 51820 peer $PB endpoint 10.0.0.2:51820 allowed-ips 10.1.0.2/32",
+        "/bin/ip netns exec b /usr/bin/wg set wg0 private-key /run/kb listen-port 51820 peer $PA endpoint 10.0.0.1:51820 allowed-ips 10.1.0.1/32",
+        "/bin/ip -n a addr add 10.1.0.1/24 dev wg0; /bin/ip -n b addr add 10.1.0.2/24 dev wg0",
+        "/bin/ip -n a link set wg0 up; /bin/ip -n b link set wg0 up",
+        "measure wireguard 10.1.0.2 3",
+        "echo \"@@WGRX $(/bin/ip -n b -s link show wg0 | $B tr '\\n' ' ')\"",
+        "echo @@WG; /bin/ip netns exec a /usr/bin/wg show wg0 transfer",
+        "/bin/ip link show",
+    ]
+    # the UnixBench loops: two counts each, the difference is the loops' own instructions
+    for kind in ("syscall", "pipe"):
+        for loops in LOOPS:
+            sh.append(
+                f"t0=$(busy); /bin/armloops {kind[0]} {loops}; t1=$(busy); "
+                f'echo "@@LOOP {kind} loops={loops} busy_ns=$((t1-t0))"'
+            )
+    sh += ["echo @@DONE", "$B poweroff -f"]
+    return "\n".join(sh) + "\n"
+
+
+def build_initramfs(kroot: Path, release: str, netroot: Path, loops: bytes, script: str,
+                    out: Path) -> None:  # fmt: skip
+    entries: list[Entry] = []
+    seen: set[str] = set()
+
+    def d(rel: str) -> None:
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            p = "/".join(parts[:i])
+            if p not in seen:
+                seen.add(p)
+                entries.append(Entry(p, stat.S_IFDIR | 0o755))
+
+    for dd in ("dev", "proc", "sys", "m", "tmp", "run", "etc", "bin", "sbin", "usr/bin",
+               "usr/sbin", "lib", "usr/lib"):  # fmt: skip
+        d(dd)
+    entries.append(Entry("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)))
+    entries.append(Entry("init", stat.S_IFREG | 0o755, script.encode()))
+    entries.append(Entry("bin/armloops", stat.S_IFREG | 0o755, loops))
+    for p in kc.module_order(kroot, release, (*ARCH.modules, *NET_MODULES)):
+        if p.name.startswith("tcrypt"):
+            continue
+        entries.append(Entry(f"m/{p.name}", stat.S_IFREG | 0o644, p.read_bytes()))
+    for sub in ("bin", "sbin", "usr/bin", "usr/sbin", "lib", "usr/lib"):
+        top = netroot / sub
+        if not top.exists():
+            continue
+        for f in sorted(top.rglob("*")):
+            rel = f.relative_to(netroot).as_posix()
+            if any(x in rel for x in ("gconv", "/udev", "/tc/", "python", "/perl")):
+                continue
+            if f.is_symlink():
+                d(str(Path(rel).parent))
+                entries.append(Entry(rel, stat.S_IFLNK | 0o777, os.readlink(f).encode()))
+            elif f.is_dir():
+                d(rel)
+            elif f.is_file():
+                d(str(Path(rel).parent))
+                entries.append(Entry(rel, stat.S_IFREG | 0o755, f.read_bytes()))
+    entries.append(Entry("bin/sh", stat.S_IFLNK | 0o777, b"busybox"))
+    out.write_bytes(newc(entries))
+
+
+# --- parse -----------------------------------------------------------------------------------
+def parse(text: str) -> tuple[dict[str, dict], dict[str, dict[int, int]]]:
+    """({run: {packets, received, busy_ns, ...}}, {loop kind: {loop count: busy ns}})."""
+    res: dict[str, dict] = {}
+    loops: dict[str, dict[int, int]] = {}
+    for line in text.splitlines():
+        if "@@RESULT " in line:
+            name, *kv = line.split("@@RESULT ", 1)[1].split()
+            res[name] = {k: float(v) for k, v in (x.split("=", 1) for x in kv if "=" in x)}
+        elif "@@LOOP " in line:
+            kind, cnt, ns = line.split("@@LOOP ", 1)[1].split()
+            loops.setdefault(kind, {})[int(cnt.split("=")[1])] = int(ns.split("=")[1])
+    return res, loops
+
+
+def aead_ipp(alg: str, bits: int, size: int) -> dict[str, float]:
+    """Instructions per message of the AEAD at `size` bytes: encryption with NEON (the
+    sender's process context), decryption with NEON (GCM: cryptd's kworker) or without
+    (ChaCha20: scalar in the softirq), from kernel_crypto.py's saved guest logs."""
+    runs = kc.CACHE / "armhf" / "runs"
+    neon = sorted(runs.glob("*-neon.log"))
+    if not neon:
+        raise SystemExit(f"no kernel_crypto.py guest logs under {runs}: run it first")
+    rows = kc.parse_tcrypt(neon[-1].read_text(errors="replace"))
+    noneon = neon[-1].with_name(neon[-1].name.replace("-neon.log", "-noneon.log"))
+    srows = kc.parse_tcrypt(noneon.read_text(errors="replace")) if noneon.exists() else []
+    enc = kc.at_size(kc.pick(rows, alg, "encryption", bits), size)
+    dec_rows = kc.pick(srows if "chacha" in alg else rows, alg, "decryption", bits)
+    dec = kc.at_size(dec_rows, size)
+    return {"enc": enc * size, "dec": dec * size, "log": neon[-1].name}
+
+
+#: what ESP's AEAD processes per datagram: the inner IPv4 packet (20 + 8 + payload) in tunnel
+#: mode plus the ESP trailer (pad length, next header, padding to 4 bytes)
+ESP_AEAD_BYTES = 20 + 8 + PAYLOAD + 2 + (-(20 + 8 + PAYLOAD + 2) % 4)
+WG_AEAD_BYTES = 20 + 8 + PAYLOAD + (-(20 + 8 + PAYLOAD) % 16)  # padded to 16 (MESSAGE_PADDING)
+
+
+def report(res: dict[str, dict], loops: dict[str, dict[int, int]]) -> dict:
+    out: dict = {"kernel": "5.10.0-32-armmp (Debian 11 5.10.223), armv7l", "payload": PAYLOAD}
+    print("\nIPC anchors (UnixBench 5.1.3 on a Pi 4, armv7l, 1.5 GHz; loops counted here):")
+    ipcs = {}
+    for kind, pts in loops.items():
+        (n0, t0), (n1, t1) = sorted(pts.items())
+        ipl = (t1 - t0) / (n1 - n0)
+        cpl = ARCH.clock_mhz * 1e6 / UNIXBENCH[kind]
+        ipcs[kind] = ipl / cpl
+        print(
+            f"  {kind:8s} {ipl:8.0f} instructions/loop  {cpl:8.0f} cycles/loop published  IPC {ipl / cpl:.3f}"
+        )
+    ipc = sum(ipcs.values()) / len(ipcs) if ipcs else None
+    out["ipc"] = {"anchors": ipcs, "mean": ipc}
+    if ipc:
+        print(f"  kernel-path IPC: {ipc:.3f} (mean of {len(ipcs)})")
+    base = res.get("plain")
+    if not base:
+        raise SystemExit("no plain run in the guest log")
+    per = {k: v["busy_ns"] / v["packets"] for k, v in res.items()}
+    print(
+        f"\nper {PAYLOAD}-byte UDP datagram, a -> b (send path + receive softirq path); cycles and"
+        " packets/s of one side (half the path) on one 1.5 GHz board core, range over the IPC anchors:"
+    )
+    print(f"  {'run':22s} {'instr/pkt':>10s} {'- plain':>9s} {'AEAD enc':>9s} {'AEAD dec':>9s} "
+          f"{'path':>8s} {'cyc/side':>9s} {'pps/side':>9s} {'(range)':>13s}  received")  # fmt: skip
+    out["runs"] = {}
+    for name, v in res.items():
+        total = per[name]
+        delta = total - per["plain"]
+        row = {"instructions_per_packet": round(total), "tunnel_instructions": round(delta),
+               "received": v.get("received"), "rcvbuf_errors": v.get("rcvbuf_errors")}  # fmt: skip
+        enc = dec = 0.0
+        alg = next((a for n, _, a in ESP if n == name), None)
+        if alg:
+            a = aead_ipp(alg[0], alg[1], ESP_AEAD_BYTES)
+            enc, dec = a["enc"], a["dec"]
+            row.update(aead_enc=round(enc), aead_dec=round(dec), aead_bytes=ESP_AEAD_BYTES)
+        elif name == "wireguard":
+            a = aead_ipp("rfc7539esp(chacha20,poly1305)", 288, WG_AEAD_BYTES)
+            # kernel WireGuard's lib/crypto chacha20poly1305 in its workers (process context:
+            # NEON both ways): tcrypt's chacha20-neon + poly1305-neon, as kernel_crypto.py
+            saved = json.loads((kc.CACHE / "armhf" / "results.json").read_text())
+            c = saved["components"]
+            ipb = c["chacha20"]["ipb"] + c["poly1305"]["ipb"]
+            enc = dec = ipb * WG_AEAD_BYTES
+            row.update(aead_enc=round(enc), aead_dec=round(dec), aead_bytes=WG_AEAD_BYTES)
+        path = delta - enc - dec
+        row["path_instructions"] = round(path)
+        cyc = pps = None
+        if ipc and name != "plain":
+            # one side (the sender's or the receiver's core) taken as half the trip's path
+            cyc = path / ipc / 2
+            pps = ARCH.clock_mhz * 1e6 / cyc
+            rng = tuple(round(ARCH.clock_mhz * 1e6 / (path / x / 2)) for x in sorted(ipcs.values()))
+            row.update(path_cycles_per_side=round(cyc), path_pps_per_side=round(pps),
+                       path_pps_range=rng)  # fmt: skip
+        out["runs"][name] = row
+        print(f"  {name:22s} {total:10.0f} {delta:9.0f} {enc:9.0f} {dec:9.0f} {path:8.0f} "
+              f"{cyc or 0:9.0f} {pps or 0:9.0f} {str(row.get('path_pps_range', '')):>13s}  {v.get('received', 0):.0f}/{v.get('packets', 0):.0f}"
+              f" (rcvbuf errors {v.get('rcvbuf_errors', 0):.0f}, polls {v.get('polls', 0):.0f})")  # fmt: skip
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--packets", type=int, default=4000)
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--from-log", action="store_true")
+    a = ap.parse_args()
+    runs = kc.CACHE / ARCH.name / "runs"
+    if a.from_log:
+        text = sorted(runs.glob("*-dataplane.log"))[-1].read_text(errors="replace")
+    else:
+        if os.geteuid() != 0:
+            raise SystemExit("run as root (apt's private download into /var/cache/lab)")
+        kroot, _uroot, release = kc.fetch(ARCH)
+        netroot = fetch_net()
+        runs.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        mods = [p.name for p in kc.module_order(kroot, release, (*ARCH.modules, *NET_MODULES))]
+        with tempfile.TemporaryDirectory(prefix="lab-kdp-") as td:
+            loops = build_loops(Path(td) / "armloops")
+            initrd = Path(td) / "initrd"
+            build_initramfs(kroot, release, netroot, loops, guest_script(mods, a.packets), initrd)
+            text = kc.boot(ARCH, kroot, release, initrd, runs / f"{stamp}-dataplane.log",
+                           ARCH.cpu, a.timeout)  # fmt: skip
+    for bad in ("@@INSMOD_FAILED", "@@XFRM_FAILED", "@@WG_FAILED"):
+        for line in text.splitlines():
+            if bad in line:
+                kc.log(line.strip())
+    res, loops = parse(text)
+    out = report(res, loops)
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"{e.cmd[0]} failed ({e.returncode}): {e.stderr.strip()[-800:]}")
