@@ -25,8 +25,13 @@ Debian 12's iproute2, socat and wireguard-tools added to the initramfs:
    in place); the AEAD's share is taken out with tcrypt's counts of the same drivers (the
    kernel_crypto.py guest logs: NEON for encryption and GCM's cryptd decryption, NEON-off for
    ChaCha20's softirq decryption), which leaves the path;
-3. the same through kernel WireGuard (wg0 in each namespace, the 5.10 module; its encryption
-   and decryption workers and NAPI poll are kworkers and softirqs on the one CPU);
+3. the same through kernel WireGuard (wg0 in each namespace, the 5.10 module, MTU 1440 so that
+   nothing is fragmented; its encryption and decryption workers and NAPI poll are kworkers and
+   softirqs on the one CPU);
+   then every run again with b's end of the veth down and b's address resolved for good: a's
+   qdisc drops each packet once it is encrypted and framed, so the difference to the plain
+   send is the sending side alone (xfrm_output, esp_output and the AEAD; wg's queues, workers
+   and UDP tunnel send) and the rest of the trip's difference is the receiving side;
 4. the UnixBench 5.1.3 loops (System Call Overhead: close(dup), getpid, getuid, umask; Pipe
    Throughput: 512-byte write + read), written in ARM assembly here (bench/armloops.S:
    arm-linux-gnueabihf-as, binutils-arm-linux-gnueabihf), counted at two loop counts (the
@@ -34,9 +39,10 @@ Debian 12's iproute2, socat and wireguard-tools added to the initramfs:
    they give the Cortex-A72's IPC for kernel entry and copy code, the IPC the path's
    instructions are turned into cycles with.
 
-Prints instructions per packet (total, AEAD, path), the IPC anchors, the path's board cycles
-per packet and the packets/s of one 1.5 GHz core, the figures cpu_profiles/pi4.toml's
-[reference.kernel-*-path] carry. About 5 minutes here; `--from-log` re-reports from the saved
+Prints instructions per packet (the trip, the tunnel's part, its AEAD, the path around it on
+the sending and the receiving side), the IPC anchors, and the slower side's board cycles per
+packet and packets/s of one 1.5 GHz core: the figures of cpu_profiles/pi4.toml's
+[kernel.dataplane.NAME.path]. About 5 minutes here; `--from-log` re-reports from the saved
 guest log. docs/cpu.md "The board kernel's packet path" has the results.
 """
 
@@ -150,14 +156,15 @@ def guest_script(mods: list[str], n: int) -> str:
             sh.append(f"$B insmod /m/{m} || echo @@INSMOD_FAILED {m}")
     sh += [
         "/bin/ip netns add a; /bin/ip netns add b",
-        "/bin/ip link add va netns a type veth peer name vb netns b",
+        "/bin/ip link add va netns a address 02:00:00:00:00:0a type veth peer name vb netns b"
+        " address 02:00:00:00:00:0b",
         "/bin/ip -n a addr add 10.0.0.1/24 dev va; /bin/ip -n b addr add 10.0.0.2/24 dev vb",
         "for ns in a b; do /bin/ip -n $ns link set lo up; done; /bin/ip -n a link set va up; /bin/ip -n b link set vb up",
         "echo 134217728 > /proc/sys/net/core/rmem_max",
     ]
     # one measurement: $1 name, $2 destination address, $3 IP deliveries per datagram (1 plain;
-    # 2 through ESP: the outer packet to esp4, then the inner one; 3 through WireGuard, as
-    # counted: the receiving wg0's own rx counter, printed after the run, confirms the datagrams).
+    # 2 through a tunnel: the outer packet to esp4 or wg's UDP socket, then the inner one; the
+    # receiving wg0's own rx counter, printed after the run, confirms WireGuard's).
     # Udp InDatagrams counts reads (udp_recvmsg), and the receiver is stopped: Ip InDelivers.
     sh.append(rf"""
 measure() {{
@@ -193,11 +200,42 @@ measure() {{
         "/bin/ip netns exec a /usr/bin/wg set wg0 private-key /run/ka listen-port 51820 peer $PB endpoint 10.0.0.2:51820 allowed-ips 10.1.0.2/32",
         "/bin/ip netns exec b /usr/bin/wg set wg0 private-key /run/kb listen-port 51820 peer $PA endpoint 10.0.0.1:51820 allowed-ips 10.1.0.1/32",
         "/bin/ip -n a addr add 10.1.0.1/24 dev wg0; /bin/ip -n b addr add 10.1.0.2/24 dev wg0",
-        "/bin/ip -n a link set wg0 up; /bin/ip -n b link set wg0 up",
-        "measure wireguard 10.1.0.2 3",
+        # wg0's default MTU (1420) would fragment a 1428-byte inner packet into two; 1440 keeps
+        # it whole (1440 padded + 32 of WireGuard + 28 of UDP/IP = the veth's 1500)
+        "/bin/ip -n a link set wg0 mtu 1440 up; /bin/ip -n b link set wg0 mtu 1440 up",
+        "measure wireguard 10.1.0.2 2",
         "echo \"@@WGRX $(/bin/ip -n b -s link show wg0 | $B tr '\\n' ' ')\"",
         "echo @@WG; /bin/ip netns exec a /usr/bin/wg show wg0 transfer",
-        "/bin/ip link show",
+    ]
+    # the sending side alone: b's end of the veth down (a's qdisc then drops every packet once it
+    # is encrypted and framed), b's address resolved for good; the same for every tunnel
+    sh.append(rf"""
+measure_out() {{
+  /bin/ip netns exec a sh -c "$B dd if=/dev/zero bs={PAYLOAD} count=50 2>/dev/null | socat -u -b{PAYLOAD} STDIN UDP-SENDTO:$2:5001"
+  $B usleep 300000
+  t0=$(busy)
+  /bin/ip netns exec a sh -c "$B dd if=/dev/zero bs={PAYLOAD} count={n} 2>/dev/null | socat -u -b{PAYLOAD} STDIN UDP-SENDTO:$2:5001"
+  $B usleep 300000
+  t1=$(busy)
+  echo "@@OUT $1 packets={n} busy_ns=$((t1-t0))"
+}}
+""")  # fmt: skip
+    sh += [
+        "/bin/ip -n b link set vb down",
+        "/bin/ip -n a neigh replace 10.0.0.2 lladdr 02:00:00:00:00:0b nud permanent dev va",
+        "measure_out wireguard 10.1.0.2",
+        "/bin/ip -n a link set wg0 down",
+        "measure_out plain 10.0.0.2",
+    ]
+    for name, algo, _ in ESP:
+        sh += [
+            "/bin/ip -n a xfrm state flush; /bin/ip -n a xfrm policy flush",
+            f"/bin/ip -n a xfrm state add src 10.0.0.1 dst 10.0.0.2 proto esp spi 0x1000 reqid 1 mode tunnel {algo}",
+            "/bin/ip -n a xfrm policy add src 10.0.0.1/32 dst 10.0.0.2/32 dir out tmpl src 10.0.0.1 dst 10.0.0.2 proto esp reqid 1 mode tunnel",
+            f"measure_out {name} 10.0.0.2",
+        ]  # fmt: skip
+    sh += [
+        "echo @@QDISC; /bin/ip -n a -s link show va",
     ]
     # the UnixBench loops: two counts each, the difference is the loops' own instructions
     for kind in ("syscall", "pipe"):
@@ -262,6 +300,11 @@ def parse(text: str) -> tuple[dict[str, dict], dict[str, dict[int, int]]]:
         if "@@RESULT " in line:
             name, *kv = line.split("@@RESULT ", 1)[1].split()
             res[name] = {k: float(v) for k, v in (x.split("=", 1) for x in kv if "=" in x)}
+        elif "@@OUT " in line:
+            name, *kv = line.split("@@OUT ", 1)[1].split()
+            res.setdefault(name, {}).update(
+                {f"out_{k}": float(v) for k, v in (x.split("=", 1) for x in kv if "=" in x)}
+            )
         elif "@@LOOP " in line:
             kind, cnt, ns = line.split("@@LOOP ", 1)[1].split()
             loops.setdefault(kind, {})[int(cnt.split("=")[1])] = int(ns.split("=")[1])
@@ -291,67 +334,73 @@ ESP_AEAD_BYTES = 20 + 8 + PAYLOAD + 2 + (-(20 + 8 + PAYLOAD + 2) % 4)
 WG_AEAD_BYTES = 20 + 8 + PAYLOAD + (-(20 + 8 + PAYLOAD) % 16)  # padded to 16 (MESSAGE_PADDING)
 
 
+def aead_of(name: str) -> tuple[float, float]:
+    """(encryption, decryption) instructions of a run's AEAD for one datagram."""
+    alg = next((a for n, _, a in ESP if n == name), None)
+    if alg:
+        x = aead_ipp(alg[0], alg[1], ESP_AEAD_BYTES)
+        return x["enc"], x["dec"]
+    if name == "wireguard":
+        # kernel WireGuard's lib/crypto chacha20poly1305 in its workers (process context: NEON
+        # both ways): tcrypt's chacha20-neon + poly1305-neon, as kernel_crypto.py counts them
+        c = json.loads((kc.CACHE / "armhf" / "results.json").read_text())["components"]
+        ipb = c["chacha20"]["ipb"] + c["poly1305"]["ipb"]
+        return ipb * WG_AEAD_BYTES, ipb * WG_AEAD_BYTES
+    return 0.0, 0.0
+
+
 def report(res: dict[str, dict], loops: dict[str, dict[int, int]]) -> dict:
+    clock = ARCH.clock_mhz * 1e6
     out: dict = {"kernel": "5.10.0-32-armmp (Debian 11 5.10.223), armv7l", "payload": PAYLOAD}
     print("\nIPC anchors (UnixBench 5.1.3 on a Pi 4, armv7l, 1.5 GHz; loops counted here):")
     ipcs = {}
     for kind, pts in loops.items():
         (n0, t0), (n1, t1) = sorted(pts.items())
         ipl = (t1 - t0) / (n1 - n0)
-        cpl = ARCH.clock_mhz * 1e6 / UNIXBENCH[kind]
+        cpl = clock / UNIXBENCH[kind]
         ipcs[kind] = ipl / cpl
-        print(
-            f"  {kind:8s} {ipl:8.0f} instructions/loop  {cpl:8.0f} cycles/loop published  IPC {ipl / cpl:.3f}"
-        )
-    ipc = sum(ipcs.values()) / len(ipcs) if ipcs else None
+        print(f"  {kind:8s} {ipl:8.0f} instructions/loop {cpl:8.0f} cycles/loop published"
+              f"  IPC {ipl / cpl:.3f}")  # fmt: skip
+    if not ipcs or "plain" not in res:
+        raise SystemExit("no loops or no plain run in the guest log")
+    ipc = sum(ipcs.values()) / len(ipcs)
     out["ipc"] = {"anchors": ipcs, "mean": ipc}
-    if ipc:
-        print(f"  kernel-path IPC: {ipc:.3f} (mean of {len(ipcs)})")
-    base = res.get("plain")
-    if not base:
-        raise SystemExit("no plain run in the guest log")
-    per = {k: v["busy_ns"] / v["packets"] for k, v in res.items()}
-    print(
-        f"\nper {PAYLOAD}-byte UDP datagram, a -> b (send path + receive softirq path); cycles and"
-        " packets/s of one side (half the path) on one 1.5 GHz board core, range over the IPC anchors:"
-    )
-    print(f"  {'run':22s} {'instr/pkt':>10s} {'- plain':>9s} {'AEAD enc':>9s} {'AEAD dec':>9s} "
-          f"{'path':>8s} {'cyc/side':>9s} {'pps/side':>9s} {'(range)':>13s}  received")  # fmt: skip
+    print(f"  kernel-path IPC: {ipc:.3f} (mean of {len(ipcs)})")
+    plain = res["plain"]
+    full0 = plain["busy_ns"] / plain["packets"]
+    out0 = plain["out_busy_ns"] / plain["out_packets"] if "out_busy_ns" in plain else None
+    print(f"\nper {PAYLOAD}-byte UDP datagram, instructions: the whole trip a -> b, what the tunnel"
+          " adds, its AEAD, and the path around it on the sending side (b's end down: a's qdisc"
+          " drops) and the receiving side (the rest); cycles and packets/s of the slower side on"
+          f" one {ARCH.clock_mhz} MHz board core at IPC {ipc:.3f} (range over the anchors):")  # fmt: skip
+    print(f"  {'run':21s} {'trip':>7s} {'tunnel':>7s} {'enc':>6s} {'dec':>6s} {'send':>6s} "
+          f"{'recv':>6s} {'cycles':>7s} {'pps':>6s} {'(range)':>15s}  received")  # fmt: skip
+    out["plain"] = {"instructions_per_packet": round(full0),
+                    "send_side_instructions": round(out0) if out0 else None}  # fmt: skip
     out["runs"] = {}
     for name, v in res.items():
-        total = per[name]
-        delta = total - per["plain"]
+        if name == "plain":
+            continue
+        total = v["busy_ns"] / v["packets"]
+        delta = total - full0
+        enc, dec = aead_of(name)
         row = {"instructions_per_packet": round(total), "tunnel_instructions": round(delta),
-               "received": v.get("received"), "rcvbuf_errors": v.get("rcvbuf_errors")}  # fmt: skip
-        enc = dec = 0.0
-        alg = next((a for n, _, a in ESP if n == name), None)
-        if alg:
-            a = aead_ipp(alg[0], alg[1], ESP_AEAD_BYTES)
-            enc, dec = a["enc"], a["dec"]
-            row.update(aead_enc=round(enc), aead_dec=round(dec), aead_bytes=ESP_AEAD_BYTES)
-        elif name == "wireguard":
-            a = aead_ipp("rfc7539esp(chacha20,poly1305)", 288, WG_AEAD_BYTES)
-            # kernel WireGuard's lib/crypto chacha20poly1305 in its workers (process context:
-            # NEON both ways): tcrypt's chacha20-neon + poly1305-neon, as kernel_crypto.py
-            saved = json.loads((kc.CACHE / "armhf" / "results.json").read_text())
-            c = saved["components"]
-            ipb = c["chacha20"]["ipb"] + c["poly1305"]["ipb"]
-            enc = dec = ipb * WG_AEAD_BYTES
-            row.update(aead_enc=round(enc), aead_dec=round(dec), aead_bytes=WG_AEAD_BYTES)
-        path = delta - enc - dec
-        row["path_instructions"] = round(path)
-        cyc = pps = None
-        if ipc and name != "plain":
-            # one side (the sender's or the receiver's core) taken as half the trip's path
-            cyc = path / ipc / 2
-            pps = ARCH.clock_mhz * 1e6 / cyc
-            rng = tuple(round(ARCH.clock_mhz * 1e6 / (path / x / 2)) for x in sorted(ipcs.values()))
-            row.update(path_cycles_per_side=round(cyc), path_pps_per_side=round(pps),
-                       path_pps_range=rng)  # fmt: skip
+               "aead_enc": round(enc), "aead_dec": round(dec),
+               "received": v.get("received"), "packets": v.get("packets")}  # fmt: skip
+        if out0 and "out_busy_ns" in v:
+            sent = v["out_busy_ns"] / v["out_packets"] - out0
+            send, recv = sent - enc, delta - sent - dec
+        else:  # no split: half each
+            send = recv = (delta - enc - dec) / 2
+        side = max(send, recv)
+        cyc = side / ipc
+        rng = tuple(round(clock / (side / x)) for x in sorted(ipcs.values()))
+        row.update(path_send=round(send), path_recv=round(recv), path_cycles_slower_side=round(cyc),
+                   path_pps=round(clock / cyc), path_pps_range=rng)  # fmt: skip
         out["runs"][name] = row
-        print(f"  {name:22s} {total:10.0f} {delta:9.0f} {enc:9.0f} {dec:9.0f} {path:8.0f} "
-              f"{cyc or 0:9.0f} {pps or 0:9.0f} {str(row.get('path_pps_range', '')):>13s}  {v.get('received', 0):.0f}/{v.get('packets', 0):.0f}"
-              f" (rcvbuf errors {v.get('rcvbuf_errors', 0):.0f}, polls {v.get('polls', 0):.0f})")  # fmt: skip
+        print(f"  {name:21s} {total:7.0f} {delta:7.0f} {enc:6.0f} {dec:6.0f} {send:6.0f} {recv:6.0f}"
+              f" {cyc:7.0f} {clock / cyc:6.0f} {str(rng):>15s}"
+              f"  {v.get('received', 0):.0f}/{v.get('packets', 0):.0f}")  # fmt: skip
     return out
 
 
