@@ -195,6 +195,24 @@ class HandshakeTest(Test):
             description="established, or 'failed after N s' (the reason in error)",
         ),
         Metric(
+            "key_exchange_ms",
+            unit="ms",
+            description="a key exchange of the profile's own beside the handshake (Rosenpass's "
+            "post-quantum one): its daemons started to its key installed on both ends, within "
+            "handshake_ms",
+        ),
+        Metric(
+            "key_exchange_bytes",
+            unit="B",
+            description="what both ends' underlay interfaces sent during key_exchange_ms (kernel "
+            "counters: the exchange's frames with headers and retransmissions)",
+        ),
+        Metric(
+            "key_exchange_packets",
+            unit="packets",
+            description="the frames those bytes were in",
+        ),
+        Metric(
             "rekey_before_bps",
             unit="bit/s",
             description="median interval throughput of the flow before the rekey",
@@ -272,6 +290,13 @@ class HandshakeTest(Test):
                 out.update(
                     handshake_ms=est.ms, handshake_completed=1, handshake_status="established"
                 )
+                if est.exchange:  # Driver.key_exchange: the profile's own, e.g. Rosenpass's
+                    out.update(
+                        key_exchange_ms=est.exchange["ms"],
+                        key_exchange_bytes=est.exchange["bytes"],
+                        key_exchange_packets=est.exchange["packets"],
+                        key_exchange=est.exchange["what"],
+                    )
             else:
                 status = f"failed after {est.failed_after_s:.1f} s"
                 out.update(handshake_completed=0, handshake_status=status)

@@ -12,7 +12,8 @@ picks a driver and its parameters. The lab calls, in order:
     describe() -> implementation, version, data-plane path, cipher, tunnel MTU, config hash
     stop()   -> stop what start() started (teardown also ends every recorded PID on its own)
 and, for the `handshake` test's forced rekey (docs/measurements.md), rekey_support() says whether
-and how a profile's keys can be renewed on demand, trigger_rekey() does it on a running tunnel.
+and how a profile's keys can be renewed on demand, trigger_rekey() does it on a running tunnel;
+key_exchange() gives that test a separate key exchange's cost (Rosenpass's).
 Drivers run commands only through a lab.core.node.Node (ctx.client.node, ctx.server.node, the node
 check() is given), never on the host directly and never by reading the controller's files about a
 node (its /proc, /sys, /dev, kernel config or installed files), so the same driver later drives
@@ -31,10 +32,13 @@ from __future__ import annotations
 
 from lab import REPO
 import hashlib
+import os
+import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+from collections.abc import Callable, Iterable
 
 import jinja2
 
@@ -186,6 +190,12 @@ class Driver(ABC):
             f"profile {ctx.profile!r} cannot be rekeyed on demand: {self.rekey_support(params).how}"
         )
 
+    def key_exchange(self, ctx: TunnelContext, params: dict) -> dict | None:
+        """A key exchange of its own beside the tunnel's handshake (Rosenpass's post-quantum one
+        for WireGuard), as the last start() measured it: {"what", "ms", "bytes", "packets"}
+        (the `handshake` test reports them). None: the driver has none."""
+        return None
+
     def stop(self, ctx: TunnelContext, params: dict) -> None:
         for d in reversed(ctx.daemons):
             ctx.client.node.stop(d) if d.node == ctx.client.name else ctx.server.node.stop(d)
@@ -207,6 +217,30 @@ def write_secret(secrets_dir: Path, name: str, value: str) -> Path:
     path = secrets_dir / name
     write_text_atomic(path, value, mode=0o600)
     return path
+
+
+def make_secrets(
+    secrets_dir: Path, prefix: str, names: Iterable[str], make: Callable[[Path], None]
+) -> dict[str, str]:
+    """Key files a tool writes, kept as secrets: `make(scratch)` runs the tool into a private
+    scratch directory under `secrets_dir` with umask 077 (no key is readable by others even
+    while it is made); then each of `names` it wrote there goes into `secrets_dir` as
+    `<prefix><name>` (write_secret: 0600), the scratch directory goes, and the files' text
+    is returned by name."""
+    secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    made: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(dir=secrets_dir) as tmp:
+        scratch = Path(tmp)
+        old = os.umask(0o077)
+        try:
+            make(scratch)
+        finally:
+            os.umask(old)
+        for name in names:
+            made[name] = (scratch / name).read_text()
+    for name, text in made.items():
+        write_secret(secrets_dir, prefix + name, text)
+    return made
 
 
 def route_through(end: Endpoint, peer: Endpoint, dev: str) -> None:
