@@ -163,6 +163,7 @@ def guest_script(mods: list[str], n: int) -> str:
         "echo 134217728 > /proc/sys/net/core/rmem_max",
     ]
     # one measurement: $1 name, $2 destination address, $3 IP deliveries per datagram (1 plain;
+    # $4 the sender's namespace (a; c: forwarded by a);
     # 2 through a tunnel: the outer packet to esp4 or wg's UDP socket, then the inner one; the
     # receiving wg0's own rx counter, printed after the run, confirms WireGuard's).
     # Udp InDatagrams counts reads (udp_recvmsg), and the receiver is stopped: Ip InDelivers.
@@ -171,10 +172,10 @@ measure() {{
   /bin/ip netns exec b socat -u -b2000 UDP-RECV:5001,rcvbuf=67108864 /dev/null & R=$!
   $B sleep 1; $B kill -STOP $R
   # warm-up: the first packets set up neighbour entries, routes and the SA's crypto contexts
-  /bin/ip netns exec a sh -c "$B dd if=/dev/zero bs={PAYLOAD} count=50 2>/dev/null | socat -u -b{PAYLOAD} STDIN UDP-SENDTO:$2:5001"
+  /bin/ip netns exec ${{4:-a}} sh -c "$B dd if=/dev/zero bs={PAYLOAD} count=50 2>/dev/null | socat -u -b{PAYLOAD} STDIN UDP-SENDTO:$2:5001"
   $B sleep 1
   r0=$(snmp $R Ip InDelivers); e0=$(snmp $R Udp RcvbufErrors); t0=$(busy); u0=$($B cat /proc/uptime)
-  /bin/ip netns exec a sh -c "$B dd if=/dev/zero bs={PAYLOAD} count={n} 2>/dev/null | socat -u -b{PAYLOAD} STDIN UDP-SENDTO:$2:5001"
+  /bin/ip netns exec ${{4:-a}} sh -c "$B dd if=/dev/zero bs={PAYLOAD} count={n} 2>/dev/null | socat -u -b{PAYLOAD} STDIN UDP-SENDTO:$2:5001"
   k=0; while [ $(( $(snmp $R Ip InDelivers) - r0 )) -lt $(({n} * $3)) ] && [ $k -lt 200 ]; do $B usleep 20000; k=$((k+1)); done
   t1=$(busy); u1=$($B cat /proc/uptime); r1=$(snmp $R Ip InDelivers); e1=$(snmp $R Udp RcvbufErrors)
   echo "@@RESULT $1 packets={n} received=$(((r1-r0) / $3)) rcvbuf_errors=$((e1-e0)) busy_ns=$((t1-t0)) uptime0=${{u0%% *}} uptime1=${{u1%% *}} polls=$k"
@@ -220,6 +221,34 @@ measure_out() {{
   echo "@@OUT $1 packets={n} busy_ns=$((t1-t0))"
 }}
 """)  # fmt: skip
+    sh += [
+        # forwarded: c sends through a, which encrypts in the NET_RX softirq of the packet's
+        # arrival (a gateway's case, and TCP's ACK-clocked sends): GCM through cryptd there too,
+        # ChaCha20 with the scalar code
+        "/bin/ip netns add c; /bin/ip link add vc netns c type veth peer name vac netns a",
+        "/bin/ip -n c addr add 10.2.0.2/24 dev vc; /bin/ip -n a addr add 10.2.0.1/24 dev vac",
+        "/bin/ip -n c link set lo up; /bin/ip -n c link set vc up; /bin/ip -n a link set vac up",
+        "/bin/ip -n c route add default via 10.2.0.1; /bin/ip netns exec a $B sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward'",
+        "/bin/ip -n a xfrm state flush; /bin/ip -n b xfrm state flush; /bin/ip -n a xfrm policy flush; /bin/ip -n b xfrm policy flush",
+        "measure fwd-plain 10.0.0.2 1 c",
+    ]
+    for name, algo, _ in ESP[1:]:
+        sh += [
+            "/bin/ip -n a xfrm state flush; /bin/ip -n b xfrm state flush; /bin/ip -n a xfrm policy flush; /bin/ip -n b xfrm policy flush",
+            *[
+                f"/bin/ip -n {ns} xfrm state add src 10.0.0.1 dst 10.0.0.2 proto esp spi 0x1000 reqid 1 mode tunnel {algo}"
+                for ns in ("a", "b")
+            ],
+            "/bin/ip -n a xfrm policy add src 10.2.0.0/24 dst 10.0.0.2/32 dir out tmpl src 10.0.0.1 dst 10.0.0.2 proto esp reqid 1 mode tunnel",
+            "/bin/ip -n b xfrm policy add src 10.2.0.0/24 dst 10.0.0.2/32 dir in tmpl src 10.0.0.1 dst 10.0.0.2 proto esp reqid 1 mode tunnel",
+            f"measure fwd-{name} 10.0.0.2 2 c",
+            # where a burst is lost: XFRM's error counters, the CPU's backlog drops (column 2)
+            f"echo @@DROPS fwd-{name} $(/bin/ip netns exec a $B grep -v ' 0$' /proc/net/xfrm_stat"
+            " | $B tr '\\n' ' ') softnet: $($B cut -d' ' -f1-3 /proc/net/softnet_stat)",
+        ]
+    sh += [
+        "/bin/ip -n a xfrm state flush; /bin/ip -n b xfrm state flush; /bin/ip -n a xfrm policy flush; /bin/ip -n b xfrm policy flush",
+    ]
     sh += [
         "/bin/ip -n b link set vb down",
         "/bin/ip -n a neigh replace 10.0.0.2 lladdr 02:00:00:00:00:0b nud permanent dev va",
@@ -311,7 +340,7 @@ def parse(text: str) -> tuple[dict[str, dict], dict[str, dict[int, int]]]:
     return res, loops
 
 
-def aead_ipp(alg: str, bits: int, size: int) -> dict[str, float]:
+def aead_ipp(alg: str, bits: int, size: int, softirq_enc: bool = False) -> dict[str, float]:
     """Instructions per message of the AEAD at `size` bytes: encryption with NEON (the
     sender's process context), decryption with NEON (GCM: cryptd's kworker) or without
     (ChaCha20: scalar in the softirq), from kernel_crypto.py's saved guest logs."""
@@ -322,7 +351,9 @@ def aead_ipp(alg: str, bits: int, size: int) -> dict[str, float]:
     rows = kc.parse_tcrypt(neon[-1].read_text(errors="replace"))
     noneon = neon[-1].with_name(neon[-1].name.replace("-neon.log", "-noneon.log"))
     srows = kc.parse_tcrypt(noneon.read_text(errors="replace")) if noneon.exists() else []
-    enc = kc.at_size(kc.pick(rows, alg, "encryption", bits), size)
+    # in softirq (a forwarded packet) ChaCha20 encrypts with the scalar code too
+    enc_rows = srows if softirq_enc and "chacha" in alg else rows
+    enc = kc.at_size(kc.pick(enc_rows, alg, "encryption", bits), size)
     dec_rows = kc.pick(srows if "chacha" in alg else rows, alg, "decryption", bits)
     dec = kc.at_size(dec_rows, size)
     return {"enc": enc * size, "dec": dec * size, "log": neon[-1].name}
@@ -379,7 +410,7 @@ def report(res: dict[str, dict], loops: dict[str, dict[int, int]]) -> dict:
                     "send_side_instructions": round(out0) if out0 else None}  # fmt: skip
     out["runs"] = {}
     for name, v in res.items():
-        if name == "plain":
+        if name == "plain" or name.startswith("fwd-"):
             continue
         total = v["busy_ns"] / v["packets"]
         delta = total - full0
@@ -401,6 +432,34 @@ def report(res: dict[str, dict], loops: dict[str, dict[int, int]]) -> dict:
         print(f"  {name:21s} {total:7.0f} {delta:7.0f} {enc:6.0f} {dec:6.0f} {send:6.0f} {recv:6.0f}"
               f" {cyc:7.0f} {clock / cyc:6.0f} {str(rng):>15s}"
               f"  {v.get('received', 0):.0f}/{v.get('packets', 0):.0f}")  # fmt: skip
+    fwd0 = res.get("fwd-plain")
+    if fwd0:
+        print("\nforwarded c -> a -> b (a encrypts in the NET_RX softirq of the packet's arrival, as a"
+              " gateway does and as TCP's ACK-clocked sends do): the path of both sides against the"
+              " locally sent datagram's")  # fmt: skip
+        print(f"  {'run':25s} {'tunnel':>7s} {'enc':>6s} {'dec':>6s} {'path':>6s} {'local':>6s}"
+              f" {'extra':>6s}  received")  # fmt: skip
+        out["forwarded"] = {}
+        base = fwd0["busy_ns"] / fwd0["packets"]
+        for name, v in res.items():
+            if not name.startswith("fwd-esp"):
+                continue
+            if v.get("received") != v.get("packets"):
+                print(f"  {name:25s} lost {v['packets'] - v['received']:.0f} of {v['packets']:.0f}"
+                      " datagrams (a burst of async encryptions: see @@DROPS in the log): not counted")  # fmt: skip
+                continue
+            local = name.removeprefix("fwd-")
+            alg = next(a for n, _, a in ESP if n == local)
+            x = aead_ipp(alg[0], alg[1], ESP_AEAD_BYTES, softirq_enc=True)
+            delta = v["busy_ns"] / v["packets"] - base
+            path = delta - x["enc"] - x["dec"]
+            lr = out["runs"].get(local, {})
+            lpath = (lr.get("path_send") or 0) + (lr.get("path_recv") or 0)
+            out["forwarded"][local] = {"tunnel_instructions": round(delta), "aead_enc": round(x["enc"]),
+                                       "aead_dec": round(x["dec"]), "path": round(path),
+                                       "path_local_send": lpath}  # fmt: skip
+            print(f"  {name:25s} {delta:7.0f} {x['enc']:6.0f} {x['dec']:6.0f} {path:6.0f} {lpath:6.0f}"
+                  f" {path - lpath:6.0f}  {v.get('received', 0):.0f}/{v.get('packets', 0):.0f}")  # fmt: skip
     return out
 
 
