@@ -20,6 +20,7 @@ from lab.model.cpuwords import capacity_words, host_cores_words, usage_words
 from lab.results.doc import (
     Doc,
     draws,
+    entry_primary,
     fmt_value,
     host_ncores,
     mean_of,
@@ -30,6 +31,13 @@ from lab.results.doc import (
     rows_where,
     stat_cell,
     stats_of,
+)
+from lab.results.handshakes import (
+    ESTABLISHMENT_STATUS,
+    REKEY_STATUS,
+    establishment_table,
+    measured,
+    rekey_table,
 )
 from lab.results.plots import make_plots
 from lab.results.preamble import (
@@ -98,17 +106,18 @@ def generate(run_path: Path) -> dict:
 
 def headline(table, profiles, points, labels, plan) -> dict:
     """The figures `lab run` ends with: per profile and network condition, each test's primary
-    metric as mean ± sd (n) over the successful repetitions; a test whose records are several
-    points (a bidir test's directions, mtu's families) has a column per point, named as its
-    table is."""
+    metric as mean ± sd (n) over the successful repetitions (the one its parameters measure:
+    doc.entry_primary); a test whose records are several points (a bidir test's directions,
+    mtu's families) has a column per point, named as its table is."""
     tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
+    prims = {t["label"]: entry_primary(t) for t in plan.get("tests", [])}
     cols = []  # (label, point)
     header = ["profile", "condition"]
     for lb in labels:
         rows_l = rows_where(table, test_label=lb)
         if draws(tests.get(lb, ""), "rate-sweep") or not rows_l:
             continue
-        col, unit, _, _ = primary(tests[lb])
+        col, unit, _, _ = prims[lb]
         npoints = sorted({r["point"] for r in rows_l})
         for pidx in npoints:
             which = _point_words(rows_l, pidx, len(npoints))
@@ -120,12 +129,14 @@ def headline(table, profiles, points, labels, plan) -> dict:
         for pt in in_order([r["impairment"] for r in table], points):
             cells = []
             for lb, pidx in cols:
-                col, _, scale, _ = primary(tests[lb])
+                col, _, scale, _ = prims[lb]
                 all_rs = rows_where(table, test_label=lb, profile=prof, impairment=pt, point=pidx)
                 rs = [r for r in all_rs if r["ok"]]
                 failed = len(all_rs) - len(rs)
+                st = stats_of([r[col] for r in rs])
+                na = st is None and rs and all(r.get("not_applicable") for r in rs)
                 cells.append(
-                    stat_cell(stats_of([r[col] for r in rs]), scale)
+                    ("n/a" if na else stat_cell(st, scale))
                     + (f" [{failed} failed]" if failed else "")
                 )
             if any(c != "-" for c in cells):
@@ -143,10 +154,11 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
     )
     _unsettled(doc, results, plan)
     tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
+    entries = {t["label"]: t for t in plan.get("tests", [])}
     present_points = in_order([r["impairment"] for r in table], points)
     for label in labels:
         test = tests[label]
-        col, unit, scale, _ = primary(test)
+        col, unit, scale, _ = entry_primary(entries[label])
         rows_l = rows_where(table, test_label=label)
         if not rows_l:
             continue
@@ -176,6 +188,16 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
             test, "load-latency"
         ):  # latency under load: a row per case, its figures side by side
             _rrul_table(doc, label, test, rows_l, profiles, present_points)
+            continue
+        # set-up and rekey (handshake): a table of its own for each part its rows measured
+        cold = draws(test, "establishment") and measured(rows_l, ESTABLISHMENT_STATUS)
+        if cold:
+            establishment_table(doc, label, test, rows_l, profiles, present_points, results)
+        if draws(test, "rekey") and measured(rows_l, REKEY_STATUS):
+            rekey_table(doc, label, test, rows_l, profiles, present_points)
+            _not_applicable_note(doc, rows_l)
+            continue
+        if cold:
             continue
         extras = [
             c
