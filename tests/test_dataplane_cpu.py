@@ -404,3 +404,27 @@ def test_a_stand_in_is_measured_as_a_whole_process_and_its_lab_removed():
     assert set(rec["cpu_s"]) == {"client", "server"} and all(c > 0 for c in rec["cpu_s"].values())
     assert rec["host_mbps"] == min(rec["mbps_per_cpu_s"].values()) > 0
     assert set(list_lab_ids()) == before
+
+
+def test_the_node_quota_prices_its_data_plane_cores_at_the_data_plane_share(board):
+    """A node whose board spends one core on ESP: that core costs the data plane's share here,
+    the other three core_share each, so the node's quota grows by the difference; a data plane
+    cheaper than a core leaves the quota as it was; the nodes past this host's CPUs: a warning
+    naming the factor."""
+    from lab.substrate.local.dataplane import host_overcommit, raise_node_quota
+
+    p = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    rec = {"groups": 1, "group_cores": 0.7}
+    raise_node_quota(p, rec)
+    assert p["cores"] == pytest.approx(1.45)
+    assert rec["node_cores_before"] == 1.0 and rec["node_cores_added"] == pytest.approx(0.45)
+    cheap = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    raise_node_quota(cheap, {"groups": 1, "group_cores": 0.1})
+    assert cheap["cores"] == 1.0
+    per_cpu = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    raise_node_quota(per_cpu, {"groups": 4, "group_cores": 0.45})
+    assert per_cpu["cores"] == pytest.approx(1.8)
+    cpu = {"a": p, "b": dict(p), "r": {"cores": None}, "t": {"cores": 3.0, "not_applied": "TCG"}}
+    words = host_overcommit(cpu, host_cores=2)
+    assert "2.90 of 2 host cores" in words and "dilation=1.5" in words
+    assert host_overcommit(cpu, host_cores=4) is None
