@@ -278,7 +278,8 @@ measure_out() {{
 
 
 def build_initramfs(kroot: Path, release: str, netroot: Path, loops: bytes, script: str,
-                    out: Path) -> None:  # fmt: skip
+                    out: Path, modules: tuple[str, ...] = NET_MODULES,
+                    files: dict[str, bytes] | None = None) -> None:  # fmt: skip
     entries: list[Entry] = []
     seen: set[str] = set()
 
@@ -296,7 +297,9 @@ def build_initramfs(kroot: Path, release: str, netroot: Path, loops: bytes, scri
     entries.append(Entry("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)))
     entries.append(Entry("init", stat.S_IFREG | 0o755, script.encode()))
     entries.append(Entry("bin/armloops", stat.S_IFREG | 0o755, loops))
-    for p in kc.module_order(kroot, release, (*ARCH.modules, *NET_MODULES)):
+    for rel, data in (files or {}).items():
+        entries.append(Entry(rel, stat.S_IFREG | 0o600, data))
+    for p in kc.module_order(kroot, release, (*ARCH.modules, *modules)):
         if p.name.startswith("tcrypt"):
             continue
         entries.append(Entry(f"m/{p.name}", stat.S_IFREG | 0o644, p.read_bytes()))
