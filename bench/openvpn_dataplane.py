@@ -228,7 +228,26 @@ def parse_openssl(text: str) -> dict[tuple[str, int], float]:
     return out
 
 
-def report(res: dict[str, dict], loops: dict[str, dict[int, int]], ossl: dict) -> dict:
+#: IPC taken, for the sensitivity only, for OpenVPN's own userspace code (not a fitted figure)
+USER_IPC_ALT = 1.0
+
+
+def parse_ticks(text: str) -> dict[str, dict[str, tuple[int, int]]]:
+    """{run: {"a"|"b": (user ticks, system ticks)}} over a run, from the @@TICKS lines."""
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for line in text.splitlines():
+        if "@@TICKS " not in line:
+            continue
+        name, *kv = line.split("@@TICKS ", 1)[1].split()
+        for x in kv:
+            who, span = x.split("=", 1)
+            (u0, s0), (u1, s1) = (tuple(map(int, y.split(","))) for y in span.split(":"))
+            out.setdefault(name, {})[who] = (u1 - u0, s1 - s0)
+    return out
+
+
+def report(res: dict[str, dict], loops: dict[str, dict[int, int]], ossl: dict,
+           ticks: dict | None = None) -> dict:  # fmt: skip
     clock = ARCH.clock_mhz * 1e6
     ipcs = {}
     print("IPC anchors (UnixBench 5.1.3 on a Pi 4, armv7l, 1.5 GHz; loops counted here):")
@@ -287,6 +306,24 @@ def report(res: dict[str, dict], loops: dict[str, dict[int, int]], ossl: dict) -
         }  # fmt: skip
         print(f"    IPC range {rng} packets/s; per-task (openvpn a, b) ns/packet:"
               f" {out['runs'][p]['task_ns_per_packet']}")  # fmt: skip
+        tk = (ticks or {}).get(f"openvpn-{p}", {})
+        if "a" in tk and "b" in tk and full.get("ovpn_a_ns"):
+            # the user/kernel split of each openvpn's run time (tick samples): its own userspace
+            # code apart from the cipher and HMAC, and what the board time would be were that
+            # code to run at USER_IPC_ALT instead of the kernel-path IPC
+            user = {}
+            for who, crypto in (("a", enc + mac), ("b", dec + mac)):
+                u, k = tk[who]
+                task_i = full[f"ovpn_{who}_ns"] / full["packets"]
+                user[who] = max(0.0, task_i * u / max(1, u + k) - crypto)
+            alt_s = cyc_s - user["a"] / ipc + user["a"] / USER_IPC_ALT
+            alt_r = cyc_r - user["b"] / ipc + user["b"] / USER_IPC_ALT
+            alt = clock / max(alt_s, alt_r)
+            out["runs"][p].update(user_noncrypto={k: round(v) for k, v in user.items()},
+                                  ticks=tk, pps_user_ipc_alt=round(alt))  # fmt: skip
+            print(f"    openvpn's own userspace code besides cipher and HMAC (tick split):"
+                  f" sender {user['a']:.0f}, receiver {user['b']:.0f} instructions; at IPC"
+                  f" {USER_IPC_ALT} instead of {ipc:.3f}: {alt:.0f} packets/s")  # fmt: skip
     return out
 
 
@@ -324,7 +361,7 @@ def main() -> None:
             if bad in line:
                 kc.log(line.strip())
     res, loops = kd.parse(text)
-    out = report(res, loops, parse_openssl(text))
+    out = report(res, loops, parse_openssl(text), parse_ticks(text))
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 
