@@ -7,7 +7,8 @@ Reads the profile and this machine's calibration (`lab calibrate PROFILE`, full 
 stand-ins' whole-process rates) and prints, per kernel data plane a stand-in imitates, what
 lab.model.boardkernel.plan makes of it twice: "before", the stand-in's own packet path priced at
 a board core's speed (the profile's `[kernel.dataplane.NAME.path]` left out), and "after", the
-board kernel's counted path (bench/kernel_dataplane.py). Columns: the share of a host core each
+board kernel's counted path (bench/kernel_dataplane.py). The same for the userspace data planes
+the board runs too (OpenVPN: `[userspace.dataplane.NAME.path]`, bench/openvpn_dataplane.py). Columns: the share of a host core each
 group gets, and the board data plane's predicted rate, one group (one board core) and all of
 them (4 for kernel WireGuard's per-CPU workers). Where a tunnel is CPU-bound in its data plane
 its lab figure moves with the share: the ratio after / before is printed too. Nothing runs; no
@@ -28,12 +29,15 @@ from lab.model.boardkernel import DataPlaneCpu  # noqa: E402
 from lab.model.cpuprofile import load_cpu_profile  # noqa: E402
 
 STAND_INS = {"xfrm-esp": "charon", "wireguard": "wireguard-go"}
+#: the userspace data planes the board runs too: (process, primitive), one thread (OpenVPN 2.x)
+USERSPACE = (("openvpn", "aes-256-cbc"),)
 
 
 def without_paths(prof):
     """The same profile with no board packet path (the model before it)."""
     dps = {k: dataclasses.replace(v, path=None) for k, v in (prof.kernel.dataplanes or {}).items()}
-    return dataclasses.replace(prof, kernel=dataclasses.replace(prof.kernel, dataplanes=dps))
+    kernel = dataclasses.replace(prof.kernel, dataplanes=dps)
+    return dataclasses.replace(prof, kernel=kernel, userspace={})
 
 
 def main() -> None:
@@ -69,6 +73,18 @@ def main() -> None:
                   f"{r['share'] / b['share']:6.2f}")  # fmt: skip
             if r.get("why"):
                 print(f"    ({r['why']})")
+    for daemon, prim in USERSPACE:
+        if daemon not in prof.userspace:
+            continue
+        dp = DataPlaneCpu(daemon, prim, "userspace", threads="one")
+        b = boardkernel.plan(before_prof, dp, cores=cores)
+        r = boardkernel.plan(prof, dp, cores=cores)
+        pb, pa = b.get("board_mbps_predicted") or 0, r.get("board_mbps_predicted") or 0
+        print(f"{'userspace ' + daemon + ' ' + prim:28s} {r['groups']:6d} {b['share']:12.4f} "
+              f"{r['share']:8.4f} {pb:22.2f} {pa:7.2f} {pb * 8 * r['groups']:24.1f} "
+              f"{pa * 8 * r['groups']:7.1f} {r['share'] / b['share']:6.2f}")  # fmt: skip
+        if r.get("why"):
+            print(f"    ({r['why']})")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@ Where the profile also states the board kernel's own packet path around the AEAD
 (`[kernel.dataplane.NAME.path]`: packets per second of one board core, counted by
 bench/kernel_dataplane.py), the board's side is that path plus the kernel's AEAD, and the
 stand-in's own per-packet work (syscalls, TUN, UDP, hand-offs) no longer stands for it; without
-one, the stand-in's path is priced at a board core's speed (docs/cpu.md "Data planes").
+one, the stand-in's path is priced at a board core's speed (docs/cpu.md "Data planes"). A
+userspace data plane's own path on the board (`[userspace.dataplane.NAME.path]`, NAME the
+process's name: its TUN reads and writes, UDP sends and receives, framing, HMAC, everything but
+its cipher, counted by bench/openvpn_dataplane.py) is used the same way.
 
 Pure: parsing and arithmetic; the substrate creates the groups (lab.substrate.local.dataplane).
 """
@@ -39,6 +42,9 @@ THREADING = ("one-core", "per-cpu")
 _KERNEL_FIELDS = {"version", "arch", "source", "dataplane"}
 _DP_FIELDS = {"threading", "source", "why", "crypto", "path"}
 _PATH_FIELDS = {"pps", "bytes", "kernel", "source", "derivation", "confidence"}
+#: a userspace path also names the program (and version) it was counted with
+_USER_PATH_FIELDS = _PATH_FIELDS | {"program"}
+_USER_DP_FIELDS = {"path"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,16 @@ class PacketPath:
     kernel: str = ""
     derivation: str = ""
     confidence: str = "low"
+    program: str = ""  # a userspace data plane's: the program and version counted
+
+
+@dataclass(frozen=True)
+class UserspaceDataPlane:
+    """A userspace data plane the board runs too (OpenVPN): its own per-packet path on the
+    board, besides its cipher (which the profile's [reference.PRIMITIVE] prices)."""
+
+    name: str  # the process's name (DataPlaneCpu.daemon), e.g. "openvpn"
+    path: PacketPath | None = None
 
 
 @dataclass(frozen=True)
@@ -157,13 +173,44 @@ def parse_kernel_table(
     )
 
 
-def _parse_path(t: Any, src: str, where: str, crypto: dict) -> PacketPath | None:
+def parse_userspace_table(table: Any, src: str, references: dict) -> dict[str, UserspaceDataPlane]:
+    """Validate a profile's [userspace] table: [userspace.dataplane.NAME.path] per userspace
+    data plane (NAME: its process's name); a path's primitive must have a [reference.PRIMITIVE]
+    (the board's figure for the cipher the path leaves out)."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ConfigError("must be a table", source=src, field="userspace")
+    reject_unknown(table, ["dataplane"], source=src, where="userspace")
+    dps_raw = table.get("dataplane", {})
+    if not isinstance(dps_raw, dict):
+        raise ConfigError(
+            "must be a table of [userspace.dataplane.NAME] tables",
+            source=src,
+            field="userspace.dataplane",
+        )
+    out = {}
+    for name, d in dps_raw.items():
+        where = f"userspace.dataplane.{name}"
+        if not isinstance(d, dict):
+            raise ConfigError("must be a table with a path table", source=src, field=where)
+        reject_unknown(d, sorted(_USER_DP_FIELDS), source=src, where=where)
+        figures = {k: k for k in references}
+        path = _parse_path(d.get("path"), src, where, figures, userspace=True)
+        out[name] = UserspaceDataPlane(str(name), path)
+    return out
+
+
+def _parse_path(
+    t: Any, src: str, where: str, crypto: dict, userspace: bool = False
+) -> PacketPath | None:
     if t is None:
         return None
     where = f"{where}.path"
     if not isinstance(t, dict):
         raise ConfigError("must be a table with pps and source", source=src, field=where)
-    reject_unknown(t, sorted(_PATH_FIELDS), source=src, where=where)
+    fields = _USER_PATH_FIELDS if userspace else _PATH_FIELDS
+    reject_unknown(t, sorted(fields), source=src, where=where)
     if not isinstance(t.get("source"), str) or not t["source"]:
         raise ConfigError(
             "missing: say where the packet path's figures come from",
@@ -179,9 +226,13 @@ def _parse_path(t: Any, src: str, where: str, crypto: dict) -> PacketPath | None
         )
     for prim, v in pps.items():
         if prim not in crypto:
+            what = (
+                "no [reference.PRIMITIVE] figure in this profile (the board's cipher)"
+                if userspace
+                else "no board AEAD in the crypto table"
+            )
             raise ConfigError(
-                f"{prim!r} has no board AEAD in the crypto table; accepted: "
-                f"{', '.join(crypto) or 'none'}",
+                f"{prim!r} has {what}; accepted: {', '.join(crypto) or 'none'}",
                 source=src,
                 field=f"{where}.pps.{prim}",
             )
@@ -198,9 +249,15 @@ def _parse_path(t: Any, src: str, where: str, crypto: dict) -> PacketPath | None
             source=src,
             field=f"{where}.bytes",
         )
-    for k in ("kernel", "derivation", "confidence"):
+    for k in ("kernel", "derivation", "confidence", "program"):
         if not isinstance(t.get(k, ""), str):
             raise ConfigError("must be a string", source=src, field=f"{where}.{k}")
+    if t.get("confidence", "low") not in ("high", "medium", "low"):
+        raise ConfigError(
+            f"must be one of high, medium, low, got {t['confidence']!r}",
+            source=src,
+            field=f"{where}.confidence",
+        )
     return PacketPath(
         {k: float(v) for k, v in pps.items()},
         t["source"],
@@ -208,6 +265,7 @@ def _parse_path(t: Any, src: str, where: str, crypto: dict) -> PacketPath | None
         t.get("kernel", ""),
         t.get("derivation", ""),
         t.get("confidence", "low"),
+        t.get("program", ""),
     )
 
 
@@ -217,6 +275,7 @@ def share_of(
     process_mbps: float | None,
     prim_mbps: float | None,
     path_mbps: float | None = None,
+    path_what: str = "board kernel",
 ) -> tuple[float, dict]:
     """Host cores per board core for a data plane's process, and how it was worked out.
 
@@ -227,9 +286,10 @@ def share_of(
 
         share = t / (1/board_mbps + (t - c) / core_share)
 
-    With `path_mbps`, the board kernel's own packet path (its per-packet cost over the stand-in's
-    datagram), the board side is known whole, crypto and path, and the stand-in's own path no
-    longer stands for it:
+    With `path_mbps`, the board's own packet path (the board kernel's around its AEAD, or a
+    userspace data plane's around its cipher: its per-packet cost over the process's datagram;
+    `path_what` says which), the board side is known whole, crypto and path, and the process's
+    path here no longer stands for it:
 
         share = t / (1/board_mbps + 1/path_mbps)
 
@@ -244,7 +304,7 @@ def share_of(
     how: dict[str, Any] = {"basis": "process", "crypto_fraction": round(c / t, 4)}
     if path_mbps:
         board_t = 1 / board_mbps + 1 / path_mbps
-        how["path"] = "board kernel"
+        how["path"] = path_what
         how["board_path_mbps"] = round(path_mbps, 2)
     else:
         board_t = 1 / board_mbps + (t - c) / core_share
@@ -269,6 +329,7 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
     }
     ref = None
     path_mbps = None
+    path_what = "board kernel"
     if dp.board.startswith("kernel:"):
         kdp = (prof.kernel.dataplanes if prof.kernel else {}).get(dp.board.split(":", 1)[1])
         if kdp is None:
@@ -287,18 +348,8 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
             )
             ref_name = kdp.crypto.get(dp.primitive or "")
             ref = prof.references.get(ref_name) if ref_name else None
-            pps = kdp.path.pps.get(dp.primitive or "") if kdp.path else None
-            if pps and ref is not None:
-                # per packet on the board, spread over the bytes of the datagrams the stand-in
-                # was measured with (so both sides of the share are per byte of the same packets)
-                size = (cal.get("process_bytes") or {}).get(f"{dp.daemon}:{dp.primitive}")
-                size = size or kdp.path.bytes
-                path_mbps = pps * size / 1e6
-                rec.update(
-                    board_path_pps=pps,
-                    board_path_bytes=size,
-                    board_path_source=kdp.path.source,
-                )
+            if ref is not None:
+                path_mbps = _path_mbps(cal, dp, kdp.path, rec)
             if ref is None:
                 rec["why"] = (
                     f"profile {prof.name} names no board-kernel figure for {dp.primitive} in "
@@ -310,6 +361,10 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
         ref = prof.references.get(dp.primitive or "")
         if ref is None and dp.primitive:
             rec["why"] = f"profile {prof.name} has no figure for {dp.primitive}: core_share"
+        udp = prof.userspace.get(dp.daemon)
+        if ref is not None and udp is not None:
+            path_mbps = _path_mbps(cal, dp, udp.path, rec)
+            path_what = "board userspace"
     if ref is not None:
         rec.update(
             board_reference=ref.primitive,
@@ -318,7 +373,9 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
             implementation=ref.implementation,
         )
     prim_mbps = host.get(dp.primitive or "")
-    share, how = share_of(prof.core_share, ref.mbps if ref else None, process, prim_mbps, path_mbps)
+    share, how = share_of(
+        prof.core_share, ref.mbps if ref else None, process, prim_mbps, path_mbps, path_what
+    )
     basis = how.pop("basis")
     rec.update(how)
     if prim_mbps:
@@ -339,3 +396,17 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
         )
     rec.update(share=round(share, 6), basis=basis, vs_core_share=round(share / prof.core_share, 3))
     return rec
+
+
+def _path_mbps(cal: dict, dp: DataPlaneCpu, path: PacketPath | None, rec: dict) -> float | None:
+    """The board path's MB/s for `dp`'s primitive (None where the path states none), noted in
+    `rec`: per packet on the board, spread over the bytes of the datagrams the process was
+    measured with (so both sides of the share are per byte of the same packets)."""
+    pps = path.pps.get(dp.primitive or "") if path else None
+    if not pps:
+        return None
+    size = (cal.get("process_bytes") or {}).get(f"{dp.daemon}:{dp.primitive}") or path.bytes
+    rec.update(board_path_pps=pps, board_path_bytes=size, board_path_source=path.source)
+    if path.program:
+        rec["board_path_program"] = path.program
+    return pps * size / 1e6

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from lab.core.errors import ConfigError, reject_unknown
-from lab.model.boardkernel import BoardKernel, parse_kernel_table
+from lab.model.boardkernel import (
+    BoardKernel,
+    UserspaceDataPlane,
+    parse_kernel_table,
+    parse_userspace_table,
+)
 from lab.model.cpucalibration import CORE_SHARE_MAX, apply_calibration
 from lab.model.storageprofile import StorageModel, parse_storage
 
@@ -85,6 +90,7 @@ NIC_LATENCY_MODES = ("auto", "on", "off")
 
 _TOP_FIELDS = {
     "kernel",
+    "userspace",
     "link",
     "os",
     "name",
@@ -168,6 +174,8 @@ class CpuProfile:
     calibration: dict | None = None  # summary of the merged calibration file
     #: the board's kernel: its data planes' threading and crypto ([kernel], lab.model.boardkernel)
     kernel: BoardKernel | None = None
+    #: the board's userspace data planes' own packet paths ([userspace], lab.model.boardkernel)
+    userspace: dict[str, UserspaceDataPlane] = field(default_factory=dict)
     uncalibrated_reason: str = ""
     #: the board OS's network defaults, sysctl -> value ([os], OS_SYSCTLS), and their source
     os: dict[str, str] = field(default_factory=dict)
@@ -357,6 +365,12 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         raise ConfigError("say where the values come from (source = ...)", source=src, field="os")
     nic = _link_table(data.get("link", {}), src)
     kernel = parse_kernel_table(data.get("kernel"), src, refs, PRIMITIVES)
+    # a userspace path leaves out its cipher, priced by the board's figure for a primitive the
+    # process runs itself (not a kernel driver's, not a loop's)
+    ciphers = {
+        k: r for k, r in refs.items() if r.unit == "MB/s" and PRIMITIVES[k].get("tool") != "kernel"
+    }
+    userspace = parse_userspace_table(data.get("userspace"), src, ciphers)
     return CpuProfile(
         name=name,
         cores=cores,
@@ -376,6 +390,7 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
         arch=_str(data.get("arch", ""), src, "arch"),
         references=refs,
         kernel=kernel,
+        userspace=userspace,
         assumptions=list(assumptions),
         path=src,
     )
