@@ -172,6 +172,57 @@ def test_userspace_single_thread_at_its_primitive(board):
     assert rec["vs_core_share"] == pytest.approx(1.0) and rec["basis"] == "primitive"
 
 
+USERPATH = """
+[userspace.dataplane.openvpn.path]
+bytes = 1300
+program = "OpenVPN 2.6"
+source = "counted"
+confidence = "low"
+[userspace.dataplane.openvpn.path.pps]
+aes-256-cbc = 10000
+"""
+
+
+def openvpn():
+    return DataPlaneCpu("openvpn", "aes-256-cbc", "userspace", threads="one")
+
+
+def test_userspace_path_replaces_the_process_path_at_core_share(board):
+    (board[0] / "board.toml").write_text(PROFILE + USERPATH)
+    # OpenSSL's AES-256-CBC here 240 MB/s per CPU s, openvpn as a whole process 40
+    calibrate(board[1], {"aes-256-cbc": 240.0}, {"openvpn:aes-256-cbc": 40.0})
+    rec = boardkernel.plan(load_cpu_profile("board"), openvpn(), cores=4)
+    # per byte here 25 ns; on the board the cipher at 60 MB/s (16.67 ns) plus the counted path:
+    # 10000 datagrams of 1300 bytes a second = 13 MB/s (76.92 ns)
+    board_ns = 1000 / 60 + 1000 / 13
+    assert rec["groups"] == 1 and rec["threading"] == "one-thread"
+    assert rec["share"] == pytest.approx(25 / board_ns, rel=1e-4)
+    assert rec["board_mbps_predicted"] == pytest.approx(1000 / board_ns, rel=1e-3)
+    assert rec["path"] == "board userspace" and rec["board_path_pps"] == 10000
+    assert rec["board_path_bytes"] == 1300 and rec["board_path_program"] == "OpenVPN 2.6"
+    assert rec["basis"] == "process" and rec["board_reference"] == "aes-256-cbc"
+    # without the table: the process's own non-cipher time (25 - 4.17 ns) at core_share
+    (board[0] / "board.toml").write_text(PROFILE)
+    old = boardkernel.plan(load_cpu_profile("board"), openvpn(), cores=4)
+    assert old["path"] == "stand-in at core_share"
+    assert old["share"] == pytest.approx(25 / (1000 / 60 + (25 - 1000 / 240) / 0.25), rel=1e-4)
+
+
+def test_userspace_path_only_for_its_process_and_primitive(board):
+    (board[0] / "board.toml").write_text(PROFILE + USERPATH)
+    calibrate(
+        board[1],
+        {"aes-256-cbc": 240.0, "aes-128-gcm": 400.0},
+        {"openvpn:aes-256-cbc": 40.0, "openvpn:aes-128-gcm": 50.0, "tincd:aes-256-cbc": 40.0},
+    )
+    prof = load_cpu_profile("board")
+    gcm = DataPlaneCpu("openvpn", "aes-128-gcm", "userspace", threads="one")
+    tinc = DataPlaneCpu("tincd", "aes-256-cbc", "userspace")
+    for dp in (gcm, tinc):
+        rec = boardkernel.plan(prof, dp, cores=4)
+        assert rec["path"] == "stand-in at core_share" and "board_path_pps" not in rec
+
+
 def test_per_cpu_kernel_data_plane_gets_every_core(board):
     calibrate(board[1], {"go-chacha20-poly1305": 1000.0})
     dp = DataPlaneCpu("wireguard-go", "go-chacha20-poly1305", "kernel:wireguard")
@@ -232,6 +283,31 @@ def test_no_kernel_table_keeps_the_stand_ins_threads(board, tmp_path):
 )
 def test_bad_kernel_tables_are_refused_naming_the_field(board, edit, field):
     text = PROFILE + PATH
+    assert edit[0] in text
+    (board[0] / "bad.toml").write_text(text.replace(*edit))
+    with pytest.raises(ConfigError) as e:
+        load_cpu_profile("bad")
+    assert e.value.field == field and "bad.toml" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (("aes-256-cbc = 10000", "aes-128-cbc = 10000"), "userspace.dataplane.openvpn.path.pps.aes-128-cbc"),
+        (("aes-256-cbc = 10000", "kernel-gcm-aes-128 = 10000"), "userspace.dataplane.openvpn.path.pps.kernel-gcm-aes-128"),
+        (("aes-256-cbc = 10000", "aes-256-cbc = 0"), "userspace.dataplane.openvpn.path.pps.aes-256-cbc"),
+        (("aes-256-cbc = 10000", "aes-256-cbc = true"), "userspace.dataplane.openvpn.path.pps.aes-256-cbc"),
+        (('source = "counted"', 'source = ""'), "userspace.dataplane.openvpn.path.source"),
+        (('program = "OpenVPN 2.6"', "program = 2.6"), "userspace.dataplane.openvpn.path.program"),
+        (('confidence = "low"', 'confidence = "certain"'), "userspace.dataplane.openvpn.path.confidence"),
+        (("bytes = 1300", "bytes = 1300.5"), "userspace.dataplane.openvpn.path.bytes"),
+        (("bytes = 1300", "threading = 1"), "userspace.dataplane.openvpn.path.threading"),
+        (("[userspace.dataplane.openvpn.path]", "[userspace.dataplane.openvpn.paths]"), "userspace.dataplane.openvpn.paths"),
+        (("[userspace.dataplane.openvpn.path]", "[userspace.plane.openvpn.path]"), "userspace.plane"),
+    ],
+)  # fmt: skip
+def test_bad_userspace_tables_are_refused_naming_the_field(board, edit, field):
+    text = PROFILE + USERPATH
     assert edit[0] in text
     (board[0] / "bad.toml").write_text(text.replace(*edit))
     with pytest.raises(ConfigError) as e:
