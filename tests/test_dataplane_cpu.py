@@ -411,6 +411,30 @@ def test_calibration_rows_give_each_data_plane_its_share_and_check_it(board):
     assert not any(r["primitive"].startswith("kernel-") for r in rows)
 
 
+def test_calibration_row_of_a_userspace_data_plane_uses_its_board_path(board):
+    from lab.campaign import calibdataplane
+
+    (board[0] / "board.toml").write_text(PROFILE + USERPATH)
+    prof = load_cpu_profile("board", merge_calibration=False)
+    rows = calibdataplane.shares(
+        prof,
+        {"aes-256-cbc": 240.0},
+        processes={"openvpn:aes-256-cbc": {"host_mbps": 40.0, "size": 1000}},
+    )
+    cbc = next(r for r in rows if r["daemon"] == "openvpn")
+    # the path spread over the calibration's 1000-byte datagrams: 10 MB/s, 100 ns a byte
+    assert cbc["path"] == "board userspace" and cbc["board_path_mbps"] == pytest.approx(10)
+    assert cbc["share"] == pytest.approx(25 / (1000 / 60 + 100), rel=1e-4)
+    # and what plan() gives a node from the same figures
+    calibrate(board[1], {"aes-256-cbc": 240.0}, {"openvpn:aes-256-cbc": 40.0})
+    f = board[1] / "board.json"
+    cal = json.loads(f.read_text())
+    cal["processes"]["openvpn:aes-256-cbc"]["size"] = 1000
+    f.write_text(json.dumps(cal))
+    rec = boardkernel.plan(load_cpu_profile("board"), openvpn(), cores=4)
+    assert rec["share"] == pytest.approx(cbc["share"], rel=1e-4)
+
+
 # ------------------------------------------------------------------ on this machine
 
 

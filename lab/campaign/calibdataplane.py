@@ -69,12 +69,18 @@ def shares(
         ref = prof.references[ref_name]
         rec = processes.get(f"{daemon}:{prim}") or {}
         proc = rec.get("host_mbps")
-        # the board kernel's own packet path, where the profile states it (lab.model.boardkernel)
+        # the board's own packet path, where the profile states it (lab.model.boardkernel): the
+        # board kernel's for a stand-in, the program's own for a userspace data plane
         kernel_dp = dp.removeprefix("kernel ") if dp.startswith("kernel ") else None
-        kdp = prof.kernel.dataplanes.get(kernel_dp) if prof.kernel and kernel_dp else None
-        pps = kdp.path.pps.get(prim) if kdp and kdp.path else None
-        path = pps * (rec.get("size") or kdp.path.bytes) / 1e6 if pps else None
-        share, how = share_of(cs, ref.mbps, proc, host_mbps.get(prim), path)
+        if kernel_dp:
+            kdp = prof.kernel.dataplanes.get(kernel_dp) if prof.kernel else None
+            board_path, what = (kdp.path if kdp else None), "board kernel"
+        else:
+            udp = prof.userspace.get(daemon)
+            board_path, what = (udp.path if udp else None), "board userspace"
+        pps = board_path.pps.get(prim) if board_path else None
+        path = pps * (rec.get("size") or board_path.bytes) / 1e6 if pps else None
+        share, how = share_of(cs, ref.mbps, proc, host_mbps.get(prim), path, what)
         row = {
             "dataplane": dp,
             "daemon": daemon,
