@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""TCP that stops as it streams against a fixed-length run (issue 33 item 5, must-show 4).
+
+    sudo .venv/bin/python bench/adaptive_tcp.py [--fixed-s 60] [--cap-s 300] [--cases N]
+
+For each case (a study A profile at a study A impairment point, two Pi 4 emulations, tcp
+client-to-server, the plan's rule: +-5 % at 95 %, 10 s minimum) the test runs twice in the same
+lab, the order alternating between cases: **fixed**, one connection of --fixed-s seconds (the
+same test with adaptive_min_s = its length, so it cannot stop and its record holds the interval
+of its own receiver-side per-second rates at the end); **adaptive**, the plan's test with a cap
+of --cap-s (study A: 300 s) that stops as it streams (lab/measure/tcpstream.py). The fixed run's
+95 % interval is its receiver rate +- the half-width of the batch-means t interval of its
+per-second rates after MSER-5 (bench/adaptive.py's arithmetic); a case passes when the adaptive
+rate lies inside it.
+
+Prints one JSON line per case, then a Markdown table, and writes every record to
+/tmp/lab-bench-adaptive-tcp.json (which bench/study_time.py --tcp-bench reads: the adaptive
+legs' seconds per point group). The figures move with this 2-core machine's other load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.adaptive import fixed_interval, run_test  # noqa: E402
+from lab.campaign.load import load_plan  # noqa: E402
+from lab.core.errors import LabError  # noqa: E402
+from lab.core.state import new_lab_id  # noqa: E402
+from lab.substrate.local.preflight import preflight  # noqa: E402
+from lab.substrate.local.substrate import LocalSubstrate  # noqa: E402
+from lab.vpn.profiles import load_profile  # noqa: E402
+
+PROFILES = (
+    "baseline,ipsec-aes128gcm,ipsec-aes256gcm,ipsec-chacha20poly1305,"
+    "openvpn-aes256cbc-static,wireguard"
+)
+#: (profile, study A point): every point group (delay, jitter, loss, a preset) and profile
+CASES = [
+    ("wireguard", "delay-40ms"),
+    ("baseline", "delay-80ms"),
+    ("ipsec-aes128gcm", "delay-20ms"),
+    ("openvpn-aes256cbc-static", "delay-60ms"),
+    ("ipsec-chacha20poly1305", "jitter-5ms"),
+    ("wireguard", "jitter-2ms"),
+    ("baseline", "loss-1pct"),
+    ("ipsec-aes256gcm", "loss-0.5pct"),
+    ("wireguard", "loss-2.5pct"),
+    ("openvpn-aes256cbc-static", "network1"),
+    ("ipsec-aes256gcm", "network2"),
+    ("baseline", "delay-10ms"),
+]
+OUT = Path("/tmp/lab-bench-adaptive-tcp.json")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fixed-s", type=float, default=60.0, help="fixed run's length (s)")
+    ap.add_argument("--cap-s", type=float, default=300.0, help="adaptive run's cap (s)")
+    ap.add_argument("--cases", type=int, default=len(CASES))
+    a = ap.parse_args()
+    plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
+    spec = preflight(plan)
+    points = {p.name: p for p in plan.points}
+    tcp = plan.tests[0].params
+    target = LocalSubstrate()
+    raw = Path(tempfile.mkdtemp(prefix="lab-bench-adaptive-tcp-"))
+    rows, dump = [], []
+    t_all = time.monotonic()
+    load0 = os.getloadavg()
+    for n, (profile, cond) in enumerate(CASES[: a.cases]):
+        pt = points[cond]
+        lab = None
+        runs: dict[str, dict] = {}
+        try:
+            for attempt in (1, 2):
+                try:
+                    lab = target.up(spec, new_lab_id("stream"), load_profile(profile), pt,
+                                    plan.placement, )  # fmt: skip
+                    target.apply_point(lab, pt, built_impaired=True)
+                    for mode in ("fixed", "adaptive") if n % 2 == 0 else ("adaptive", "fixed"):
+                        p = dict(tcp, adaptive=True)
+                        if mode == "fixed":
+                            p.update(duration_s=a.fixed_s, adaptive_min_s=a.fixed_s)
+                        else:
+                            p["duration_s"] = a.cap_s
+                        t0 = time.monotonic()
+                        runs[mode] = run_test(lab, "tcp", p, raw / f"{n}-{mode}-{attempt}")
+                        runs[mode]["wall_s"] = time.monotonic() - t0
+                    break
+                except (RuntimeError, LabError) as e:
+                    print(f"# {profile} {cond}: {e}; again in a fresh lab", flush=True)
+                    if attempt == 2:
+                        raise
+                    if lab is not None:
+                        target.down(lab.id)
+                        lab = None
+        finally:
+            if lab is not None:
+                target.down(lab.id)
+        fig, lo, hi = fixed_interval("tcp", runs["fixed"])
+        ad = runs["adaptive"]
+        row = {
+            "profile": profile,
+            "condition": cond,
+            "group": pt.group,
+            "fixed_s": runs["fixed"]["measured_s"],
+            "fixed": fig * 1e-6,
+            "low": lo * 1e-6,
+            "high": hi * 1e-6,
+            "adaptive": ad["receiver_bps"] * 1e-6,
+            "adaptive_wall_s": ad["wall_s"],
+            "measured_s": ad["measured_s"],
+            "reason": ad["stop_reason"],
+            "mechanism": ad["adaptive"].get("mechanism"),
+            "ci_rel_pct": ad["ci_rel_pct"],
+            "inside": lo <= ad["receiver_bps"] <= hi,
+        }
+        rows.append(row)
+        dump.append({"row": row, "fixed": runs["fixed"], "adaptive": ad})
+        print(json.dumps(row), flush=True)
+        OUT.write_text(json.dumps({"cap_s": a.cap_s, "fixed_s": a.fixed_s, "cases": dump},
+                                  indent=1, default=str))  # fmt: skip
+    print(f"\nfixed {a.fixed_s:g} s, adaptive cap {a.cap_s:g} s; load {load0} -> {os.getloadavg()}")
+    print(
+        "| profile | point | fixed: Mbit/s [95 % interval] | adaptive: Mbit/s, measured s, "
+        "stop, +-reached | inside |"
+    )
+    print("|---|---|---|---|---|")
+    for r in rows:
+        ci = "" if r["ci_rel_pct"] is None else f"{r['ci_rel_pct']:.1f} %"
+        print(
+            f"| {r['profile']} | {r['condition']} | {r['fixed']:.2f} [{r['low']:.2f}, "
+            f"{r['high']:.2f}] | {r['adaptive']:.2f}, {r['measured_s']:.0f} s, {r['reason']}, "
+            f"{ci} | {'yes' if r['inside'] else 'NO'} |"
+        )
+    inside = sum(r["inside"] for r in rows)
+    print(
+        f"\n{inside}/{len(rows)} adaptive rates inside the fixed run's 95 % interval; adaptive "
+        f"measured {sum(r['measured_s'] for r in rows):.0f} s of {a.cap_s * len(rows):.0f} s "
+        f"requested; wall {time.monotonic() - t_all:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
