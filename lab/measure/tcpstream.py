@@ -68,7 +68,7 @@ def bytes_received(ss_text: str) -> int | None:
 class LiveSeries:
     """The receiver's per-second rates (bit/s) from cumulative byte counts sampled while the
     test runs: rate = delta bytes x 8 / delta t. Samples before the first count, and those in
-    iperf3's omit (-O) seconds, make no rate."""
+    iperf3's omit (-O) seconds (an interval starting in them), make no rate."""
 
     omit_s: float = 0.0
     rates: list[float] = field(default_factory=list)
@@ -82,7 +82,7 @@ class LiveSeries:
             self._t0 = t
         if self._last is not None:
             t1, b1 = self._last
-            if t > t1 and t - self._t0 > self.omit_s:
+            if t > t1 and t1 - self._t0 >= self.omit_s:
                 self.rates.append((total - b1) * 8 / (t - t1))
         self._last = (t, total)
 
