@@ -14,7 +14,7 @@ per-second rates after MSER-5 (bench/adaptive.py's arithmetic); a case passes wh
 rate lies inside it.
 
 Prints one JSON line per case, then a Markdown table, and writes every record to
-/tmp/lab-bench-adaptive-tcp.json (which bench/study_time.py --tcp-bench reads: the adaptive
+/tmp/lab-bench-adaptive-tcp.json or --out (which bench/study_time.py --tcp-bench reads: the adaptive
 legs' seconds per point group). The figures move with this 2-core machine's other load.
 """
 
@@ -65,6 +65,8 @@ def main() -> int:
     ap.add_argument("--fixed-s", type=float, default=60.0, help="fixed run's length (s)")
     ap.add_argument("--cap-s", type=float, default=300.0, help="adaptive run's cap (s)")
     ap.add_argument("--cases", type=int, default=len(CASES))
+    ap.add_argument("--rel-pct", type=float, help="adaptive leg's adaptive_rel_pct (the plan's)")
+    ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
     spec = preflight(plan)
@@ -91,6 +93,8 @@ def main() -> int:
                             p.update(duration_s=a.fixed_s, adaptive_min_s=a.fixed_s)
                         else:
                             p["duration_s"] = a.cap_s
+                            if a.rel_pct is not None:
+                                p["adaptive_rel_pct"] = a.rel_pct
                         t0 = time.monotonic()
                         runs[mode] = run_test(lab, "tcp", p, raw / f"{n}-{mode}-{attempt}")
                         runs[mode]["wall_s"] = time.monotonic() - t0
@@ -126,9 +130,13 @@ def main() -> int:
         rows.append(row)
         dump.append({"row": row, "fixed": runs["fixed"], "adaptive": ad})
         print(json.dumps(row), flush=True)
-        OUT.write_text(json.dumps({"cap_s": a.cap_s, "fixed_s": a.fixed_s, "cases": dump},
-                                  indent=1, default=str))  # fmt: skip
-    print(f"\nfixed {a.fixed_s:g} s, adaptive cap {a.cap_s:g} s; load {load0} -> {os.getloadavg()}")
+        doc = {"cap_s": a.cap_s, "fixed_s": a.fixed_s, "rel_pct": a.rel_pct, "cases": dump}
+        a.out.write_text(json.dumps(doc, indent=1, default=str))
+    rel = a.rel_pct if a.rel_pct is not None else tcp["adaptive_rel_pct"]
+    print(
+        f"\nfixed {a.fixed_s:g} s, adaptive cap {a.cap_s:g} s, target +-{rel:g} %; "
+        f"load {load0} -> {os.getloadavg()}"
+    )
     print(
         "| profile | point | fixed: Mbit/s [95 % interval] | adaptive: Mbit/s, measured s, "
         "stop, +-reached | inside |"
