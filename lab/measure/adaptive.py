@@ -8,7 +8,9 @@ adaptive tcp/udp test runs a first segment of ``adaptive_min_s`` + 5 s (room for
 drop a warm-up), applies the rule to its per-second intervals, and when the interval is still
 too wide runs one more segment as long as the rule estimates it needs (the t interval's
 current spread, plus the warm-up again, since each segment is a new connection), until the
-rule is met or the plan's duration (the cap) is spent. That is for udp only: a new TCP
+rule is met or the plan's duration (the cap) is spent. (A tcp test now stops as it streams,
+lab/measure/tcpstream.py; it runs segments only where the receiving node has no ss.) For udp
+only: a new TCP
 connection starts faster than a loss-bound stream runs, so a tcp test whose first segment is
 not settled runs once more as one connection for the plan's full duration, which alone counts
 (the fixed-length test; `fixed_after_s` in its record says how long the first try took). Each segment's JSON is complete, so the

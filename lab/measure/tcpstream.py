@@ -37,7 +37,7 @@ from typing import Any
 from lab.core.node import Node
 from lab.measure.adaptive import _info, receiver_rates
 from lab.measure.base import Context, MeasurementFailed, collected, describe_failure
-from lab.measure.iperf3 import _common, _intervals, _per_stream, parse_iperf3_tcp
+from lab.measure.iperf3 import _common, _intervals, parse_iperf3_tcp
 from lab.model.stoprule import Decision, Rule, evaluate
 
 #: seconds between two ss samples: iperf3's -i 1, so one live rate per reported interval
@@ -160,12 +160,12 @@ def stopped_metrics(client: dict[str, Any], server: dict[str, Any]) -> dict[str,
     mss_set = bool(start.get("tcp_mss"))
     cpu_c = (client.get("end") or {}).get("cpu_utilization_percent", {})
     cpu_s = (server.get("end") or {}).get("cpu_utilization_percent", {})
-    streams = _per_stream(client, udp=False, client_sends=not reverse) if client.get("end") else []
     return {
         **common,
         "server_intervals": _intervals(server, udp=False),
         "streams": start.get("test_start", {}).get("num_streams"),
-        "per_stream": streams,
+        # the client's end.streams after SIGINT hold no receiver figures: none rather than zeros
+        "per_stream": [],
         "sender_bps": snd_bps,
         "receiver_bps": rcv_bps,
         "sender_bytes": snd_bytes,
