@@ -77,8 +77,19 @@ def test_a_stopped_tests_figures_are_each_ends_whole_intervals():
     assert m["sender_bytes"] == SERVER_BYTES  # the client's first four seconds, byte for byte
     assert m["sender_bps"] == pytest.approx(SERVER_BYTES * 8 / CLIENT_SECONDS)
     assert m["retransmits"] == 0
-    assert len(m["server_intervals"]) == 5 and len(m["intervals"]) == 5  # as iperf3 wrote them
+    # whole seconds, each once (iperf3 wrote 5 each: a repeat, a part-second)
+    assert len(m["server_intervals"]) == 4 and len(m["intervals"]) == 4
+    assert m["warmup_s"] == 0
     assert m["iperf3_version"] == "iperf 3.12"
+
+
+def test_a_stopped_tests_figures_leave_out_the_warm_up_the_rule_dropped():
+    m = stopped_metrics(json.loads(CLIENT), json.loads(SERVER), warmup=1)
+    rest = SERVER_BYTES - 25034752
+    assert m["receiver_bytes"] == rest
+    assert m["receiver_bps"] == pytest.approx(rest * 8 / (SERVER_SECONDS - 1.000084))
+    assert m["warmup_s"] == pytest.approx(1.000084)
+    assert [iv["omitted"] for iv in m["server_intervals"]] == [True, False, False, False]
 
 
 def test_a_stopped_test_without_the_servers_document_fails_clearly():

@@ -37,8 +37,8 @@ from typing import Any
 from lab.core.node import Node
 from lab.measure.adaptive import _info, receiver_rates
 from lab.measure.base import Context, MeasurementFailed, collected, describe_failure
-from lab.measure.iperf3 import _common, _intervals, parse_iperf3_tcp
-from lab.model.stoprule import Decision, Rule, evaluate
+from lab.measure.iperf3 import _common, parse_iperf3_tcp
+from lab.model.stoprule import Decision, Rule, evaluate, mser5
 
 #: seconds between two ss samples: iperf3's -i 1, so one live rate per reported interval
 SAMPLE_S = 1.0
@@ -141,10 +141,25 @@ def _rate(ivs: list[dict[str, Any]]) -> tuple[float | None, int, float]:
     return (nbytes * 8 / secs if secs else None), nbytes, secs
 
 
-def stopped_metrics(client: dict[str, Any], server: dict[str, Any]) -> dict[str, Any]:
+def _rows(ivs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Whole intervals as the record's `intervals` rows (lab.measure.iperf3._intervals)."""
+    out = []
+    for s in ivs:
+        row = {"start": s["start"], "end": s["end"], "bps": s["bits_per_second"]}
+        row["omitted"] = bool(s.get("omitted", False))
+        if "retransmits" in s:
+            row["retransmits"] = s["retransmits"]
+        out.append(row)
+    return out
+
+
+def stopped_metrics(
+    client: dict[str, Any], server: dict[str, Any], *, warmup: int = 0
+) -> dict[str, Any]:
     """The tcp metrics of a test stopped early, from the client's document (SIGINT) and the
-    server's: each side's complete per-second intervals; the receiver is the server unless the
-    client ran -R. Raises MeasurementFailed when a document is not the stopped test's."""
+    server's: each side's complete per-second intervals after the first `warmup` (the seconds
+    the rule dropped, as iperf3's -O would); the receiver is the server unless the client ran
+    -R. Raises MeasurementFailed when a document is not the stopped test's."""
     for who, doc in (("client", client), ("server", server)):
         if "start" not in doc or not doc.get("intervals"):
             err = doc.get("error") or "no intervals"
@@ -152,7 +167,7 @@ def stopped_metrics(client: dict[str, Any], server: dict[str, Any]) -> dict[str,
     common = _common(client)
     reverse = common["direction"] == "server-to-client"
     sender, receiver = (server, client) if reverse else (client, server)
-    snd_ivs, rcv_ivs = _full_intervals(sender), _full_intervals(receiver)
+    snd_ivs, rcv_ivs = _full_intervals(sender)[warmup:], _full_intervals(receiver)[warmup:]
     snd_bps, snd_bytes, _ = _rate(snd_ivs)
     rcv_bps, rcv_bytes, rcv_s = _rate(rcv_ivs)
     retr = [s.get("retransmits") for s in snd_ivs if not s.get("omitted")]
@@ -162,7 +177,8 @@ def stopped_metrics(client: dict[str, Any], server: dict[str, Any]) -> dict[str,
     cpu_s = (server.get("end") or {}).get("cpu_utilization_percent", {})
     return {
         **common,
-        "server_intervals": _intervals(server, udp=False),
+        # each end's whole seconds, the warm-up included (marked omitted, as -O marks them)
+        "server_intervals": _marked(server, warmup),
         "streams": start.get("test_start", {}).get("num_streams"),
         # the client's end.streams after SIGINT hold no receiver figures: none rather than zeros
         "per_stream": [],
@@ -177,8 +193,16 @@ def stopped_metrics(client: dict[str, Any], server: dict[str, Any]) -> dict[str,
         "duration_s": rcv_s,
         "cpu_client_pct": cpu_c.get("host_total"),
         "cpu_server_pct": cpu_s.get("host_total"),
-        "intervals": _intervals(client, udp=False),
+        "intervals": _marked(client, warmup),
+        "warmup_s": sum(r["end"] - r["start"] for r in _rows(_full_intervals(receiver)[:warmup])),
     }
+
+
+def _marked(doc: dict[str, Any], warmup: int) -> list[dict[str, Any]]:
+    rows = _rows(_full_intervals(doc))
+    for r in rows[:warmup]:
+        r["omitted"] = True
+    return rows
 
 
 def server_document(read_log: Callable[[], str], *, wait_s: float = SERVER_REPORT_S) -> dict:
@@ -270,10 +294,13 @@ def run_streaming(
         client_doc = json.loads(inv.stdout)
     except ValueError:
         raise MeasurementFailed(describe_failure(inv, "iperf3") + " (no JSON output)") from None
-    metrics = stopped_metrics(client_doc, server_document(read_server_log))
-    rates = receiver_rates(metrics)
-    d = evaluate(rates, flat, elapsed_s=len(rates) * SAMPLE_S, cap_s=cap_s)
-    ran = metrics["duration_s"]
+    server_doc = server_document(read_server_log)
+    whole = receiver_rates(stopped_metrics(client_doc, server_doc))
+    drop = mser5(whole)  # the warm-up, picked on iperf3's own receiver rates
+    d = evaluate(whole[drop:], replace(rule, warmup_s=0.0), elapsed_s=len(whole), cap_s=cap_s)
+    d = replace(d, warmup_samples=drop)
+    metrics = stopped_metrics(client_doc, server_doc, warmup=drop)
+    ran = metrics["duration_s"] + metrics["warmup_s"]
     info = _info("ci", d, rule, measured_s=ran, cap_s=cap_s, unit="bit/s")
     live = decision.interval if decision is not None else None
     info.update(
