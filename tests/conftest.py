@@ -235,3 +235,9 @@ def router_capture(lab, pcap: Path):
     finally:
         tcpdump.terminate()
         tcpdump.wait(timeout=5)
+
+
+def captured(lab, pcap: Path, flt: str) -> int:
+    """How many packets of a router_capture `pcap` match the tcpdump filter `flt` (read on the
+    router, which wrote it; a filter tcpdump refuses is an error, not 0)."""
+    return len(lab.node("router").run(["tcpdump", "-r", str(pcap), "-n", flt]).stdout.splitlines())

@@ -87,6 +87,38 @@ def test_profile_parameters_table_with_override(monkeypatch):
     assert "encap" in text and "true or false" in text
 
 
+def test_profile_list_says_which_profiles_rekey_on_demand(monkeypatch, capsys):
+    """`lab profiles`: a column (and in --json a field) from Driver.rekey_support, what the
+    handshake test's forced rekey needs; `lab profiles NAME` says how, or why not."""
+    static = "openvpn-aes256cbc-static"
+    assert main(["profiles", "--json"]) == 0
+    rows = {r["profile"]: r for r in json.loads(capsys.readouterr().out)}
+    for name, r in rows.items():
+        if r["driver"] is None:  # a broken file: no driver to ask
+            assert r["rekey"] is None, name
+            continue
+        prof = load_profile(name)
+        want = prof.driver.rekey_support(prof.params)
+        assert r["rekey"] == {"ok": want.ok, "how": want.how}, name
+    assert rows["ipsec-modern"]["rekey"]["ok"] and not rows["wireguard"]["rekey"]["ok"]
+    assert rows["openvpn-tls"]["rekey"]["ok"] and not rows[static]["rekey"]["ok"]
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cliprofiles, "out", Console(file=buf, width=400))
+    assert main(["profiles"]) == 0
+    lines = buf.getvalue().splitlines()
+    head = next(ln for ln in lines if "rekey on demand" in ln)
+    cols = [c.strip() for c in re.split(r"[│┃|]", head)[1:-1]]
+    at = cols.index("rekey on demand")
+    for name, want in [("ipsec-modern", "yes"), ("wireguard", "no"), (static, "no")]:
+        line = next(ln for ln in lines if re.match(rf"│ {re.escape(name)} +│", ln))
+        assert [c.strip() for c in line.split("│")[1:-1]][at] == want, line
+
+    buf.truncate(0)
+    assert main(["profiles", static]) == 0
+    assert "rekey on demand: no: static-key mode has no key exchange" in buf.getvalue()
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [

@@ -29,6 +29,17 @@ def test_a_near_miss_gets_a_suggestion():
     assert "'treading': did you mean 'threading'?" in e.value.message
 
 
+def test_a_key_without_its_unit_suffix_gets_the_same_suggestion_as_did_you_mean():
+    # difflib alone rates 'rate' ~0.62 like 'rate_mbit': below reject_unknown's ratio, yet
+    # did_you_mean (plan keys) suggested it; both read near_misses now
+    from lab.core.errors import did_you_mean
+
+    with pytest.raises(ConfigError) as e:
+        reject_unknown({"rate": 1}, ["rate_mbit", "crypto"], source="p.toml")
+    assert "'rate': did you mean 'rate_mbit'?" in e.value.message
+    assert did_you_mean("rate", ["rate_mbit", "crypto"]) == " (did you mean 'rate_mbit'?)"
+
+
 def test_a_board_profile_storage_typo_goes_through_it(tmp_path):
     from lab.model.storageprofile import parse_storage
 

@@ -20,7 +20,7 @@ from lab.substrate.local.build import up
 from lab.vpn.drivers.nebula import IFNAME
 from lab.vpn.profiles import load_profile
 from lab.vpn.tunnel import make_context, plan, redact, render, secret_values
-from tests.conftest import TOPOS, lab_traces, run_lab
+from tests.conftest import TOPOS, captured, lab_traces, run_lab
 from tests.test_vpn_integration import capture_marker, largest_df_payload
 
 PROFILES = {"nebula-aes": "aes", "nebula-chacha": "chachapoly"}
@@ -233,9 +233,7 @@ def test_profile_up_under_pi4_caps(profile, lab_id):
         seen, size = capture_marker(lab, "10.99.0.2")
         assert size > 200 and not seen, "plaintext marker on the router's wire"
         # nebula's packets crossed the router as UDP 4242 (the marker went through the tunnel)
-        pcap = lab.dir / "test-capture.pcap"
-        cp = lab.node("router").run(["tcpdump", "-r", str(pcap), "-n", "udp port 4242"])
-        assert len(cp.stdout.splitlines()) >= 5
+        assert captured(lab, lab.dir / "test-capture.pcap", "udp port 4242") >= 5
 
         assert largest_df_payload(client, "10.99.0.2", 1300 - 27) + 28 == 1300
         record = (lab.dir / "lab.json").read_text()

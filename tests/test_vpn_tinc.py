@@ -22,7 +22,7 @@ from lab.vpn.profiles import load_profile
 from lab.vpn.drivers.tinc import CIPHERS, TincDriver
 from lab.vpn.teardown import tear_down
 from lab.vpn.tunnel import make_context, plan, redact, render, secret_values
-from tests.conftest import TOPOS, lab_traces, router_capture
+from tests.conftest import TOPOS, captured, lab_traces, router_capture
 
 REPO = Path(__file__).resolve().parent.parent
 TINC = ("tinc", "tinc-nocipher", "tinc-nodigest", "tinc-none")
@@ -195,14 +195,9 @@ def test_data_plane_is_udp_not_the_tcp_meta_connection(lab_id):
             lab.node("client").run(
                 ["ping", "-c", "20", "-i", "0.01", "-s", "1000", "-W", "2", "10.99.0.2"]
             )
-
-        def count(flt: str) -> int:
-            cp = lab.node("router").run(["tcpdump", "-r", str(pcap), "-n", flt], check=False)
-            return len(cp.stdout.splitlines())
-
         # 20 requests + 20 replies, 1028 B of IP each, in tinc's UDP packets
-        assert count("udp port 655 and greater 1050") >= 40
-        assert count("tcp port 655 and greater 1000") == 0
+        assert captured(lab, pcap, "udp port 655 and greater 1050") >= 40
+        assert captured(lab, pcap, "tcp port 655 and greater 1000") == 0
         d = lab.info["vpn"]["describe"]
         assert (d["transport"], d["cipher"], d["openssl_legacy_provider"]) == (
             "udp",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.table import Table
@@ -110,15 +111,26 @@ def profile_list(*, as_json: bool) -> int:
                     "study": prof.study,
                     "description": prof.description,
                     **availability(prof),
+                    # can the handshake test force a rekey (Driver.trigger_rekey), and how
+                    "rekey": asdict(prof.driver.rekey_support(prof.params)),
                 }
             )
         except LabError as e:  # one broken file must not hide the others
-            rows.append({"profile": name, "driver": None, "ok": False, "path": None, "why": str(e)})
+            rows.append({"profile": name, "driver": None, "ok": False, "path": None, "why": str(e),
+                         "rekey": None})  # fmt: skip
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
     t = Table(title="VPN profiles", title_justify="left")
-    for col in ("profile", "driver", "study", "runs here", "data plane", "why not"):
+    for col in (
+        "profile",
+        "driver",
+        "study",
+        "runs here",
+        "data plane",
+        "rekey on demand",
+        "why not",
+    ):
         t.add_column(col)
     for r in rows:
         t.add_row(
@@ -127,10 +139,14 @@ def profile_list(*, as_json: bool) -> int:
             r.get("study") or "",
             "yes" if r["ok"] else "no",
             r["path"] or "-",
+            "-" if r["rekey"] is None else "yes" if r["rekey"]["ok"] else "no",
             r["why"] or "",
         )
     out.print(t)
-    out.print("`lab profiles NAME` shows one profile's parameters", highlight=False)
+    out.print(
+        "`lab profiles NAME` shows one profile's parameters and how (or why not) it rekeys",
+        highlight=False,
+    )
     return 0
 
 
@@ -171,8 +187,10 @@ def profile_detail(spec: str, *, as_json: bool) -> int:
     prof = load_profile(spec, where="lab profiles NAME")
     rows = param_rows(prof)
     avail = availability(prof)
+    rekey = prof.driver.rekey_support(prof.params)
     if as_json:
-        print(json.dumps({**prof.to_json(), "availability": avail, "parameters": rows}, indent=2))
+        rec = {**prof.to_json(), "availability": avail, "rekey": asdict(rekey), "parameters": rows}
+        print(json.dumps(rec, indent=2))
         return 0
     out.print(
         f"{prof.name} ({prof.path}): driver {prof.driver_name}"
@@ -183,6 +201,11 @@ def profile_detail(spec: str, *, as_json: bool) -> int:
     )
     here = f"yes, data plane {avail['path']}" if avail["ok"] else f"no: {avail['why']}"
     out.print(f"runs here: {here}", markup=False, highlight=False)
+    out.print(
+        f"rekey on demand: {'yes' if rekey.ok else 'no'}: {rekey.how}",
+        markup=False,
+        highlight=False,
+    )
     t = Table(title=f"parameters (override: --vpn {prof.name}:key=value,...)", title_justify="left")
     for col in ("param", "type", "value", "default", "accepted", "meaning"):
         t.add_column(col, overflow="fold")

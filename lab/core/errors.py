@@ -49,26 +49,31 @@ class ConfigErrors(ConfigError):
         self.field = flat[0].field if flat else None  # the first problem's, for code reading one
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """ " (did you mean 'x'?)" for the nearest of `choices` to a mistyped `word`, else "".
-
-    A word that is a choice without its unit suffix (`duration` for `duration_s`, `rate` for
-    `rate_mbit`) counts as near, whatever difflib's ratio says."""
+def near_misses(word: str, choices: Iterable, *, most: int = 2, cutoff: float = 0.6) -> list[str]:
+    """The `choices` (at most `most`, nearest first) that a mistyped `word` likely meant: those
+    difflib finds at least `cutoff` alike, then any the word is without its unit suffix
+    (`duration` for `duration_s`, `rate` for `rate_mbit`), whatever difflib's ratio says."""
     choices = [c for c in choices if isinstance(c, str)]
     if not isinstance(word, str) or not word or word in choices:
-        return ""
-    near = difflib.get_close_matches(word, choices, n=2, cutoff=0.6)
+        return []
+    near = difflib.get_close_matches(word, choices, n=most, cutoff=cutoff)
     near += [c for c in choices if c.startswith(word + "_") and c not in near]
-    if not near:
-        return ""
-    return f" (did you mean {' or '.join(repr(c) for c in near[:2])}?)"
+    return near[:most]
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """ " (did you mean 'x'?)" for the nearest of `choices` to a mistyped `word` (near_misses),
+    else ""."""
+    near = near_misses(word, choices)
+    return f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""
 
 
 def reject_unknown(
     table: Iterable, accepted: Iterable, *, source: str | None, where: str = ""
 ) -> None:
     """Refuse the keys of `table` not in `accepted`: ConfigError naming the first unknown key as
-    the field (under `where`), every unknown one, a near miss's likely meaning, and the accepted
+    the field (under `where`), every unknown one, a near miss's likely meaning (near_misses, the
+    nearest only and by a stricter ratio, as the message may list several), and the accepted
     keys in the order given."""
     accepted = list(accepted)
     unknown = sorted(set(map(str, table)) - set(map(str, accepted)))
@@ -77,7 +82,7 @@ def reject_unknown(
     hints = [
         f"{u!r}: did you mean {close[0]!r}?"
         for u in unknown
-        if (close := difflib.get_close_matches(u, accepted, n=1, cutoff=0.75))
+        if (close := near_misses(u, map(str, accepted), most=1, cutoff=0.75))
     ]
     raise ConfigError(
         f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"

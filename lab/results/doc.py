@@ -299,11 +299,29 @@ METRIC_NAMES = {
     "loss_pct": "loss",
     "jitter_ms": "jitter",
     "echo_replies": "echo replies",
+    "handshake_ms": "handshake time",
 }
+
+#: unit endings of metric columns that their readable name leaves out: the report prints the
+#: unit beside the name ("responsiveness (RPM)", not "responsiveness rpm (RPM)")
+UNIT_SUFFIXES = ("_bps", "_ms", "_us", "_s", "_pct", "_rpm")
 
 
 def metric_name(col: str) -> str:
-    return METRIC_NAMES.get(col, col.replace("_", " "))
+    """A metric column's readable name, without its unit (METRIC_NAMES, else the column's words
+    less a unit ending)."""
+    if col in METRIC_NAMES:
+        return METRIC_NAMES[col]
+    suffix = next((s for s in UNIT_SUFFIXES if col.endswith(s) and len(col) > len(s)), "")
+    return col.removesuffix(suffix).replace("_", " ")
+
+
+def labelled(label: str, name: str) -> str:
+    """'<label> <name>', or `name` alone where it starts with the label's words already (a
+    test labelled by its kind: "handshake time", not "handshake handshake time")."""
+    if name == label or name.startswith(label + " "):
+        return name
+    return f"{label} {name}"
 
 
 def host_ncores(results) -> int | None:

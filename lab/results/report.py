@@ -23,6 +23,7 @@ from lab.results.doc import (
     fmt_value,
     host_ncores,
     mean_of,
+    labelled,
     metric_name,
     in_order,
     primary,
@@ -97,24 +98,30 @@ def generate(run_path: Path) -> dict:
 
 def headline(table, profiles, points, labels, plan) -> dict:
     """The figures `lab run` ends with: per profile and network condition, each test's primary
-    metric as mean ± sd (n) over the successful repetitions of its first record."""
+    metric as mean ± sd (n) over the successful repetitions; a test whose records are several
+    points (a bidir test's directions, mtu's families) has a column per point, named as its
+    table is."""
     tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
-    cols = [
-        lb
-        for lb in labels
-        if not draws(tests.get(lb, ""), "rate-sweep") and rows_where(table, test_label=lb)
-    ]
+    cols = []  # (label, point)
     header = ["profile", "condition"]
-    for lb in cols:
+    for lb in labels:
+        rows_l = rows_where(table, test_label=lb)
+        if draws(tests.get(lb, ""), "rate-sweep") or not rows_l:
+            continue
         col, unit, _, _ = primary(tests[lb])
-        header.append(f"{lb} {metric_name(col)} ({unit.split()[0]})")
+        npoints = sorted({r["point"] for r in rows_l})
+        for pidx in npoints:
+            which = _point_words(rows_l, pidx, len(npoints))
+            name = labelled(lb, metric_name(col)) + (f", {which}" if which else "")
+            header.append(f"{name} ({unit.split()[0]})")
+            cols.append((lb, pidx))
     rows = []
     for prof in profiles:
         for pt in in_order([r["impairment"] for r in table], points):
             cells = []
-            for lb in cols:
+            for lb, pidx in cols:
                 col, _, scale, _ = primary(tests[lb])
-                all_rs = rows_where(table, test_label=lb, profile=prof, impairment=pt, point=0)
+                all_rs = rows_where(table, test_label=lb, profile=prof, impairment=pt, point=pidx)
                 rs = [r for r in all_rs if r["ok"]]
                 failed = len(all_rs) - len(rs)
                 cells.append(
@@ -199,23 +206,26 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
                     failed = len(all_rs) - len(rs)
                     row.append(c + (f" [{failed} failed]" if failed else ""))
                 out.append(row)
-            dirs = point_directions(rows_l)
-            what = f", {dirs[pidx]}" if dirs else _point_name(rows_l, pidx, len(npoints))
+            which = _point_words(rows_l, pidx, len(npoints))
+            what = f", {which}" if point_directions(rows_l) else f" ({which})" if which else ""
             doc.p(f"**{label}** ({test}{what}): {metric_name(col)} ({unit.split()[0]})")
             doc.table(header, out)
             _not_applicable_note(doc, rows_where(rows_l, point=pidx))
     _cpu_table(doc, table, profiles, labels, tests, results, manifest)
 
 
-def _point_name(rows_l: list[dict], pidx: int, npoints: int) -> str:
-    """' (IPv6)' for a point whose rows all probed one family other points do not (mtu's
-    families), else ' (point N)'; '' for a test of one point."""
+def _point_words(rows_l: list[dict], pidx: int, npoints: int) -> str:
+    """What a point of a test is: its direction where the points are directions (a bidir test),
+    'IPv6' for a point whose rows all probed one family other points do not (mtu's families),
+    else 'point N'; '' for a test of one point."""
     if npoints < 2:
         return ""
+    if dirs := point_directions(rows_l):
+        return dirs[pidx]
     ips = {r["ip"] for r in rows_where(rows_l, point=pidx)}
     if len(ips) == 1 and len({r["ip"] for r in rows_l}) > 1:
-        return f" (IPv{ips.pop()})"
-    return f" (point {pidx})"
+        return f"IPv{ips.pop()}"
+    return f"point {pidx}"
 
 
 def _not_applicable_note(doc: Doc, rows_p: list[dict]) -> None:

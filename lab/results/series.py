@@ -233,9 +233,11 @@ def rtt_samples(entry: dict) -> list[float]:
     return [s["rtt_ms"] for s in _first_record(entry).get("rtts") or [] if "rtt_ms" in s]
 
 
-def rtt_cdf(results: list[dict], plan: dict, label: str) -> dict:
-    """Empirical CDF of every RTT sample of `label` (all repetitions pooled) per profile (line)
-    and network condition (panel), where a profile has at least CDF_MIN_SAMPLES samples."""
+def _cdf_panels(results: list[dict], plan: dict, label: str, lines: dict, least: int) -> dict:
+    """The panels of an empirical CDF of `label`'s samples, repetitions pooled: one panel per
+    network condition (plan order), one line per profile and entry of `lines` (a suffix of the
+    line's name, "" for none, and the function that reads an entry's samples), where the line
+    has at least `least` samples."""
     profiles = plan.get("profiles", [])
     points = [p["name"] for p in plan.get("impairments", [])]
     rs = [r for r in _ok(results) if r.get("label") == label]
@@ -243,18 +245,26 @@ def rtt_cdf(results: list[dict], plan: dict, label: str) -> dict:
     for cond in in_order([_point(r) for r in rs], points):
         panel = {}
         for p in profiles:
-            xs = sorted(
-                v for r in rs if r["profile"] == p and _point(r) == cond for v in rtt_samples(r)
-            )
-            if len(xs) >= CDF_MIN_SAMPLES:
-                panel[p] = {"x": xs, "y": [(i + 1) / len(xs) for i in range(len(xs))]}
+            for suffix, samples in lines.items():
+                xs = sorted(
+                    v for r in rs if r["profile"] == p and _point(r) == cond for v in samples(r)
+                )
+                if len(xs) >= least:
+                    name = f"{p} {suffix}" if suffix else p
+                    panel[name] = {"x": xs, "y": [(i + 1) / len(xs) for i in range(len(xs))]}
         if panel:
             panels[cond] = panel
+    return panels
+
+
+def rtt_cdf(results: list[dict], plan: dict, label: str) -> dict:
+    """Empirical CDF of every RTT sample of `label` (all repetitions pooled) per profile (line)
+    and network condition (panel), where a profile has at least CDF_MIN_SAMPLES samples."""
     return {
         "title": f"{label}: CDF of RTT samples (repetitions pooled)",
         "xlabel": "RTT (ms)",
         "ylabel": "Share of samples",
-        "panels": panels,
+        "panels": _cdf_panels(results, plan, label, {"": rtt_samples}, CDF_MIN_SAMPLES),
     }
 
 
@@ -298,37 +308,26 @@ def rrul_flows_over_time(results: list[dict], plan: dict, label: str) -> dict:
     }
 
 
+def _phase_samples(phase: str):
+    """What reads an rrul entry's RTT samples of one phase ("idle", "loaded"), every record's."""
+
+    def samples(entry: dict) -> list[float]:
+        recs = entry.get("records") or []
+        return [s["rtt_ms"] for rec in recs for s in rec.get(f"rtts_{phase}") or []]
+
+    return samples
+
+
 def rrul_rtt_cdf(results: list[dict], plan: dict, label: str) -> dict:
     """Empirical CDF of the RTT samples of `label` idle and under load (repetitions pooled):
     one panel per network condition, two lines per profile with at least RRUL_CDF_MIN_SAMPLES
     samples in the phase."""
-    profiles = plan.get("profiles", [])
-    points = [p["name"] for p in plan.get("impairments", [])]
-    rs = [r for r in _ok(results) if r.get("label") == label]
-    panels: dict[str, dict] = {}
-    for cond in in_order([_point(r) for r in rs], points):
-        panel = {}
-        for p in profiles:
-            for phase in ("idle", "loaded"):
-                xs = sorted(
-                    s["rtt_ms"]
-                    for r in rs
-                    if r["profile"] == p and _point(r) == cond
-                    for rec in r.get("records") or []
-                    for s in rec.get(f"rtts_{phase}") or []
-                )
-                if len(xs) >= RRUL_CDF_MIN_SAMPLES:
-                    panel[f"{p} {phase}"] = {
-                        "x": xs,
-                        "y": [(i + 1) / len(xs) for i in range(len(xs))],
-                    }
-        if panel:
-            panels[cond] = panel
+    phases = {phase: _phase_samples(phase) for phase in ("idle", "loaded")}
     return {
         "title": f"{label}: CDF of ping RTT idle and under load (repetitions pooled)",
         "xlabel": "RTT (ms)",
         "ylabel": "Share of samples",
-        "panels": panels,
+        "panels": _cdf_panels(results, plan, label, phases, RRUL_CDF_MIN_SAMPLES),
     }
 
 

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 from lab import REPO
 import hashlib
+import os
+import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+from collections.abc import Callable, Iterable
 
 import jinja2
 
@@ -207,6 +210,30 @@ def write_secret(secrets_dir: Path, name: str, value: str) -> Path:
     path = secrets_dir / name
     write_text_atomic(path, value, mode=0o600)
     return path
+
+
+def make_secrets(
+    secrets_dir: Path, prefix: str, names: Iterable[str], make: Callable[[Path], None]
+) -> dict[str, str]:
+    """Key files a tool writes, kept as secrets: `make(scratch)` runs the tool into a private
+    scratch directory under `secrets_dir` with umask 077 (no key is readable by others even
+    while it is made); then each of `names` it wrote there goes into `secrets_dir` as
+    `<prefix><name>` (write_secret: 0600), the scratch directory goes, and the files' text
+    is returned by name."""
+    secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    made: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(dir=secrets_dir) as tmp:
+        scratch = Path(tmp)
+        old = os.umask(0o077)
+        try:
+            make(scratch)
+        finally:
+            os.umask(old)
+        for name in names:
+            made[name] = (scratch / name).read_text()
+    for name, text in made.items():
+        write_secret(secrets_dir, prefix + name, text)
+    return made
 
 
 def route_through(end: Endpoint, peer: Endpoint, dev: str) -> None:

@@ -25,9 +25,7 @@ that need IPv6 say they do not apply. Host to host only: the networks behind an 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -39,7 +37,7 @@ from lab.core.node import Node
 from lab.core.tools import IP, Tool
 from lab.model.boardkernel import DataPlaneCpu
 from lab.model.params import Param
-from lab.vpn.base import Availability, Driver, Rekey, TunnelContext, render_template, write_secret
+from lab.vpn.base import Availability, Driver, Rekey, TunnelContext, make_secrets, render_template
 from lab.vpn.kernelfeatures import has_char_device
 
 IFNAME = "nebula1"
@@ -119,38 +117,23 @@ class NebulaDriver(Driver):
     def secrets(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
         """A CA and one certificate + X25519 key per node, made by nebula-cert on the controller
         (the CA's key signs, then stays in the secrets directory, 0600 like everything there)."""
-        d = ctx.secrets_dir
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        made: dict[str, str] = {}
-        with tempfile.TemporaryDirectory(dir=d) as tmp:
-            t = Path(tmp)
-            old = os.umask(0o077)  # every key is born 0600
-            try:
+
+        def make(t: Path) -> None:
+            proc.run(
+                ["nebula-cert", "ca", "-name", CA_NAME, "-duration", "24h",
+                 "-out-crt", t / "ca.crt", "-out-key", t / "ca.key"],
+                where="controller",
+            )  # fmt: skip
+            for role, end in (("client", ctx.client), ("server", ctx.server)):
                 proc.run(
-                    ["nebula-cert", "ca", "-name", CA_NAME, "-duration", "24h",
-                     "-out-crt", t / "ca.crt", "-out-key", t / "ca.key"],
+                    ["nebula-cert", "sign", "-ca-crt", t / "ca.crt", "-ca-key", t / "ca.key",
+                     "-name", end.name, "-ip", end.tunnel_v4,
+                     "-out-crt", t / f"{role}.crt", "-out-key", t / f"{role}.key"],
                     where="controller",
                 )  # fmt: skip
-                for role, end in (("client", ctx.client), ("server", ctx.server)):
-                    proc.run(
-                        ["nebula-cert", "sign", "-ca-crt", t / "ca.crt", "-ca-key", t / "ca.key",
-                         "-name", end.name, "-ip", end.tunnel_v4,
-                         "-out-crt", t / f"{role}.crt", "-out-key", t / f"{role}.key"],
-                        where="controller",
-                    )  # fmt: skip
-            finally:
-                os.umask(old)
-            for name in (
-                "ca.crt",
-                "ca.key",
-                "client.crt",
-                "client.key",
-                "server.crt",
-                "server.key",
-            ):
-                made[name] = (t / name).read_text()
-        for name, text in made.items():
-            write_secret(d, f"nebula-{name}", text)
+
+        names = [f"{who}.{x}" for who in ("ca", "client", "server") for x in ("crt", "key")]
+        made = make_secrets(ctx.secrets_dir, "nebula-", names, make)
         # the values as they stand in config.yml (a YAML block, indented): redaction finds them
         out = {"ca_cert": _block(made["ca.crt"])}
         for role in ("client", "server"):

@@ -14,7 +14,6 @@ import ipaddress
 import json
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -28,6 +27,7 @@ from lab.vpn.base import (
     Driver,
     Rekey,
     TunnelContext,
+    make_secrets,
     route_through,
     write_secret,
     render_template,
@@ -165,52 +165,49 @@ class OpenVPNDriver(Driver):
         return self._pki(ctx, params)
 
     def _pki(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
-        d = ctx.secrets_dir
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """A per-lab CA and a certificate + key for each end, by openssl on the controller."""
         newkey = (
             ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
             if params["key"] == "ec-p256"
             else ["-newkey", "rsa:2048"]
         )
-        out: dict[str, str] = {}
-        with tempfile.TemporaryDirectory(dir=d) as tmp:
-            cnf = Path(tmp) / "openssl.cnf"
+        roles = ("ca", "server", "client")
+
+        def make(t: Path) -> None:
+            cnf = t / "openssl.cnf"
             cnf.write_text(OPENSSL_CNF)
-            old = os.umask(0o077)  # private keys are born 0600
-            try:
-                for name, cn in (
-                    ("ca", f"lab-{ctx.lab_id}-ca"),
-                    ("server", ctx.server.name),
-                    ("client", ctx.client.name),
-                ):
-                    argv = [
-                        "openssl",
-                        "req",
-                        "-x509",
-                        "-config",
-                        cnf,
-                        "-extensions",
-                        name,
-                        *newkey,
-                        "-nodes",
-                        "-days",
-                        "30",
-                        "-subj",
-                        f"/CN={cn}",
-                        "-keyout",
-                        d / f"openvpn-{name}.key",
-                        "-out",
-                        d / f"openvpn-{name}.crt",
-                    ]
-                    if name != "ca":
-                        argv += ["-CA", d / "openvpn-ca.crt", "-CAkey", d / "openvpn-ca.key"]
-                    proc.run(argv, where="controller")
-                    out[f"{name}_key"] = (d / f"openvpn-{name}.key").read_text().strip()
-                    out[f"{name}_cert"] = (d / f"openvpn-{name}.crt").read_text().strip()
-            finally:
-                os.umask(old)
-        for f in d.glob("openvpn-*"):
-            f.chmod(0o600)
+            for name, cn in zip(
+                roles, (f"lab-{ctx.lab_id}-ca", ctx.server.name, ctx.client.name), strict=True
+            ):
+                argv = [
+                    "openssl",
+                    "req",
+                    "-x509",
+                    "-config",
+                    cnf,
+                    "-extensions",
+                    name,
+                    *newkey,
+                    "-nodes",
+                    "-days",
+                    "30",
+                    "-subj",
+                    f"/CN={cn}",
+                    "-keyout",
+                    t / f"{name}.key",
+                    "-out",
+                    t / f"{name}.crt",
+                ]
+                if name != "ca":
+                    argv += ["-CA", t / "ca.crt", "-CAkey", t / "ca.key"]
+                proc.run(argv, where="controller")
+
+        names = [f"{name}.{x}" for name in roles for x in ("key", "crt")]
+        made = make_secrets(ctx.secrets_dir, "openvpn-", names, make)
+        out: dict[str, str] = {}
+        for name in roles:
+            out[f"{name}_key"] = made[f"{name}.key"].strip()
+            out[f"{name}_cert"] = made[f"{name}.crt"].strip()
         return out
 
     def render(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict:
