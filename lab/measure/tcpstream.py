@@ -25,7 +25,6 @@ Where ``ss`` is missing on the receiving node, lab.measure.adaptive.run_segments
 from __future__ import annotations
 
 import json
-import math
 import re
 import signal
 import subprocess
@@ -35,9 +34,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lab.core.node import Node
-from lab.measure.adaptive import _info, receiver_rates
+from lab.measure.adaptive import adaptive_block, receiver_rates
 from lab.measure.base import Context, MeasurementFailed, collected, describe_failure
-from lab.measure.iperf3 import _common, parse_iperf3_tcp
+from lab.measure.iperf3 import common_fields, parse_iperf3_tcp
 from lab.model.stoprule import Decision, Rule, evaluate, mser5
 
 #: seconds between two ss samples: iperf3's -i 1, so one live rate per reported interval
@@ -164,7 +163,7 @@ def stopped_metrics(
         if "start" not in doc or not doc.get("intervals"):
             err = doc.get("error") or "no intervals"
             raise MeasurementFailed(f"iperf3 {who} after the stop: {err}")
-    common = _common(client)
+    common = common_fields(client)
     reverse = common["direction"] == "server-to-client"
     sender, receiver = (server, client) if reverse else (client, server)
     snd_ivs, rcv_ivs = _full_intervals(sender)[warmup:], _full_intervals(receiver)[warmup:]
@@ -244,7 +243,7 @@ def run_streaming(
     receiver = ctx.client if reverse else ctx.server
     probe = ss_argv(port, local=not reverse)
     series = LiveSeries(omit_s=omit_s)
-    flat = replace(rule, warmup_s=None)
+    mser = replace(rule, warmup_s=None)  # MSER-5 picks the warm-up, as for every adaptive test
     decision: Decision | None = None
     stopped = timed_out = False
     out_path = ctx.next_raw(label, ".json")
@@ -265,7 +264,7 @@ def run_streaming(
                 if p.poll() is not None:
                     break  # the run ended meanwhile: its JSON is complete
                 series.add(time.monotonic(), bytes_received(cp.stdout))
-                decision = live_decision(series, flat, cap_s)
+                decision = live_decision(series, mser, cap_s)
                 if decision.stop and decision.reason == "ci":
                     stopped = True
                     p.send_signal(signal.SIGINT)  # iperf3 prints its document and exits
@@ -285,9 +284,8 @@ def run_streaming(
     if not stopped:
         metrics = parse_iperf3_tcp(inv.stdout)
         rates = receiver_rates(metrics)
-        d = evaluate(rates, flat, elapsed_s=len(rates) * SAMPLE_S, cap_s=cap_s)
-        info = _info("cap", replace(d, reason="cap"), rule, measured_s=cap_s, cap_s=cap_s,
-                     unit="bit/s")  # fmt: skip
+        d = replace(evaluate(rates, mser, elapsed_s=len(rates), cap_s=cap_s), reason="cap")
+        info = adaptive_block("cap", d, rule, measured_s=cap_s, cap_s=cap_s, unit="bit/s")
         info.update(mechanism="stream", stopped_early=False, segments=1)
         return metrics, info
     try:
@@ -300,8 +298,10 @@ def run_streaming(
     d = evaluate(whole[drop:], replace(rule, warmup_s=0.0), elapsed_s=len(whole), cap_s=cap_s)
     d = replace(d, warmup_samples=drop)
     metrics = stopped_metrics(client_doc, server_doc, warmup=drop)
+    if not metrics["duration_s"]:
+        raise MeasurementFailed("iperf3 was stopped before it reported a whole second")
     ran = metrics["duration_s"] + metrics["warmup_s"]
-    info = _info("ci", d, rule, measured_s=ran, cap_s=cap_s, unit="bit/s")
+    info = adaptive_block("ci", d, rule, measured_s=ran, cap_s=cap_s, unit="bit/s")
     live = decision.interval if decision is not None else None
     info.update(
         mechanism="stream",
@@ -321,6 +321,4 @@ def run_streaming(
             "warmup_samples": decision.warmup_samples if decision else None,
         },
     )
-    if math.isfinite(ran) and ran <= 0:
-        raise MeasurementFailed("iperf3 stopped before one whole interval was reported")
     return metrics, info
