@@ -2,6 +2,7 @@
 """TCP that stops as it streams against a fixed-length run (issue 33 item 5, must-show 4).
 
     sudo .venv/bin/python bench/adaptive_tcp.py [--fixed-s 60] [--cap-s 300] [--cases N]
+    .venv/bin/python bench/adaptive_tcp.py --replay FILE --rel-pct 10 --out OUT  # no lab
 
 For each case (a study A profile at a study A impairment point, two Pi 4 emulations, tcp
 client-to-server, the plan's rule: +-5 % at 95 %, 10 s minimum) the test runs twice in the same
@@ -35,6 +36,7 @@ from bench.adaptive import run_test  # noqa: E402
 from lab.campaign.load import load_plan  # noqa: E402
 from lab.core.errors import LabError  # noqa: E402
 from lab.core.state import new_lab_id  # noqa: E402
+from lab.model.stoprule import Rule, evaluate  # noqa: E402
 from lab.substrate.local.preflight import preflight  # noqa: E402
 from lab.substrate.local.substrate import LocalSubstrate  # noqa: E402
 from lab.vpn.profiles import load_profile  # noqa: E402
@@ -68,7 +70,10 @@ def main() -> int:
     ap.add_argument("--cases", type=int, default=len(CASES))
     ap.add_argument("--rel-pct", type=float, help="adaptive leg's adaptive_rel_pct (the plan's)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--replay", type=Path, metavar="FILE", help="replay --rel-pct on FILE's legs")
     a = ap.parse_args()
+    if a.replay:
+        return replay(a)
     plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
     spec = preflight(plan)
     points = {p.name: p for p in plan.points}
@@ -139,8 +144,60 @@ def main() -> int:
     rel = a.rel_pct if a.rel_pct is not None else tcp["adaptive_rel_pct"]
     print(
         f"\nfixed {a.fixed_s:g} s, adaptive cap {a.cap_s:g} s, target +-{rel:g} %; "
-        f"load {load0} -> {os.getloadavg()}"
+        f"load {load0} -> {os.getloadavg()}; wall {time.monotonic() - t_all:.0f} s"
     )
+    table(rows, a.cap_s)
+    return 0
+
+
+def whole_seconds(ivs: list[dict]) -> list[dict]:
+    """Each (start, end) once, whole seconds only (3.12 repeats a stopped server's last)."""
+    seen, out = set(), []
+    for iv in ivs:
+        if (iv["start"], iv["end"]) not in seen and iv["end"] - iv["start"] >= 0.9:
+            seen.add((iv["start"], iv["end"]))
+            out.append(iv)
+    return out
+
+
+def replay(a) -> int:
+    """The rule at --rel-pct replayed second by second on each case's adaptive leg's receiver
+    rates (iperf3's server intervals, standing in for the live ss rates they track): where it
+    would have stopped, and the mean after its warm-up there. A replay, not a run: a leg that
+    stopped early at the bench's own target has no seconds beyond its stop."""
+    src = json.loads(a.replay.read_text())
+    plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
+    tcp = plan.tests[0].params
+    rel = a.rel_pct if a.rel_pct is not None else tcp["adaptive_rel_pct"]
+    rule = Rule(rel_half_width=rel / 100, min_s=tcp["adaptive_min_s"])
+    rows, dump = [], []
+    for case in src["cases"]:
+        ad, row = dict(case["adaptive"]), dict(case["row"])
+        rates = [iv["bps"] for iv in whole_seconds(ad["server_intervals"])]
+        overhead = ad["wall_s"] - ad["measured_s"]
+        for t in range(1, len(rates) + 1):
+            d = evaluate(rates[:t], rule, cap_s=src["cap_s"])
+            if d.stop and d.reason == "ci":
+                kept = rates[d.warmup_samples : t]
+                ad.update(stop_reason="ci", measured_s=float(t), ci_rel_pct=100 * d.interval.rel,
+                          receiver_bps=sum(kept) / len(kept))  # fmt: skip
+                break
+        ad["wall_s"] = ad["measured_s"] + overhead
+        lo, hi = row["low"] * 1e6, row["high"] * 1e6
+        row.update(adaptive=ad["receiver_bps"] * 1e-6, measured_s=ad["measured_s"],
+                   reason=ad["stop_reason"], ci_rel_pct=ad["ci_rel_pct"],
+                   inside=lo <= ad["receiver_bps"] <= hi)  # fmt: skip
+        rows.append(row)
+        dump.append({**case, "row": row, "adaptive": ad})
+    a.out.write_text(json.dumps({**src, "rel_pct": rel, "replayed": True, "cases": dump}))
+    print(
+        f"replayed at +-{rel:g} % on {a.replay} (fixed {src['fixed_s']:g} s, cap {src['cap_s']:g} s)"
+    )
+    table(rows, src["cap_s"])
+    return 0
+
+
+def table(rows: list[dict], cap_s: float) -> None:
     print(
         "| profile | point | fixed: Mbit/s [95 % interval] | adaptive: Mbit/s, measured s, "
         "stop, +-reached | inside |"
@@ -156,10 +213,9 @@ def main() -> int:
     inside = sum(r["inside"] for r in rows)
     print(
         f"\n{inside}/{len(rows)} adaptive rates inside the fixed run's 95 % interval; adaptive "
-        f"measured {sum(r['measured_s'] for r in rows):.0f} s of {a.cap_s * len(rows):.0f} s "
-        f"requested; wall {time.monotonic() - t_all:.0f} s"
+        f"measured {sum(r['measured_s'] for r in rows):.0f} s of {cap_s * len(rows):.0f} s "
+        "requested"
     )
-    return 0
 
 
 if __name__ == "__main__":
