@@ -5,6 +5,8 @@
 #   sudo ./setup.sh --arch arm64   # also a board's own binaries (lab arch fetch arm64; repeatable)
 #   sudo ./setup.sh --with boringtun   # also build boringtun-cli (Rust, cargo: ~3 min the first
 #                                      # time on 2 CPUs, seconds after: cached in /var/cache/lab)
+#   sudo ./setup.sh --with rosenpass   # also build rosenpass (Rust + liboqs, cargo: ~4.5 min the
+#                                      # first time on 2 CPUs, seconds after; repeatable --with)
 set -euo pipefail
 arches=()
 withs=()
@@ -13,10 +15,10 @@ while [ $# -gt 0 ]; do
     --arch) arches+=("${2:?--arch needs arm64 or armhf}"); shift 2 ;;
     --with)
       case "${2:-}" in
-        boringtun) withs+=("$2"); shift 2 ;;
-        *) echo "setup.sh: --with ${2:-(nothing)}: accepted: boringtun" >&2; exit 2 ;;
+        boringtun|rosenpass) withs+=("$2"); shift 2 ;;
+        *) echo "setup.sh: --with ${2:-(nothing)}: accepted: boringtun, rosenpass" >&2; exit 2 ;;
       esac ;;
-    *) echo "setup.sh: unknown argument $1 (accepted: --arch arm64|armhf, --with boringtun)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown argument $1 (accepted: --arch arm64|armhf, --with boringtun|rosenpass)" >&2; exit 2 ;;
   esac
 done
 cd "$(dirname "$0")"
@@ -49,6 +51,8 @@ APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio
   # bench/kernel_crypto.py: the board kernel's crypto code counted under qemu-system-arm/-aarch64
   qemu-system-arm
+  # bench/kernel_dataplane.py: UnixBench's syscall and pipe loops assembled for the ARM guest
+  binutils-arm-linux-gnueabihf
   # nodes of another architecture (arch="arm64"): the board's binaries under qemu-user, called
   # explicitly (no binfmt_misc needed)
   qemu-user-static
@@ -115,6 +119,12 @@ fi
 # Optional tools built from source, not in Debian: opt-in so a default set-up stays short.
 # Installed under ${LAB_CACHE:-/var/cache/lab} (outside the clone: a fresh clone reuses them);
 # `cargo install` with the version pinned does nothing when that version is already there.
+ensure_cargo() {
+  if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+  fi
+  export PATH="$HOME/.cargo/bin:$PATH"
+}
 for w in "${withs[@]}"; do
   case "$w" in
     boringtun)
@@ -122,12 +132,29 @@ for w in "${withs[@]}"; do
       BORINGTUN_VERSION=0.7.1
       root="${LAB_CACHE:-/var/cache/lab}/boringtun"
       log "boringtun-cli $BORINGTUN_VERSION (cargo, into $root)"
-      if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
-        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
-      fi
-      export PATH="$HOME/.cargo/bin:$PATH"
+      ensure_cargo
       cargo install --locked --quiet boringtun-cli --version "=$BORINGTUN_VERSION" --root "$root"
       "$root/bin/boringtun-cli" --version
+      ;;
+    rosenpass)
+      # lab/vpn/drivers/rosenpass.py looks here; its BUILD_PACKAGES are what the build needs
+      # (liboqs through cmake and libclang, libsodium): read from the driver, not listed here
+      ROSENPASS_VERSION=0.2.3
+      root="${LAB_CACHE:-/var/cache/lab}/rosenpass"
+      log "rosenpass $ROSENPASS_VERSION (cargo, into $root)"
+      read -r -a build_pkgs <<< "$(.venv/bin/python -c \
+        'from lab.vpn.drivers.rosenpass import BUILD_PACKAGES as p; print(*p)')"
+      missing=()
+      for p in "${build_pkgs[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+      done
+      if [ ${#missing[@]} -gt 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+      fi
+      ensure_cargo
+      cargo install --locked --quiet rosenpass --version "=$ROSENPASS_VERSION" --root "$root"
+      "$root/bin/rosenpass" --version
       ;;
   esac
 done

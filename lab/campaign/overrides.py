@@ -15,7 +15,7 @@ OVERRIDE_KEYS = {
     "impaired_reps": "repetitions at each impairment point",
     "duration_s": "duration_s of every test that takes one (wins over per-test values; "
     "`duration` is its old name)",
-    "adaptive": "true or false: adaptive length of every test that has it (wins over per-test)",
+    "adaptive": "true or false: adaptive length of every test that has it (wins over per-test, but a bidir test keeps its own)",
     "profiles": "comma-separated profile specs",
     "impairments": "comma-separated impairment names ('none', presets) or ';'-separated specs",
     "tests": "comma-separated test labels to keep",
@@ -105,7 +105,8 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
         elif key == "adaptive":
             raw["adaptive"] = value
             for t in raw.get("tests") or []:
-                if isinstance(t, dict):
+                # a bidir test keeps its own (adaptive length reads one direction's series)
+                if isinstance(t, dict) and t.get("bidir") is not True:
                     t.pop("adaptive", None)
         elif key in ("impaired_reps", "placement", "timeout_s", "name", "vm"):
             raw[key] = value

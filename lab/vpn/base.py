@@ -12,7 +12,8 @@ picks a driver and its parameters. The lab calls, in order:
     describe() -> implementation, version, data-plane path, cipher, tunnel MTU, config hash
     stop()   -> stop what start() started (teardown also ends every recorded PID on its own)
 and, for the `handshake` test's forced rekey (docs/measurements.md), rekey_support() says whether
-and how a profile's keys can be renewed on demand, trigger_rekey() does it on a running tunnel.
+and how a profile's keys can be renewed on demand, trigger_rekey() does it on a running tunnel;
+key_exchange() gives that test a separate key exchange's cost (Rosenpass's).
 Drivers run commands only through a lab.core.node.Node (ctx.client.node, ctx.server.node, the node
 check() is given), never on the host directly and never by reading the controller's files about a
 node (its /proc, /sys, /dev, kernel config or installed files), so the same driver later drives
@@ -188,6 +189,12 @@ class Driver(ABC):
         raise PreconditionError(
             f"profile {ctx.profile!r} cannot be rekeyed on demand: {self.rekey_support(params).how}"
         )
+
+    def key_exchange(self, ctx: TunnelContext, params: dict) -> dict | None:
+        """A key exchange of its own beside the tunnel's handshake (Rosenpass's post-quantum one
+        for WireGuard), as the last start() measured it: {"what", "ms", "bytes", "packets"}
+        (the `handshake` test reports them). None: the driver has none."""
+        return None
 
     def stop(self, ctx: TunnelContext, params: dict) -> None:
         for d in reversed(ctx.daemons):

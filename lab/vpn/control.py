@@ -47,6 +47,9 @@ class Establishment:
     #: after a failure: the tunnel could not be brought up again either (why); the lab's
     #: record then stays "starting" and the runner builds the lab again before the next case
     not_restored: str | None = None
+    #: the driver's own key exchange beside the handshake, timed within it (Driver.key_exchange:
+    #: Rosenpass's {"what", "ms", "bytes", "packets"}); None: none
+    exchange: dict | None = None
 
 
 class TunnelControl:
@@ -96,7 +99,9 @@ class TunnelControl:
             )
         else:
             assert rec.timing is not None  # set by a bring_up that returned
-            return Establishment(True, ms=rec.timing.established_ms)
+            ctx = context_of(self.lab, rec, where=True)
+            exchange = self.profile.driver.key_exchange(ctx, rec.params)
+            return Establishment(True, ms=rec.timing.established_ms, exchange=exchange)
         tear_down(self.lab)
         try:
             bring_up(self.lab, self._plan())
