@@ -14,8 +14,9 @@ JSON: a client stopped with SIGINT prints its document (its own per-second inter
 ``error`` of "interrupt - the client has terminated", and no receiver totals), and the
 server, told by the client that it terminated, prints its own (its per-second intervals and
 sums, with 3.12's last interval listed twice). The record's rates are the receiver's and
-sender's complete per-second intervals summed (bytes over seconds), which is how a fixed
-run's end totals are defined too, so an early-stopped record and a fixed one compare.
+sender's complete per-second intervals after the warm-up MSER-5 picks on them (as -O would
+drop it) summed, bytes over seconds: a fixed run's end totals are bytes over seconds too, and
+its own start weighs 1/300 of the study's 300 s, where it would weigh 1/15 of a 15-s stop.
 
 A test the rule does not settle runs to the cap as one connection and is parsed as ever.
 Where ``ss`` is missing on the receiving node, lab.measure.adaptive.run_segments runs instead
