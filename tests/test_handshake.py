@@ -328,7 +328,7 @@ def test_quiet_timeout_0_does_not_wait(tmp_path):
 
 
 def test_queued_packets_reads_the_engines_queue_depth_and_netem_qlen():
-    from lab.impair import runtime
+    from lab.impair import queues
 
     shown = {
         "a2b": {"counters": {"queue_depth": 1850, "forwarded": 3}},
@@ -340,20 +340,20 @@ def test_queued_packets_reads_the_engines_queue_depth_and_netem_qlen():
             return shown
 
     lab = SimpleNamespace(info={"impair": {"backend": "userspace", "engines": [{"name": "imp1"}]}})
-    orig = runtime.engine_client
-    runtime.engine_client = lambda lab, eng: _Client()
+    orig = queues.engine_client
+    queues.engine_client = lambda lab, eng: _Client()
     try:
-        assert runtime.queued_packets(lab) == {"imp1:a2b": 1850, "imp1:b2a": 0}
+        assert queues.queued_packets(lab) == {"imp1:a2b": 1850, "imp1:b2a": 0}
     finally:
-        runtime.engine_client = orig
-    assert runtime.queued_packets(SimpleNamespace(info={})) == {}
+        queues.engine_client = orig
+    assert queues.queued_packets(SimpleNamespace(info={})) == {}
     tc = json.dumps(
         [
             {"kind": "tbf", "handle": "1:", "root": True, "qlen": 9},
             {"kind": "netem", "handle": "10:", "parent": "1:1", "qlen": 7, "backlog": 9100},
         ]
     )
-    assert runtime.netem_qlen(tc) == 7
+    assert queues.netem_qlen(tc) == 7
 
 
 def test_without_tunnel_control_the_case_fails(tmp_path):

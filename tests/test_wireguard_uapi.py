@@ -41,6 +41,8 @@ def test_uapi_listening_needs_the_interfaces_socket_with_the_listening_flag():
     assert uapi_listening(HEADER + OTHER + LISTENING, IFNAME)
     assert not uapi_listening(HEADER + OTHER, IFNAME)  # another interface's
     assert uapi_listening(HEADER + OTHER, "wg1")  # the /run spelling of the same directory
+    boringtun = LISTENING.replace("wireguard/wg0", "wireguard//wg0")  # as boringtun binds it
+    assert uapi_listening(HEADER + boringtun, IFNAME)
 
 
 class _Daemon:

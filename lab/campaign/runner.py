@@ -22,7 +22,7 @@ from pathlib import Path
 from lab.model import dilation
 from lab.core.errors import CommandError, LabError
 from lab.core.interrupts import Interrupts
-from lab.impair.runtime import queued_packets
+from lab.impair.queues import queued_packets
 from lab.measure import TESTS, Context
 from lab.campaign.plan import Case, Plan
 from lab.model.impairment.points import ImpairmentPoint

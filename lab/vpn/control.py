@@ -138,7 +138,7 @@ class TunnelControl:
     """The tunnel of `lab`, which runs `profile` (loaded and validated by the plan).
 
     `queues`: packets the lab's impairment holds per point and direction ({} when none), from
-    the layer that knows the impairment (the runner: lab.impair.runtime.queued_packets); None:
+    the layer that knows the impairment (the runner: lab.impair.queues.queued_packets); None:
     not asked."""
 
     def __init__(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import time
 from pathlib import Path
@@ -423,7 +424,8 @@ def uapi_listening(proc_net_unix: str, ifname: str) -> bool:
     paths = {f"{d}/{ifname}.sock" for d in UAPI_DIRS}
     for line in proc_net_unix.splitlines():
         f = line.split()
-        if len(f) >= 8 and f[7] in paths:
+        # boringtun binds "/var/run/wireguard//wg0.sock", and the path is shown as bound
+        if len(f) >= 8 and posixpath.normpath(f[7]) in paths:
             try:
                 if int(f[3], 16) & SO_ACCEPTCON:
                     return True
