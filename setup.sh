@@ -51,6 +51,8 @@ APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio
   # bench/kernel_crypto.py: the board kernel's crypto code counted under qemu-system-arm/-aarch64
   qemu-system-arm
+  # bench/kernel_dataplane.py: UnixBench's syscall and pipe loops assembled for the ARM guest
+  binutils-arm-linux-gnueabihf
   # nodes of another architecture (arch="arm64"): the board's binaries under qemu-user, called
   # explicitly (no binfmt_misc needed)
   qemu-user-static

@@ -23,6 +23,16 @@ changes made since the run). The extrapolation, printed with every input:
   one segment of adaptive_min_s + 5 s; ping: adaptive_min_s), the others as measured: no
   stop rule can make the plan shorter than that.
 
+**--tcp-bench FILE** (bench/adaptive_tcp.py's records) takes the `tcp` label's seconds per
+point group from that bench's adaptive legs instead (RUN_DIRs are then optional: without one
+only the plan's tcp cases are counted). A leg that reached the bench's cap, when that is below
+the plan's duration, counts as running on to the plan's duration. With **--before** the same
+legs count as the pre-streaming rule (lab.measure.adaptive.run_segments, one connection cut
+into segments) would have run them: its 15-s first segment's rule replayed on the first 15 s of
+the case's fixed leg's receiver rates, and when that does not settle, 15 s + the plan's
+duration (one more connection for the full length). Each leg's own overhead (bring-up of the
+client, the server's wait: wall minus measured seconds) is added to both.
+
 The machine's load moves every figure (note `uptime` with the result); the part of a plan a
 shard holds is small, so a group with a few cases of long caps weighs a lot.
 """
@@ -39,7 +49,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from dataclasses import replace  # noqa: E402
+
 from lab.measure.adaptive import FIRST_EXTRA_S  # noqa: E402
+from lab.model.stoprule import Rule, evaluate, mser5  # noqa: E402
 from lab.campaign.load import load_plan  # noqa: E402
 from lab.results.rundir import RunDir  # noqa: E402
 from lab.results.timebudget import time_budget  # noqa: E402
@@ -59,7 +72,37 @@ def first_check_s(test: str, params: dict) -> float | None:
     return min(params["duration_s"], params["adaptive_min_s"] + FIRST_EXTRA_S)
 
 
-def extrapolate(runs: list[RunDir], plan) -> dict:
+def segments_rule_s(rates: list[float], rule: Rule, cap_s: float) -> float:
+    """Seconds the pre-streaming TCP rule (run_segments) spends on a stream whose receiver
+    rates are `rates`: its first segment's decision, replayed on that segment's seconds."""
+    first = min(cap_s, rule.min_s + FIRST_EXTRA_S)
+    head = rates[: int(first)]
+    d = evaluate(head[mser5(head) :], replace(rule, warmup_s=0.0), elapsed_s=first, cap_s=cap_s)
+    return first if d.stop else first + cap_s
+
+
+def tcp_bench_seconds(bench: dict, plan, *, before: bool) -> dict[str, list[float]]:
+    """Seconds per point group of the plan's tcp test, from bench/adaptive_tcp.py's records."""
+    (test,) = [t for t in plan.tests if t.label == "tcp"]
+    cap = test.params["duration_s"]
+    rule = Rule(
+        rel_half_width=test.params["adaptive_rel_pct"] / 100, min_s=test.params["adaptive_min_s"]
+    )
+    out: dict[str, list[float]] = defaultdict(list)
+    for case in bench["cases"]:
+        ad, row = case["adaptive"], case["row"]
+        overhead = max(0.0, ad["wall_s"] - ad["measured_s"])
+        if before:
+            rates = [iv["bps"] for iv in case["fixed"]["server_intervals"] if not iv["omitted"]]
+            out[row["group"]].append(segments_rule_s(rates, rule, cap) + overhead)
+        elif ad["stop_reason"] == "cap" and bench["cap_s"] < cap:
+            out[row["group"]].append(cap + overhead)  # it would have run on
+        else:
+            out[row["group"]].append(ad["measured_s"] + overhead)
+    return out
+
+
+def extrapolate(runs: list[RunDir], plan, tcp: dict[str, list[float]] | None = None) -> dict:
     results = [r for run in runs for r in run.load_results()]
     timeline = [e for run in runs for e in run.load_timeline()]
     budget = time_budget(results, timeline)
@@ -67,9 +110,14 @@ def extrapolate(runs: list[RunDir], plan) -> dict:
     # stand-ins: per label and whether the point was impaired
     per_label: dict[tuple[str, bool], list[float]] = defaultdict(list)
     for r in results:
+        if tcp is not None and r["label"] == "tcp":
+            continue
         s = float(r.get("seconds") or 0.0)
         per[(r["label"], _group(r["impairment"]))].append(s)
         per_label[(r["label"], bool(r["impairment"].get("spec")))].append(s)
+    for group, secs in (tcp or {}).items():
+        per[("tcp", group)] = list(secs)
+        per_label[("tcp", group != "none")] += secs
     ups = [e["seconds"] for e in timeline if e.get("event") == "up" and e.get("ok")]
     downs = [e["seconds"] for e in timeline if e.get("event") == "down"]
     imps = [e["seconds"] for e in timeline if e.get("event") == "impair" and e.get("ok")]
@@ -126,26 +174,37 @@ def extrapolate(runs: list[RunDir], plan) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    ap.add_argument("runs", nargs="*", metavar="RUN_DIR")
     ap.add_argument("--plan", help="plan file to extrapolate to (default: the run's plan.json)")
     ap.add_argument("-o", dest="overrides", action="append", default=[])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--tcp-bench", metavar="FILE", help="bench/adaptive_tcp.py's JSON")
+    ap.add_argument("--before", action="store_true", help="--tcp-bench as the segments rule")
     a = ap.parse_args()
+    if not a.runs and not (a.tcp_bench and a.plan):
+        ap.error("give RUN_DIR, or --tcp-bench FILE with --plan PLAN")
     runs = [RunDir(Path(r)).check() for r in a.runs]
-    run = runs[0]
     if a.plan:
         plan = load_plan(a.plan, a.overrides)
     else:
+        run = runs[0]
         plan = plan_from_json(run.plan_json(), source=str(run.path / "plan.json"))
-    x = extrapolate(runs, plan)
+    tcp = None
+    if a.tcp_bench:
+        tcp = tcp_bench_seconds(json.loads(Path(a.tcp_bench).read_text()), plan, before=a.before)
+    x = extrapolate(runs, plan, tcp)
     if a.json:
         print(json.dumps(x, indent=2))
         return
     b = x["run_budget"]
     names = ", ".join(str(r.path) for r in runs)
-    print(f"run {names}: {x['run_cases']} cases, wall {b['wall_s']:.0f} s")
-    for k in ("measurement_s", "setup_s", "teardown_s", "impairment_s", "other_s"):
-        print(f"  {k[:-2]:<12} {b[k]:8.1f} s  {100 * b[k] / b['wall_s']:5.1f} %")
+    if runs:
+        print(f"run {names}: {x['run_cases']} cases, wall {b['wall_s']:.0f} s")
+        for k in ("measurement_s", "setup_s", "teardown_s", "impairment_s", "other_s"):
+            print(f"  {k[:-2]:<12} {b[k]:8.1f} s  {100 * b[k] / b['wall_s']:5.1f} %")
+    if tcp is not None:
+        how = "the segments rule replayed" if a.before else "streaming, as measured"
+        print(f"tcp from {a.tcp_bench} ({how}): {sum(map(len, tcp.values()))} cases")
     print(
         f"\nplan {plan.name}: {x['plan_cases']} cases, {len(plan.profiles)} profiles, "
         f"{x['points']} (profile, point) cells, {x['labs']} bring-ups"

@@ -98,6 +98,58 @@ def test_kernel_stand_in_one_core_at_the_kernel_figure(board):
     assert "why" not in rec
 
 
+PATH = """
+[kernel.dataplane.xfrm-esp.path]
+bytes = 1400
+source = "counted"
+[kernel.dataplane.xfrm-esp.path.pps]
+aes-128-gcm = 40000
+"""
+
+
+def test_board_kernel_path_replaces_the_stand_ins_path(board):
+    (board[0] / "board.toml").write_text(PROFILE + PATH)
+    calibrate(board[1], {"aes-128-gcm": 400.0}, {"charon:aes-128-gcm": 50.0})
+    rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+    # per byte on the board: the kernel's AEAD, 1/20 MB/s = 50 ns, plus its path, one packet per
+    # 1400 bytes at 40000 packets/s = 1/56 MB/s = 17.86 ns; the stand-in's 20 ns per byte here
+    # stand for both (its own path, 17.5 ns, no longer priced)
+    assert rec["share"] == pytest.approx(20 / (50 + 1000 / 56), rel=1e-4)
+    assert rec["board_mbps_predicted"] == pytest.approx(1000 / (50 + 1000 / 56), rel=1e-3)
+    assert rec["path"] == "board kernel" and rec["board_path_pps"] == 40000
+    assert rec["board_path_bytes"] == 1400 and rec["board_path_source"] == "counted"
+    # without the path table: the stand-in's own path at a board core's speed, as before
+    (board[0] / "board.toml").write_text(PROFILE)
+    old = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+    assert old["path"] == "stand-in at core_share"
+    assert old["share"] == pytest.approx(20 / (50 + 17.5 / 0.25), rel=1e-4)
+
+
+def test_board_kernel_path_is_spread_over_the_stand_ins_datagrams(board):
+    # the calibration measured the stand-in with 1300-byte datagrams: the path's per-packet
+    # cost is spread over 1300 bytes, not the 1400 it was counted with
+    (board[0] / "board.toml").write_text(PROFILE + PATH)
+    calibrate(board[1], {"aes-128-gcm": 400.0}, {"charon:aes-128-gcm": 50.0})
+    f = board[1] / "board.json"
+    cal = json.loads(f.read_text())
+    cal["processes"]["charon:aes-128-gcm"]["size"] = 1300
+    f.write_text(json.dumps(cal))
+    rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+    assert rec["board_path_bytes"] == 1300
+    assert rec["share"] == pytest.approx(20 / (50 + 1000 / 52), rel=1e-4)
+
+
+def test_share_of_with_a_board_path():
+    # a path that costs nothing: the board side is its crypto alone
+    assert boardkernel.share_of(0.25, 60, 30, 240, 1e12)[0] == pytest.approx(60 / 30, rel=1e-6)
+    # the same board time either way: the stand-in's path at core_share or the kernel's
+    t, c = 1 / 30, 1 / 240
+    same = 1 / ((t - c) / 0.25)
+    assert boardkernel.share_of(0.25, 60, 30, 240, same)[0] == pytest.approx(
+        boardkernel.share_of(0.25, 60, 30, 240)[0]
+    )
+
+
 def test_share_of_its_limits():
     # all crypto: the board's figure over the host's
     assert boardkernel.share_of(0.25, 60, 240, 240)[0] == pytest.approx(0.25)
@@ -162,10 +214,26 @@ def test_no_kernel_table_keeps_the_stand_ins_threads(board, tmp_path):
         ),
         (('source = "esp4.c"', 'sauce = "esp4.c"'), "kernel.dataplane.xfrm-esp.sauce"),
         (('version = "5.10"', 'verzion = "5.10"'), "kernel.verzion"),
+        (
+            ("aes-128-gcm = 40000", "aes-256-gcm = 40000"),
+            "kernel.dataplane.xfrm-esp.path.pps.aes-256-gcm",
+        ),
+        (
+            ("aes-128-gcm = 40000", "aes-128-gcm = -1"),
+            "kernel.dataplane.xfrm-esp.path.pps.aes-128-gcm",
+        ),
+        (
+            ("aes-128-gcm = 40000", 'aes-128-gcm = "fast"'),
+            "kernel.dataplane.xfrm-esp.path.pps.aes-128-gcm",
+        ),
+        (('source = "counted"', 'sorce = "counted"'), "kernel.dataplane.xfrm-esp.path.sorce"),
+        (("bytes = 1400", "bytes = 0"), "kernel.dataplane.xfrm-esp.path.bytes"),
     ],
 )
 def test_bad_kernel_tables_are_refused_naming_the_field(board, edit, field):
-    (board[0] / "bad.toml").write_text(PROFILE.replace(*edit))
+    text = PROFILE + PATH
+    assert edit[0] in text
+    (board[0] / "bad.toml").write_text(text.replace(*edit))
     with pytest.raises(ConfigError) as e:
         load_cpu_profile("bad")
     assert e.value.field == field and "bad.toml" in str(e.value)
@@ -336,3 +404,27 @@ def test_a_stand_in_is_measured_as_a_whole_process_and_its_lab_removed():
     assert set(rec["cpu_s"]) == {"client", "server"} and all(c > 0 for c in rec["cpu_s"].values())
     assert rec["host_mbps"] == min(rec["mbps_per_cpu_s"].values()) > 0
     assert set(list_lab_ids()) == before
+
+
+def test_the_node_quota_prices_its_data_plane_cores_at_the_data_plane_share(board):
+    """A node whose board spends one core on ESP: that core costs the data plane's share here,
+    the other three core_share each, so the node's quota grows by the difference; a data plane
+    cheaper than a core leaves the quota as it was; the nodes past this host's CPUs: a warning
+    naming the factor."""
+    from lab.substrate.local.dataplane import host_overcommit, raise_node_quota
+
+    p = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    rec = {"groups": 1, "group_cores": 0.7}
+    raise_node_quota(p, rec)
+    assert p["cores"] == pytest.approx(1.45)
+    assert rec["node_cores_before"] == 1.0 and rec["node_cores_added"] == pytest.approx(0.45)
+    cheap = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    raise_node_quota(cheap, {"groups": 1, "group_cores": 0.1})
+    assert cheap["cores"] == 1.0
+    per_cpu = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    raise_node_quota(per_cpu, {"groups": 4, "group_cores": 0.45})
+    assert per_cpu["cores"] == pytest.approx(1.8)
+    cpu = {"a": p, "b": dict(p), "r": {"cores": None}, "t": {"cores": 3.0, "not_applied": "TCG"}}
+    words = host_overcommit(cpu, host_cores=2)
+    assert "2.90 of 2 host cores" in words and "dilation=1.5" in words
+    assert host_overcommit(cpu, host_cores=4) is None

@@ -2,7 +2,7 @@
 
 Unit: the rekey's effect read from an interval series (dip, recovery, retransmits), the plan-time
 refusal of a rekey on a profile that cannot be rekeyed (before anything is built), the drivers'
-answers, a cold establishment that fails being a result, and a half-up tunnel being dead for the
+answers, a cold establishment and a rekey that fail being results, and a half-up tunnel being dead for the
 runner. Root: WireGuard's cold establishment three times on a real lab (every restarted daemon
 in the ledger, the old ones gone, nothing left after teardown), and a forced strongSwan ChaCha20
 rekey under a running TCP flow that charon itself shows as a new CHILD_SA.
@@ -19,9 +19,10 @@ import pytest
 
 from lab.campaign.load import load_plan
 from lab.core import proc
-from lab.core.errors import ConfigError
+from lab.core.errors import ConfigError, StartupError
 from lab.measure import get_test
 from lab.measure.base import Context, MeasurementFailed
+from lab.measure import handshake
 from lab.measure.handshake import rekey_effect, with_interval
 from lab.measure.iperf3 import client_argv
 from lab.vpn.control import Establishment, Quiet, open_connections, wait_quiet
@@ -359,6 +360,105 @@ def test_queued_packets_reads_the_engines_queue_depth_and_netem_qlen():
 def test_without_tunnel_control_the_case_fails(tmp_path):
     [rec] = HANDSHAKE.run(_ctx(tmp_path, None), HANDSHAKE.validate({}, source="t"))
     assert rec["ok"] is False and "tunnel control" in rec["error"]
+
+
+class _Server:
+    """The server node as the rekey's flow uses it: its iperf3 server spawned and stopped."""
+
+    def __init__(self):
+        self.stopped = []
+
+    def spawn(self, name, argv, *, log):
+        return SimpleNamespace(name=name)
+
+    def stop(self, daemon):
+        self.stopped.append(daemon.name)
+
+
+class _Rekeying(_Tunnel):
+    """A tunnel whose rekey() answers `rekey` (evidence, or an exception to raise); its
+    establish() (the restart after a failed rekey) is counted."""
+
+    def __init__(self, rekey):
+        super().__init__(Establishment(True, ms=30.0))
+        self._rekey, self.restarts = rekey, 0
+
+    def rekey_support(self):
+        return SimpleNamespace(ok=True, how="test")
+
+    def rekey(self, *, timeout):
+        assert timeout == 7
+        if isinstance(self._rekey, Exception):
+            raise self._rekey
+        return self._rekey
+
+    def establish(self, *, cap_s, probe_s):
+        self.restarts += 1
+        return super().establish(cap_s=cap_s, probe_s=probe_s)
+
+
+def _rekey_run(tmp_path, monkeypatch, tunnel, flow) -> dict:
+    """One rekey-only repetition: a 3 s flow (`flow`: the client's iperf3 JSON, or the
+    MeasurementFailed it raises), the rekey at its midpoint at once."""
+
+    def client(ctx, argv, **kw):
+        if isinstance(flow, Exception):
+            raise flow
+        return flow
+
+    monkeypatch.setattr(handshake, "wait_listening", lambda *a, **kw: None)
+    monkeypatch.setattr(handshake, "run_client", client)
+    monkeypatch.setattr(handshake, "flow_start", lambda *a, **kw: handshake.time.monotonic() - 1.5)
+    params = HANDSHAKE.validate(
+        {"cold": False, "rekey": True, "timeout_s": 7, "duration_s": 3}, source="t"
+    )
+    ctx = Context(None, _Server(), "10.99.0.2", tmp_path / "raw", tunnel=tunnel)
+    [rec] = HANDSHAKE.run(ctx, params)
+    assert ctx.server.stopped == ["iperf3-server-5201"]
+    return rec
+
+
+IPERF3_TCP = (REPO / "tests" / "data" / "iperf3_tcp_c2s.json").read_text()
+
+
+def test_a_rekey_that_never_completes_is_a_result(tmp_path, monkeypatch):
+    # the driver's StartupError: no new keys within timeout_s (openvpn "not up again after
+    # 30 s after SIGUSR1"); the flow broke meanwhile
+    never = StartupError("openvpn on client not up again after 7 s after SIGUSR1\nlog tail")
+    tunnel = _Rekeying(never)
+    rec = _rekey_run(tmp_path, monkeypatch, tunnel, MeasurementFailed("iperf3: timed out"))
+    assert rec["ok"] is True
+    assert rec["rekey_status"].startswith("failed after ")
+    assert rec["rekey_status"].endswith(" s")
+    assert rec["error"].startswith(f"rekey {rec['rekey_status']}: openvpn on client not up again")
+    assert "log tail" not in rec["error"]  # the reason's first line only
+    assert "started again" in rec["error"] and tunnel.restarts == 1
+    assert "rekey_dip_pct" not in rec and "rekey_keys_s" not in rec
+
+
+def test_a_failed_rekey_keeps_the_flow_figures_when_the_flow_ran_to_its_end(tmp_path, monkeypatch):
+    tunnel = _Rekeying(StartupError("strongSwan: no new CHILD_SA 'lab' within 7 s of the rekey"))
+    rec = _rekey_run(tmp_path, monkeypatch, tunnel, IPERF3_TCP)
+    assert rec["ok"] is True and rec["rekey_status"].startswith("failed after ")
+    assert rec["rekey_before_bps"] > 0 and rec["rekey_dip_pct"] is not None
+    assert rec["intervals"] and "rekey_keys_s" not in rec
+
+
+def test_a_rekey_the_tool_cannot_ask_for_still_fails_the_case(tmp_path, monkeypatch):
+    from lab.core.errors import CommandError
+
+    tunnel = _Rekeying(CommandError(["swanctl", "--rekey"], 1, "no vici socket"))
+    rec = _rekey_run(tmp_path, monkeypatch, tunnel, IPERF3_TCP)
+    assert rec["ok"] is False and "swanctl" in rec["error"] and tunnel.restarts == 0
+
+
+def test_a_completed_rekey_reads_the_flow(tmp_path, monkeypatch):
+    evidence = {"how": "swanctl --rekey", "before": "a/b", "after": "c/d", "seconds": 0.2}
+    rec = _rekey_run(tmp_path, monkeypatch, _Rekeying(evidence), IPERF3_TCP)
+    assert rec["ok"] is True and rec["error"] is None
+    assert rec["rekey_status"] in ("recovered", "not recovered")
+    assert rec["rekey_keys_s"] == 0.2 and rec["rekey_evidence"] == "swanctl --rekey: a/b -> c/d"
+    assert rec["rekey_at_s"] == pytest.approx(1.5, abs=0.2)
 
 
 def test_a_half_up_tunnel_is_dead_for_the_runner(tmp_path):

@@ -22,6 +22,7 @@ from lab.measure.rrul import (
     flow_series,
     flows_of,
     percentile,
+    queueing_split,
     responsiveness_rpm,
     rtt_summary,
 )
@@ -209,6 +210,43 @@ def test_run_pings_idle_then_loads_both_ways_and_pings_again(tmp_path):
     assert rec["probes"] == PROBES and rec["flows_each_way"] == 2
     assert rec["responsiveness_rpm"] == pytest.approx(60_000 / rec["rtt_loaded_p50_ms"])
     assert rec["rtt_loaded_loss_pct"] == 0.0
+
+
+def test_queueing_split_by_hand():
+    summary = rtt_summary([1.0, 1.0, 1.0], [31.0, 31.0, 31.0])  # the tunnel: +30 ms
+    out = queueing_split(summary, [0.5, 0.5, 0.7], [8.5, 8.5, 9.0])  # the link: +8 ms
+    assert out["link_rtt_idle_p50_ms"] == 0.5 and out["link_rtt_loaded_p50_ms"] == 8.5
+    assert out["link_inflation_ms"] == 8.0 and out["vpn_inflation_ms"] == 22.0
+    assert queueing_split(summary, [], [8.0])["vpn_inflation_ms"] is None
+
+
+def test_with_a_link_address_both_phases_also_ping_the_underlay(tmp_path):
+    ctx, client, server = make(
+        tmp_path, _responder(golden("ping_ipv4_ok.txt"), golden("iperf3_tcp_bidir_p2.json"))
+    )
+    ctx.timeout_s = 0.2
+    ctx.link_addr = "192.0.2.77"
+    params = RRUL.validate({"flows": 2, "duration_s": 2, "idle_s": 1}, source="t")
+    [rec] = RRUL.run(ctx, params)
+    assert rec["ok"], rec["error"]
+    pings = [a for a in client.popened if a[0] == "ping"]
+    assert sorted(a[-1] == "192.0.2.77" for a in pings) == [False, False, True, True], pings
+    # the same recorded output on both paths: neither queue adds anything over the other
+    assert rec["link_inflation_ms"] == rec["latency_inflation_ms"]
+    assert rec["vpn_inflation_ms"] == 0.0
+    assert "192.0.2.77" in rec["link_probe"] and rec["link_rtts_loaded"]
+    raws = [p.name for p in (tmp_path / "raw").iterdir()] if (tmp_path / "raw").exists() else []
+    assert len(raws) == len(set(raws))
+
+
+def test_without_a_link_address_there_is_no_underlay_ping(tmp_path):
+    ctx, client, _ = make(
+        tmp_path, _responder(golden("ping_ipv4_ok.txt"), golden("iperf3_tcp_bidir_p2.json"))
+    )
+    ctx.timeout_s = 0.2
+    [rec] = RRUL.run(ctx, RRUL.validate({"duration_s": 2, "idle_s": 1}, source="t"))
+    assert len([a for a in client.popened if a[0] == "ping"]) == 2
+    assert rec["link_probe"].startswith("none") and rec.get("vpn_inflation_ms") is None
 
 
 def test_no_idle_reply_is_a_failed_record_and_nothing_is_left_running(tmp_path):

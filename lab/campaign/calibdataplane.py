@@ -67,8 +67,14 @@ def shares(
     cs = core_share or prof.core_share
     for dp, daemon, prim, ref_name in pairs(prof):
         ref = prof.references[ref_name]
-        proc = (processes.get(f"{daemon}:{prim}") or {}).get("host_mbps")
-        share, how = share_of(cs, ref.mbps, proc, host_mbps.get(prim))
+        rec = processes.get(f"{daemon}:{prim}") or {}
+        proc = rec.get("host_mbps")
+        # the board kernel's own packet path, where the profile states it (lab.model.boardkernel)
+        kernel_dp = dp.removeprefix("kernel ") if dp.startswith("kernel ") else None
+        kdp = prof.kernel.dataplanes.get(kernel_dp) if prof.kernel and kernel_dp else None
+        pps = kdp.path.pps.get(prim) if kdp and kdp.path else None
+        path = pps * (rec.get("size") or kdp.path.bytes) / 1e6 if pps else None
+        share, how = share_of(cs, ref.mbps, proc, host_mbps.get(prim), path)
         row = {
             "dataplane": dp,
             "daemon": daemon,

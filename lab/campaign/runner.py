@@ -229,6 +229,9 @@ class Runner(RunRecord):
                 "records": [TESTS[case.test.test].not_applicable(why, family=case.test.ip)],
             }
         d = dilation.factor(lab.spec.dilation)  # time dilation: parameters in, figures back
+        link = None
+        if rec and rec.tunnel and (tc, ts) == (rec.client, rec.server):
+            link = rec.tunnel["server"].underlay_v4.split("/")[0] or None
         ctx = Context(
             client=lab.node(tc),
             server=lab.node(ts),
@@ -243,6 +246,7 @@ class Runner(RunRecord):
             )
             if case.profile in self.plan.loaded
             else None,
+            link_addr=link if link != target else None,
         )
         test = TESTS[case.test.test]
         started = utc_now()

@@ -8,7 +8,9 @@ adaptive tcp/udp test runs a first segment of ``adaptive_min_s`` + 5 s (room for
 drop a warm-up), applies the rule to its per-second intervals, and when the interval is still
 too wide runs one more segment as long as the rule estimates it needs (the t interval's
 current spread, plus the warm-up again, since each segment is a new connection), until the
-rule is met or the plan's duration (the cap) is spent. That is for udp only: a new TCP
+rule is met or the plan's duration (the cap) is spent. (A tcp test now stops as it streams,
+lab/measure/tcpstream.py; it runs segments only where the receiving node has no ss.) For udp
+only: a new TCP
 connection starts faster than a loss-bound stream runs, so a tcp test whose first segment is
 not settled runs once more as one connection for the plan's full duration, which alone counts
 (the fixed-length test; `fixed_after_s` in its record says how long the first try took). Each segment's JSON is complete, so the
@@ -201,18 +203,19 @@ def run_segments(
             wasted = elapsed
             full = run_one(cap_s)
             d = evaluate(receiver_rates(full)[drop:], flat, elapsed_s=cap_s, cap_s=cap_s)
-            info = _info("cap", d, rule, measured_s=cap_s, cap_s=cap_s, unit="bit/s")
+            info = adaptive_block("cap", d, rule, measured_s=cap_s, cap_s=cap_s, unit="bit/s")
             info.update(segments=1, fixed_after_s=wasted, warmup_s_per_segment=drop)
             return combine([full]), info
         seg = min(cap_s - elapsed, max(math.ceil(more), 2) + drop)
-    info = _info(reason, d, rule, measured_s=elapsed, cap_s=cap_s, unit="bit/s")
+    info = adaptive_block(reason, d, rule, measured_s=elapsed, cap_s=cap_s, unit="bit/s")
     info.update(segments=len(parts), warmup_s_per_segment=drop if not omit_s else omit_s)
     if loss is not None:
         info["loss"] = loss
     return combine(parts), info
 
 
-def _info(reason: str, d: Decision, rule: Rule, *, measured_s, cap_s, unit: str) -> dict:
+def adaptive_block(reason: str, d: Decision, rule: Rule, *, measured_s, cap_s, unit: str) -> dict:
+    """A record's `adaptive` block: why it stopped, what it measured, the interval, the rule."""
     return {
         "reason": reason,
         "measured_s": measured_s,
@@ -235,7 +238,9 @@ def ping_info(rtts: list[float], stopped: bool, rule: Rule, *, interval_s: float
     cap_s = count * interval_s
     d = evaluate(rtts, rule, sample_s=interval_s, cap_s=cap_s)
     reason = "ci" if stopped and d.reason == "ci" else "cap"
-    return _info(reason, d, rule, measured_s=len(rtts) * interval_s, cap_s=cap_s, unit="ms")
+    return adaptive_block(
+        reason, d, rule, measured_s=len(rtts) * interval_s, cap_s=cap_s, unit="ms"
+    )
 
 
 def watch(

@@ -12,6 +12,7 @@ returns a record that says why, with no metric. Bad parameters raise ConfigError
 
 from __future__ import annotations
 
+import threading
 import ipaddress
 import subprocess
 import time
@@ -34,6 +35,10 @@ class MeasurementFailed(Exception):
 Record = dict[str, Any]
 """One measured point: metrics plus ``test``, ``ok``, ``error`` and ``raw_files`` (and
 ``not_applicable``, the reason, on a point that does not apply)."""
+
+
+#: next_raw's numbering across the threads of one test
+_RAW_LOCK = threading.Lock()
 
 
 @dataclass
@@ -60,6 +65,10 @@ class Context:
     #: the methods of lab.measure.handshake.Tunnel (lab.vpn.control.TunnelControl); None where
     #: the runner gives none
     tunnel: Any = None
+    #: the server's underlay address, outside the tunnel, when the traffic runs between the
+    #: tunnel's own ends (IPv4); None without a tunnel or when the traffic nodes are others.
+    #: rrul pings it beside the tunnel to tell the link's queueing from the VPN's own
+    link_addr: str | None = None
     _seq: int = field(default=0, repr=False)
 
     def state_path(self) -> Path:
@@ -68,13 +77,15 @@ class Context:
         )
 
     def next_raw(self, label: str, suffix: str = ".txt") -> Path:
-        """A fresh raw-output path: ``NNN-label.suffix`` (never overwrites an earlier one)."""
+        """A fresh raw-output path: ``NNN-label.suffix`` (never overwrites an earlier one; safe
+        from a test's threads: rrul's two pings)."""
         self.raw_dir.mkdir(parents=True, exist_ok=True)
-        while True:
-            self._seq += 1
-            p = self.raw_dir / f"{self._seq:03d}-{label}{suffix}"
-            if not p.exists():
-                return p
+        with _RAW_LOCK:
+            while True:
+                self._seq += 1
+                p = self.raw_dir / f"{self._seq:03d}-{label}{suffix}"
+                if not p.exists():
+                    return p
 
 
 def family_of(addr: str) -> int | None:
@@ -138,6 +149,10 @@ PLOTS: dict[str, str] = {
     "column of the headline",
     "load-latency": "each flow's throughput over time per case, and the CDF of the RTT samples idle "
     "against loaded per profile and condition",
+    "establishment": "a table per profile and condition of the cold establishment time, how many "
+    "completed, and a profile's own key exchange (time, bytes, packets) where it has one",
+    "rekey": "a table per profile and condition of a forced rekey's cost: new keys after, the dip "
+    "against the flow's own noise, recovery, retransmits and each repetition's status",
 }
 #: what the report's Recommendation ranks the VPN profiles by, with the first test of the plan
 #: that declares it in `Test.ranks`
@@ -255,6 +270,11 @@ class Test(ABC):
         left out (lab.campaign.plan.TestEntry.to_json)."""
         later = self.since_plans
         return {k: v for k, v in params.items() if k not in later or v != later[k]}
+
+    def primary_for(self, params: Mapping[str, Any]) -> Primary | None:
+        """The metric an entry with `params` (validated, as plan.json keeps them) is reported by:
+        `primary`, or another where these parameters leave it unmeasured."""
+        return self.primary
 
     def estimate_s(self, params: Mapping[str, Any]) -> float:
         """Expected wall time of one run with validated `params` (the progress bar's ETA)."""

@@ -24,8 +24,11 @@ keys (Driver.trigger_rekey: strongSwan `swanctl --rekey --child`, OpenVPN SIGUSR
 its evidence (new CHILD_SA SPIs, a new TLS session in the log). rekey_effect() then reads the
 interval series: the median before the trigger, the dip (the lowest interval right after it
 against that median), the retransmits meanwhile and the recovery time (to the first interval
-back within 10 % of the median). A profile that cannot be rekeyed on demand (WireGuard, static
-keys) is refused when the plan loads (Test.needs -> lab.campaign.load), before anything is built.
+back within 10 % of the median). A rekey whose new keys never come (the driver's StartupError:
+none within `timeout_s`, or its daemon gone) is a result too: rekey_status "failed after N s",
+the reason in `error`, the tunnel then started again. A profile that cannot be rekeyed on
+demand (WireGuard, static keys) is refused when the plan loads (Test.needs ->
+lab.campaign.load), before anything is built.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from lab.core.errors import ConfigError, LabError
+from lab.core.errors import ConfigError, LabError, StartupError
 from lab.core.tools import SS
 from lab.measure.base import (
     Context,
@@ -284,7 +287,8 @@ class HandshakeTest(Test):
         Metric(
             "rekey_status",
             "string",
-            description="recovered, or not recovered (the flow ended below the median)",
+            description="recovered, not recovered (the flow ended below the median), or "
+            "'failed after N s' (no new keys within timeout_s: a result, the reason in error)",
         ),
         Metric(
             "rekey_retransmits",
@@ -304,6 +308,12 @@ class HandshakeTest(Test):
         Metric("retransmits", unit="segments", description="TCP retransmits of the sender"),
     )
     primary = Primary("handshake_ms", "ms", 1.0, False)
+    #: the rekey-only entry's (cold = false), which measures no handshake_ms
+    rekey_primary = Primary("rekey_recovery_s", "s", 1.0, False)
+    plots = ("establishment", "rekey")
+
+    def primary_for(self, params: Mapping[str, Any]) -> Primary | None:
+        return self.primary if params.get("cold", True) else self.rekey_primary
 
     def validate(self, params: Mapping[str, Any] | None, *, source: str) -> dict[str, Any]:
         out = super().validate(params, source=source)
@@ -386,6 +396,8 @@ class HandshakeTest(Test):
             server += ["-B", ctx.server_addr.strip("[]")]
         daemon = ctx.server.spawn(f"iperf3-server-{port}", server, log=log)
         trigger_error: LabError | None = None
+        never: StartupError | None = None  # no new keys within timeout_s, or the daemon gone
+        never_after_s = 0.0
         try:
             wait_listening(ctx.server, daemon, proto="tcp", port=port)
             flow = threading.Thread(target=client, name="handshake-iperf3", daemon=True)
@@ -395,6 +407,8 @@ class HandshakeTest(Test):
             t_trigger = time.monotonic()
             try:
                 evidence = ctx.tunnel.rekey(timeout=params["timeout_s"])
+            except StartupError as e:
+                never, never_after_s, evidence = e, time.monotonic() - t_trigger, {}
             except LabError as e:
                 trigger_error, evidence = e, {}
             flow.join(duration + ctx.timeout_s + 5)
@@ -402,34 +416,65 @@ class HandshakeTest(Test):
             ctx.server.stop(daemon)
         if trigger_error is not None:
             raise trigger_error
+        if never is not None:
+            return self._rekey_failed(ctx, params, never, never_after_s, got, t_trigger - t0)
         if "error" in got:
             raise got["error"]
         if "text" not in got:
             raise MeasurementFailed("iperf3 did not finish")
-        m = parse_iperf3_tcp(got["text"])
-        series = m.get("server_intervals") or m["intervals"]
-        fx = rekey_effect(
-            series,
-            t_trigger - t0,
-            keys_s=float(evidence.get("seconds") or 0.0),
-            retransmits=m["intervals"],
-        )
+        fx = flow_effect(got["text"], t_trigger - t0, float(evidence.get("seconds") or 0.0))
         return {
-            "rekey_before_bps": fx["before_bps"],
-            "rekey_min_bps": fx["min_bps"],
-            "rekey_dip_pct": fx["dip_pct"],
-            "rekey_noise_pct": fx["noise_pct"],
-            "rekey_recovery_s": fx["recovery_s"],
-            "rekey_status": "recovered" if fx["recovery_s"] is not None else "not recovered",
-            "rekey_retransmits": fx["retransmits"],
+            **fx,
+            "rekey_status": "recovered" if fx["rekey_recovery_s"] is not None else "not recovered",
             "rekey_keys_s": evidence.get("seconds"),
             "rekey_evidence": f"{evidence.get('how')}: {evidence.get('before')} -> "
             f"{evidence.get('after')}",
-            "rekey_at_s": round(t_trigger - t0, 3),
-            "retransmits": m["retransmits"],
-            "intervals": series,
-            "sender_intervals": m["intervals"],
         }
+
+    def _rekey_failed(
+        self, ctx: Context, params: Mapping[str, Any], e: StartupError, after_s: float,
+        got: dict, at_s: float,
+    ) -> dict:  # fmt: skip
+        """A rekey that never completed is a result, as a cold establishment that never does
+        (docs/measurements.md "Handshake and rekey"): rekey_status "failed after N s" (N from
+        the trigger), the reason in `error`, the flow's figures where it ran to its end. The
+        tunnel is then started again (Tunnel.establish) for the cases that follow; when even
+        that fails, the lab's record stays "starting" and the runner builds the lab again."""
+        status = f"failed after {after_s:.1f} s"
+        out: dict[str, Any] = {"rekey_status": status, "rekey_at_s": round(at_s, 3)}
+        if "text" in got:
+            try:
+                out.update(flow_effect(got["text"], at_s, after_s))
+            except MeasurementFailed:  # the flow says nothing about the rekey: status alone
+                pass
+        out["rekey_status"] = status
+        why = f"rekey {status}: {(str(e).strip().splitlines() or ['no reason given'])[0]}"
+        est = ctx.tunnel.establish(cap_s=params["timeout_s"], probe_s=params["probe_ms"] / 1e3)
+        if est.not_restored:
+            why += f"; the tunnel could not be brought up again: {est.not_restored}"
+        else:
+            why += "; the tunnel was started again for the cases that follow"
+        return {**out, "error": why}
+
+
+def flow_effect(text: str, at_s: float, keys_s: float) -> dict[str, Any]:
+    """The rekey flow's figures: iperf3's JSON `text` parsed and read by rekey_effect() for a
+    rekey `at_s` into the flow whose new keys came `keys_s` later."""
+    m = parse_iperf3_tcp(text)
+    series = m.get("server_intervals") or m["intervals"]
+    fx = rekey_effect(series, at_s, keys_s=keys_s, retransmits=m["intervals"])
+    return {
+        "rekey_before_bps": fx["before_bps"],
+        "rekey_min_bps": fx["min_bps"],
+        "rekey_dip_pct": fx["dip_pct"],
+        "rekey_noise_pct": fx["noise_pct"],
+        "rekey_recovery_s": fx["recovery_s"],
+        "rekey_retransmits": fx["retransmits"],
+        "rekey_at_s": round(at_s, 3),
+        "retransmits": m["retransmits"],
+        "intervals": series,
+        "sender_intervals": m["intervals"],
+    }
 
 
 def flow_start(

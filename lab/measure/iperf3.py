@@ -231,7 +231,8 @@ def _intervals(doc: dict[str, Any], *, udp: bool, key: str = "sum") -> list[dict
     return out
 
 
-def _common(doc: dict[str, Any]) -> dict[str, Any]:
+def common_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """The figures every direction of a document shares: direction, streams, version, CPU."""
     ts = doc["start"].get("test_start", {})
     cpu = doc["end"].get("cpu_utilization_percent", {})
     server = doc.get("server_output_json")
@@ -310,7 +311,7 @@ def _directions(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
             ("client-to-server", "", "sum"),
             ("server-to-client", "_bidir_reverse", "sum_bidir_reverse"),
         ]
-    return [(_common(doc)["direction"], "", "sum")]
+    return [(common_fields(doc)["direction"], "", "sum")]
 
 
 def _split(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -344,7 +345,7 @@ def parse_iperf3_tcp(json_text: str) -> dict[str, Any]:
         cc_key = "receiver_tcp_congestion" if suffix else "sender_tcp_congestion"
         parts.append(
             {
-                **_common(doc),
+                **common_fields(doc),
                 "direction": direction,
                 "streams": len(streams) or start.get("test_start", {}).get("num_streams"),
                 "per_stream": streams,
@@ -387,7 +388,7 @@ def parse_iperf3_udp(json_text: str) -> dict[str, Any]:
         streams = _per_stream(doc, udp=True, client_sends=direction == "client-to-server")
         parts.append(
             {
-                **_common(doc),
+                **common_fields(doc),
                 "direction": direction,
                 "streams": len(streams) or ts.get("num_streams"),
                 "per_stream": streams,

@@ -14,6 +14,12 @@ of the figure: the IETF responsiveness draft (draft-ietf-ippm-responsiveness) me
 HTTP/2 transactions and TCP/TLS handshakes on fresh and load-bearing connections, which this
 test does not; read it as "ping round trips a minute under load".
 
+Where the traffic runs between the tunnel's own ends, a second ping to the server's underlay
+address (outside the tunnel, over the same link) runs beside the first in both phases: its
+inflation is the link's queueing (the router's and the impairment's queues, which the tunnel's
+packets cross too), and the tunnel's inflation less the link's is the VPN's own queueing (its
+TUN device, its daemons' sockets and backlog): `link_inflation_ms`, `vpn_inflation_ms`.
+
 The round-trip probe is ICMP echo (ping) only: flent's RRUL adds UDP round-trip probes with
 irtt, which the lab's nodes do not have (not in setup.sh's package list), so there is no UDP
 probe and the record says so (`probes`).
@@ -99,6 +105,24 @@ def rtt_summary(idle_ms: Sequence[float], loaded_ms: Sequence[float]) -> dict[st
     out["latency_inflation_ms"] = loaded - idle if idle is not None and loaded is not None else None
     out["responsiveness_rpm"] = responsiveness_rpm(loaded)
     return out
+
+
+def queueing_split(
+    summary: Mapping[str, Any], link_idle_ms: Sequence[float], link_loaded_ms: Sequence[float]
+) -> dict[str, Any]:
+    """The link's share of the latency under load and the VPN's own, from the underlay ping's
+    samples (ms) beside the tunnel's summary (rtt_summary): link_rtt_{idle,loaded}_p50_ms,
+    link_inflation_ms (the link's queueing) and vpn_inflation_ms = latency_inflation_ms -
+    link_inflation_ms (what the tunnel's own queues add on top)."""
+    idle, loaded = percentile(link_idle_ms, 50), percentile(link_loaded_ms, 50)
+    link = loaded - idle if idle is not None and loaded is not None else None
+    tunnel = summary.get("latency_inflation_ms")
+    return {
+        "link_rtt_idle_p50_ms": idle,
+        "link_rtt_loaded_p50_ms": loaded,
+        "link_inflation_ms": link,
+        "vpn_inflation_ms": tunnel - link if tunnel is not None and link is not None else None,
+    }
 
 
 def flow_series(doc: Mapping[str, Any]) -> dict[int, list[dict[str, Any]]]:
@@ -214,6 +238,26 @@ class RrulTest(Test):
             "(the RTT-based form, not the IETF draft's HTTP/2 method)",
         ),
         Metric("retransmits", unit="segments", description="TCP retransmits of the senders"),
+        Metric(
+            "link_rtt_idle_p50_ms",
+            unit="ms",
+            description="median ping RTT to the server's underlay address, tunnel idle",
+        ),
+        Metric(
+            "link_rtt_loaded_p50_ms",
+            unit="ms",
+            description="median ping RTT to the server's underlay address under the flows",
+        ),
+        Metric(
+            "link_inflation_ms",
+            unit="ms",
+            description="the link's queueing: link_rtt_loaded_p50_ms - link_rtt_idle_p50_ms",
+        ),
+        Metric(
+            "vpn_inflation_ms",
+            unit="ms",
+            description="the VPN's own queueing: latency_inflation_ms - link_inflation_ms",
+        ),
     )
     primary = Primary("responsiveness_rpm", "RPM", 1.0, True)
 
@@ -242,16 +286,36 @@ class RrulTest(Test):
         files: list[Path] = []
         base: dict[str, Any] = {"flows_each_way": params["flows"], "probes": PROBES}
         every = params["ping_interval_s"]
+        link: dict[str, Any] = {}
+        base["link_probe"] = (
+            f"ping {ctx.link_addr} (the server's underlay address) beside the tunnel's"
+            if ctx.link_addr
+            else "none: no tunnel, or the traffic nodes are not the tunnel's ends"
+        )
         try:
-            idle = self._ping(ctx, echoes(params["idle_s"], every), every, "ping-idle", files)
+            idle = self._phase(
+                ctx, echoes(params["idle_s"], every), every, "ping-idle", files, link
+            )
             base["rtts_idle"] = idle["rtts"]
-            loaded, flows = self._loaded(ctx, params, files)
+            loaded, flows = self._loaded(ctx, params, files, link)
             base["rtts_loaded"] = loaded["rtts"]
         except MeasurementFailed as e:
             return [self.record(ok=False, error=str(e), raw_files=files, **base)]
         summary = rtt_summary(
             [r["rtt_ms"] for r in idle["rtts"]], [r["rtt_ms"] for r in loaded["rtts"]]
         )
+        if "ping-idle" in link and "ping-loaded" in link:
+            summary.update(
+                queueing_split(
+                    summary,
+                    [r["rtt_ms"] for r in link["ping-idle"]["rtts"]],
+                    [r["rtt_ms"] for r in link["ping-loaded"]["rtts"]],
+                )
+            )
+            base["link_rtts_idle"] = link["ping-idle"]["rtts"]
+            base["link_rtts_loaded"] = link["ping-loaded"]["rtts"]
+        elif link.get("error"):
+            base["link_probe"] += f"; failed: {link['error']}"
         sent = loaded["transmitted"]
         loss = 100.0 * (sent - loaded["received"]) / sent if sent else None
         return [
@@ -266,12 +330,49 @@ class RrulTest(Test):
             )
         ]
 
+    def _phase(
+        self,
+        ctx: Context,
+        count: int,
+        every: float,
+        label: str,
+        files: list[Path],
+        link: dict[str, Any],
+    ) -> dict[str, Any]:
+        """One phase's tunnel ping (its parse_ping()) and, beside it where ctx.link_addr is
+        set, the same ping to the server's underlay address into link[label] (its failure
+        into link["error"]: the link probe is an addition, the test does not fail for it)."""
+        if not ctx.link_addr:
+            return self._ping(ctx, count, every, label, files)
+
+        def underlay() -> None:
+            try:
+                link[label] = self._ping(
+                    ctx, count, every, f"link-{label}", files, addr=ctx.link_addr
+                )
+            except MeasurementFailed as e:
+                link["error"] = str(e)
+
+        beside = threading.Thread(target=underlay, name=f"rrul-link-{label}", daemon=True)
+        beside.start()
+        try:
+            return self._ping(ctx, count, every, label, files)
+        finally:
+            beside.join(count * every + ctx.timeout_s + 5)
+
     def _ping(
-        self, ctx: Context, count: int, every: float, label: str, files: list[Path]
+        self,
+        ctx: Context,
+        count: int,
+        every: float,
+        label: str,
+        files: list[Path],
+        *,
+        addr: str | None = None,
     ) -> dict[str, Any]:
         """One ping phase's parse_ping(); MeasurementFailed when it timed out, printed no
         summary or got no reply."""
-        argv = ping_argv(ctx.server_addr, count=count, interval_s=every)
+        argv = ping_argv(addr or ctx.server_addr, count=count, interval_s=every)
         inv = invoke(ctx, ctx.client, argv, label=label, timeout=count * every + ctx.timeout_s)
         files += inv.raw_files
         if inv.timed_out:
@@ -285,7 +386,7 @@ class RrulTest(Test):
         return out
 
     def _loaded(
-        self, ctx: Context, params: Mapping[str, Any], files: list[Path]
+        self, ctx: Context, params: Mapping[str, Any], files: list[Path], link: dict[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The flows and, meanwhile, the loaded ping: (its parse_ping(), flows_of())."""
         port, duration, n = params["port"], params["duration_s"], params["flows"]
@@ -316,7 +417,7 @@ class RrulTest(Test):
             every = params["ping_interval_s"]
             ping_error = None
             try:
-                loaded = self._ping(ctx, echoes(left, every), every, "ping-loaded", files)
+                loaded = self._phase(ctx, echoes(left, every), every, "ping-loaded", files, link)
             except MeasurementFailed as e:
                 ping_error = e
             load.join(duration + ctx.timeout_s + 5)

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lab.measure.adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, columns, rule_of, run_segments
+from lab.measure.tcpstream import run_streaming, streams_here
 from lab.measure.base import Context, MeasurementFailed, Metric, Primary, Record, Test, family_of
 from lab.model.params import Param
+from lab.core.node import Node
 from lab.core.tools import SS
 from lab.measure.iperf3 import (
     BIDIR_PARAM,
@@ -111,8 +113,8 @@ class TcpTest(Test):
         return params["duration_s"] + params["omit_s"] + 0.5
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
-        def run_one(duration: float) -> dict[str, Any]:
-            argv = client_argv(
+        def argv_of(duration: float) -> list[str]:
+            return client_argv(
                 ctx.server_addr,
                 params["port"],
                 duration=duration,
@@ -123,6 +125,9 @@ class TcpTest(Test):
                 server_output=params["adaptive"],
                 bidir=params["bidir"],
             )
+
+        def run_one(duration: float) -> dict[str, Any]:
+            argv = argv_of(duration)
             text = run_client(
                 ctx, argv, label="iperf3-tcp", files=files, expected_s=duration + params["omit_s"]
             )
@@ -135,13 +140,29 @@ class TcpTest(Test):
         try:
             with iperf3_server(ctx, params["port"], json=params["adaptive"]) as server_log:
                 files.append(server_log)
-                if params["adaptive"]:  # segments bounded by -t (lab/measure/adaptive.py)
+                reverse = params["direction"] == "server-to-client"
+                if params["adaptive"] and streams_here(ctx.client if reverse else ctx.server):
+                    # one connection, stopped as it streams (lab/measure/tcpstream.py)
+                    metrics, info = run_streaming(
+                        ctx,
+                        argv_of(params["duration_s"]),
+                        port=params["port"],
+                        reverse=reverse,
+                        rule=rule_of(params),
+                        cap_s=params["duration_s"],
+                        omit_s=params["omit_s"],
+                        read_server_log=lambda: _read(ctx.server, server_log),
+                        files=files,
+                    )
+                    base.update(adaptive=info, **columns(info))
+                elif params["adaptive"]:  # segments bounded by -t (lab/measure/adaptive.py)
                     metrics, info = run_segments(
                         run_one,
                         rule_of(params),
                         cap_s=params["duration_s"],
                         omit_s=params["omit_s"],
                     )
+                    info["mechanism"] = "segments"  # no ss on the receiving node
                     base.update(adaptive=info, **columns(info))
                 else:
                     metrics = run_one(params["duration_s"])
@@ -162,3 +183,9 @@ class TcpTest(Test):
             )
             out.append(self.record(raw_files=files, **{**base, **m}))
         return out
+
+
+def _read(node: Node, path: Path) -> str:
+    """A log the node's process writes (on a board: the board's file of that path)."""
+    cp = node.run(["cat", str(path)], check=False, timeout=30)
+    return cp.stdout if cp.returncode == 0 else ""

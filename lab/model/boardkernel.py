@@ -18,8 +18,11 @@ A userspace data plane that the board runs too (OpenVPN, tinc, wireguard-go or k
 chosen explicitly) gets the same treatment with the board's userspace figure for its dominant
 primitive (e.g. OpenSSL's AES-256-CBC for OpenVPN), so a primitive that one fitted core_share
 prices badly on this host's CPU is priced right where it dominates (docs/cpu.md "Data planes").
-What the share cannot separate: the stand-in's per-packet work (syscalls, TUN, UDP) is priced at
-the same ratio as its crypto (docs/fidelity.md states the effect).
+Where the profile also states the board kernel's own packet path around the AEAD
+(`[kernel.dataplane.NAME.path]`: packets per second of one board core, counted by
+bench/kernel_dataplane.py), the board's side is that path plus the kernel's AEAD, and the
+stand-in's own per-packet work (syscalls, TUN, UDP, hand-offs) no longer stands for it; without
+one, the stand-in's path is priced at a board core's speed (docs/cpu.md "Data planes").
 
 Pure: parsing and arithmetic; the substrate creates the groups (lab.substrate.local.dataplane).
 """
@@ -34,7 +37,21 @@ from lab.core.errors import ConfigError, reject_unknown
 #: how a board's kernel spreads one tunnel's packet crypto over its cores
 THREADING = ("one-core", "per-cpu")
 _KERNEL_FIELDS = {"version", "arch", "source", "dataplane"}
-_DP_FIELDS = {"threading", "source", "why", "crypto"}
+_DP_FIELDS = {"threading", "source", "why", "crypto", "path"}
+_PATH_FIELDS = {"pps", "bytes", "kernel", "source", "derivation", "confidence"}
+
+
+@dataclass(frozen=True)
+class PacketPath:
+    """The board kernel's per-packet work around a data plane's AEAD, one side of it (sending
+    or receiving), per stand-in primitive: packets per second of one board core."""
+
+    pps: dict[str, float]
+    source: str
+    bytes: int = 1400  # the datagram it was counted with (the path's cost hardly depends on it)
+    kernel: str = ""
+    derivation: str = ""
+    confidence: str = "low"
 
 
 @dataclass(frozen=True)
@@ -45,6 +62,7 @@ class KernelDataPlane:
     why: str = ""
     #: the stand-in's primitive on this host -> the profile's reference for the board kernel's code
     crypto: dict[str, str] = field(default_factory=dict)
+    path: PacketPath | None = None
 
 
 @dataclass(frozen=True)
@@ -130,16 +148,75 @@ def parse_kernel_table(
                     source=src,
                     field=f"{where}.crypto.{prim}",
                 )
+        path = _parse_path(d.get("path"), src, where, crypto)
         dps[name] = KernelDataPlane(
-            name, d["threading"], d["source"], str(d.get("why", "")), dict(crypto)
+            name, d["threading"], d["source"], str(d.get("why", "")), dict(crypto), path
         )
     return BoardKernel(
         str(table.get("version", "")), str(table.get("arch", "")), str(table.get("source", "")), dps
     )
 
 
+def _parse_path(t: Any, src: str, where: str, crypto: dict) -> PacketPath | None:
+    if t is None:
+        return None
+    where = f"{where}.path"
+    if not isinstance(t, dict):
+        raise ConfigError("must be a table with pps and source", source=src, field=where)
+    reject_unknown(t, sorted(_PATH_FIELDS), source=src, where=where)
+    if not isinstance(t.get("source"), str) or not t["source"]:
+        raise ConfigError(
+            "missing: say where the packet path's figures come from",
+            source=src,
+            field=f"{where}.source",
+        )
+    pps = t.get("pps")
+    if not isinstance(pps, dict) or not pps:
+        raise ConfigError(
+            "must be a table of STAND-IN-PRIMITIVE = packets per second of one board core",
+            source=src,
+            field=f"{where}.pps",
+        )
+    for prim, v in pps.items():
+        if prim not in crypto:
+            raise ConfigError(
+                f"{prim!r} has no board AEAD in the crypto table; accepted: "
+                f"{', '.join(crypto) or 'none'}",
+                source=src,
+                field=f"{where}.pps.{prim}",
+            )
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise ConfigError(
+                f"must be a positive number (packets/s), got {v!r}",
+                source=src,
+                field=f"{where}.pps.{prim}",
+            )
+    nbytes = t.get("bytes", 1400)
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ConfigError(
+            f"must be a positive integer (bytes), got {nbytes!r}",
+            source=src,
+            field=f"{where}.bytes",
+        )
+    for k in ("kernel", "derivation", "confidence"):
+        if not isinstance(t.get(k, ""), str):
+            raise ConfigError("must be a string", source=src, field=f"{where}.{k}")
+    return PacketPath(
+        {k: float(v) for k, v in pps.items()},
+        t["source"],
+        nbytes,
+        t.get("kernel", ""),
+        t.get("derivation", ""),
+        t.get("confidence", "low"),
+    )
+
+
 def share_of(
-    core_share: float, board_mbps: float | None, process_mbps: float | None, prim_mbps: float | None
+    core_share: float,
+    board_mbps: float | None,
+    process_mbps: float | None,
+    prim_mbps: float | None,
+    path_mbps: float | None = None,
 ) -> tuple[float, dict]:
     """Host cores per board core for a data plane's process, and how it was worked out.
 
@@ -150,6 +227,12 @@ def share_of(
 
         share = t / (1/board_mbps + (t - c) / core_share)
 
+    With `path_mbps`, the board kernel's own packet path (its per-packet cost over the stand-in's
+    datagram), the board side is known whole, crypto and path, and the stand-in's own path no
+    longer stands for it:
+
+        share = t / (1/board_mbps + 1/path_mbps)
+
     Without a whole-process rate the process is taken as all crypto (share = board / prim);
     without a board figure its crypto is priced like the rest (share = core_share)."""
     if not board_mbps or not prim_mbps:
@@ -158,12 +241,16 @@ def share_of(
     if not process_mbps:
         return board_mbps / prim_mbps, {"basis": "primitive", "crypto_fraction": 1.0}
     t = max(1 / process_mbps, c)
-    board_t = 1 / board_mbps + (t - c) / core_share
-    return t / board_t, {
-        "basis": "process",
-        "crypto_fraction": round(c / t, 4),
-        "board_mbps_predicted": round(1 / board_t, 2),
-    }
+    how: dict[str, Any] = {"basis": "process", "crypto_fraction": round(c / t, 4)}
+    if path_mbps:
+        board_t = 1 / board_mbps + 1 / path_mbps
+        how["path"] = "board kernel"
+        how["board_path_mbps"] = round(path_mbps, 2)
+    else:
+        board_t = 1 / board_mbps + (t - c) / core_share
+        how["path"] = "stand-in at core_share"
+    how["board_mbps_predicted"] = round(1 / board_t, 2)
+    return t / board_t, how
 
 
 def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
@@ -181,6 +268,7 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
         "primitive": dp.primitive,
     }
     ref = None
+    path_mbps = None
     if dp.board.startswith("kernel:"):
         kdp = (prof.kernel.dataplanes if prof.kernel else {}).get(dp.board.split(":", 1)[1])
         if kdp is None:
@@ -199,6 +287,18 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
             )
             ref_name = kdp.crypto.get(dp.primitive or "")
             ref = prof.references.get(ref_name) if ref_name else None
+            pps = kdp.path.pps.get(dp.primitive or "") if kdp.path else None
+            if pps and ref is not None:
+                # per packet on the board, spread over the bytes of the datagrams the stand-in
+                # was measured with (so both sides of the share are per byte of the same packets)
+                size = (cal.get("process_bytes") or {}).get(f"{dp.daemon}:{dp.primitive}")
+                size = size or kdp.path.bytes
+                path_mbps = pps * size / 1e6
+                rec.update(
+                    board_path_pps=pps,
+                    board_path_bytes=size,
+                    board_path_source=kdp.path.source,
+                )
             if ref is None:
                 rec["why"] = (
                     f"profile {prof.name} names no board-kernel figure for {dp.primitive} in "
@@ -218,7 +318,7 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
             implementation=ref.implementation,
         )
     prim_mbps = host.get(dp.primitive or "")
-    share, how = share_of(prof.core_share, ref.mbps if ref else None, process, prim_mbps)
+    share, how = share_of(prof.core_share, ref.mbps if ref else None, process, prim_mbps, path_mbps)
     basis = how.pop("basis")
     rec.update(how)
     if prim_mbps:

@@ -96,6 +96,12 @@ def apply_calibration(prof) -> None:
             for k, v in (cal.get("processes") or {}).items()
             if isinstance(v, dict) and v.get("host_mbps")
         },
+        # the datagram size each was measured with (a board packet path is spread over it)
+        "process_bytes": {
+            k: v["size"]
+            for k, v in (cal.get("processes") or {}).items()
+            if isinstance(v, dict) and isinstance(v.get("size"), int) and v["size"] > 0
+        },
         # judged again with today's threshold, so that older files say it too
         "fit": fit_quality(cal.get("residuals") or {}, profile=prof.name),
     }

@@ -24,6 +24,16 @@ def primary(test: str) -> Primary:
     return (t.primary if t is not None else None) or DEFAULT_PRIMARY
 
 
+def entry_primary(entry: dict) -> Primary:
+    """The metric a plan entry ({"test", "params"}, as plan.json has it) is reported by: its
+    test's primary, or the one the test names for these parameters (Test.primary_for: a
+    handshake entry with cold = false times no establishment, its rekey's recovery instead)."""
+    t = TESTS.get(entry.get("test", ""))
+    if t is None or not entry.get("params"):
+        return primary(entry.get("test", ""))
+    return t.primary_for(entry["params"]) or primary(entry["test"])
+
+
 def draws(test: str, kind: str) -> bool:
     """Does the report draw `kind` (lab.measure.base.PLOTS) of tests called `test`? It is
     what the test declares (Test.plots); a test no longer registered draws nothing."""
@@ -300,6 +310,14 @@ METRIC_NAMES = {
     "jitter_ms": "jitter",
     "echo_replies": "echo replies",
     "handshake_ms": "handshake time",
+    "key_exchange_ms": "key exchange time",
+    "key_exchange_bytes": "key exchange traffic",
+    "key_exchange_packets": "key exchange frames",
+    "rekey_keys_s": "new keys after",
+    "rekey_dip_pct": "dip",
+    "rekey_noise_pct": "noise",
+    "rekey_recovery_s": "rekey recovery",
+    "rekey_retransmits": "retransmits during the rekey",
 }
 
 #: unit endings of metric columns that their readable name leaves out: the report prints the

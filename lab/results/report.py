@@ -11,7 +11,6 @@ the test declares (Test.plots, Test.ranks), never its name.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from lab.core.state import write_text_atomic
@@ -20,6 +19,7 @@ from lab.model.cpuwords import capacity_words, host_cores_words, usage_words
 from lab.results.doc import (
     Doc,
     draws,
+    entry_primary,
     fmt_value,
     host_ncores,
     mean_of,
@@ -31,6 +31,14 @@ from lab.results.doc import (
     stat_cell,
     stats_of,
 )
+from lab.results.handshakes import (
+    ESTABLISHMENT_STATUS,
+    REKEY_STATUS,
+    establishment_table,
+    measured,
+    rekey_table,
+)
+from lab.results.loadtables import loss_notes, rrul_table
 from lab.results.plots import make_plots
 from lab.results.preamble import (
     budget_section,
@@ -98,17 +106,18 @@ def generate(run_path: Path) -> dict:
 
 def headline(table, profiles, points, labels, plan) -> dict:
     """The figures `lab run` ends with: per profile and network condition, each test's primary
-    metric as mean ± sd (n) over the successful repetitions; a test whose records are several
-    points (a bidir test's directions, mtu's families) has a column per point, named as its
-    table is."""
+    metric as mean ± sd (n) over the successful repetitions (the one its parameters measure:
+    doc.entry_primary); a test whose records are several points (a bidir test's directions,
+    mtu's families) has a column per point, named as its table is."""
     tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
+    prims = {t["label"]: entry_primary(t) for t in plan.get("tests", [])}
     cols = []  # (label, point)
     header = ["profile", "condition"]
     for lb in labels:
         rows_l = rows_where(table, test_label=lb)
         if draws(tests.get(lb, ""), "rate-sweep") or not rows_l:
             continue
-        col, unit, _, _ = primary(tests[lb])
+        col, unit, _, _ = prims[lb]
         npoints = sorted({r["point"] for r in rows_l})
         for pidx in npoints:
             which = _point_words(rows_l, pidx, len(npoints))
@@ -120,12 +129,14 @@ def headline(table, profiles, points, labels, plan) -> dict:
         for pt in in_order([r["impairment"] for r in table], points):
             cells = []
             for lb, pidx in cols:
-                col, _, scale, _ = primary(tests[lb])
+                col, _, scale, _ = prims[lb]
                 all_rs = rows_where(table, test_label=lb, profile=prof, impairment=pt, point=pidx)
                 rs = [r for r in all_rs if r["ok"]]
                 failed = len(all_rs) - len(rs)
+                st = stats_of([r[col] for r in rs])
+                na = st is None and rs and all(r.get("not_applicable") for r in rs)
                 cells.append(
-                    stat_cell(stats_of([r[col] for r in rs]), scale)
+                    ("n/a" if na else stat_cell(st, scale))
                     + (f" [{failed} failed]" if failed else "")
                 )
             if any(c != "-" for c in cells):
@@ -143,10 +154,11 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
     )
     _unsettled(doc, results, plan)
     tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
+    entries = {t["label"]: t for t in plan.get("tests", [])}
     present_points = in_order([r["impairment"] for r in table], points)
     for label in labels:
         test = tests[label]
-        col, unit, scale, _ = primary(test)
+        col, unit, scale, _ = entry_primary(entries[label])
         rows_l = rows_where(table, test_label=label)
         if not rows_l:
             continue
@@ -175,7 +187,17 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
         if draws(
             test, "load-latency"
         ):  # latency under load: a row per case, its figures side by side
-            _rrul_table(doc, label, test, rows_l, profiles, present_points)
+            rrul_table(doc, label, test, rows_l, profiles, present_points)
+            continue
+        # set-up and rekey (handshake): a table of its own for each part its rows measured
+        cold = draws(test, "establishment") and measured(rows_l, ESTABLISHMENT_STATUS)
+        if cold:
+            establishment_table(doc, label, test, rows_l, profiles, present_points, results)
+        if draws(test, "rekey") and measured(rows_l, REKEY_STATUS):
+            rekey_table(doc, label, test, rows_l, profiles, present_points)
+            _not_applicable_note(doc, rows_l)
+            continue
+        if cold:
             continue
         extras = [
             c
@@ -184,7 +206,7 @@ def _results_tables(doc, table, profiles, points, labels, plan, results, manifes
         ]
         if extras:  # a datagram test: loss and jitter beside the rate, one row per case
             _side_by_side(doc, label, test, rows_l, profiles, present_points, extras)
-            _loss_notes(doc, label, rows_l, results, profiles, present_points)
+            loss_notes(doc, label, test, rows_l, results, profiles, present_points)
             continue
         header = ["profile"] + present_points
         for pidx in npoints:
@@ -276,97 +298,6 @@ def _side_by_side(doc, label, test, rows_l, profiles, points, extras) -> None:
     )
     doc.table(header, out)
     _not_applicable_note(doc, rows_l)
-
-
-#: the rrul table's columns: (results.csv column, header, scale)
-RRUL_COLUMNS = (
-    ("rrul_c2s_bps", "up Mbit/s", 1e-6),
-    ("rrul_s2c_bps", "down Mbit/s", 1e-6),
-    ("rrul_total_bps", "total Mbit/s", 1e-6),
-    ("rtt_idle_p50_ms", "idle p50 ms", 1.0),
-    ("rtt_loaded_p50_ms", "loaded p50 ms", 1.0),
-    ("rtt_loaded_p90_ms", "loaded p90 ms", 1.0),
-    ("rtt_loaded_p99_ms", "loaded p99 ms", 1.0),
-    ("latency_inflation_ms", "inflation ms", 1.0),
-    ("responsiveness_rpm", "RPM", 1.0),
-)
-
-
-def _rrul_table(doc, label, test, rows_l, profiles, points) -> None:
-    """Latency under load per profile and condition: each direction's throughput, the RTT idle
-    and loaded, the inflation and the responsiveness (docs/measurements.md "Latency under
-    load")."""
-    out = []
-    for prof in profiles:
-        for pt in points:
-            all_rs = rows_where(rows_l, profile=prof, impairment=pt)
-            if not all_rs:
-                continue
-            rs = [r for r in all_rs if r["ok"]]
-            failed = len(all_rs) - len(rs)
-            cells = [stat_cell(stats_of([r[c] for r in rs]), k) for c, _, k in RRUL_COLUMNS]
-            out.append([prof + (f" [{failed} failed]" if failed else ""), pt] + cells)
-    doc.p(
-        f"**{label}** ({test}): latency under load, up = client to server, down = server to "
-        "client (receiver rates, all flows); RTT = ping idle, then under the flows; inflation = "
-        "loaded p50 - idle p50; RPM = 60000 / loaded p50 (round trips a minute)"
-    )
-    doc.table(["profile", "condition"] + [h for _, h, _ in RRUL_COLUMNS], out)
-
-
-_SPEC_LOSS = re.compile(r"\bloss\s+(?:random\s+)?([\d.]+)%")
-
-
-def _loss_notes(doc, label, rows_l, results, profiles, points) -> None:
-    """Where the loss of a datagram test came from, as far as its records say: what the sender
-    could not send of the target, what the network condition drops by itself, what is left for
-    the path (tunnel daemons, their replay windows, queues), and reordering where counted."""
-    by_case = {r["case"]: r for r in results}
-    out = []
-    for prof in profiles:
-        for pt in points:
-            rs = rows_where(rows_l, profile=prof, impairment=pt, point=0, ok=True)
-            loss = mean_of([r["loss_pct"] for r in rs])
-            if not rs or loss is None or loss <= LOSS_WORTH_EXPLAINING:
-                continue
-            spec = rs[0]["impairment_spec"] or ""
-            m = _SPEC_LOSS.search(spec)
-            cond = float(m.group(1)) if m else 0.0
-            sent = mean_of([r["sent_pps"] for r in rs])
-            target = mean_of([r["target_pps"] for r in rs])
-            ooo = mean_of(
-                [((by_case.get(r["case"]) or {}).get("records") or [{}])[0].get("out_of_order")
-                 for r in rs]
-            )  # fmt: skip
-            out.append(
-                [
-                    prof,
-                    pt,
-                    f"{loss:.1f} %",
-                    f"{cond:g} %" + (f" (`{spec}`)" if spec else ""),
-                    f"{max(0.0, loss - cond):.1f} %",
-                    f"{100 * sent / target:.0f} %" if sent and target else "-",
-                    f"{ooo:.0f}" if ooo is not None else "not recorded",
-                ]
-            )
-    if not out:
-        return
-    doc.p(
-        f"**Where {label}'s loss comes from.** Of the datagrams sent, the network condition "
-        "drops its own share; the rest was lost on the way through the tunnel: its daemons (a "
-        "replay window drops datagrams that jitter reordered too far), their sockets, or the "
-        "queues. The records hold no daemon counters, so that rest is not split further; "
-        "datagrams out of order point at reordering, a sender below its target at the sender."
-    )
-    doc.table(
-        ["profile", "condition", "lost", "the condition's own loss", "lost on the way",
-         "sent of the target", "out of order per test"],
-        out,
-    )  # fmt: skip
-
-
-#: a datagram test's loss (%) above which the report says where it came from
-LOSS_WORTH_EXPLAINING = 1.0
 
 
 def _unsettled(doc, results, plan) -> None:

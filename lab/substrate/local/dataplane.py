@@ -6,11 +6,17 @@ the node's board cores (`<node>/dp0` ...), as many as the board uses cores for t
 (one for XFRM ESP, MACsec and single-threaded daemons; all of them for kernel WireGuard and
 multi-threaded daemons) and each capped at the share lab.model.boardkernel works out: one board
 core running the board's code for the data plane's dominant primitive, for the stand-in's code
-on this host. The node's own quota (all its board cores) stays above them. docs/cpu.md "Data
-planes".
+on this host. The node's own quota (all its board cores) stays above them, raised by what the
+data plane's cores cost here beyond an ordinary board core's share: on the board those cores run
+the kernel's code and the node's other work runs on the remaining cores, so the node's quota is
+the sum of its cores' prices (a data plane core at the data plane's share, every other core at
+core_share). docs/cpu.md "Data planes".
 """
 
 from __future__ import annotations
+
+import math
+import os
 
 from lab.model import boardkernel
 from lab.model.cpuprofile import load_cpu_profile
@@ -44,23 +50,59 @@ def dataplane_plan(cpu: dict[str, dict], vpn) -> list[str]:
         prof = load_cpu_profile(p["profile"])
         rec = boardkernel.plan(prof, dp, cores=p["slots"])
         # a group is one board core: divided by the dilation like the node's core groups, never
-        # above the node's own quota
+        # above one host core per group (a process's thread runs on one CPU at a time)
         want = rec["share"] / p.get("dilation", 1.0)
-        rec["group_cores"] = round(min(want, p["cores"]), 6)
-        if want > p["cores"]:
-            # the stand-in needs more of this host than the node has to match the board's code
+        rec["group_cores"] = round(min(want, 1.0), 6)
+        if want > 1.0:
+            # the stand-in needs more of this host than one CPU to match the board's code
             rec["why"] = (
                 f"{dp.daemon} would need {want:.2f} host cores per board core to carry what the "
                 f"board's {rec.get('implementation') or rec.get('board_reference')} carries; held "
-                f"to the node's {p['cores']:.2f}: results understate the board"
+                "to one host core per group: results understate the board"
             )
+        raise_node_quota(p, rec)
         p["dataplane"] = rec
         if rec.get("why"):
             warnings.append(
-                f"node {node}: {dp.daemon}'s data plane held to the node's quota, slower than the "
-                f"board's: {rec['why']} {doc_ref('data-plane-held')}"
+                f"node {node}: {dp.daemon}'s data plane held, slower than the board's: "
+                f"{rec['why']} {doc_ref('data-plane-held')}"
             )
+    if any((p.get("dataplane") or {}).get("node_cores_added") for p in cpu.values()):
+        over = host_overcommit(cpu)
+        if over:
+            warnings.append(over)
     return warnings
+
+
+def raise_node_quota(p: dict, rec: dict) -> None:
+    """The node's quota with its data plane's cores priced at the data plane's share: each of
+    the `groups` cores costs group_cores here instead of slot_cores (one ordinary board core),
+    so the node's quota grows by the difference (never shrinks: a data plane cheaper than a
+    board core leaves the core's share to the node's other work). Recorded in the data plane
+    record (`node_cores_before`, `node_cores_added`)."""
+    n = rec.get("groups") or 0
+    per_core = p.get("slot_cores") or p["cores"] / max(1, p.get("slots") or 1)
+    added = max(0.0, n * (rec["group_cores"] - per_core))
+    rec["node_cores_before"] = round(p["cores"], 6)
+    rec["node_cores_added"] = round(added, 6)
+    p["cores"] = round(p["cores"] + added, 6)
+
+
+def host_overcommit(cpu: dict[str, dict], host_cores: int | None = None) -> str | None:
+    """A warning when the nodes' quotas, data plane cores included, add up to more than this
+    machine's cores: then they compete for it and its speed, not the board's, sets the figures;
+    None when they fit."""
+    host = host_cores or len(os.sched_getaffinity(0))
+    total = sum(p["cores"] for p in cpu.values() if p.get("cores") and not p.get("not_applied"))
+    if total <= host:
+        return None
+    return (
+        f"the nodes' CPU quotas with their data planes' cores add up to {total:.2f} of {host} "
+        f"host cores: under full load the nodes compete and this machine's speed sets the "
+        f"figures; run time-dilated (`-p dilation={math.ceil(10 * total / host) / 10:g}`) or on "
+        f"a machine with "
+        f"more cores {doc_ref('data-plane-overcommit')}"
+    )
 
 
 def group_rel(rel: str, i: int) -> str:

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""TCP that stops as it streams against a fixed-length run (issue 33 item 5, must-show 4).
+
+    sudo .venv/bin/python bench/adaptive_tcp.py [--fixed-s 60] [--cap-s 300] [--cases N]
+    .venv/bin/python bench/adaptive_tcp.py --replay FILE --rel-pct 10 --out OUT  # no lab
+
+For each case (a study A profile at a study A impairment point, two Pi 4 emulations, tcp
+client-to-server, the plan's rule: +-5 % at 95 %, 10 s minimum) the test runs twice in the same
+lab, the order alternating between cases: **fixed**, one connection of --fixed-s seconds (the
+same test with adaptive_min_s = its length, so it cannot stop and its record holds the interval
+of its own receiver-side per-second rates at the end); **adaptive**, the plan's test with a cap
+of --cap-s (study A: 300 s) that stops as it streams (lab/measure/tcpstream.py). The fixed run's
+95 % interval is the batch-means t interval of its receiver's per-second rates after MSER-5
+(the rule's arithmetic: its mean +- half-width; centred there rather than on the whole-run
+rate, whose start weighs 1/60 of a 60-s run and 1/300 of the study's). A case passes when the
+adaptive record's rate (an early stop's: after the warm-up the rule dropped) lies inside it.
+
+Prints one JSON line per case, then a Markdown table, and writes every record to
+/tmp/lab-bench-adaptive-tcp.json or --out (which bench/study_time.py --tcp-bench reads: the adaptive
+legs' seconds per point group). The figures move with this 2-core machine's other load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.adaptive import run_test  # noqa: E402
+from lab.campaign.load import load_plan  # noqa: E402
+from lab.core.errors import LabError  # noqa: E402
+from lab.core.state import new_lab_id  # noqa: E402
+from lab.model.stoprule import Rule, evaluate  # noqa: E402
+from lab.substrate.local.preflight import preflight  # noqa: E402
+from lab.substrate.local.substrate import LocalSubstrate  # noqa: E402
+from lab.vpn.profiles import load_profile  # noqa: E402
+
+PROFILES = (
+    "baseline,ipsec-aes128gcm,ipsec-aes256gcm,ipsec-chacha20poly1305,"
+    "openvpn-aes256cbc-static,wireguard"
+)
+#: (profile, study A point): every point group (delay, jitter, loss, a preset) and profile
+CASES = [
+    ("wireguard", "delay-40ms"),
+    ("baseline", "delay-80ms"),
+    ("ipsec-aes128gcm", "delay-20ms"),
+    ("openvpn-aes256cbc-static", "delay-60ms"),
+    ("ipsec-chacha20poly1305", "jitter-5ms"),
+    ("wireguard", "jitter-2ms"),
+    ("baseline", "loss-1pct"),
+    ("ipsec-aes256gcm", "loss-0.5pct"),
+    ("wireguard", "loss-2.5pct"),
+    ("openvpn-aes256cbc-static", "network1"),
+    ("ipsec-aes256gcm", "network2"),
+    ("baseline", "delay-10ms"),
+]
+OUT = Path("/tmp/lab-bench-adaptive-tcp.json")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fixed-s", type=float, default=60.0, help="fixed run's length (s)")
+    ap.add_argument("--cap-s", type=float, default=300.0, help="adaptive run's cap (s)")
+    ap.add_argument("--cases", type=int, default=len(CASES))
+    ap.add_argument("--rel-pct", type=float, help="adaptive leg's adaptive_rel_pct (the plan's)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--replay", type=Path, metavar="FILE", help="replay --rel-pct on FILE's legs")
+    a = ap.parse_args()
+    if a.replay:
+        return replay(a)
+    plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
+    spec = preflight(plan)
+    points = {p.name: p for p in plan.points}
+    tcp = plan.tests[0].params
+    target = LocalSubstrate()
+    raw = Path(tempfile.mkdtemp(prefix="lab-bench-adaptive-tcp-"))
+    rows, dump = [], []
+    t_all = time.monotonic()
+    load0 = os.getloadavg()
+    for n, (profile, cond) in enumerate(CASES[: a.cases]):
+        pt = points[cond]
+        lab = None
+        runs: dict[str, dict] = {}
+        try:
+            for attempt in (1, 2):
+                try:
+                    lab = target.up(spec, new_lab_id("stream"), load_profile(profile), pt,
+                                    plan.placement, )  # fmt: skip
+                    target.apply_point(lab, pt, built_impaired=True)
+                    for mode in ("fixed", "adaptive") if n % 2 == 0 else ("adaptive", "fixed"):
+                        p = dict(tcp, adaptive=True)
+                        if mode == "fixed":
+                            p.update(duration_s=a.fixed_s, adaptive_min_s=a.fixed_s)
+                        else:
+                            p["duration_s"] = a.cap_s
+                            if a.rel_pct is not None:
+                                p["adaptive_rel_pct"] = a.rel_pct
+                        t0 = time.monotonic()
+                        runs[mode] = run_test(lab, "tcp", p, raw / f"{n}-{mode}-{attempt}")
+                        runs[mode]["wall_s"] = time.monotonic() - t0
+                    break
+                except (RuntimeError, LabError) as e:
+                    print(f"# {profile} {cond}: {e}; again in a fresh lab", flush=True)
+                    if attempt == 2:
+                        raise
+                    if lab is not None:
+                        target.down(lab.id)
+                        lab = None
+        finally:
+            if lab is not None:
+                target.down(lab.id)
+        iv = runs["fixed"]["adaptive"]["interval"]
+        fig = iv["mean"]
+        lo, hi = fig - iv["half_width"], fig + iv["half_width"]
+        ad = runs["adaptive"]
+        row = {
+            "profile": profile,
+            "condition": cond,
+            "group": pt.group,
+            "fixed_s": runs["fixed"]["measured_s"],
+            "fixed": fig * 1e-6,
+            "fixed_whole": runs["fixed"]["receiver_bps"] * 1e-6,
+            "low": lo * 1e-6,
+            "high": hi * 1e-6,
+            "adaptive": ad["receiver_bps"] * 1e-6,
+            "adaptive_wall_s": ad["wall_s"],
+            "measured_s": ad["measured_s"],
+            "reason": ad["stop_reason"],
+            "mechanism": ad["adaptive"].get("mechanism"),
+            "ci_rel_pct": ad["ci_rel_pct"],
+            "inside": lo <= ad["receiver_bps"] <= hi,
+        }
+        rows.append(row)
+        dump.append({"row": row, "fixed": runs["fixed"], "adaptive": ad})
+        print(json.dumps(row), flush=True)
+        doc = {"cap_s": a.cap_s, "fixed_s": a.fixed_s, "rel_pct": a.rel_pct, "cases": dump}
+        a.out.write_text(json.dumps(doc, indent=1, default=str))
+    rel = a.rel_pct if a.rel_pct is not None else tcp["adaptive_rel_pct"]
+    print(
+        f"\nfixed {a.fixed_s:g} s, adaptive cap {a.cap_s:g} s, target +-{rel:g} %; "
+        f"load {load0} -> {os.getloadavg()}; wall {time.monotonic() - t_all:.0f} s"
+    )
+    table(rows, a.cap_s)
+    return 0
+
+
+def whole_seconds(ivs: list[dict]) -> list[dict]:
+    """Each (start, end) once, whole seconds only (3.12 repeats a stopped server's last)."""
+    seen, out = set(), []
+    for iv in ivs:
+        if (iv["start"], iv["end"]) not in seen and iv["end"] - iv["start"] >= 0.9:
+            seen.add((iv["start"], iv["end"]))
+            out.append(iv)
+    return out
+
+
+def replay(a) -> int:
+    """The rule at --rel-pct replayed second by second on each case's adaptive leg's receiver
+    rates (iperf3's server intervals, standing in for the live ss rates they track): where it
+    would have stopped, and the mean after its warm-up there. A replay, not a run: a leg that
+    stopped early at the bench's own target has no seconds beyond its stop."""
+    src = json.loads(a.replay.read_text())
+    plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
+    tcp = plan.tests[0].params
+    rel = a.rel_pct if a.rel_pct is not None else tcp["adaptive_rel_pct"]
+    rule = Rule(rel_half_width=rel / 100, min_s=tcp["adaptive_min_s"])
+    rows, dump = [], []
+    for case in src["cases"]:
+        ad, row = dict(case["adaptive"]), dict(case["row"])
+        rates = [iv["bps"] for iv in whole_seconds(ad["server_intervals"])]
+        overhead = ad["wall_s"] - ad["measured_s"]
+        for t in range(1, len(rates) + 1):
+            d = evaluate(rates[:t], rule, cap_s=src["cap_s"])
+            if d.stop and d.reason == "ci":
+                kept = rates[d.warmup_samples : t]
+                ad.update(stop_reason="ci", measured_s=float(t), ci_rel_pct=100 * d.interval.rel,
+                          receiver_bps=sum(kept) / len(kept))  # fmt: skip
+                break
+        ad["wall_s"] = ad["measured_s"] + overhead
+        lo, hi = row["low"] * 1e6, row["high"] * 1e6
+        row.update(adaptive=ad["receiver_bps"] * 1e-6, measured_s=ad["measured_s"],
+                   reason=ad["stop_reason"], ci_rel_pct=ad["ci_rel_pct"],
+                   inside=lo <= ad["receiver_bps"] <= hi)  # fmt: skip
+        rows.append(row)
+        dump.append({**case, "row": row, "adaptive": ad})
+    a.out.write_text(json.dumps({**src, "rel_pct": rel, "replayed": True, "cases": dump}))
+    print(
+        f"replayed at +-{rel:g} % on {a.replay} (fixed {src['fixed_s']:g} s, cap {src['cap_s']:g} s)"
+    )
+    table(rows, src["cap_s"])
+    return 0
+
+
+def table(rows: list[dict], cap_s: float) -> None:
+    print(
+        "| profile | point | fixed: Mbit/s [95 % interval] | adaptive: Mbit/s, measured s, "
+        "stop, +-reached | inside |"
+    )
+    print("|---|---|---|---|---|")
+    for r in rows:
+        ci = "" if r["ci_rel_pct"] is None else f"{r['ci_rel_pct']:.1f} %"
+        print(
+            f"| {r['profile']} | {r['condition']} | {r['fixed']:.2f} [{r['low']:.2f}, "
+            f"{r['high']:.2f}] | {r['adaptive']:.2f}, {r['measured_s']:.0f} s, {r['reason']}, "
+            f"{ci} | {'yes' if r['inside'] else 'NO'} |"
+        )
+    inside = sum(r["inside"] for r in rows)
+    print(
+        f"\n{inside}/{len(rows)} adaptive rates inside the fixed run's 95 % interval; adaptive "
+        f"measured {sum(r['measured_s'] for r in rows):.0f} s of {cap_s * len(rows):.0f} s "
+        "requested"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""TCP that stops as it streams (lab/measure/tcpstream.py), without root: the ss command and
+its parsing, the live rates, the figures of a stopped test from iperf3 3.12's real documents
+(tests/data), and the run loop against a fake client and receiver (the commands it issues, when
+it sends SIGINT)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lab.measure import tcpstream
+from lab.measure.base import Context, MeasurementFailed
+from lab.measure.tcpstream import (
+    LiveSeries,
+    bytes_received,
+    split_documents,
+    ss_argv,
+    stopped_metrics,
+)
+from lab.model.stoprule import Rule
+
+DATA = Path(__file__).parent / "data"
+CLIENT = (DATA / "iperf3_tcp_sigint_client.json").read_text()
+SERVER = (DATA / "iperf3_tcp_sigint_server.json").read_text()
+#: the server document's whole intervals, each once (its last, 3.000095-4.00008, is repeated)
+SERVER_BYTES = 3 * 25034752 + 24903680
+SERVER_SECONDS = 4.00008
+#: the client's, without the 0.51 s the SIGINT cut short
+CLIENT_SECONDS = 4.000087
+
+
+def test_ss_asks_for_the_tests_sockets_on_the_receiving_end():
+    assert ss_argv(5201, local=True) == [
+        *("ss", "-tinH", "state", "established", "sport", "=", ":5201")
+    ]
+    assert ss_argv(5300, local=False)[-3:] == ["dport", "=", ":5300"]
+
+
+def test_bytes_received_sums_the_sockets_ss_listed():
+    text = (DATA / "ss_tinH_iperf3_server.txt").read_text()
+    assert bytes_received(text) == 187 + 112853029  # control + data connection
+    assert bytes_received("") is None
+    assert bytes_received("0 0 [::1]:5201 [::1]:4000\n\t cubic bytes_acked:4") is None
+
+
+def test_live_rates_are_byte_deltas_over_time_after_the_omitted_seconds():
+    s = LiveSeries()
+    s.add(0.0, None)  # no socket yet: no origin either
+    s.add(1.0, 1000)
+    s.add(2.0, 126_000)
+    s.add(2.5, 188_500)
+    assert s.rates == [1_000_000, 1_000_000]
+    assert s.seconds == 2
+    o = LiveSeries(omit_s=1.5)
+    for t, b in ((0, 0), (1, 10), (2, 20), (3, 50)):
+        o.add(t, b)
+    assert o.rates == [240]  # only the interval that starts after the omitted 1.5 s
+
+
+def test_split_documents_reads_a_log_of_several_and_ignores_a_part_written():
+    docs = split_documents('{"a": 1}\n{"b": [2]}\n{"c":')
+    assert docs == [{"a": 1}, {"b": [2]}]
+    assert split_documents("") == []
+
+
+def test_a_stopped_tests_figures_are_each_ends_whole_intervals():
+    m = stopped_metrics(json.loads(CLIENT), json.loads(SERVER))
+    assert m["direction"] == "client-to-server"
+    assert m["receiver_bytes"] == SERVER_BYTES
+    assert m["duration_s"] == pytest.approx(SERVER_SECONDS)
+    assert m["receiver_bps"] == pytest.approx(SERVER_BYTES * 8 / SERVER_SECONDS)
+    assert m["sender_bytes"] == SERVER_BYTES  # the client's first four seconds, byte for byte
+    assert m["sender_bps"] == pytest.approx(SERVER_BYTES * 8 / CLIENT_SECONDS)
+    assert m["retransmits"] == 0
+    # whole seconds, each once (iperf3 wrote 5 each: a repeat, a part-second)
+    assert len(m["server_intervals"]) == 4 and len(m["intervals"]) == 4
+    assert m["warmup_s"] == 0
+    assert m["iperf3_version"] == "iperf 3.12"
+
+
+def test_a_stopped_tests_figures_leave_out_the_warm_up_the_rule_dropped():
+    m = stopped_metrics(json.loads(CLIENT), json.loads(SERVER), warmup=1)
+    rest = SERVER_BYTES - 25034752
+    assert m["receiver_bytes"] == rest
+    assert m["receiver_bps"] == pytest.approx(rest * 8 / (SERVER_SECONDS - 1.000084))
+    assert m["warmup_s"] == pytest.approx(1.000084)
+    assert [iv["omitted"] for iv in m["server_intervals"]] == [True, False, False, False]
+
+
+def test_a_stopped_test_without_the_servers_document_fails_clearly():
+    with pytest.raises(MeasurementFailed, match="server after the stop: no server document"):
+        stopped_metrics(json.loads(CLIENT), {"error": "no server document within 10 s"})
+
+
+# ---------------------------------------------------------------- the loop, with fakes
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def monotonic(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+class FakeIperf3:
+    """A client that writes `final` when it ends by itself at `ends_at`, or CLIENT on SIGINT."""
+
+    def __init__(self, clock, stdout, *, ends_at=None, final=""):
+        self.clock, self.stdout, self.ends_at, self.final = clock, stdout, ends_at, final
+        self.returncode = None
+        self.signals = []
+
+    def poll(self):
+        if self.returncode is None and self.ends_at is not None and self.clock.t >= self.ends_at:
+            self._exit(self.final, 0)
+        return self.returncode
+
+    def _exit(self, text, rc):
+        self.stdout.write(text)
+        self.stdout.flush()
+        self.returncode = rc
+
+    def send_signal(self, sig):
+        self.signals.append(sig)
+        self._exit(CLIENT, 1)
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+    def kill(self):
+        self.returncode = -9
+
+
+class FakeNode:
+    def __init__(self, name, clock, rate_bps=None):
+        self.name, self.clock, self.rate = name, clock, rate_bps
+        self.calls, self.procs = [], []
+        self.iperf3 = {}
+
+    def run(self, argv, *, check=True, timeout=60, input=None, env=None):
+        self.calls.append(list(argv))
+        rate = self.rate(self.clock.t) if callable(self.rate) else self.rate
+        got = int(self.clock.t * rate / 8)
+        out = f"0 0 10.0.0.2:5201 10.0.0.1:40000\n\t cubic bytes_received:{got} rcvmss:1448\n"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    def popen(self, argv, *, stdout=None, stderr=None, env=None):
+        self.calls.append(list(argv))
+        p = FakeIperf3(self.clock, stdout, **self.iperf3)
+        self.procs.append(p)
+        return p
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(tcpstream, "time", SimpleNamespace(monotonic=clock.monotonic,
+                                                           sleep=clock.sleep))  # fmt: skip
+    client = FakeNode("client", clock)
+    server = FakeNode("server", clock, rate_bps=100e6)
+    ctx = Context(client, server, "10.0.0.2", tmp_path / "raw", timeout_s=20)
+    return ctx, client, server
+
+
+def test_a_steady_stream_is_stopped_with_sigint_once_the_rule_holds(fakes):
+    ctx, client, server = fakes
+    argv = ["iperf3", "-c", "10.0.0.2", "-J", "-t", "300"]
+    files: list = []
+    metrics, info = tcpstream.run_streaming(
+        ctx, argv, port=5201, reverse=False, rule=Rule(min_s=4), cap_s=300.0, omit_s=0.0,
+        read_server_log=lambda: SERVER, files=files,
+    )  # fmt: skip
+    assert client.calls == [argv]
+    # the receiver (the server: the client sends) asked once a second: the first count is the
+    # origin, four rates of exactly 100 Mbit/s reach min_s with a zero-width interval
+    assert server.calls == [ss_argv(5201, local=True)] * 5
+    assert client.procs[0].signals == [signal.SIGINT]
+    assert info["reason"] == "ci" and info["stopped_early"] and info["mechanism"] == "stream"
+    why = info["stopped_early_because"]
+    assert why["requested_s"] == 300.0 and why["live_seconds"] == 4
+    assert why["live_interval"]["mean"] == pytest.approx(100e6, rel=1e-6)
+    assert why["ran_s"] == info["measured_s"] == pytest.approx(SERVER_SECONDS)
+    assert metrics["receiver_bps"] == pytest.approx(SERVER_BYTES * 8 / SERVER_SECONDS)
+    assert [Path(f).suffix for f in files] == [".json"]
+
+
+def test_reverse_reads_the_clients_sockets(fakes):
+    ctx, client, server = fakes
+    client.rate, server.rate = 100e6, None
+    tcpstream.run_streaming(
+        ctx, ["iperf3", "-R"], port=5202, reverse=True, rule=Rule(min_s=4), cap_s=300.0,
+        omit_s=0.0, read_server_log=lambda: SERVER, files=[],
+    )  # fmt: skip
+    assert client.calls[1:] == [ss_argv(5202, local=False)] * 5
+    assert server.calls == []
+
+
+def test_a_stream_the_rule_does_not_settle_runs_to_its_end_and_is_parsed_as_ever(fakes):
+    ctx, client, server = fakes
+    done = (DATA / "iperf3_tcp_c2s.json").read_text()
+    client.iperf3 = {"ends_at": 10.5, "final": done}
+    server.rate = lambda t: 10e6 if int(t) % 6 < 3 else 100e6  # +-80 % swings
+    metrics, info = tcpstream.run_streaming(
+        ctx, ["iperf3"], port=5201, reverse=False, rule=Rule(min_s=4), cap_s=10.0, omit_s=0.0,
+        read_server_log=lambda: pytest.fail("the server's log is read only after a stop"),
+        files=[],
+    )  # fmt: skip
+    assert client.procs[0].signals == []
+    assert info["reason"] == "cap" and info["stopped_early"] is False
+    doc = json.loads(done)
+    assert metrics["receiver_bps"] == doc["end"]["sum_received"]["bits_per_second"]
