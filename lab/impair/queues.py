@@ -16,7 +16,7 @@ def queued_packets(lab) -> dict[str, int]:
     `tc -s -j qdisc show`); {} without impairment. An engine or qdisc that does not answer is
     left out (`lab impair show` says why). What a cold establishment waits to drain
     (lab.vpn.control.TunnelControl.quiesce)."""
-    st = lab.info.get("impair")
+    st = (getattr(lab, "info", None) or {}).get("impair")  # a lab of any substrate, or none
     if not st:
         return {}
     out: dict[str, int] = {}
