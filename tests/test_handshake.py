@@ -25,7 +25,7 @@ from lab.measure.base import Context, MeasurementFailed
 from lab.measure import handshake
 from lab.measure.handshake import rekey_effect, with_interval
 from lab.measure.iperf3 import client_argv
-from lab.vpn.control import Establishment
+from lab.vpn.control import Establishment, Quiet, open_connections, wait_quiet
 from lab.vpn.profiles import load_profile
 
 from .conftest import REPO, lab_traces, run_lab
@@ -171,11 +171,18 @@ def test_lab_run_refuses_the_plan_before_anything_is_built(tmp_path):
 class _Tunnel:
     name = "fake"
 
-    def __init__(self, est: Establishment):
+    def __init__(self, est: Establishment, quiet: Quiet | None = None):
         self.est = est
+        self.quiet = quiet or Quiet(True, 0.0)
+        self.calls: list[str] = []
+
+    def quiesce(self, *, timeout: float) -> Quiet:
+        self.calls.append(f"quiesce {timeout:g}")
+        return self.quiet
 
     def establish(self, *, cap_s: float, probe_s: float) -> Establishment:
         assert cap_s == 7 and probe_s == pytest.approx(0.005)
+        self.calls.append("establish")
         return self.est
 
 
@@ -198,6 +205,156 @@ def test_a_cold_establishment_that_succeeds(tmp_path):
     [rec] = HANDSHAKE.run(_ctx(tmp_path, _Tunnel(Establishment(True, ms=42.5))), params)
     assert rec["ok"] is True and rec["error"] is None
     assert rec["handshake_ms"] == 42.5 and rec["handshake_completed"] == 1
+
+
+# ---------------------------------------------------------------------- a quiet path first
+
+
+class _Clock:
+    """A clock that only moves when the waiter sleeps (no real time in these tests)."""
+
+    def __init__(self):
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now += s
+
+
+def _answers(*rounds: list[str]):
+    """A probe giving one answer per call, the last one from then on."""
+    it = iter(rounds)
+    last: list[str] = []
+
+    def probe() -> list[str]:
+        nonlocal last
+        last = next(it, last)
+        return last
+
+    return probe
+
+
+def test_a_quiet_path_costs_one_look():
+    clock = _Clock()
+    q = wait_quiet(
+        {"a": _answers([]), "b": _answers([])}, timeout=5, clock=clock, sleep=clock.sleep
+    )
+    assert q == Quiet(True, 0.0, (), ()) and clock.sleeps == []
+
+
+def test_waits_until_every_probe_is_quiet_in_the_same_round():
+    clock = _Clock()
+    tcp = _answers(["FIN-WAIT-1 x -> y (send-q 472)"], ["FIN-WAIT-1 x -> y (send-q 2)"], [])
+    queue = _answers(["imp1:a2b (1850 packets)"], [], ["imp1:b2a (4 packets)"], [])
+    q = wait_quiet(
+        {"server tcp": tcp, "impairment queue": queue},
+        timeout=10,
+        poll_s=0.25,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    # round 2: the queue quiet, tcp not; round 3: tcp quiet, the queue not; round 4: quiet
+    assert q.quiet and clock.sleeps == [0.25] * 3 and q.waited_s == pytest.approx(0.75)
+    assert q.waited_for == (  # each thing once, as first seen, in order
+        "server tcp: FIN-WAIT-1 x -> y (send-q 472)",
+        "impairment queue: imp1:a2b (1850 packets)",
+        "impairment queue: imp1:b2a (4 packets)",
+    )
+    assert q.still == ()
+
+
+def test_the_wait_is_bounded_and_says_what_was_still_busy():
+    clock = _Clock()
+    q = wait_quiet(
+        {"client tcp": _answers(["ESTAB a -> b (send-q 0)"])},
+        timeout=1.0,
+        poll_s=0.3,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert not q.quiet and q.still == ("client tcp: ESTAB a -> b (send-q 0)",)
+    # never sleeps past the bound: 0.3 + 0.3 + 0.3 + 0.1
+    assert sum(clock.sleeps) == pytest.approx(1.0) and q.waited_s == pytest.approx(1.0)
+
+
+SS_TAN = """\
+LISTEN     0      5             10.99.0.2:5201          0.0.0.0:*
+FIN-WAIT-1 0      472           10.99.0.2:5201       10.99.0.1:38330
+FIN-WAIT-2 0      0             10.99.0.2:5202       10.99.0.1:38331
+TIME-WAIT  0      0             10.99.0.2:5201       10.99.0.1:38332
+ESTAB      0      0              10.0.2.2:22           10.0.2.1:40000
+LAST-ACK   1      1      [fd99::2]:5201          [fd99::1]:41000
+SYN-SENT   0      1      [fe80::1%server-eth0]:5 [fe80::2%server-eth0]:6
+"""
+
+
+def test_open_connections_are_those_that_can_still_send_on_the_tunnel():
+    got = open_connections(SS_TAN, ["10.99.0.1/24", "10.99.0.2/24", "fd99::1/64", "fd99::2/64"])
+    assert got == [
+        "FIN-WAIT-1 10.99.0.2:5201 -> 10.99.0.1:38330 (send-q 472)",
+        "LAST-ACK [fd99::2]:5201 -> [fd99::1]:41000 (send-q 1)",
+    ]
+    assert open_connections(SS_TAN, ["10.0.2.1"]) == [
+        "ESTAB 10.0.2.2:22 -> 10.0.2.1:40000 (send-q 0)"
+    ]
+
+
+def test_the_cold_establishment_waits_for_a_quiet_path_first(tmp_path):
+    q = Quiet(True, 2.5, ("server tcp: FIN-WAIT-1 a -> b (send-q 472)",))
+    tunnel = _Tunnel(Establishment(True, ms=42.5), q)
+    params = HANDSHAKE.validate({"timeout_s": 7, "quiet_timeout_s": 12}, source="t")
+    [rec] = HANDSHAKE.run(_ctx(tmp_path, tunnel), params)
+    assert tunnel.calls == ["quiesce 12", "establish"]
+    assert rec["quiet_wait_s"] == 2.5 and rec["quiet_status"] == "quiet"
+    assert rec["quiet_waited_for"] == "server tcp: FIN-WAIT-1 a -> b (send-q 472)"
+
+
+def test_a_path_still_busy_at_the_bound_is_recorded_and_still_measured(tmp_path):
+    q = Quiet(False, 3.0, ("x: ESTAB a -> b (send-q 0)",), ("x: ESTAB a -> b (send-q 0)",))
+    params = HANDSHAKE.validate({"timeout_s": 7, "quiet_timeout_s": 3}, source="t")
+    [rec] = HANDSHAKE.run(_ctx(tmp_path, _Tunnel(Establishment(True, ms=42.5), q)), params)
+    assert rec["quiet_status"] == "not quiet after 3.0 s: x: ESTAB a -> b (send-q 0)"
+    assert rec["handshake_ms"] == 42.5
+
+
+def test_quiet_timeout_0_does_not_wait(tmp_path):
+    tunnel = _Tunnel(Establishment(True, ms=42.5))
+    params = HANDSHAKE.validate({"timeout_s": 7, "quiet_timeout_s": 0}, source="t")
+    [rec] = HANDSHAKE.run(_ctx(tmp_path, tunnel), params)
+    assert tunnel.calls == ["establish"] and "quiet_status" not in rec
+
+
+def test_queued_packets_reads_the_engines_queue_depth_and_netem_qlen():
+    from lab.impair import queues
+
+    shown = {
+        "a2b": {"counters": {"queue_depth": 1850, "forwarded": 3}},
+        "b2a": {"counters": {"queue_depth": 0}},
+    }
+
+    class _Client:
+        def show(self):
+            return shown
+
+    lab = SimpleNamespace(info={"impair": {"backend": "userspace", "engines": [{"name": "imp1"}]}})
+    orig = queues.engine_client
+    queues.engine_client = lambda lab, eng: _Client()
+    try:
+        assert queues.queued_packets(lab) == {"imp1:a2b": 1850, "imp1:b2a": 0}
+    finally:
+        queues.engine_client = orig
+    assert queues.queued_packets(SimpleNamespace(info={})) == {}
+    tc = json.dumps(
+        [
+            {"kind": "tbf", "handle": "1:", "root": True, "qlen": 9},
+            {"kind": "netem", "handle": "10:", "parent": "1:1", "qlen": 7, "backlog": 9100},
+        ]
+    )
+    assert queues.netem_qlen(tc) == 7
 
 
 def test_without_tunnel_control_the_case_fails(tmp_path):

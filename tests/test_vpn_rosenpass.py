@@ -25,7 +25,7 @@ from lab.measure.base import Context
 from lab.model.topology import load_topology
 from lab.substrate.local.build import up
 from lab.vpn import tunnel
-from lab.vpn.control import Establishment, TunnelControl
+from lab.vpn.control import Establishment, Quiet, TunnelControl
 from lab.vpn.drivers.wireguard import genkey
 from lab.vpn.profiles import load_profile
 from lab.vpn.tunnel import make_context, plan, redact, secret_values
@@ -230,6 +230,9 @@ class _Tunnel:
 
     def __init__(self, est: Establishment):
         self.est = est
+
+    def quiesce(self, *, timeout: float) -> Quiet:
+        return Quiet(True, 0.0)
 
     def establish(self, *, cap_s: float, probe_s: float) -> Establishment:
         return self.est

@@ -22,6 +22,7 @@ from pathlib import Path
 from lab.model import dilation
 from lab.core.errors import CommandError, LabError
 from lab.core.interrupts import Interrupts
+from lab.impair.queues import queued_packets
 from lab.measure import TESTS, Context
 from lab.campaign.plan import Case, Plan
 from lab.model.impairment.points import ImpairmentPoint
@@ -240,7 +241,9 @@ class Runner(RunRecord):
             iface=iface,
             timeout_s=self.plan.timeout_s * d,
             state_dir=lab.dir / "measure",
-            tunnel=TunnelControl(lab, self.plan.loaded[case.profile])
+            tunnel=TunnelControl(
+                lab, self.plan.loaded[case.profile], queues=lambda: queued_packets(lab)
+            )
             if case.profile in self.plan.loaded
             else None,
             link_addr=link if link != target else None,

@@ -8,6 +8,16 @@ through the tunnel, pinged every `probe_ms`. Nothing within `timeout_s` is a res
 error: handshake_status "failed after N s", handshake_completed 0, the reason in `error`; the
 tunnel is then brought up again the ordinary way for the cases that follow.
 
+A cold establishment starts from a quiet path: first the test waits, at most `quiet_timeout_s`,
+until no TCP connection of an earlier test can still send through the tunnel (on either end or
+the traffic endpoints) and the impairment's queues hold nothing (Tunnel.quiesce,
+lab.vpn.control.wait_quiet). Without that, iperf3's control connection of a loaded test on a
+long lossy path, still closing when the tunnel stopped, is retransmitted into the new tunnel:
+the server then starts a handshake of its own across the client's, WireGuard refuses both
+responses and both ends retry after REKEY_TIMEOUT (5 s), so a 1.2 s establishment measured 6.4,
+11.6 or 17 s. How long it waited and for what: quiet_wait_s, quiet_waited_for, quiet_status
+("not quiet after N s: ..." when the bound came first; the establishment is measured anyway).
+
 Rekey (`rekey = true`): an iperf3 TCP flow of `duration_s` with `interval_s` intervals (the
 receiver's, from its own JSON via --get-server-output); at its midpoint the driver renews the
 keys (Driver.trigger_rekey: strongSwan `swanctl --rekey --child`, OpenVPN SIGUSR1) and waits for
@@ -56,6 +66,9 @@ class Tunnel(Protocol):
     """What the test asks of Context.tunnel (lab.vpn.control.TunnelControl)."""
 
     name: str
+
+    def quiesce(self, *, timeout: float) -> Any:
+        """Wait until the path is quiet; .quiet, .waited_s, .waited_for, .still."""
 
     def establish(self, *, cap_s: float, probe_s: float) -> Any:
         """Stop and start the tunnel; .ok, .ms, .failed_after_s, .error."""
@@ -131,6 +144,16 @@ def rekey_effect(
     }
 
 
+def quiet_fields(q: Any) -> dict[str, Any]:
+    """The record's fields of a wait for a quiet path (lab.vpn.control.Quiet)."""
+    status = "quiet" if q.quiet else f"not quiet after {q.waited_s:.1f} s: " + "; ".join(q.still)
+    return {
+        "quiet_wait_s": q.waited_s,
+        "quiet_status": status,
+        "quiet_waited_for": "; ".join(q.waited_for),
+    }
+
+
 def with_interval(argv: list[str], interval_s: float) -> list[str]:
     """iperf3 client argv with its report interval (-i) set to `interval_s`."""
     out = list(argv)
@@ -157,6 +180,15 @@ class HandshakeTest(Test):
             min=1,
             max=600,
             doc="cap on one establishment (and on a rekey's new keys): past it, 'failed after N s'",
+        ),
+        "quiet_timeout_s": Param(
+            float,
+            20.0,
+            min=0,
+            max=600,
+            doc="before a cold establishment, wait at most this long for the path to go quiet "
+            "(no earlier test's TCP connection left to close, nothing held in the impairment's "
+            "queues); 0: do not wait",
         ),
         "probe_ms": Param(
             float, 5.0, min=1, max=1000, doc="ping interval while waiting for the first reply"
@@ -196,6 +228,18 @@ class HandshakeTest(Test):
             "handshake_status",
             "string",
             description="established, or 'failed after N s' (the reason in error)",
+        ),
+        Metric(
+            "quiet_wait_s",
+            unit="s",
+            description="before the cold establishment: how long the path took to go quiet "
+            "(an earlier test's connections closed, the impairment's queues drained)",
+        ),
+        Metric(
+            "quiet_status",
+            "string",
+            description="quiet, or 'not quiet after N s' (then what was still busy); "
+            "quiet_waited_for: what was waited for",
         ),
         Metric(
             "key_exchange_ms",
@@ -295,6 +339,8 @@ class HandshakeTest(Test):
         out: dict[str, Any] = {}
         files: list[Path] = []
         if params["cold"]:
+            if params["quiet_timeout_s"] > 0:
+                out.update(quiet_fields(ctx.tunnel.quiesce(timeout=params["quiet_timeout_s"])))
             est = ctx.tunnel.establish(cap_s=params["timeout_s"], probe_s=params["probe_ms"] / 1e3)
             if est.ok:
                 out.update(

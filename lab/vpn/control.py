@@ -16,7 +16,9 @@ a dead tunnel (lab.substrate.*.tunnel_alive) and builds the lab again.
 
 from __future__ import annotations
 
+import ipaddress
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from lab.core.errors import PreconditionError, StartupError
@@ -52,12 +54,103 @@ class Establishment:
     exchange: dict | None = None
 
 
-class TunnelControl:
-    """The tunnel of `lab`, which runs `profile` (loaded and validated by the plan)."""
+# --------------------------------------------------------------------- a quiet path
+#
+# A cold establishment measured right after a loaded test on a long, lossy path found the
+# previous test's TCP connections (iperf3's control connection: 472 bytes of results and a FIN
+# unacknowledged, FIN-WAIT-1 on both ends) still open when the tunnel was stopped. The kernel
+# retransmits them into the new tunnel the moment its routes are back, so the server starts a
+# handshake of its own while the client's is in flight. WireGuard's two crossing initiations
+# each overwrite the other end's handshake state: both responses are refused ("Received invalid
+# response message", wireguard-go verbose log) and both ends retry after REKEY_TIMEOUT (5 s),
+# where they can cross again: 6.4, 11.6, 17 s instead of 1.2 s. A cold establishment therefore
+# starts from a quiet path: wait_quiet() below, before the tunnel is stopped, while the old one
+# can still carry those connections to their end.
 
-    def __init__(self, lab, profile: Profile):
+#: TCP states in which a socket sends nothing by itself (FIN-WAIT-2 and TIME-WAIT only answer
+#: what the peer sends, and linger for tcp_fin_timeout / 2 MSL after the peer is gone)
+SILENT_TCP_STATES = frozenset({"LISTEN", "TIME-WAIT", "FIN-WAIT-2", "CLOSED", "UNCONN"})
+#: seconds between two looks at the path while waiting for it to go quiet
+QUIET_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """What wait_quiet() found: `quiet` when every probe came back empty in the same round,
+    after `waited_s`; `waited_for` what was busy at some point while waiting (the first time
+    each thing was seen), `still` what was busy at the bound when it was reached."""
+
+    quiet: bool
+    waited_s: float
+    waited_for: tuple[str, ...] = ()
+    still: tuple[str, ...] = ()
+
+
+def wait_quiet(
+    probes: Mapping[str, Callable[[], Iterable[str]]],
+    *,
+    timeout: float,
+    poll_s: float = QUIET_POLL_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Quiet:
+    """Ask every probe (name -> what it finds busy; nothing: quiet) until all of them answer
+    nothing in the same round, or `timeout` seconds have passed. The first round is at once: a
+    quiet path costs one look. A thing is one item however its figures in parentheses change
+    ("imp1:a2b (1850 packets)" then "imp1:a2b (3 packets)"): `waited_for` keeps its first look."""
+    t0 = clock()
+    seen: dict[str, str] = {}  # the thing -> how it was first seen, in order
+    while True:
+        busy = [f"{name}: {what}" for name, probe in probes.items() for what in probe()]
+        for b in busy:
+            seen.setdefault(b.split(" (")[0], b)
+        waited = clock() - t0
+        if not busy:
+            return Quiet(True, round(waited, 3), tuple(seen.values()))
+        if waited >= timeout:
+            return Quiet(False, round(waited, 3), tuple(seen.values()), tuple(busy))
+        sleep(min(poll_s, max(0.0, timeout - waited)))
+
+
+def open_connections(ss_text: str, addrs: Iterable[str]) -> list[str]:
+    """The TCP sockets in `ss -Htan` output (State Recv-Q Send-Q Local Peer) that can still
+    send by themselves (not SILENT_TCP_STATES) and have an address of `addrs` at either end:
+    "STATE LOCAL -> PEER (send-q N)"."""
+    want = {ipaddress.ip_address(a.split("/")[0].strip("[]")) for a in addrs if a}
+    out = []
+    for line in ss_text.splitlines():
+        f = line.split()
+        if len(f) < 5 or f[0] in SILENT_TCP_STATES:
+            continue
+        ends = []
+        for ep in f[3:5]:
+            host = ep.rpartition(":")[0].strip("[]").split("%")[0]
+            try:
+                ends.append(ipaddress.ip_address(host))
+            except ValueError:
+                ends.append(None)
+        if want.intersection(ends):
+            out.append(f"{f[0]} {f[3]} -> {f[4]} (send-q {f[2]})")
+    return out
+
+
+class TunnelControl:
+    """The tunnel of `lab`, which runs `profile` (loaded and validated by the plan).
+
+    `queues`: packets the lab's impairment holds per point and direction ({} when none), from
+    the layer that knows the impairment (the runner: lab.impair.queues.queued_packets); None:
+    not asked."""
+
+    def __init__(
+        self,
+        lab,
+        profile: Profile,
+        *,
+        queues: Callable[[], Mapping[str, int]] | None = None,
+    ):
         self.lab = lab
         self.profile = profile
+        self.queues = queues
         self._placed: TunnelPlan | None = None
 
     @property
@@ -81,6 +174,39 @@ class TunnelControl:
             p.availability = self._placed.availability
         self._placed = p
         return p
+
+    def quiesce(self, *, timeout: float) -> Quiet:
+        """Wait (at most `timeout` s, wait_quiet) until nothing of an earlier test is on the
+        tunnel's path: no TCP connection that can still send on the tunnel's ends or the
+        traffic endpoints with an address of the tunnel or the traffic target, and no packet
+        held in the impairment's queues."""
+        rec = TunnelRecord.of(self.lab)
+        probes: dict[str, Callable[[], Iterable[str]]] = {}
+        if rec is not None and rec.tunnel:
+            addrs = [a for e in rec.tunnel.values() for a in (e.v4, e.v6) if a]
+            nodes = [rec.client, rec.server]
+            if rec.traffic is not None:
+                addrs += [a for a in (rec.traffic.v4, rec.traffic.v6) if a]
+                nodes += [rec.traffic.client, rec.traffic.server]
+            for name in dict.fromkeys(nodes):
+                probes[f"{name} tcp"] = self._connections(name, addrs)
+        if self.queues is not None:
+            queues = self.queues
+
+            def held() -> list[str]:
+                return [f"{k} ({n} packets)" for k, n in queues().items() if n]
+
+            probes["impairment queue"] = held
+        return wait_quiet(probes, timeout=timeout)
+
+    def _connections(self, name: str, addrs: list[str]) -> Callable[[], list[str]]:
+        node = self.lab.node(name)
+
+        def probe() -> list[str]:
+            cp = node.run(["ss", "-Htan"], check=False)
+            return open_connections(cp.stdout, addrs) if cp.returncode == 0 else []
+
+        return probe
 
     def establish(self, *, cap_s: float, probe_s: float) -> Establishment:
         """Stop the tunnel and start it again, timed (bring_up's Timing.established_ms), the

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import time
 from pathlib import Path
@@ -309,10 +310,23 @@ class WireGuardDriver(Driver):
     @staticmethod
     def _wait_uapi(ctx: TunnelContext, end, daemon, timeout: float = 5.0) -> None:
         """Until the userspace daemon (wireguard-go, boringtun) answers on its UAPI socket (it
-        creates the TUN first)."""
+        creates the TUN first).
+
+        `wg` is asked only once the socket listens (uapi_listening: the node's /proc/net/unix):
+        wg deletes a socket file whose connect() is refused ("If the process is gone, we try to
+        clean up the socket", wireguard-tools ipc-uapi-unix.h), and between the daemon's bind()
+        and listen() a connect() is refused. wireguard-go then finds its socket gone when it
+        watches it and exits: "Failed to listen on uapi socket: no such file or directory". The
+        window is microseconds, but a node's CPU cap can stop the daemon inside it for the rest
+        of a CFS period, more often on a host busy with another lab."""
         deadline = time.monotonic() + timeout
         while True:
-            if end.node.run(["wg", "show", IFNAME, "listen-port"], check=False).returncode == 0:
+            cp = end.node.run(["cat", "/proc/net/unix"], check=False)
+            if (
+                cp.returncode == 0
+                and uapi_listening(cp.stdout, IFNAME)
+                and end.node.run(["wg", "show", IFNAME, "listen-port"], check=False).returncode == 0
+            ):
                 return
             if not daemon.alive() or time.monotonic() > deadline:
                 raise StartupError(
@@ -394,6 +408,30 @@ class WireGuardDriver(Driver):
             "listen_port": params["listen_port"],
             "threads": params["boringtun_threads"],
         }
+
+
+#: where wireguard-go and boringtun bind their UAPI socket (wireguard-go ipc/uapi_unix.go
+#: socketDirectory; /var/run is /run on the nodes), as /proc/net/unix shows the bound path
+UAPI_DIRS = ("/var/run/wireguard", "/run/wireguard")
+#: /proc/net/unix Flags bit of a listening socket (__SO_ACCEPTCON, include/linux/net.h)
+SO_ACCEPTCON = 0x10000
+
+
+def uapi_listening(proc_net_unix: str, ifname: str) -> bool:
+    """Whether /proc/net/unix (Num RefCount Protocol Flags Type St Inode Path) holds the UAPI
+    socket of `ifname` listening: bound and listen()ed, so a connect() is accepted, not refused.
+    The file is per network namespace: a node's shows its own sockets only."""
+    paths = {f"{d}/{ifname}.sock" for d in UAPI_DIRS}
+    for line in proc_net_unix.splitlines():
+        f = line.split()
+        # boringtun binds "/var/run/wireguard//wg0.sock", and the path is shown as bound
+        if len(f) >= 8 and posixpath.normpath(f[7]) in paths:
+            try:
+                if int(f[3], 16) & SO_ACCEPTCON:
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
 def boringtun_binary(node: Node) -> str | None:
