@@ -38,7 +38,9 @@ def test_workflow_and_ci_run_set_up_lint_and_test_alike():
         return [c for c in cmds if c[0] == "./setup.sh"]
 
     assert (
-        setup(local) == setup(remote) == [["./setup.sh", "--arch", "arm64", "--with", "boringtun"]]
+        setup(local)
+        == setup(remote)
+        == [["./setup.sh", "--arch", "arm64", "--with", "boringtun", "--with", "rosenpass"]]
     ), (local, remote)
     lint = [c for c in local if c[0].endswith("ruff")]
     assert lint and lint == [c for c in remote if c[0].endswith("ruff")]
