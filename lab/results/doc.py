@@ -10,7 +10,8 @@ import math
 import re
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+from collections.abc import Iterator
 
 from lab.measure import TESTS, Primary
 
@@ -288,6 +289,36 @@ def in_order(values: list, ref: list) -> list:
 
 def rows_where(table: list[dict], **match) -> list[dict]:
     return [r for r in table if all(r.get(k) == v for k, v in match.items())]
+
+
+class Cell(NamedTuple):
+    """The rows of one cell of a results table: a profile's under one network condition (and
+    one point of the records, where the table splits them)."""
+
+    profile: str
+    point: str  # the network condition (impairment point)
+    ok: list[dict]  # the rows that succeeded
+    failed: int  # how many did not
+    index: int | None = None  # the record's point (a bidir test's direction), when split
+
+
+def cells(rows_l: list[dict], profiles, points, indexes=(None,)) -> Iterator[Cell]:
+    """Per profile, network condition and (where `indexes` names them) record point, in that
+    order, the rows of `rows_l` there, skipping a cell without any: the ok ones and how many
+    failed, as every results table shows them."""
+    for prof in profiles:
+        for pt in points:
+            for i in indexes:
+                match = {} if i is None else {"point": i}
+                all_rs = rows_where(rows_l, profile=prof, impairment=pt, **match)
+                if all_rs:
+                    rs = [r for r in all_rs if r["ok"]]
+                    yield Cell(prof, pt, rs, len(all_rs) - len(rs), i)
+
+
+def failed_mark(failed: int) -> str:
+    """What a table's cell says after its figures of how many of its rows failed."""
+    return f" [{failed} failed]" if failed else ""
 
 
 def mean_of(vals) -> float | None:

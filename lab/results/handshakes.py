@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from lab.results.doc import Doc, metric_name, rows_where, stat_cell, stats_of
+from lab.results.doc import Doc, cells, failed_mark, metric_name, stat_cell, stats_of
 
 #: the status columns: a row measured the establishment, the rekey, when it has one
 ESTABLISHMENT_STATUS = "handshake_status"
@@ -51,23 +51,18 @@ def establishment_table(doc: Doc, label, test, rows_l, profiles, points, results
     own, its time, traffic and frames."""
     kx = any(r.get("key_exchange_ms") is not None for r in rows_l)
     out = []
-    for prof in profiles:
-        for pt in points:
-            all_rs = rows_where(rows_l, profile=prof, impairment=pt)
-            if not all_rs:
-                continue
-            rs = [r for r in all_rs if r["ok"]]
-            tried = [r for r in rs if r.get(ESTABLISHMENT_STATUS)]
-            done = sum(1 for r in tried if r[ESTABLISHMENT_STATUS] == "established")
-            est = f"{done} of {len(tried)}" if tried else "-"
-            if others := statuses(
-                [r for r in tried if r[ESTABLISHMENT_STATUS] != "established"],
-                ESTABLISHMENT_STATUS,
-            ):
-                est += f" ({others})"
-            row = [prof, pt, stat_cell(stats_of([r.get("handshake_ms") for r in rs]), 1.0)]
-            row.append(est + _failed(all_rs, rs))
-            out.append(row + (_figures(rs, KEY_EXCHANGE_COLUMNS) if kx else []))
+    for prof, pt, rs, failed, _ in cells(rows_l, profiles, points):
+        tried = [r for r in rs if r.get(ESTABLISHMENT_STATUS)]
+        done = sum(1 for r in tried if r[ESTABLISHMENT_STATUS] == "established")
+        est = f"{done} of {len(tried)}" if tried else "-"
+        if others := statuses(
+            [r for r in tried if r[ESTABLISHMENT_STATUS] != "established"],
+            ESTABLISHMENT_STATUS,
+        ):
+            est += f" ({others})"
+        row = [prof, pt, stat_cell(stats_of([r.get("handshake_ms") for r in rs]), 1.0)]
+        row.append(est + failed_mark(failed))
+        out.append(row + (_figures(rs, KEY_EXCHANGE_COLUMNS) if kx else []))
     text = (
         f"**{label}** ({test}): cold establishment; {metric_name('handshake_ms')} = the driver's "
         "start (configs written, daemons launched) to the first ping reply through the tunnel, "
@@ -97,19 +92,14 @@ def rekey_table(doc: Doc, label, test, rows_l, profiles, points) -> None:
     new keys' delay, the dip against the flow's own noise, the recovery and the retransmits,
     mean ± sd over the repetitions that measured each, and each repetition's status."""
     out = []
-    for prof in profiles:
-        for pt in points:
-            all_rs = rows_where(rows_l, profile=prof, impairment=pt)
-            if not all_rs:
-                continue
-            rs = [r for r in all_rs if r["ok"]]
-            if rs and all(r.get("not_applicable") for r in rs):
-                cells = ["n/a"] * len(REKEY_COLUMNS) + ["n/a" + _failed(all_rs, rs)]
-            else:
-                applies = [r for r in rs if not r.get("not_applicable")]
-                status = statuses(applies, REKEY_STATUS) or "-"
-                cells = _figures(applies, REKEY_COLUMNS) + [status + _failed(all_rs, rs)]
-            out.append([prof, pt] + cells)
+    for prof, pt, rs, failed, _ in cells(rows_l, profiles, points):
+        if rs and all(r.get("not_applicable") for r in rs):
+            figures = ["n/a"] * len(REKEY_COLUMNS) + ["n/a" + failed_mark(failed)]
+        else:
+            applies = [r for r in rs if not r.get("not_applicable")]
+            status = statuses(applies, REKEY_STATUS) or "-"
+            figures = _figures(applies, REKEY_COLUMNS) + [status + failed_mark(failed)]
+        out.append([prof, pt] + figures)
     doc.p(
         f"**{label}** ({test}): a rekey forced in the middle of a TCP flow; new keys after = "
         "the rekey command to the daemon showing its new keys; dip = the lowest interval right "
@@ -127,11 +117,6 @@ def rekey_table(doc: Doc, label, test, rows_l, profiles, points) -> None:
         out,
     )
     _status_notes(doc, rows_l, REKEY_STATUS, "recovered", "not recovered", "not applicable")
-
-
-def _failed(all_rs: list[dict], rs: list[dict]) -> str:
-    failed = len(all_rs) - len(rs)
-    return f" [{failed} failed]" if failed else ""
 
 
 def _status_notes(doc: Doc, rows_l: list[dict], col: str, *fine: str) -> None:

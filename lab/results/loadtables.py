@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from lab.results.doc import mean_of, rows_where, stat_cell, stats_of
+from lab.results.doc import cells, failed_mark, mean_of, rows_where, stat_cell, stats_of
 
 #: the rrul table's columns: (results.csv column, header, scale)
 RRUL_COLUMNS = (
@@ -36,15 +36,9 @@ def rrul_table(doc, label, test, rows_l, profiles, points) -> None:
         if c[0] not in OPTIONAL or any(r.get(c[0]) is not None for r in rows_l if r["ok"])
     ]
     out = []
-    for prof in profiles:
-        for pt in points:
-            all_rs = rows_where(rows_l, profile=prof, impairment=pt)
-            if not all_rs:
-                continue
-            rs = [r for r in all_rs if r["ok"]]
-            failed = len(all_rs) - len(rs)
-            cells = [stat_cell(stats_of([r.get(c) for r in rs]), k) for c, _, k in cols]
-            out.append([prof + (f" [{failed} failed]" if failed else ""), pt] + cells)
+    for prof, pt, rs, failed, _ in cells(rows_l, profiles, points):
+        figures = [stat_cell(stats_of([r.get(c) for r in rs]), k) for c, _, k in cols]
+        out.append([prof + failed_mark(failed), pt] + figures)
     split = len(cols) < len(RRUL_COLUMNS)
     doc.p(
         f"**{label}** ({test}): latency under load, up = client to server, down = server to "

@@ -18,8 +18,10 @@ from lab.model import dilation
 from lab.model.cpuwords import capacity_words, host_cores_words, usage_words
 from lab.results.doc import (
     Doc,
+    cells,
     draws,
     entry_primary,
+    failed_mark,
     fmt_value,
     host_ncores,
     mean_of,
@@ -274,24 +276,18 @@ def _side_by_side(doc, label, test, rows_l, profiles, points, extras) -> None:
         f"{metric_name(c)} ({SIDE_METRICS[c]})" for c in extras
     ]
     out = []
-    for prof in profiles:
-        for pt in points:
-            for pidx in sorted(dirs) if dirs else [0]:
-                all_rs = rows_where(rows_l, profile=prof, impairment=pt, point=pidx)
-                if not all_rs:
-                    continue
-                rs = [r for r in all_rs if r["ok"]]
-                failed = len(all_rs) - len(rs)
-                if all(r.get("not_applicable") for r in all_rs):
-                    na = [prof, pt] + ([dirs[pidx]] if dirs else [])
-                    out.append(na + ["n/a"] + ["n/a" for _ in extras])
-                    continue
-                out.append(
-                    [prof, pt] + ([dirs[pidx]] if dirs else [])
-                    + [stat_cell(stats_of([r[col] for r in rs]), scale)
-                       + (f" [{failed} failed]" if failed else "")]
-                    + [stat_cell(stats_of([r[c] for r in rs]), 1.0) for c in extras]
-                )  # fmt: skip
+    for prof, pt, rs, failed, pidx in cells(
+        rows_l, profiles, points, sorted(dirs) if dirs else [0]
+    ):
+        where = [prof, pt] + ([dirs[pidx]] if dirs else [])
+        if not failed and all(r.get("not_applicable") for r in rs):
+            out.append(where + ["n/a"] + ["n/a" for _ in extras])
+            continue
+        out.append(
+            where
+            + [stat_cell(stats_of([r[col] for r in rs]), scale) + failed_mark(failed)]
+            + [stat_cell(stats_of([r[c] for r in rs]), 1.0) for c in extras]
+        )
     doc.p(
         f"**{label}** ({test}): {metric_name(col)} ({unit.split()[0]}) with "
         + " and ".join(metric_name(c) for c in extras)
