@@ -249,3 +249,67 @@ def test_throughput_per_condition_marks_a_profile_whose_cases_all_failed(tmp_pat
         "wireguard"
     ]
     assert "failed" not in panel["none"]
+
+
+def _rrul_entry(profile: str, rep: int, link: bool) -> dict:
+    """An rrul case of 6 RTT samples a phase: the tunnel's at 10 + i ms idle and 50 + i ms loaded,
+    and where `link`, the underlay ping's beside them at 1 + i and 20 + i ms."""
+    rec = {
+        "test": "rrul",
+        "ok": True,
+        "rtts_idle": [{"seq": i, "rtt_ms": 10.0 + i} for i in range(6)],
+        "rtts_loaded": [{"seq": i, "rtt_ms": 50.0 + i} for i in range(6)],
+    }
+    if link:
+        rec["link_rtts_idle"] = [{"seq": i, "rtt_ms": 1.0 + i} for i in range(6)]
+        rec["link_rtts_loaded"] = [{"seq": i, "rtt_ms": 20.0 + i} for i in range(6)]
+    return {"case": f"{profile}|none|load|{rep}", "profile": profile, "test": "rrul",
+            "label": "load", "rep": rep, "ok": True, "impairment": {"name": "none"},
+            "records": [rec]}  # fmt: skip
+
+
+def test_rrul_rtt_cdf_draws_the_underlay_ping_dashed_beside_the_tunnels():
+    """The link's ping (rrul's link_rtts_*) is drawn as dashed lines in the colour of the
+    tunnel's same phase; a profile recorded without it (no tunnel, older runs) keeps its two."""
+    from lab.results.plots import load_pyplot
+    from lab.results.series import rrul_rtt_cdf, series_plots
+
+    results = [_rrul_entry("wireguard", rep, True) for rep in range(2)]
+    results += [_rrul_entry("baseline", 0, False)]
+    plan = {"tests": [{"label": "load", "test": "rrul"}], "profiles": ["baseline", "wireguard"],
+            "impairments": [{"name": "none"}]}  # fmt: skip
+
+    class Run:
+        def load_results(self):
+            return results
+
+    drawn = {}
+
+    def save(fig, name, data):
+        drawn[name] = fig
+        return name
+
+    plt = load_pyplot()
+    series_plots(Run(), plan, save, plt)
+    fig = drawn["rtt_load_cdf_load"]
+    try:
+        [ax] = [a for a in fig.axes if a.get_visible()]
+        lines = {ln.get_label(): ln for ln in ax.get_lines()}
+        assert list(lines) == ["baseline idle", "baseline loaded", "wireguard idle",
+                               "wireguard loaded", "wireguard link idle",
+                               "wireguard link loaded"]  # fmt: skip
+        for phase, first in (("idle", 1.0), ("loaded", 20.0)):
+            link, tunnel = lines[f"wireguard link {phase}"], lines[f"wireguard {phase}"]
+            xs = sorted([first + i for i in range(6)] * 2)  # two repetitions pooled
+            assert list(link.get_xdata()) == xs
+            assert link.get_linestyle() == "--" and tunnel.get_linestyle() == "-"
+            assert link.get_color() == tunnel.get_color()
+        assert lines["baseline idle"].get_linestyle() == "-"
+        assert "dashed" in fig.get_suptitle()
+        leg = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "wireguard link loaded" in leg
+    finally:
+        plt.close(fig)
+    old = rrul_rtt_cdf([_rrul_entry("baseline", 0, False)], plan, "load")
+    assert list(old["panels"]["none"]) == ["baseline idle", "baseline loaded"]
+    assert "dashed" not in old["title"]

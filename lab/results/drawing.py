@@ -103,17 +103,28 @@ def bars(plt, data: dict):
 LINE_STYLES = ("-", "--", ":", "-.")
 
 
+def _colour_key(name: str, s: dict) -> str:
+    """Which lines share a colour: a profile's ("PROFILE #REP": its repetitions), or the line's
+    whose colour a series names (`colour_of`: rrul's underlay ping beside the tunnel's)."""
+    return s.get("colour_of") or name.split(" #")[0]
+
+
 def lines(plt, data: dict, *, errors: bool = True, marker: str | None = "o", step=False, x0=None):
+    """Panels of lines; a series may set its `linestyle` and take another line's colour
+    (`colour_of`, that line's name)."""
     fig, axes = figure(plt, len(data["panels"]))
     # one colour per profile in every panel; its repetitions ("PROFILE #REP") differ by line style
-    profiles = list(dict.fromkeys(n.split(" #")[0] for p in data["panels"].values() for n in p))
+    keys = list(
+        dict.fromkeys(_colour_key(n, s) for p in data["panels"].values() for n, s in p.items())
+    )
     for ax, (title, panel) in zip(axes, data["panels"].items(), strict=True):
         for name, s in panel.items():
-            profile, _, rep = name.partition(" #")
+            rep = name.partition(" #")[2]
             style = {
                 "label": name,
-                "color": f"C{profiles.index(profile) % 10}",
-                "linestyle": LINE_STYLES[int(rep) % len(LINE_STYLES)] if rep.isdigit() else "-",
+                "color": f"C{keys.index(_colour_key(name, s)) % 10}",
+                "linestyle": s.get("linestyle")
+                or (LINE_STYLES[int(rep) % len(LINE_STYLES)] if rep.isdigit() else "-"),
             }
             if step:
                 ax.step(s["x"], s["y"], where="post", **style)

@@ -308,26 +308,43 @@ def rrul_flows_over_time(results: list[dict], plan: dict, label: str) -> dict:
     }
 
 
-def _phase_samples(phase: str):
-    """What reads an rrul entry's RTT samples of one phase ("idle", "loaded"), every record's."""
+def _phase_samples(key: str):
+    """What reads an rrul entry's RTT samples under `key` ("rtts_idle", "rtts_loaded", the
+    underlay ping's "link_rtts_idle", "link_rtts_loaded"), every record's."""
 
     def samples(entry: dict) -> list[float]:
         recs = entry.get("records") or []
-        return [s["rtt_ms"] for rec in recs for s in rec.get(f"rtts_{phase}") or []]
+        return [s["rtt_ms"] for rec in recs for s in rec.get(key) or []]
 
     return samples
+
+
+#: rrul's phases, as its records' RTT sample keys name them
+RRUL_PHASES = ("idle", "loaded")
 
 
 def rrul_rtt_cdf(results: list[dict], plan: dict, label: str) -> dict:
     """Empirical CDF of the RTT samples of `label` idle and under load (repetitions pooled):
     one panel per network condition, two lines per profile with at least RRUL_CDF_MIN_SAMPLES
-    samples in the phase."""
-    phases = {phase: _phase_samples(phase) for phase in ("idle", "loaded")}
+    samples in the phase, and where rrul pinged the server's underlay address beside the
+    tunnel (link_rtts_*: records since that probe), that ping's two as dashed lines in the
+    colour of the tunnel's same phase ("PROFILE link idle")."""
+    lines = {phase: _phase_samples(f"rtts_{phase}") for phase in RRUL_PHASES}
+    lines |= {f"link {phase}": _phase_samples(f"link_rtts_{phase}") for phase in RRUL_PHASES}
+    panels = _cdf_panels(results, plan, label, lines, RRUL_CDF_MIN_SAMPLES)
+    link = False
+    for panel in panels.values():
+        for p in plan.get("profiles", []):
+            for phase in RRUL_PHASES:
+                if s := panel.get(f"{p} link {phase}"):
+                    s.update(linestyle="--", colour_of=f"{p} {phase}")
+                    link = True
     return {
-        "title": f"{label}: CDF of ping RTT idle and under load (repetitions pooled)",
+        "title": f"{label}: CDF of ping RTT idle and under load (repetitions pooled"
+        + ("; dashed: the link, a ping outside the tunnel)" if link else ")"),
         "xlabel": "RTT (ms)",
         "ylabel": "Share of samples",
-        "panels": _cdf_panels(results, plan, label, phases, RRUL_CDF_MIN_SAMPLES),
+        "panels": panels,
     }
 
 
