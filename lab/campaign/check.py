@@ -16,6 +16,7 @@ from pathlib import Path
 
 from lab.core.paths import results_root
 from lab.core.errors import ConfigError
+from lab.results.doc import label_primaries
 from lab.results.expect import Expectation, parse_expectations, plan_expectations
 from lab.results.verdicts import Verdict, judge, summary
 from lab.results.junit import junit_xml
@@ -133,12 +134,18 @@ def judge_run(
         )
     table = rows(run.name, results)
     base_tables = [rows(b.name, b.load_results()) for b in baselines or []]
-    verdicts = judge(expectations, table, base_tables, allow_missing=allow_missing_baseline)
+    pj = run.plan_json()
+    verdicts = judge(
+        expectations,
+        table,
+        base_tables,
+        allow_missing=allow_missing_baseline,
+        primaries=label_primaries(pj),
+    )
     seconds: dict[tuple, float] = {}
     for r in results:
         k = (r["profile"], (r.get("impairment") or {}).get("name"), r["label"])
         seconds[k] = seconds.get(k, 0.0) + float(r.get("seconds") or 0.0)
-    pj = run.plan_json()
     head = headline(
         table,
         pj.get("profiles", []),

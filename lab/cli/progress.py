@@ -20,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from lab.results.doc import fmt_value, primary
+from lab.results.doc import entry_primary, fmt_value
 from lab.campaign.runner import RunEvents
 
 
@@ -30,7 +30,8 @@ def case_line(case_key: str, entry: dict, *, done: int, total: int, eta_s: float
     figure = ""
     recs = entry.get("records") or []
     if entry.get("ok") and recs:
-        col, unit, scale, _ = primary(entry.get("test", ""))
+        # the entry's own (a handshake entry with only its rekey part: the rekey's recovery)
+        col, unit, scale, _ = entry_primary(entry)
         rec = recs[0]
         # results.csv's throughput_bps is the receiver's rate (tcp, udp) or scp's rate_bps
         v = rec.get(col)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from lab.results import fidelity
 from lab.results.plots import load_pyplot, save_figure
-from lab.results.doc import Doc, stat_cell, metric_name, primary
+from lab.results.doc import Doc, Primary, label_primaries, stat_cell, metric_name, primary
 from lab.results.rundir import RunDir, rows, summarize, to_csv
 from lab.core.state import write_text_atomic
 
@@ -34,8 +34,20 @@ def _summary(run: RunDir) -> dict[tuple, dict]:
     return {tuple(s[k] for k in KEY): s for s in summarize(rows(run.name, run.load_results()))}
 
 
+def _mains(ra: RunDir, rb: RunDir) -> dict[str, Primary]:
+    """Each test label's main metric (doc.label_primaries: a rekey-only handshake entry's is its
+    rekey recovery), A's plan over B's where both have the label."""
+    return {**label_primaries(rb.plan_json()), **label_primaries(ra.plan_json())}
+
+
+def main_metric(r: dict, mains: dict[str, Primary]) -> Primary:
+    """The main metric of a compare row's test entry; its test's where no plan names the label."""
+    return mains.get(r["test_label"]) or primary(r["test"])
+
+
 def compare(a: Path, b: Path, out: Path | None = None) -> dict:
     ra, rb = RunDir(Path(a)).check(), RunDir(Path(b)).check()
+    mains = _mains(ra, rb)
     out = Path(out) if out is not None else rb.path / f"compare-{ra.name}"
     out.mkdir(parents=True, exist_ok=True)
     sa, sb = _summary(ra), _summary(rb)
@@ -60,7 +72,7 @@ def compare(a: Path, b: Path, out: Path | None = None) -> dict:
     only_a = [k for k in sa if k not in sb]
     write_text_atomic(out / "compare.csv", to_csv(table, COLUMNS))
 
-    main = [r for r in table if primary(r["test"]).column == r["metric"]]
+    main = [r for r in table if main_metric(r, mains).column == r["metric"]]
     doc = Doc(f"{rb.name} (B) compared with {ra.name} (A)")
     differs = differences(ra, rb)
     doc.h("What differs between the runs")
@@ -77,15 +89,15 @@ def compare(a: Path, b: Path, out: Path | None = None) -> dict:
         ["profile", "impairment", "test", "point", "metric", "unit", "A", "B", "B/A"],
         [
             [r["profile"], r["impairment"], r["test_label"], r["point"], metric_name(r["metric"]),
-             primary(r["test"]).unit.split()[0], _side(r, "a"), _side(r, "b"),
+             main_metric(r, mains).unit.split()[0], _side(r, "a", mains), _side(r, "b", mains),
              f"{r['ratio_b_over_a']:.3f}" if r.get("ratio_b_over_a") is not None else "-"]
             for r in main
         ],
     )  # fmt: skip
-    plot = _plot(out, ra.name, rb.name, main)
+    plot = _plot(out, ra.name, rb.name, main, mains)
     if plot:
         doc.img(plot, "A vs B")
-    fid = fidelity.analyse(table)
+    fid = fidelity.analyse(table, mains)
     fidelity.write(out, fid)
     fidelity.section(doc, fid, ra.name, rb.name)
     write_text_atomic(out / "compare.md", doc.markdown())
@@ -96,7 +108,7 @@ def compare(a: Path, b: Path, out: Path | None = None) -> dict:
             "fidelity": fid["summary"], "differs": len(differs["rows"])}  # fmt: skip
 
 
-def _plot(out: Path, name_a: str, name_b: str, main: list[dict]) -> str | None:
+def _plot(out: Path, name_a: str, name_b: str, main: list[dict], mains) -> str | None:
     labels = list(dict.fromkeys(r["test_label"] for r in main if r["n_a"] and r["n_b"]))
     if not labels:
         return None
@@ -105,7 +117,7 @@ def _plot(out: Path, name_a: str, name_b: str, main: list[dict]) -> str | None:
                              squeeze=False, layout="constrained")  # fmt: skip
     for ax, lb in zip(axes[0], labels, strict=True):
         rs = [r for r in main if r["test_label"] == lb and r["n_a"] and r["n_b"]]
-        unit = primary(rs[0]["test"])
+        unit = main_metric(rs[0], mains)
         scale = unit.scale
         xs = [f"{r['profile']}\n{r['impairment']}" + (f" #{r['point']}" if r["point"] else "")
               for r in rs]  # fmt: skip
@@ -126,12 +138,13 @@ def _plot(out: Path, name_a: str, name_b: str, main: list[dict]) -> str | None:
     return save_figure(fig, RunDir(out), "compare")
 
 
-def _side(r: dict, side: str) -> str:
+def _side(r: dict, side: str, mains: dict[str, Primary]) -> str:
     """One run's figure of a case in the metric's unit: 'mean ± sd (n=N)'."""
     n, mean = r[f"n_{side}"], r[f"mean_{side}"]
     if not n or mean is None:
         return "-"
-    return stat_cell({"n": n, "mean": mean, "sd": r[f"sd_{side}"] or 0.0}, primary(r["test"]).scale)
+    scale = main_metric(r, mains).scale
+    return stat_cell({"n": n, "mean": mean, "sd": r[f"sd_{side}"] or 0.0}, scale)
 
 
 # ---------------------------------------------------------------------- what differs

@@ -35,6 +35,12 @@ def entry_primary(entry: dict) -> Primary:
     return t.primary_for(entry["params"]) or primary(entry["test"])
 
 
+def label_primaries(plan: dict) -> dict[str, Primary]:
+    """{test label: the metric its entry is reported by (entry_primary)} of a plan.json; a row
+    of a label not in it goes by its test's primary (`primaries.get(label) or primary(test)`)."""
+    return {t["label"]: entry_primary(t) for t in plan.get("tests", [])}
+
+
 def draws(test: str, kind: str) -> bool:
     """Does the report draw `kind` (lab.measure.base.PLOTS) of tests called `test`? It is
     what the test declares (Test.plots); a test no longer registered draws nothing."""

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 from itertools import combinations
+from collections.abc import Mapping
 
 from lab.measure import TESTS, metric_columns
 from lab.model.stats import kendall_tau_b
-from lab.results.doc import Doc, fmt_value, primary
+from lab.results.doc import Doc, Primary, fmt_value, primary
 from lab.results.rundir import to_csv
 from lab.core.state import write_text_atomic
 
@@ -77,8 +78,8 @@ FLIP_COLUMNS = [
 ]
 
 
-def higher_is_better(metric: str, test: str) -> bool:
-    p = primary(test)
+def higher_is_better(metric: str, p: Primary) -> bool:
+    """Is a larger `metric` the better one? `p`: the main metric of the metric's test entry."""
     if p.column == metric:
         return p.higher_is_better
     return metric not in LOWER_IS_BETTER
@@ -120,8 +121,15 @@ def _noise(n: int | None, sd: float | None) -> float | None:
     return sd * sd / n
 
 
-def analyse(table: list[dict]) -> dict:
-    """compare()'s rows (A = emulated, B = hardware) -> {cases, ranks, flips, summary}."""
+def analyse(table: list[dict], mains: Mapping[str, Primary] | None = None) -> dict:
+    """compare()'s rows (A = emulated, B = hardware) -> {cases, ranks, flips, summary}.
+    `mains`: each test label's main metric (compare's: a rekey-only handshake entry's is its
+    rekey recovery); a label not in it goes by its test's. A case says whether its metric is
+    its entry's main one (`main`)."""
+
+    def main(r: dict) -> Primary:
+        return (mains or {}).get(r["test_label"]) or primary(r["test"])
+
     declared = metric_columns()
     both = [
         r
@@ -144,6 +152,7 @@ def analyse(table: list[dict]) -> dict:
                 "hardware": r["mean_b"],
                 "ratio": ratio,
                 "log_error": math.log(ratio) if ratio and ratio > 0 else None,
+                "main": main(r).column == r["metric"],
             }
         )
     groups: dict[tuple, list[dict]] = {}
@@ -154,7 +163,7 @@ def analyse(table: list[dict]) -> dict:
         if len(rs) < 2:
             continue
         test, metric = rs[0]["test"], key[3]
-        hib = higher_is_better(metric, test)
+        hib = higher_is_better(metric, main(rs[0]))
         a = {r["profile"]: r["mean_a"] for r in rs}
         b = {r["profile"]: r["mean_b"] for r in rs}
         profs = list(a)
@@ -309,7 +318,7 @@ def section(doc: Doc, result: dict, name_a: str, name_b: str) -> None:
                 for r in result["ranks"]
             ],
         )  # fmt: skip
-    main = [c for c in result["cases"] if primary(c["test"]).column == c["metric"]]
+    main = [c for c in result["cases"] if c["main"]]
     if main:
         doc.p("Main metric of every case: A/B and its log error (every metric in `fidelity.csv`).")
         doc.table(

@@ -24,6 +24,7 @@ from lab.results.doc import (
     failed_mark,
     fmt_value,
     host_ncores,
+    label_primaries,
     mean_of,
     labelled,
     metric_name,
@@ -112,7 +113,7 @@ def headline(table, profiles, points, labels, plan) -> dict:
     doc.entry_primary); a test whose records are several points (a bidir test's directions,
     mtu's families) has a column per point, named as its table is."""
     tests = {t["label"]: t["test"] for t in plan.get("tests", [])}
-    prims = {t["label"]: entry_primary(t) for t in plan.get("tests", [])}
+    prims = label_primaries(plan)
     cols = []  # (label, point)
     header = ["profile", "condition"]
     for lb in labels:

@@ -25,12 +25,13 @@ Pure: judges result rows (lab.results.rundir.rows); runs nothing, prints nothing
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from lab.model.stats import mean_sd, regressed, regressed_runs
 from lab.results.directions import name_directions, of_direction
-from lab.results.doc import primary
+from lab.results.doc import Primary, primary
 from lab.results.expect import OPS, Expectation, fmt, profile_name, split_profile
 
 
@@ -109,11 +110,19 @@ def judge(
     baselines: list[list[dict]] | None = None,
     *,
     allow_missing: bool = False,
+    primaries: Mapping[str, Primary] | None = None,
 ) -> list[Verdict]:
     """Verdicts for every case of `table` (results.csv rows) and every expectation that matches
     it. `baselines`: the rows of each baseline run (None or []: regressions are skipped, saying
     why); one run is judged over its repetitions (Welch), several at the run level. A case no
-    baseline run has (match_baseline) fails its regression, or is skipped with `allow_missing`."""
+    baseline run has (match_baseline) fails its regression, or is skipped with `allow_missing`.
+    `primaries`: each test label's main metric (doc.label_primaries of the run's plan: a
+    rekey-only handshake entry's is its rekey recovery), a regression's default; a label not
+    in it goes by its test's."""
+
+    def main(rs: list[dict]) -> Primary:
+        return (primaries or {}).get(rs[0]["test_label"]) or primary(rs[0]["test"])
+
     out: list[Verdict] = []
     groups = _groups(table)
     bases = [
@@ -156,7 +165,7 @@ def judge(
             hit = [
                 (k, rs)
                 for k, rs in hit
-                if k[3] == 0 or any(r.get(_metric(e, rs)) is not None for r in rs)
+                if k[3] == 0 or any(r.get(e.metric or main(rs).column) is not None for r in rs)
             ]
         if not hit:
             out.append(
@@ -176,13 +185,9 @@ def judge(
             if e.kind == "bound":
                 out.append(_bound(e, key, rs))
             else:
-                out.append(_regression(e, key, rs, bases, allow_missing))
+                out.append(_regression(e, key, rs, bases, allow_missing, main(rs)))
     name_directions(out, table)
     return out
-
-
-def _metric(e: Expectation, rs: list[dict]) -> str:
-    return e.metric or primary(rs[0]["test"]).column
 
 
 def _bound(e: Expectation, key: tuple, rs: list[dict]) -> Verdict:
@@ -211,11 +216,10 @@ def _bound(e: Expectation, key: tuple, rs: list[dict]) -> Verdict:
     return v
 
 
-def _shown(test: str, metric: str) -> tuple[float, str]:
-    """(scale, unit) a regression's values are shown in: the test's main unit for its main
+def _shown(main: Primary, metric: str) -> tuple[float, str]:
+    """(scale, unit) a regression's values are shown in: the main metric's unit for the main
     metric (throughput in Mbit/s), else the column's own (no unit)."""
-    p = primary(test)
-    return (p.scale, p.unit.split()[0]) if p.column == metric else (1.0, "")
+    return (main.scale, main.unit.split()[0]) if main.column == metric else (1.0, "")
 
 
 def _regression(
@@ -224,16 +228,17 @@ def _regression(
     rs: list[dict],
     bases: list[tuple[str, dict]],
     allow_missing: bool,
+    main: Primary,
 ) -> Verdict:
-    metric = _metric(e, rs)
-    hib = primary(rs[0]["test"]).higher_is_better if e.metric is None else _higher(metric)
+    metric = e.metric or main.column
+    hib = main.higher_is_better if e.metric is None else _higher(metric)
     limit = 1 - e.tolerance if hib else 1 + e.tolerance
     bound = f"{metric} {'>=' if hib else '<='} {limit:.0%} of the baseline's mean"
     v = Verdict(*key, e.name, "skip", "", bound=bound, kind="regression")
     if not bases:
         v.message = "no --baseline given"
         return v
-    scale, unit = _shown(rs[0]["test"], metric)
+    scale, unit = _shown(main, metric)
 
     def show(x: float) -> str:
         return fmt(x * scale) + (f" {unit}" if unit else "")
