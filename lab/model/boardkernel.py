@@ -223,13 +223,8 @@ def _kernel_crypto(d: dict, src: str, where: str, references: dict, primitives: 
             source=src,
             field=f"{where}.crypto",
         )
+    _known(crypto, primitives, "is a primitive the lab does not know", src, f"{where}.crypto")
     for prim, ref in crypto.items():
-        if prim not in primitives:
-            raise ConfigError(
-                f"unknown primitive {prim!r}; accepted: {', '.join(primitives)}",
-                source=src,
-                field=f"{where}.crypto.{prim}",
-            )
         if ref not in references:
             raise ConfigError(
                 f"names {ref!r}, which has no [reference.{ref}] table in this profile; "
@@ -238,6 +233,18 @@ def _kernel_crypto(d: dict, src: str, where: str, references: dict, primitives: 
                 field=f"{where}.crypto.{prim}",
             )
     return dict(crypto)
+
+
+def _known(names: dict, accepted: dict, lacks: str, src: str, where: str) -> None:
+    """Refuse the first of `names` not among `accepted`, naming it (under `where`), what it
+    `lacks` and the accepted names."""
+    for name in names:
+        if name not in accepted:
+            raise ConfigError(
+                f"{name!r} {lacks}; accepted: {', '.join(accepted) or 'none'}",
+                source=src,
+                field=f"{where}.{name}",
+            )
 
 
 def _parse_path(
@@ -262,13 +269,8 @@ def _parse_path(
             source=src,
             field=f"{where}.pps",
         )
+    _known(pps, figures, f"has {section.figures_what}", src, f"{where}.pps")
     for prim, v in pps.items():
-        if prim not in figures:
-            raise ConfigError(
-                f"{prim!r} has {section.figures_what}; accepted: {', '.join(figures) or 'none'}",
-                source=src,
-                field=f"{where}.pps.{prim}",
-            )
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise ConfigError(
                 f"must be a positive number (packets/s), got {v!r}",
