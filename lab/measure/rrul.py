@@ -47,11 +47,11 @@ from lab.measure.base import (
     describe_failure,
     invoke,
 )
-from lab.measure.handshake import flow_start
 from lab.measure.iperf3 import (
     DEFAULT_PORT,
     IPERF3,
     client_argv,
+    flow_start,
     iperf3_server,
     parse_iperf3_tcp,
     records_of,
