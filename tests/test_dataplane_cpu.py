@@ -521,15 +521,18 @@ def test_the_node_quota_prices_its_data_plane_cores_at_the_data_plane_share(boar
     naming the factor."""
     from lab.substrate.local.dataplane import host_overcommit, raise_node_quota
 
-    p = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    def four_cores():  # a node's CPU plan: four board cores of 0.25 host cores each
+        return {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+
+    p = four_cores()
     rec = {"groups": 1, "group_cores": 0.7}
     raise_node_quota(p, rec)
     assert p["cores"] == pytest.approx(1.45)
     assert rec["node_cores_before"] == 1.0 and rec["node_cores_added"] == pytest.approx(0.45)
-    cheap = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    cheap = four_cores()
     raise_node_quota(cheap, {"groups": 1, "group_cores": 0.1})
     assert cheap["cores"] == 1.0
-    per_cpu = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    per_cpu = four_cores()
     raise_node_quota(per_cpu, {"groups": 4, "group_cores": 0.45})
     assert per_cpu["cores"] == pytest.approx(1.8)
     cpu = {"a": p, "b": dict(p), "r": {"cores": None}, "t": {"cores": 3.0, "not_applied": "TCG"}}
