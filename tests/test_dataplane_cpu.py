@@ -294,7 +294,12 @@ def test_no_kernel_table_keeps_the_stand_ins_threads(board, tmp_path):
     ],
 )
 def test_bad_kernel_tables_are_refused_naming_the_field(board, edit, field):
-    text = PROFILE + PATH
+    refused(board, PROFILE + PATH, edit, field)
+
+
+def refused(board, text: str, edit: tuple[str, str], field: str) -> None:
+    """The profile `text` with `edit` made (its first string must be there) is refused when it
+    loads, the error naming the file and `field`."""
     assert edit[0] in text
     (board[0] / "bad.toml").write_text(text.replace(*edit))
     with pytest.raises(ConfigError) as e:
@@ -319,12 +324,7 @@ def test_bad_kernel_tables_are_refused_naming_the_field(board, edit, field):
     ],
 )  # fmt: skip
 def test_bad_userspace_tables_are_refused_naming_the_field(board, edit, field):
-    text = PROFILE + USERPATH
-    assert edit[0] in text
-    (board[0] / "bad.toml").write_text(text.replace(*edit))
-    with pytest.raises(ConfigError) as e:
-        load_cpu_profile("bad")
-    assert e.value.field == field and "bad.toml" in str(e.value)
+    refused(board, PROFILE + USERPATH, edit, field)
 
 
 @pytest.mark.parametrize(
