@@ -38,9 +38,10 @@ class SocketBuffer:
     after: int
 
 
-def udp_inodes(pid: int, port: int, proc: Path = Path("/proc")) -> set[int]:
-    """Inodes of the UDP sockets bound to local `port` in `pid`'s network namespace."""
-    found = set()
+def udp_inodes(pid: int, port: int | None = None, proc: Path = Path("/proc")) -> dict[int, int]:
+    """{inode: local port} of the UDP sockets in `pid`'s network namespace (those bound to
+    `port` only, when given)."""
+    found = {}
     for table in ("udp", "udp6"):
         try:
             lines = (proc / str(pid) / "net" / table).read_text().splitlines()[1:]
@@ -49,14 +50,17 @@ def udp_inodes(pid: int, port: int, proc: Path = Path("/proc")) -> set[int]:
         for line in lines:
             f = line.split()
             # sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
-            if len(f) > 9 and int(f[1].rsplit(":", 1)[1], 16) == port:
-                found.add(int(f[9]))
+            if len(f) > 9:
+                local = int(f[1].rsplit(":", 1)[1], 16)
+                if port is None or local == port:
+                    found[int(f[9])] = local
     return found
 
 
-def socket_fds(pid: int, inodes: set[int], proc: Path = Path("/proc")) -> list[int]:
-    """The descriptors of `pid` that are sockets with one of `inodes`."""
-    out = []
+def socket_fds(pid: int, inodes: dict[int, int], proc: Path = Path("/proc")) -> dict[int, int]:
+    """{descriptor: the value of its socket's inode in `inodes`} of `pid`'s sockets among
+    `inodes`."""
+    out = {}
     try:
         entries = list((proc / str(pid) / "fd").iterdir())
     except OSError:
@@ -67,8 +71,8 @@ def socket_fds(pid: int, inodes: set[int], proc: Path = Path("/proc")) -> list[i
         except OSError:
             continue
         if target.startswith("socket:[") and int(target[8:-1]) in inodes:
-            out.append(int(e.name))
-    return sorted(out)
+            out[int(e.name)] = inodes[int(target[8:-1])]
+    return dict(sorted(out.items()))
 
 
 def _getfd(pid: int, fd: int) -> int:
@@ -83,13 +87,13 @@ def _getfd(pid: int, fd: int) -> int:
         os.close(pidfd)
 
 
-def set_receive_buffer(pid: int, port: int, nbytes: int) -> list[SocketBuffer]:
-    """Give every UDP socket of `pid` bound to `port` a receive buffer of `nbytes` (the
+def set_receive_buffer(pid: int, port: int | None, nbytes: int) -> list[SocketBuffer]:
+    """Give every UDP socket of `pid` bound to `port` (None: every one) a receive buffer of `nbytes` (the
     accounting limit the kernel reports back; SO_RCVBUFFORCE doubles what it is given, so it
     is given half). Returns what changed; [] when the process has no such socket. Raises
     OSError when a descriptor cannot be taken or set (no permission, no pidfd_getfd)."""
     out = []
-    for fd in socket_fds(pid, udp_inodes(pid, port)):
+    for fd, local in socket_fds(pid, udp_inodes(pid, port)).items():
         s = socket.socket(fileno=_getfd(pid, fd))
         try:
             before = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
@@ -97,12 +101,12 @@ def set_receive_buffer(pid: int, port: int, nbytes: int) -> list[SocketBuffer]:
             after = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         finally:
             s.close()  # our duplicate only: the daemon's descriptor stays open
-        out.append(SocketBuffer(pid, fd, port, before, after))
+        out.append(SocketBuffer(pid, fd, local, before, after))
     return out
 
 
-def receive_buffer(pid: int, port: int) -> list[int]:
-    """SO_RCVBUF of each UDP socket of `pid` bound to `port` (bytes)."""
+def receive_buffer(pid: int, port: int | None = None) -> list[int]:
+    """SO_RCVBUF of each UDP socket of `pid` bound to `port` (None: every one), bytes."""
     out = []
     for fd in socket_fds(pid, udp_inodes(pid, port)):
         s = socket.socket(fileno=_getfd(pid, fd))

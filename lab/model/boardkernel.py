@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab.core.errors import ConfigError, reject_unknown
+from lab.model.dpqueue import DataPlaneQueue, parse_queue, queue_record
 
 #: how a board's kernel spreads one tunnel's packet crypto over its cores
 THREADING = ("one-core", "per-cpu")
@@ -75,6 +76,8 @@ class KernelDataPlane:
     #: the stand-in's primitive on this host -> the profile's reference for the board kernel's code
     crypto: dict[str, str] = field(default_factory=dict)
     path: PacketPath | None = None
+    #: packets it holds before it drops, each way (lab.model.dpqueue)
+    queue: DataPlaneQueue | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class _DataPlaneSection:
 _KERNEL = _DataPlaneSection(
     "kernel",
     ("arch", "dataplane", "source", "version"),
-    ("crypto", "path", "source", "threading", "why"),
+    ("crypto", "path", "queue", "source", "threading", "why"),
     _PATH_FIELDS,
     "no board AEAD in the crypto table",
 )
@@ -151,7 +154,13 @@ def parse_kernel_table(
         str(table.get("source", "")),
         {
             name: KernelDataPlane(
-                name, d["threading"], d["source"], str(d.get("why", "")), figures, path
+                name,
+                d["threading"],
+                d["source"],
+                str(d.get("why", "")),
+                figures,
+                path,
+                parse_queue(d.get("queue"), src, f"kernel.dataplane.{name}", figures),
             )
             for name, (d, figures, path) in dps.items()
         },
@@ -381,6 +390,8 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
                 threading_source=kdp.source,
                 kernel=f"{prof.kernel.version} {prof.kernel.arch}".strip(),
             )
+            if q := queue_record(kdp.queue, dp.primitive):
+                rec["queue"] = q  # the stand-in's socket and TUN hold as many (dpqueue)
             ref_name = kdp.crypto.get(dp.primitive or "")
             ref = prof.references.get(ref_name) if ref_name else None
             if ref is not None:
