@@ -135,6 +135,10 @@ def main() -> int:
             "mechanism": ad["adaptive"].get("mechanism"),
             "ci_rel_pct": ad["ci_rel_pct"],
             "inside": lo <= ad["receiver_bps"] <= hi,
+            # seconds the interval held but the sender's congestion cycles did not (tcpstream)
+            "held_by_cycles_s": (ad["adaptive"].get("stopped_early_because") or {}).get(
+                "held_by_cycles_s", (ad["adaptive"].get("cycles") or {}).get("held_s")
+            ),
         }
         rows.append(row)
         dump.append({"row": row, "fixed": runs["fixed"], "adaptive": ad})

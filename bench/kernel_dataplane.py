@@ -48,26 +48,15 @@ guest log. docs/cpu.md "The board kernel's packet path" has the results.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shutil
-import stat
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import guestcount as gc  # noqa: E402
 import kernel_crypto as kc  # noqa: E402
 
-from lab.substrate.vm.initramfs import Entry, newc  # noqa: E402
-
-ARCH = kc.ARCHES["armhf"]
 #: the guest's network userland (Debian 12, as the board's roots: lab.core.arch.fetch)
 NET_USERLAND = ("busybox-static/bookworm", "socat/bookworm", "iproute2/bookworm",
                 "wireguard-tools/bookworm")  # fmt: skip
@@ -92,76 +81,14 @@ ESP = (
     ("esp-chacha20poly1305", "aead 'rfc7539esp(chacha20,poly1305)' 0x" + "33" * 36 + " 128",
      ("rfc7539esp(chacha20,poly1305)", 288)),
 )  # fmt: skip
-#: UnixBench 5.1.3 loops per second of one Pi 4 core (cpu_profiles/pi4.toml, 1.5 GHz)
-UNIXBENCH = {"syscall": 491539.0, "pipe": 99812.0}
-LOOPS = (20000, 60000)  # two loop counts: the difference removes fork + exec
-
-
-def fetch_net() -> Path:
-    """Debian 12's iproute2, socat and wireguard-tools for armhf, unpacked (cached)."""
-    base = kc.CACHE / ARCH.name
-    root = base / "netroot"
-    if (root / ".done").exists():
-        return root
-    kc.fetch(ARCH)  # the kernel, and the private apt lists
-    apt = kc.apt_argv(ARCH, base / "apt")
-    dl = base / "netdebs"
-    (dl / "partial").mkdir(parents=True, exist_ok=True)
-    os.chmod(dl, 0o755)  # apt-get downloads as _apt
-    kc.log(f"[{ARCH.name}] apt-get install --download-only {' '.join(NET_USERLAND)}")
-    kc.run([*apt, "-o", f"Dir::Cache::archives={dl}", "install", "-y", "--download-only",
-            "--no-install-recommends", *NET_USERLAND])  # fmt: skip
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir()
-    for deb in sorted(dl.glob("*.deb")):
-        kc.run(["dpkg-deb", "-x", str(deb), str(root)])
-    (root / ".done").write_text("")
-    return root
-
-
-def build_loops(out: Path) -> bytes:
-    src = REPO / "bench" / "armloops.S"
-    obj = out.with_suffix(".o")
-    for tool in ("arm-linux-gnueabihf-as", "arm-linux-gnueabihf-ld"):
-        if not shutil.which(tool):
-            raise SystemExit(f"{tool} missing: apt-get install binutils-arm-linux-gnueabihf")
-    kc.run(["arm-linux-gnueabihf-as", "-march=armv7-a", "-o", str(obj), str(src)])
-    kc.run(["arm-linux-gnueabihf-ld", "-static", "-o", str(out), str(obj)])
-    return out.read_bytes()
-
-
-GUEST_HEAD = r"""#!/bin/busybox sh
-B=/bin/busybox  # its shell runs its own applets (ip too): full paths for the rest
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin
-$B mount -t proc proc /proc; $B mount -t sysfs sys /sys; $B mount -t devtmpfs dev /dev
-$B mount -t tmpfs tmp /run; $B mkdir -p /var; $B ln -s /run /var/run
-$B dmesg -n 1
-export LD_LIBRARY_PATH=/lib/arm-linux-gnueabihf:/usr/lib/arm-linux-gnueabihf
-echo @@BOOTED
-# the CPU's non-idle run time in ns (= instructions under -icount shift=0), read without a fork
-busy() { while read -r c x y z u v w t r; do [ "$c" = cpu0 ] && { echo "$t"; return; }; done < /proc/schedstat; }
-# a counter of /proc/PID/net/snmp (the receiver's namespace), read without a fork
-snmp() { local pid=$1 proto="$2:" key=$3 h="" p rest n
-  while read -r p rest; do [ "$p" = "$proto" ] || continue
-    if [ -z "$h" ]; then h="$rest"; else set -- $h
-      for n in $rest; do [ "$1" = "$key" ] && { echo "$n"; return; }; shift; done; fi
-  done < /proc/$pid/net/snmp; }
-"""
 
 
 def guest_script(mods: list[str], n: int) -> str:
-    sh = [GUEST_HEAD]
+    sh = [gc.GUEST_HEAD]
     for m in mods:
         if not m.startswith("tcrypt"):
             sh.append(f"$B insmod /m/{m} || echo @@INSMOD_FAILED {m}")
-    sh += [
-        "/bin/ip netns add a; /bin/ip netns add b",
-        "/bin/ip link add va netns a address 02:00:00:00:00:0a type veth peer name vb netns b"
-        " address 02:00:00:00:00:0b",
-        "/bin/ip -n a addr add 10.0.0.1/24 dev va; /bin/ip -n b addr add 10.0.0.2/24 dev vb",
-        "for ns in a b; do /bin/ip -n $ns link set lo up; done; /bin/ip -n a link set va up; /bin/ip -n b link set vb up",
-        "echo 134217728 > /proc/sys/net/core/rmem_max",
-    ]
+    sh += [*gc.VETH_PAIR, "echo 134217728 > /proc/sys/net/core/rmem_max"]
     # one measurement: $1 name, $2 destination address, $3 IP deliveries per datagram (1 plain;
     # $4 the sender's namespace (a; c: forwarded by a);
     # 2 through a tunnel: the outer packet to esp4 or wg's UDP socket, then the inner one; the
@@ -266,91 +193,17 @@ measure_out() {{
     sh += [
         "echo @@QDISC; /bin/ip -n a -s link show va",
     ]
-    # the UnixBench loops: two counts each, the difference is the loops' own instructions
-    for kind in ("syscall", "pipe"):
-        for loops in LOOPS:
-            sh.append(
-                f"t0=$(busy); /bin/armloops {kind[0]} {loops}; t1=$(busy); "
-                f'echo "@@LOOP {kind} loops={loops} busy_ns=$((t1-t0))"'
-            )
-    sh += ["echo @@DONE", "$B poweroff -f"]
+    sh += [*gc.loop_lines(), "echo @@DONE", "$B poweroff -f"]
     return "\n".join(sh) + "\n"
-
-
-def build_initramfs(kroot: Path, release: str, netroot: Path, loops: bytes, script: str,
-                    out: Path, modules: tuple[str, ...] = NET_MODULES,
-                    files: dict[str, bytes] | None = None) -> None:  # fmt: skip
-    entries: list[Entry] = []
-    seen: set[str] = set()
-
-    def d(rel: str) -> None:
-        parts = rel.split("/")
-        for i in range(1, len(parts) + 1):
-            p = "/".join(parts[:i])
-            if p not in seen:
-                seen.add(p)
-                entries.append(Entry(p, stat.S_IFDIR | 0o755))
-
-    for dd in ("dev", "proc", "sys", "m", "tmp", "run", "etc", "bin", "sbin", "usr/bin",
-               "usr/sbin", "lib", "usr/lib"):  # fmt: skip
-        d(dd)
-    entries.append(Entry("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)))
-    entries.append(Entry("init", stat.S_IFREG | 0o755, script.encode()))
-    entries.append(Entry("bin/armloops", stat.S_IFREG | 0o755, loops))
-    for rel, data in (files or {}).items():
-        entries.append(Entry(rel, stat.S_IFREG | 0o600, data))
-    for p in kc.module_order(kroot, release, (*ARCH.modules, *modules)):
-        if p.name.startswith("tcrypt"):
-            continue
-        entries.append(Entry(f"m/{p.name}", stat.S_IFREG | 0o644, p.read_bytes()))
-    for sub in ("bin", "sbin", "usr/bin", "usr/sbin", "lib", "usr/lib"):
-        top = netroot / sub
-        if not top.exists():
-            continue
-        for f in sorted(top.rglob("*")):
-            rel = f.relative_to(netroot).as_posix()
-            if any(x in rel for x in ("gconv", "/udev", "/tc/", "python", "/perl")):
-                continue
-            if f.is_symlink():
-                d(str(Path(rel).parent))
-                entries.append(Entry(rel, stat.S_IFLNK | 0o777, os.readlink(f).encode()))
-            elif f.is_dir():
-                d(rel)
-            elif f.is_file():
-                d(str(Path(rel).parent))
-                entries.append(Entry(rel, stat.S_IFREG | 0o755, f.read_bytes()))
-    entries.append(Entry("bin/sh", stat.S_IFLNK | 0o777, b"busybox"))
-    out.write_bytes(newc(entries))
-
-
-# --- parse -----------------------------------------------------------------------------------
-def parse(text: str) -> tuple[dict[str, dict], dict[str, dict[int, int]]]:
-    """({run: {packets, received, busy_ns, ...}}, {loop kind: {loop count: busy ns}})."""
-    res: dict[str, dict] = {}
-    loops: dict[str, dict[int, int]] = {}
-    for line in text.splitlines():
-        if "@@RESULT " in line:
-            name, *kv = line.split("@@RESULT ", 1)[1].split()
-            res[name] = {k: float(v) for k, v in (x.split("=", 1) for x in kv if "=" in x)}
-        elif "@@OUT " in line:
-            name, *kv = line.split("@@OUT ", 1)[1].split()
-            res.setdefault(name, {}).update(
-                {f"out_{k}": float(v) for k, v in (x.split("=", 1) for x in kv if "=" in x)}
-            )
-        elif "@@LOOP " in line:
-            kind, cnt, ns = line.split("@@LOOP ", 1)[1].split()
-            loops.setdefault(kind, {})[int(cnt.split("=")[1])] = int(ns.split("=")[1])
-    return res, loops
 
 
 def aead_ipp(alg: str, bits: int, size: int, softirq_enc: bool = False) -> dict[str, float]:
     """Instructions per message of the AEAD at `size` bytes: encryption with NEON (the
     sender's process context), decryption with NEON (GCM: cryptd's kworker) or without
     (ChaCha20: scalar in the softirq), from kernel_crypto.py's saved guest logs."""
-    runs = kc.CACHE / "armhf" / "runs"
-    neon = sorted(runs.glob("*-neon.log"))
+    neon = sorted(gc.RUNS.glob("*-neon.log"))
     if not neon:
-        raise SystemExit(f"no kernel_crypto.py guest logs under {runs}: run it first")
+        raise SystemExit(f"no kernel_crypto.py guest logs under {gc.RUNS}: run it first")
     rows = kc.parse_tcrypt(neon[-1].read_text(errors="replace"))
     noneon = neon[-1].with_name(neon[-1].name.replace("-neon.log", "-noneon.log"))
     srows = kc.parse_tcrypt(noneon.read_text(errors="replace")) if noneon.exists() else []
@@ -384,29 +237,19 @@ def aead_of(name: str) -> tuple[float, float]:
 
 
 def report(res: dict[str, dict], loops: dict[str, dict[int, int]]) -> dict:
-    clock = ARCH.clock_mhz * 1e6
-    out: dict = {"kernel": "5.10.0-32-armmp (Debian 11 5.10.223), armv7l", "payload": PAYLOAD}
-    print("\nIPC anchors (UnixBench 5.1.3 on a Pi 4, armv7l, 1.5 GHz; loops counted here):")
-    ipcs = {}
-    for kind, pts in loops.items():
-        (n0, t0), (n1, t1) = sorted(pts.items())
-        ipl = (t1 - t0) / (n1 - n0)
-        cpl = clock / UNIXBENCH[kind]
-        ipcs[kind] = ipl / cpl
-        print(f"  {kind:8s} {ipl:8.0f} instructions/loop {cpl:8.0f} cycles/loop published"
-              f"  IPC {ipl / cpl:.3f}")  # fmt: skip
-    if not ipcs or "plain" not in res:
-        raise SystemExit("no loops or no plain run in the guest log")
-    ipc = sum(ipcs.values()) / len(ipcs)
+    clock = gc.CLOCK
+    out: dict = {"kernel": gc.KERNEL, "payload": PAYLOAD}
+    ipcs, ipc = gc.ipc_anchors(loops)
+    if "plain" not in res:
+        raise SystemExit("no plain run in the guest log")
     out["ipc"] = {"anchors": ipcs, "mean": ipc}
-    print(f"  kernel-path IPC: {ipc:.3f} (mean of {len(ipcs)})")
     plain = res["plain"]
     full0 = plain["busy_ns"] / plain["packets"]
     out0 = plain["out_busy_ns"] / plain["out_packets"] if "out_busy_ns" in plain else None
     print(f"\nper {PAYLOAD}-byte UDP datagram, instructions: the whole trip a -> b, what the tunnel"
           " adds, its AEAD, and the path around it on the sending side (b's end down: a's qdisc"
           " drops) and the receiving side (the rest); cycles and packets/s of the slower side on"
-          f" one {ARCH.clock_mhz} MHz board core at IPC {ipc:.3f} (range over the anchors):")  # fmt: skip
+          f" one {gc.ARCH.clock_mhz} MHz board core at IPC {ipc:.3f} (range over the anchors):")  # fmt: skip
     print(f"  {'run':21s} {'trip':>7s} {'tunnel':>7s} {'enc':>6s} {'dec':>6s} {'send':>6s} "
           f"{'recv':>6s} {'cycles':>7s} {'pps':>6s} {'(range)':>15s}  received")  # fmt: skip
     out["plain"] = {"instructions_per_packet": round(full0),
@@ -426,9 +269,9 @@ def report(res: dict[str, dict], loops: dict[str, dict[int, int]]) -> dict:
             send, recv = sent - enc, delta - sent - dec
         else:  # no split: half each
             send = recv = (delta - enc - dec) / 2
-        side = max(send, recv)
-        cyc = side / ipc
-        rng = tuple(round(clock / (side / x)) for x in sorted(ipcs.values()))
+        sides = ((send, 0.0), (recv, 0.0))  # kernel code only: its AEAD is the board figure's
+        cyc = max(gc.board_cycles(sides, ipc))
+        rng = gc.pps_range(sides, ipcs)
         row.update(path_send=round(send), path_recv=round(recv), path_cycles_slower_side=round(cyc),
                    path_pps=round(clock / cyc), path_pps_range=rng)  # fmt: skip
         out["runs"][name] = row
@@ -467,41 +310,13 @@ def report(res: dict[str, dict], loops: dict[str, dict[int, int]]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--packets", type=int, default=4000)
-    ap.add_argument("--timeout", type=float, default=3600)
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--from-log", action="store_true")
-    a = ap.parse_args()
-    runs = kc.CACHE / ARCH.name / "runs"
-    if a.from_log:
-        text = sorted(runs.glob("*-dataplane.log"))[-1].read_text(errors="replace")
-    else:
-        if os.geteuid() != 0:
-            raise SystemExit("run as root (apt's private download into /var/cache/lab)")
-        kroot, _uroot, release = kc.fetch(ARCH)
-        netroot = fetch_net()
-        runs.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        mods = [p.name for p in kc.module_order(kroot, release, (*ARCH.modules, *NET_MODULES))]
-        with tempfile.TemporaryDirectory(prefix="lab-kdp-") as td:
-            loops = build_loops(Path(td) / "armloops")
-            initrd = Path(td) / "initrd"
-            build_initramfs(kroot, release, netroot, loops, guest_script(mods, a.packets), initrd)
-            text = kc.boot(ARCH, kroot, release, initrd, runs / f"{stamp}-dataplane.log",
-                           ARCH.cpu, a.timeout)  # fmt: skip
-    for bad in ("@@INSMOD_FAILED", "@@XFRM_FAILED", "@@WG_FAILED"):
-        for line in text.splitlines():
-            if bad in line:
-                kc.log(line.strip())
-    res, loops = parse(text)
-    out = report(res, loops)
+    a = gc.arguments(__doc__)
+    text = gc.guest_log(a, "dataplane", lambda: gc.fetch_userland("net", NET_USERLAND),
+                        lambda mods: guest_script(mods, a.packets), NET_MODULES)  # fmt: skip
+    out = report(*gc.parse(text))
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except subprocess.CalledProcessError as e:
-        raise SystemExit(f"{e.cmd[0]} failed ({e.returncode}): {e.stderr.strip()[-800:]}")
+    gc.run(main)

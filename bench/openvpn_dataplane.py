@@ -35,33 +35,20 @@ the saved guest log. docs/cpu.md "OpenVPN's packet path" has the results.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import secrets
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import guestcount as gc  # noqa: E402
 import kernel_crypto as kc  # noqa: E402
-import kernel_dataplane as kd  # noqa: E402
 
-ARCH = kd.ARCH
 USERLAND = ("busybox-static/bookworm", "socat/bookworm", "iproute2/bookworm",
             "openvpn/bookworm", "openssl/bookworm")  # fmt: skip
 MODULES = ("veth", "tun")
 PAYLOADS = (1300, 1400)
-#: the Cortex-A72's IPC for scalar integer crypto code (aes-armv4, sha1-armv4 are of this
-#: class): bench/kernel_crypto.py's fit on published Pi 4 figures (cpu_profiles/pi4.toml)
-SCALAR_IPC = 2.26
-LOG_GLOB = "*-openvpn.log"
 
 
 def cbc_bytes(payload: int) -> tuple[int, int]:
@@ -71,33 +58,6 @@ def cbc_bytes(payload: int) -> tuple[int, int]:
     plain = 20 + 8 + payload + 8
     padded = (plain // 16 + 1) * 16
     return padded, 16 + padded
-
-
-def fetch_root() -> Path:
-    """Debian 12's openvpn, openssl, socat and iproute2 for armhf, unpacked (cached)."""
-    base = kc.CACHE / ARCH.name
-    root = base / "ovpnroot"
-    if (root / ".done").exists():
-        return root
-    kc.fetch(ARCH)
-    apt = kc.apt_argv(ARCH, base / "apt")
-    dl = base / "ovpndebs"
-    (dl / "partial").mkdir(parents=True, exist_ok=True)
-    os.chmod(dl, 0o755)  # apt-get downloads as _apt
-    kc.log(f"[{ARCH.name}] apt-get install --download-only {' '.join(USERLAND)}")
-    kc.run([*apt, "-o", f"Dir::Cache::archives={dl}", "install", "-y", "--download-only",
-            "--no-install-recommends", *USERLAND])  # fmt: skip
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir()
-    versions = {}
-    for deb in sorted(dl.glob("*.deb")):
-        pkg = kc.run(["dpkg-deb", "--show", "--showformat=${Package}\t${Version}", str(deb)])
-        name, ver = pkg.stdout.split("\t")
-        versions[name] = ver
-        kc.run(["dpkg-deb", "-x", str(deb), str(root)])
-    (root / "versions.json").write_text(json.dumps(versions, indent=1))
-    (root / ".done").write_text("")
-    return root
 
 
 def static_key() -> str:
@@ -136,15 +96,10 @@ txqueuelen 10000
 
 
 def guest_script(n: int) -> str:
-    sh = [kd.GUEST_HEAD]
+    sh = [gc.GUEST_HEAD]
     sh += [f"$B insmod /m/{m}.ko || echo @@INSMOD_FAILED {m}" for m in MODULES]
     sh += [
-        "/bin/ip netns add a; /bin/ip netns add b",
-        "/bin/ip link add va netns a address 02:00:00:00:00:0a type veth peer name vb netns b"
-        " address 02:00:00:00:00:0b",
-        "/bin/ip -n a addr add 10.0.0.1/24 dev va; /bin/ip -n b addr add 10.0.0.2/24 dev vb",
-        "for ns in a b; do /bin/ip -n $ns link set lo up; done; /bin/ip -n a link set va up;"
-        " /bin/ip -n b link set vb up",
+        *gc.VETH_PAIR,
         "echo 134217728 > /proc/sys/net/core/rmem_max; echo 134217728 > /proc/sys/net/core/wmem_max",
         "echo \"@@VERSION $(/usr/sbin/openvpn --version | $B head -2 | $B tr '\\n' ' ')\"",
         "$B mkdir -p /dev/net; [ -e /dev/net/tun ] || $B mknod /dev/net/tun c 10 200",
@@ -210,13 +165,7 @@ measure() {{
         "echo \"@@SNMP_B $($B grep -A1 '^Udp:' /proc/$PB/net/snmp | $B tr '\\n' ' ')\"",
         "echo @@OVPN_A_END; $B tail -5 /run/a.log; echo @@OVPN_B_END; $B tail -5 /run/b.log",
     ]
-    for kind in ("syscall", "pipe"):
-        for loops in kd.LOOPS:
-            sh.append(
-                f"t0=$(busy); /bin/armloops {kind[0]} {loops}; t1=$(busy); "
-                f'echo "@@LOOP {kind} loops={loops} busy_ns=$((t1-t0))"'
-            )
-    sh += ["echo @@DONE", "$B poweroff -f"]
+    sh += [*gc.loop_lines(), "echo @@DONE", "$B poweroff -f"]
     return "\n".join(sh) + "\n"
 
 
@@ -254,26 +203,17 @@ def parse_ticks(text: str) -> dict[str, dict[str, tuple[int, int]]]:
 
 def report(res: dict[str, dict], loops: dict[str, dict[int, int]], ossl: dict,
            ticks: dict | None = None) -> dict:  # fmt: skip
-    clock = ARCH.clock_mhz * 1e6
-    ipcs = {}
-    print("IPC anchors (UnixBench 5.1.3 on a Pi 4, armv7l, 1.5 GHz; loops counted here):")
-    for kind, pts in loops.items():
-        (n0, t0), (n1, t1) = sorted(pts.items())
-        ipl = (t1 - t0) / (n1 - n0)
-        ipcs[kind] = ipl / (clock / kd.UNIXBENCH[kind])
-        print(f"  {kind:8s} {ipl:8.0f} instructions/loop  IPC {ipcs[kind]:.3f}")
-    if not ipcs:
-        raise SystemExit("no UnixBench loops in the guest log")
-    ipc = sum(ipcs.values()) / len(ipcs)
-    print(f"  kernel-path IPC: {ipc:.3f} (mean); scalar crypto IPC {SCALAR_IPC}")
+    clock = gc.CLOCK
+    ipcs, ipc = gc.ipc_anchors(loops)
+    print(f"  scalar crypto IPC {gc.SCALAR_IPC} (the HMAC)")
     sha = ossl.get(("sha1-16k", 16384))
     if sha:
         # crypto/sha/asm/sha1-armv4-large.pl (OpenSSL): its NEON code, 5.6 cycles/byte on a
         # Cortex-A15 (no published A72 figure); the counted code at that rate runs at this IPC
         print(f"  SHA-1 (NEON, 16 KiB): {sha / 16384:.2f} instructions/byte; at the A15's published"
-              f" 5.6 cycles/byte that is IPC {sha / 16384 / 5.6:.2f} (HMAC taken at {SCALAR_IPC})")  # fmt: skip
-    out: dict = {"kernel": "5.10.0-32-armmp (Debian 11 5.10.223), armv7l",
-                 "ipc": {"anchors": ipcs, "mean": ipc, "scalar": SCALAR_IPC}, "runs": {}}  # fmt: skip
+              f" 5.6 cycles/byte that is IPC {sha / 16384 / 5.6:.2f} (HMAC taken at {gc.SCALAR_IPC})")  # fmt: skip
+    out: dict = {"kernel": gc.KERNEL,
+                 "ipc": {"anchors": ipcs, "mean": ipc, "scalar": gc.SCALAR_IPC}, "runs": {}}  # fmt: skip
     print("\nper UDP datagram, instructions: the plain trip, OpenVPN's part (through the tunnel -"
           " plain), split into the sending openvpn (b's stopped) and the receiving one; the"
           " cipher and HMAC calls (openssl speed here) out of each side leave the path")  # fmt: skip
@@ -294,13 +234,10 @@ def report(res: dict[str, dict], loops: dict[str, dict[int, int]], ossl: dict,
         path_s, path_r = send - enc - mac, recv - dec - mac
         # the board's time of a side's path: kernel and OpenVPN's own code at the kernel-path IPC,
         # its HMAC at the scalar crypto IPC (the cipher is the board figure's part)
-        cyc_s = path_s / ipc + mac / SCALAR_IPC
-        cyc_r = path_r / ipc + mac / SCALAR_IPC
+        sides = ((path_s, mac), (path_r, mac))
+        cyc_s, cyc_r = gc.board_cycles(sides, ipc)
         cyc = max(cyc_s, cyc_r)
-        rng = tuple(
-            round(clock / max(path_s / x + mac / SCALAR_IPC, path_r / x + mac / SCALAR_IPC))
-            for x in sorted(ipcs.values())
-        )
+        rng = gc.pps_range(sides, ipcs)
         ok = f"{full.get('received', 0):.0f}/{snd.get('received', 0):.0f}/{full['packets']:.0f}"
         vals = (p, base, delta, send, enc, mac, path_s, recv, dec, mac, path_r, cyc, clock / cyc)
         print("  " + " ".join(f"{v:8.0f}" for v in vals) + f" {ok:>8s}")
@@ -340,46 +277,19 @@ def report(res: dict[str, dict], loops: dict[str, dict[int, int]], ossl: dict,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--packets", type=int, default=4000)
-    ap.add_argument("--timeout", type=float, default=3600)
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--from-log", action="store_true")
-    a = ap.parse_args()
-    runs = kc.CACHE / ARCH.name / "runs"
-    if a.from_log:
-        text = sorted(runs.glob(LOG_GLOB))[-1].read_text(errors="replace")
-    else:
-        if os.geteuid() != 0:
-            raise SystemExit("run as root (apt's private download into /var/cache/lab)")
-        kroot, _uroot, release = kc.fetch(ARCH)
-        root = fetch_root()
-        runs.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        key = static_key()
-        files = {
-            "etc/ovpn-a.conf": config("10.1.0.1", "10.0.0.2", 1, key).encode(),
-            "etc/ovpn-b.conf": config("10.1.0.2", "10.0.0.1", 0, key).encode(),
-        }
-        with tempfile.TemporaryDirectory(prefix="lab-ovpn-") as td:
-            loops = kd.build_loops(Path(td) / "armloops")
-            initrd = Path(td) / "initrd"
-            kd.build_initramfs(kroot, release, root, loops, guest_script(a.packets), initrd,
-                               modules=MODULES, files=files)  # fmt: skip
-            text = kc.boot(ARCH, kroot, release, initrd, runs / f"{stamp}-openvpn.log",
-                           ARCH.cpu, a.timeout)  # fmt: skip
-    for bad in ("@@INSMOD_FAILED",):
-        for line in text.splitlines():
-            if bad in line:
-                kc.log(line.strip())
-    res, loops = kd.parse(text)
+    a = gc.arguments(__doc__)
+    key = static_key()
+    files = {
+        "etc/ovpn-a.conf": config("10.1.0.1", "10.0.0.2", 1, key).encode(),
+        "etc/ovpn-b.conf": config("10.1.0.2", "10.0.0.1", 0, key).encode(),
+    }
+    text = gc.guest_log(a, "openvpn", lambda: gc.fetch_userland("ovpn", USERLAND),
+                        lambda _mods: guest_script(a.packets), MODULES, files)  # fmt: skip
+    res, loops = gc.parse(text)
     out = report(res, loops, parse_openssl(text), parse_ticks(text))
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except subprocess.CalledProcessError as e:
-        raise SystemExit(f"{e.cmd[0]} failed ({e.returncode}): {e.stderr.strip()[-800:]}")
+    gc.run(main)

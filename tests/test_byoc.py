@@ -25,7 +25,7 @@ from lab.vpn.charon import CHARON
 from lab.vpn.profiles import load_profile
 from lab.vpn.userconfig import SPECS
 from tests.conftest import REPO, TOPOS, lab_traces, run_lab
-from tests.test_vpn_integration import capture_marker
+from tests.tunnelprobe import capture_marker
 
 EXAMPLES = REPO / "docs" / "examples" / "byoc"
 #: name -> the example files, the initiator's / client's first where there are two

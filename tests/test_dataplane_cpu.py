@@ -59,8 +59,11 @@ def board(tmp_path, monkeypatch):
     return d, cal
 
 
-def calibrate(cal, rates: dict[str, float], standins: dict[str, float] | None = None) -> None:
-    """A calibration file as `lab calibrate` writes it, with these host rates (MB/s per CPU s)."""
+def calibrate(
+    cal, rates: dict[str, float], standins: dict[str, float] | None = None, size: int | None = None
+) -> None:
+    """A calibration file as `lab calibrate` writes it, with these host rates (MB/s per CPU s);
+    `size`: the datagrams the stand-ins were measured with, where not the default."""
     from lab.model.cpucalibration import CALIBRATION_SCHEMA, host_cpu_model
 
     prof = load_cpu_profile("board", merge_calibration=False)
@@ -73,7 +76,10 @@ def calibrate(cal, rates: dict[str, float], standins: dict[str, float] | None = 
                 "host": {"cpu_model": host_cpu_model()},
                 "core_share": 0.25,
                 "measured": {p: {"best": {"cpu_mbps": r}} for p, r in rates.items()},
-                "processes": {k: {"host_mbps": v} for k, v in (standins or {}).items()},
+                "processes": {
+                    k: {"host_mbps": v, **({"size": size} if size else {})}
+                    for k, v in (standins or {}).items()
+                },
             }
         )
     )
@@ -83,10 +89,22 @@ def esp(primitive="aes-128-gcm", board="kernel:xfrm-esp"):
     return DataPlaneCpu("charon", primitive, board)
 
 
-def test_kernel_stand_in_one_core_at_the_kernel_figure(board):
+@pytest.fixture
+def plan_esp(board):
+    """plan() of charon's ESP for a 4-core board node, as the board profile stands when called,
+    calibrated just before: OpenSSL's AES-128-GCM at 400 MB/s per host CPU second, charon as a
+    whole process at 50 (measured with `size`-byte datagrams where given)."""
+
+    def plan(size: int | None = None) -> dict:
+        calibrate(board[1], {"aes-128-gcm": 400.0}, {"charon:aes-128-gcm": 50.0}, size=size)
+        return boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+
+    return plan
+
+
+def test_kernel_stand_in_one_core_at_the_kernel_figure(plan_esp):
     # OpenSSL's primitive alone: 400 MB/s per host CPU second; charon as a whole process: 50
-    calibrate(board[1], {"aes-128-gcm": 400.0}, {"charon:aes-128-gcm": 50.0})
-    rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+    rec = plan_esp()
     assert rec["groups"] == 1 and rec["threading"] == "one-core"
     # per byte here: 20 ns, of which 2.5 crypto; on the board: 1/20 MB/s = 50 ns of the kernel's
     # crypto + the other 17.5 ns at a board core's speed (/ core_share 0.25) = 70 ns
@@ -107,10 +125,9 @@ aes-128-gcm = 40000
 """
 
 
-def test_board_kernel_path_replaces_the_stand_ins_path(board):
+def test_board_kernel_path_replaces_the_stand_ins_path(board, plan_esp):
     (board[0] / "board.toml").write_text(PROFILE + PATH)
-    calibrate(board[1], {"aes-128-gcm": 400.0}, {"charon:aes-128-gcm": 50.0})
-    rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+    rec = plan_esp()
     # per byte on the board: the kernel's AEAD, 1/20 MB/s = 50 ns, plus its path, one packet per
     # 1400 bytes at 40000 packets/s = 1/56 MB/s = 17.86 ns; the stand-in's 20 ns per byte here
     # stand for both (its own path, 17.5 ns, no longer priced)
@@ -120,21 +137,16 @@ def test_board_kernel_path_replaces_the_stand_ins_path(board):
     assert rec["board_path_bytes"] == 1400 and rec["board_path_source"] == "counted"
     # without the path table: the stand-in's own path at a board core's speed, as before
     (board[0] / "board.toml").write_text(PROFILE)
-    old = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+    old = plan_esp()
     assert old["path"] == "stand-in at core_share"
     assert old["share"] == pytest.approx(20 / (50 + 17.5 / 0.25), rel=1e-4)
 
 
-def test_board_kernel_path_is_spread_over_the_stand_ins_datagrams(board):
+def test_board_kernel_path_is_spread_over_the_stand_ins_datagrams(board, plan_esp):
     # the calibration measured the stand-in with 1300-byte datagrams: the path's per-packet
     # cost is spread over 1300 bytes, not the 1400 it was counted with
     (board[0] / "board.toml").write_text(PROFILE + PATH)
-    calibrate(board[1], {"aes-128-gcm": 400.0}, {"charon:aes-128-gcm": 50.0})
-    f = board[1] / "board.json"
-    cal = json.loads(f.read_text())
-    cal["processes"]["charon:aes-128-gcm"]["size"] = 1300
-    f.write_text(json.dumps(cal))
-    rec = boardkernel.plan(load_cpu_profile("board"), esp(), cores=4)
+    rec = plan_esp(size=1300)
     assert rec["board_path_bytes"] == 1300
     assert rec["share"] == pytest.approx(20 / (50 + 1000 / 52), rel=1e-4)
 
@@ -282,7 +294,12 @@ def test_no_kernel_table_keeps_the_stand_ins_threads(board, tmp_path):
     ],
 )
 def test_bad_kernel_tables_are_refused_naming_the_field(board, edit, field):
-    text = PROFILE + PATH
+    refused(board, PROFILE + PATH, edit, field)
+
+
+def refused(board, text: str, edit: tuple[str, str], field: str) -> None:
+    """The profile `text` with `edit` made (its first string must be there) is refused when it
+    loads, the error naming the file and `field`."""
     assert edit[0] in text
     (board[0] / "bad.toml").write_text(text.replace(*edit))
     with pytest.raises(ConfigError) as e:
@@ -307,12 +324,7 @@ def test_bad_kernel_tables_are_refused_naming_the_field(board, edit, field):
     ],
 )  # fmt: skip
 def test_bad_userspace_tables_are_refused_naming_the_field(board, edit, field):
-    text = PROFILE + USERPATH
-    assert edit[0] in text
-    (board[0] / "bad.toml").write_text(text.replace(*edit))
-    with pytest.raises(ConfigError) as e:
-        load_cpu_profile("bad")
-    assert e.value.field == field and "bad.toml" in str(e.value)
+    refused(board, PROFILE + USERPATH, edit, field)
 
 
 @pytest.mark.parametrize(
@@ -426,11 +438,7 @@ def test_calibration_row_of_a_userspace_data_plane_uses_its_board_path(board):
     assert cbc["path"] == "board userspace" and cbc["board_path_mbps"] == pytest.approx(10)
     assert cbc["share"] == pytest.approx(25 / (1000 / 60 + 100), rel=1e-4)
     # and what plan() gives a node from the same figures
-    calibrate(board[1], {"aes-256-cbc": 240.0}, {"openvpn:aes-256-cbc": 40.0})
-    f = board[1] / "board.json"
-    cal = json.loads(f.read_text())
-    cal["processes"]["openvpn:aes-256-cbc"]["size"] = 1000
-    f.write_text(json.dumps(cal))
+    calibrate(board[1], {"aes-256-cbc": 240.0}, {"openvpn:aes-256-cbc": 40.0}, size=1000)
     rec = boardkernel.plan(load_cpu_profile("board"), openvpn(), cores=4)
     assert rec["share"] == pytest.approx(cbc["share"], rel=1e-4)
 
@@ -513,15 +521,18 @@ def test_the_node_quota_prices_its_data_plane_cores_at_the_data_plane_share(boar
     naming the factor."""
     from lab.substrate.local.dataplane import host_overcommit, raise_node_quota
 
-    p = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    def four_cores():  # a node's CPU plan: four board cores of 0.25 host cores each
+        return {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+
+    p = four_cores()
     rec = {"groups": 1, "group_cores": 0.7}
     raise_node_quota(p, rec)
     assert p["cores"] == pytest.approx(1.45)
     assert rec["node_cores_before"] == 1.0 and rec["node_cores_added"] == pytest.approx(0.45)
-    cheap = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    cheap = four_cores()
     raise_node_quota(cheap, {"groups": 1, "group_cores": 0.1})
     assert cheap["cores"] == 1.0
-    per_cpu = {"cores": 1.0, "slots": 4, "slot_cores": 0.25}
+    per_cpu = four_cores()
     raise_node_quota(per_cpu, {"groups": 4, "group_cores": 0.45})
     assert per_cpu["cores"] == pytest.approx(1.8)
     cpu = {"a": p, "b": dict(p), "r": {"cores": None}, "t": {"cores": 3.0, "not_applied": "TCG"}}

@@ -22,7 +22,7 @@ from lab.core import proc
 from lab.core.errors import ConfigError, StartupError
 from lab.measure import get_test
 from lab.measure.base import Context, MeasurementFailed
-from lab.measure import handshake
+from lab.measure import handshake, iperf3
 from lab.measure.handshake import rekey_effect, with_interval
 from lab.measure.iperf3 import client_argv
 from lab.vpn.control import Establishment, Quiet, open_connections, wait_quiet
@@ -366,9 +366,10 @@ class _Server:
     """The server node as the rekey's flow uses it: its iperf3 server spawned and stopped."""
 
     def __init__(self):
-        self.stopped = []
+        self.spawned, self.stopped = [], []
 
     def spawn(self, name, argv, *, log):
+        self.spawned.append(argv)
         return SimpleNamespace(name=name)
 
     def stop(self, daemon):
@@ -406,7 +407,7 @@ def _rekey_run(tmp_path, monkeypatch, tunnel, flow) -> dict:
             raise flow
         return flow
 
-    monkeypatch.setattr(handshake, "wait_listening", lambda *a, **kw: None)
+    monkeypatch.setattr(iperf3, "wait_listening", lambda *a, **kw: None)
     monkeypatch.setattr(handshake, "run_client", client)
     monkeypatch.setattr(handshake, "flow_start", lambda *a, **kw: handshake.time.monotonic() - 1.5)
     params = HANDSHAKE.validate(
@@ -414,6 +415,10 @@ def _rekey_run(tmp_path, monkeypatch, tunnel, flow) -> dict:
     )
     ctx = Context(None, _Server(), "10.99.0.2", tmp_path / "raw", tunnel=tunnel)
     [rec] = HANDSHAKE.run(ctx, params)
+    # the receiver's JSON at the flow's report interval, bound to the tunnel address
+    assert ctx.server.spawned == [
+        ["iperf3", "-s", "-p", "5201", "-J", "-i", "0.5", "-B", "10.99.0.2"]
+    ]
     assert ctx.server.stopped == ["iperf3-server-5201"]
     return rec
 

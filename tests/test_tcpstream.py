@@ -141,16 +141,31 @@ class FakeIperf3:
 
 
 class FakeNode:
-    def __init__(self, name, clock, rate_bps=None):
-        self.name, self.clock, self.rate = name, clock, rate_bps
+    """A node whose `ss` shows a receiving socket (rate_bps) or a sending one (`sender`: a
+    function of the time giving (congestion control, cwnd, ssthresh or None))."""
+
+    def __init__(self, name, clock, rate_bps=None, sender=None):
+        self.name, self.clock, self.rate, self.sender = name, clock, rate_bps, sender
         self.calls, self.procs = [], []
         self.iperf3 = {}
 
     def run(self, argv, *, check=True, timeout=60, input=None, env=None):
         self.calls.append(list(argv))
-        rate = self.rate(self.clock.t) if callable(self.rate) else self.rate
-        got = int(self.clock.t * rate / 8)
-        out = f"0 0 10.0.0.2:5201 10.0.0.1:40000\n\t cubic bytes_received:{got} rcvmss:1448\n"
+        out = ""
+        if self.rate is not None:
+            rate = self.rate(self.clock.t) if callable(self.rate) else self.rate
+            got = int(self.clock.t * rate / 8)
+            out += f"0 0 10.0.0.2:5201 10.0.0.1:40000\n\t cubic bytes_received:{got} rcvmss:1448\n"
+        if self.sender is not None:
+            cc, cwnd, ssthresh = self.sender(self.clock.t)
+            thr = f" ssthresh:{ssthresh}" if ssthresh is not None else ""
+            out += (
+                "0 0 10.0.0.1:40000 10.0.0.2:5201\n"
+                f"\t {cc} wscale:7,7 rto:204 cwnd:10 bytes_acked:300 bytes_received:4\n"
+                "0 0 10.0.0.1:40002 10.0.0.2:5201\n"
+                f"\t {cc} wscale:7,7 rto:204 mss:1448 cwnd:{cwnd}{thr} bytes_acked:"
+                f"{int(self.clock.t * 1e7)} segs_out:9\n"
+            )
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     def popen(self, argv, *, stdout=None, stderr=None, env=None):
@@ -179,7 +194,8 @@ def test_a_steady_stream_is_stopped_with_sigint_once_the_rule_holds(fakes):
         ctx, argv, port=5201, reverse=False, rule=Rule(min_s=4), cap_s=300.0, omit_s=0.0,
         read_server_log=lambda: SERVER, files=files,
     )  # fmt: skip
-    assert client.calls == [argv]
+    # the client is asked for its sending socket's state once a second too
+    assert client.calls == [argv] + [ss_argv(5201, local=False)] * 5
     # the receiver (the server: the client sends) asked once a second: the first count is the
     # origin, four rates of exactly 100 Mbit/s reach min_s with a zero-width interval
     assert server.calls == [ss_argv(5201, local=True)] * 5
@@ -201,7 +217,7 @@ def test_reverse_reads_the_clients_sockets(fakes):
         omit_s=0.0, read_server_log=lambda: SERVER, files=[],
     )  # fmt: skip
     assert client.calls[1:] == [ss_argv(5202, local=False)] * 5
-    assert server.calls == []
+    assert server.calls == [ss_argv(5202, local=True)] * 5  # the sender's state
 
 
 def test_a_stream_the_rule_does_not_settle_runs_to_its_end_and_is_parsed_as_ever(fakes):
@@ -218,3 +234,84 @@ def test_a_stream_the_rule_does_not_settle_runs_to_its_end_and_is_parsed_as_ever
     assert info["reason"] == "cap" and info["stopped_early"] is False
     doc = json.loads(done)
     assert metrics["receiver_bps"] == doc["end"]["sum_received"]["bits_per_second"]
+
+
+# ---------------------------------------------------------------- whole congestion cycles
+
+SENDER_SS = """0 0 10.0.0.1:40000 10.0.0.2:5201
+\t cubic wscale:7,7 rto:204 rtt:0.5/0.2 mss:1448 cwnd:10 bytes_acked:301 segs_out:8
+0 1024 10.0.0.1:40002 10.0.0.2:5201
+\t cubic wscale:7,7 rto:324 rtt:120.5/3 mss:1388 cwnd:612 ssthresh:430 bytes_acked:998877 retrans:0/12
+"""
+
+
+def test_the_senders_state_is_the_data_connections_not_the_control_ones():
+    st = tcpstream.sender_state(SENDER_SS)
+    assert st == tcpstream.SenderState("cubic", 612, 430)
+    assert tcpstream.sender_state(SENDER_SS.replace(" ssthresh:430", "")).ssthresh is None
+    assert tcpstream.sender_state("") is None
+    assert tcpstream.sender_state("0 0 a:1 b:2\n\t bytes_received:5\n") is None
+
+
+def _cycles(*readings):
+    c = tcpstream.Cycles()
+    for t, cc, cwnd, thr in readings:
+        c.add(t, tcpstream.SenderState(cc, cwnd, thr))
+    return c
+
+
+def test_a_stop_needs_two_congestion_events_in_the_kept_seconds():
+    c = _cycles((0, "cubic", 100, None), (1, "cubic", 140, 70), (2, "cubic", 90, 70),
+                (3, "cubic", 120, 63), (4, "cubic", 150, 63))  # fmt: skip
+    assert c.since(0) == (2, 1.5)  # ssthresh set at 1 (the first counts) and changed at 3
+    assert c.settled(0)[0] and "2 congestion events" in c.settled(0)[1]
+    ok, why = c.settled(2)  # the event at 1 lies in the warm-up the rule dropped
+    assert not ok and "1 congestion events of 2" in why
+
+
+def test_a_window_that_opens_without_losses_is_not_settled_but_a_steady_one_is():
+    opening = _cycles(*[(t, "cubic", 100 + 20 * t, None) for t in range(10)])
+    ok, why = opening.settled(0)
+    assert not ok and "x2.80" in why
+    steady = _cycles(*[(t, "cubic", 300 + (t % 2), None) for t in range(10)])
+    assert steady.settled(0)[0]
+
+
+def test_bbr_and_a_sender_without_readings_leave_the_decision_to_the_interval():
+    assert _cycles(*[(t, "bbr", 100 + 50 * t, None) for t in range(5)]).settled(0)[0]
+    ok, why = tcpstream.Cycles().settled(0)
+    assert ok and "no sender reading" in why
+
+
+def test_a_stream_whose_window_is_still_opening_runs_on_to_its_second_congestion_event(fakes):
+    ctx, client, server = fakes
+
+    def sender(t):  # cubic: the window opens until a loss at 7 s and another at 10 s
+        return "cubic", int(100 + 10 * t), (None if t < 7 else 80 if t < 10 else 90)
+
+    client.sender = sender
+    metrics, info = tcpstream.run_streaming(
+        ctx, ["iperf3"], port=5201, reverse=False, rule=Rule(min_s=4), cap_s=300.0,
+        omit_s=0.0, read_server_log=lambda: SERVER, files=[],
+    )  # fmt: skip
+    assert client.procs[0].signals == [signal.SIGINT]
+    why = info["stopped_early_because"]
+    # readings at t = 1, 2, ...: the first is the origin, four rates (t = 5) hold the interval;
+    # the stop waited five more readings, for the second event at t = 10 (nine rates)
+    assert why["live_seconds"] == 9
+    assert why["held_by_cycles_s"] == 5
+    assert why["cycles"] == "2 congestion events in the kept seconds"
+
+
+def test_a_stream_that_never_completes_a_cycle_runs_to_the_cap(fakes):
+    ctx, client, server = fakes
+    done = (DATA / "iperf3_tcp_c2s.json").read_text()
+    client.iperf3 = {"ends_at": 10.5, "final": done}
+    client.sender = lambda t: ("cubic", int(100 + 30 * t), None)
+    metrics, info = tcpstream.run_streaming(
+        ctx, ["iperf3"], port=5201, reverse=False, rule=Rule(min_s=4), cap_s=10.0,
+        omit_s=0.0, read_server_log=lambda: pytest.fail("no stop, no server log"), files=[],
+    )  # fmt: skip
+    assert client.procs[0].signals == []
+    assert info["reason"] == "cap"
+    assert info["cycles"]["held_s"] >= 4 and "0 congestion events of 2" in info["cycles"]["last"]

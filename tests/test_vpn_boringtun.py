@@ -22,7 +22,7 @@ from lab.vpn import tunnel
 from lab.vpn.profiles import load_profile
 from tests.conftest import REPO, TOPOS, lab_traces
 from tests.fakenode import RecordingNode
-from tests.test_vpn_integration import capture_marker
+from tests.tunnelprobe import capture_marker
 
 PROFILE = "wireguard-boringtun"
 

@@ -21,7 +21,7 @@ from lab.vpn.drivers.nebula import IFNAME
 from lab.vpn.profiles import load_profile
 from lab.vpn.tunnel import make_context, plan, redact, render, secret_values
 from tests.conftest import TOPOS, captured, lab_traces, run_lab
-from tests.test_vpn_integration import capture_marker, largest_df_payload
+from tests.tunnelprobe import capture_marker, largest_df_payload
 
 PROFILES = {"nebula-aes": "aes", "nebula-chacha": "chachapoly"}
 

@@ -31,7 +31,7 @@ from lab.vpn.profiles import load_profile
 from lab.vpn.tunnel import make_context, plan, redact, secret_values
 from tests.conftest import REPO, TOPOS, lab_traces, router_capture, run_lab
 from tests.fakenode import RecordingNode
-from tests.test_vpn_integration import capture_marker
+from tests.tunnelprobe import capture_marker
 
 PROFILE = "rosenpass"
 BUILT = str(rpmod.ROSENPASS_ROOT / "bin" / "rosenpass")

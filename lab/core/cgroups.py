@@ -300,7 +300,8 @@ def join(procs: list[str], pid: int = 0) -> None:
             os.close(fd)
 
 
-def _tgid(tid: int) -> int | None:
+def tgid_of(tid: int) -> int | None:
+    """The process (thread group) thread `tid` belongs to, None when it is gone."""
     try:
         with open(f"/proc/{tid}/status") as f:
             for line in f:
@@ -324,7 +325,7 @@ def pids(layout: CgroupLayout, rel: str) -> list[int]:
             # a v2 threaded group refuses to list processes (they belong to its domain)
             if e.errno != errno.EOPNOTSUPP:
                 raise
-            found.update(p for t in thread_ids(str(d)) if (p := _tgid(t)) is not None)
+            found.update(p for t in thread_ids(str(d)) if (p := tgid_of(t)) is not None)
     return sorted(found)
 
 

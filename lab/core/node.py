@@ -126,6 +126,13 @@ class Node(ABC):
         (pppd's /etc/ppp) without changing the machine. False unless a kind of node knows."""
         return False
 
+    def hold_dataplane_queues(self, daemons: list[Daemon]) -> dict | None:
+        """Size the queues of the process standing in for the board's kernel data plane (its UDP
+        sockets, the node's TUN devices) to the board's (lab.model.dpqueue), once the tunnel's
+        daemons run; returns what was set, None where nothing is to be held (no stand-in, no
+        board profile, or a kind of node that is the board itself)."""
+        return None
+
     def children(self, pid: int) -> list[int]:
         """PIDs of the children of process `pid` on this node (empty when it has none or is
         gone)."""

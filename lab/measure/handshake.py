@@ -36,7 +36,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -49,10 +49,16 @@ from lab.measure.base import (
     Primary,
     Record,
     Test,
-    family_of,
-    wait_listening,
 )
-from lab.measure.iperf3 import DEFAULT_PORT, IPERF3, client_argv, parse_iperf3_tcp, run_client
+from lab.measure.iperf3 import (
+    DEFAULT_PORT,
+    IPERF3,
+    client_argv,
+    flow_start,
+    iperf3_server,
+    parse_iperf3_tcp,
+    run_client,
+)
 from lab.model.params import Param
 
 #: an interval within this share of the median before the rekey counts as recovered
@@ -389,17 +395,11 @@ class HandshakeTest(Test):
             except MeasurementFailed as e:
                 got["error"] = e
 
-        log = ctx.next_raw("iperf3-server", ".log")
-        files.append(log)
-        server = ["iperf3", "-s", "-p", str(port), "-J", "-i", f"{params['interval_s']:g}"]
-        if family_of(ctx.server_addr):
-            server += ["-B", ctx.server_addr.strip("[]")]
-        daemon = ctx.server.spawn(f"iperf3-server-{port}", server, log=log)
         trigger_error: LabError | None = None
         never: StartupError | None = None  # no new keys within timeout_s, or the daemon gone
         never_after_s = 0.0
-        try:
-            wait_listening(ctx.server, daemon, proto="tcp", port=port)
+        with iperf3_server(ctx, port, json=True, interval_s=params["interval_s"]) as log:
+            files.append(log)
             flow = threading.Thread(target=client, name="handshake-iperf3", daemon=True)
             flow.start()
             t0 = flow_start(ctx, port, until=time.monotonic() + ctx.timeout_s)
@@ -412,8 +412,6 @@ class HandshakeTest(Test):
             except LabError as e:
                 trigger_error, evidence = e, {}
             flow.join(duration + ctx.timeout_s + 5)
-        finally:
-            ctx.server.stop(daemon)
         if trigger_error is not None:
             raise trigger_error
         if never is not None:
@@ -475,26 +473,3 @@ def flow_effect(text: str, at_s: float, keys_s: float) -> dict[str, Any]:
         "intervals": series,
         "sender_intervals": m["intervals"],
     }
-
-
-def flow_start(
-    ctx: Context,
-    port: int,
-    *,
-    until: float,
-    connections: int = 2,
-    running: Callable[[], bool] | None = None,
-) -> float:
-    """time.monotonic() when the server first holds `connections` established connections on
-    `port` (iperf3's control connection and its data streams; default one stream): where the
-    receiver's interval clock starts (iperf3 starts its stream timers as it accepts the
-    streams). Past `until`, or as soon as `running()` says the client is gone, now: the flow
-    never started, which the client's own error then says."""
-    while time.monotonic() < until and (running is None or running()):
-        cp = ctx.server.run(
-            ["ss", "-Htn", "state", "established", f"( sport = :{port} )"], check=False
-        )
-        if cp.returncode == 0 and len(cp.stdout.strip().splitlines()) >= connections:
-            return time.monotonic()
-        time.sleep(0.005)
-    return time.monotonic()

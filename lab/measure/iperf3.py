@@ -1,5 +1,6 @@
-"""iperf3 plumbing shared by the tcp, udp and udp-sweep tests: one server per test run, client
-invocations with their JSON streamed to raw files, and the pure parsers of that JSON.
+"""iperf3 plumbing shared by the tcp, udp, udp-sweep, rrul and handshake tests: one server per
+test run, the moment its flows are established, client invocations with their JSON streamed to
+raw files, and the pure parsers of that JSON.
 
 iperf3 3.12 exits 0 even when ``-J`` output carries ``"error"`` (seen for "server is busy" and
 "connection refused"), so success is decided on the JSON, never on the exit code alone.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -93,13 +94,18 @@ def records_of(metrics: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def iperf3_server(ctx: Context, port: int, *, json: bool = False) -> Iterator[Path]:
+def iperf3_server(
+    ctx: Context, port: int, *, json: bool = False, interval_s: float | None = None
+) -> Iterator[Path]:
     """iperf3 -s on the server node, bound to the target address, stopped in finally.
 
     Yields the server's log (its text report, kept with the raw output; with json=True its -J
     documents, which a client's --get-server-output then carries as server_output_json).
+    `interval_s`: the server's report interval (-i), the receiver's intervals in those documents.
     """
     argv = ["iperf3", "-s", "-p", str(port)] + (["-J"] if json else [])
+    if interval_s is not None:
+        argv += ["-i", f"{interval_s:g}"]
     if family_of(ctx.server_addr):
         argv += ["-B", ctx.server_addr.strip("[]")]
     log = ctx.next_raw("iperf3-server", ".log")
@@ -109,6 +115,29 @@ def iperf3_server(ctx: Context, port: int, *, json: bool = False) -> Iterator[Pa
         yield log
     finally:
         ctx.server.stop(daemon)
+
+
+def flow_start(
+    ctx: Context,
+    port: int,
+    *,
+    until: float,
+    connections: int = 2,
+    running: Callable[[], bool] | None = None,
+) -> float:
+    """time.monotonic() when the server first holds `connections` established connections on
+    `port` (iperf3's control connection and its data streams; default one stream): where the
+    receiver's interval clock starts (iperf3 starts its stream timers as it accepts the
+    streams). Past `until`, or as soon as `running()` says the client is gone, now: the flow
+    never started, which the client's own error then says."""
+    while time.monotonic() < until and (running is None or running()):
+        cp = ctx.server.run(
+            ["ss", "-Htn", "state", "established", f"( sport = :{port} )"], check=False
+        )
+        if cp.returncode == 0 and len(cp.stdout.strip().splitlines()) >= connections:
+            return time.monotonic()
+        time.sleep(0.005)
+    return time.monotonic()
 
 
 def client_argv(

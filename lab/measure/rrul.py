@@ -47,11 +47,11 @@ from lab.measure.base import (
     describe_failure,
     invoke,
 )
-from lab.measure.handshake import flow_start
 from lab.measure.iperf3 import (
     DEFAULT_PORT,
     IPERF3,
     client_argv,
+    flow_start,
     iperf3_server,
     parse_iperf3_tcp,
     records_of,
@@ -179,6 +179,12 @@ def flows_of(json_text: str) -> dict[str, Any]:
 def echoes(seconds: float, interval_s: float) -> int:
     """Echoes ping sends in `seconds` at `interval_s` (the first at once)."""
     return max(1, math.floor(seconds / interval_s + 1e-9))
+
+
+def ping_timeout_s(ctx: Context, count: int, interval_s: float) -> float:
+    """How long one phase's ping may run before it counts as timed out: its `count` echoes
+    `interval_s` apart, plus the context's timeout_s."""
+    return count * interval_s + ctx.timeout_s
 
 
 # --------------------------------------------------------------------- the test
@@ -358,7 +364,7 @@ class RrulTest(Test):
         try:
             return self._ping(ctx, count, every, label, files)
         finally:
-            beside.join(count * every + ctx.timeout_s + 5)
+            beside.join(ping_timeout_s(ctx, count, every) + 5)
 
     def _ping(
         self,
@@ -373,7 +379,7 @@ class RrulTest(Test):
         """One ping phase's parse_ping(); MeasurementFailed when it timed out, printed no
         summary or got no reply."""
         argv = ping_argv(addr or ctx.server_addr, count=count, interval_s=every)
-        inv = invoke(ctx, ctx.client, argv, label=label, timeout=count * every + ctx.timeout_s)
+        inv = invoke(ctx, ctx.client, argv, label=label, timeout=ping_timeout_s(ctx, count, every))
         files += inv.raw_files
         if inv.timed_out:
             raise MeasurementFailed(f"{label}: {describe_failure(inv, 'ping')}")

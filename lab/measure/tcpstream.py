@@ -18,6 +18,20 @@ sender's complete per-second intervals after the warm-up MSER-5 picks on them (a
 drop it) summed, bytes over seconds: a fixed run's end totals are bytes over seconds too, and
 its own start weighs 1/300 of the study's 300 s, where it would weigh 1/15 of a 15-s stop.
 
+**Whole congestion cycles.** A loss-based sender (cubic, the boards' default, or reno) moves
+in a sawtooth: its window grows until a loss, is cut, grows again; its long-run rate is the
+mean over whole cycles (Mathis, Semke, Mahdavi & Ott, CCR 27(3), 1997; Padhye et al., SIGCOMM
+1998), and at a long round trip one cycle lasts many seconds (cubic's time back to the window
+of the last loss, K = cbrt(W x 0.3 / 0.4) s for a window of W segments: ~8 s at 600). Per-second
+rates inside one cycle are correlated beyond any 2-s batch, so an interval over a part of a
+cycle looks narrow and says little (the openvpn case at 60 ms each way stopped at 15 s, 30 %
+above a 60-s run: its window was still opening). So the sender's socket is read too (``ss``
+on the sending node: congestion control, cwnd, ssthresh), and a stop also needs the kept
+seconds to hold MIN_EPOCHS congestion events (ssthresh set anew), or none and a window that
+did not grow (a flow held by its receive window or buffers, whose per-second rate is steady).
+BBR does not cycle on losses and is not held; without a sender reading the rule decides alone
+(the record says which).
+
 A test the rule does not settle runs to the cap as one connection and is parsed as ever.
 Where ``ss`` is missing on the receiving node, lab.measure.adaptive.run_segments runs instead
 (its record says `mechanism`: "segments").
@@ -47,7 +61,16 @@ SERVER_REPORT_S = 10.0
 #: the error iperf3's client puts in its document when it is stopped with SIGINT
 CLIENT_INTERRUPTED = "interrupt - the client has terminated"
 
+#: congestion events (ssthresh set anew) a stop needs in its kept seconds: two bound one whole
+#: sawtooth cycle of a loss-based sender
+MIN_EPOCHS = 2
+#: a kept window without congestion events settles only if cwnd grew by at most this factor
+STEADY_CWND_GROWTH = 1.05
+#: congestion controls that do not cycle on losses (their rate is not a sawtooth)
+MODEL_BASED_CC = frozenset({"bbr", "bbr2", "bbr3"})
+
 _BYTES_RECEIVED = re.compile(r"\bbytes_received:(\d+)")
+_SENDER_FIELD = re.compile(r"\b(cwnd|ssthresh|bytes_acked):(\d+)")
 
 
 def ss_argv(port: int, *, local: bool) -> list[str]:
@@ -64,6 +87,75 @@ def bytes_received(ss_text: str) -> int | None:
     return sum(found) if found else None
 
 
+@dataclass(frozen=True)
+class SenderState:
+    """The sending socket's congestion state at one reading."""
+
+    cc: str | None
+    cwnd: int
+    ssthresh: int | None  # None until the first congestion event
+
+
+def sender_state(ss_text: str) -> SenderState | None:
+    """The data connection's state from `ss -tinH` on the sending node: of the test's sockets,
+    the one that had the most bytes acknowledged (the control connection sends a few hundred);
+    None when no socket reported a cwnd."""
+    best: tuple[int, SenderState] | None = None
+    for line in ss_text.splitlines():
+        fields = dict(_SENDER_FIELD.findall(line))
+        if "cwnd" not in fields:
+            continue
+        words = line.split()
+        cc = words[0] if words and ":" not in words[0] else None
+        st = SenderState(
+            cc, int(fields["cwnd"]), int(fields["ssthresh"]) if "ssthresh" in fields else None
+        )
+        acked = int(fields.get("bytes_acked", 0))
+        if best is None or acked > best[0]:
+            best = (acked, st)
+    return best[1] if best else None
+
+
+@dataclass
+class Cycles:
+    """The sender's readings over the test, one per second: where its congestion events were."""
+
+    readings: list[tuple[float, SenderState]] = field(default_factory=list)
+
+    def add(self, t: float, state: SenderState | None) -> None:
+        if state is not None:
+            self.readings.append((t, state))
+
+    def since(self, t0: float) -> tuple[int, float | None]:
+        """(congestion events, cwnd growth factor) over the readings from time t0 on; an event
+        is a reading whose ssthresh differs from the one before (the first set counts)."""
+        events, prev, first, last = 0, None, None, None
+        for i, (t, st) in enumerate(self.readings):
+            if i and t >= t0 and st.ssthresh is not None and st.ssthresh != prev:
+                events += 1
+            prev = st.ssthresh
+            if t >= t0:
+                first = st.cwnd if first is None else first
+                last = st.cwnd
+        growth = last / first if first else None
+        return events, growth
+
+    def settled(self, t0: float) -> tuple[bool, str]:
+        """Whether the seconds from t0 on hold whole congestion cycles (see the module text)."""
+        if not self.readings:
+            return True, "no sender reading (ss): the interval alone"
+        cc = self.readings[-1][1].cc
+        if cc in MODEL_BASED_CC:
+            return True, f"{cc} does not cycle on losses"
+        events, growth = self.since(t0)
+        if events >= MIN_EPOCHS:
+            return True, f"{events} congestion events in the kept seconds"
+        if events == 0 and growth is not None and growth <= STEADY_CWND_GROWTH:
+            return True, "no congestion event and a steady window (receive-window or buffer bound)"
+        grew = f", cwnd x{growth:.2f}" if growth is not None else ""
+        return False, f"{events} congestion events of {MIN_EPOCHS}{grew}"
+
+
 @dataclass
 class LiveSeries:
     """The receiver's per-second rates (bit/s) from cumulative byte counts sampled while the
@@ -72,6 +164,8 @@ class LiveSeries:
 
     omit_s: float = 0.0
     rates: list[float] = field(default_factory=list)
+    #: when each rate's second began (the same clock as add's t)
+    starts: list[float] = field(default_factory=list)
     _t0: float | None = None
     _last: tuple[float, int] | None = None
 
@@ -84,6 +178,7 @@ class LiveSeries:
             t1, b1 = self._last
             if t > t1 and t1 - self._t0 >= self.omit_s:
                 self.rates.append((total - b1) * 8 / (t - t1))
+                self.starts.append(t1)
         self._last = (t, total)
 
     @property
@@ -241,9 +336,11 @@ def run_streaming(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run the client (argv asks -t cap_s), sampling the receiver's bytes every second; SIGINT
     it when the rule holds. Returns (metrics, adaptive) like run_segments."""
-    receiver = ctx.client if reverse else ctx.server
-    probe = ss_argv(port, local=not reverse)
+    receiver, sender = (ctx.client, ctx.server) if reverse else (ctx.server, ctx.client)
+    probe, sender_probe = ss_argv(port, local=not reverse), ss_argv(port, local=reverse)
     series = LiveSeries(omit_s=omit_s)
+    cycles = Cycles()
+    held_s, cycle_why = 0.0, "the interval never held"
     mser = replace(rule, warmup_s=None)  # MSER-5 picks the warm-up, as for every adaptive test
     decision: Decision | None = None
     stopped = timed_out = False
@@ -262,11 +359,18 @@ def run_streaming(
                 tick += SAMPLE_S
                 time.sleep(max(0.0, tick - time.monotonic()))
                 cp = receiver.run(probe, check=False, timeout=10)
+                sp = sender.run(sender_probe, check=False, timeout=10)
                 if p.poll() is not None:
                     break  # the run ended meanwhile: its JSON is complete
-                series.add(time.monotonic(), bytes_received(cp.stdout))
+                now = time.monotonic()
+                series.add(now, bytes_received(cp.stdout))
+                cycles.add(now, sender_state(sp.stdout))
                 decision = live_decision(series, mser, cap_s)
                 if decision.stop and decision.reason == "ci":
+                    settled, cycle_why = cycles.settled(series.starts[decision.warmup_samples])
+                    if not settled:
+                        held_s += SAMPLE_S
+                        continue
                     stopped = True
                     p.send_signal(signal.SIGINT)  # iperf3 prints its document and exits
                     try:
@@ -288,6 +392,7 @@ def run_streaming(
         d = replace(evaluate(rates, mser, elapsed_s=len(rates), cap_s=cap_s), reason="cap")
         info = adaptive_block("cap", d, rule, measured_s=cap_s, cap_s=cap_s, unit="bit/s")
         info.update(mechanism="stream", stopped_early=False, segments=1)
+        info["cycles"] = {"held_s": held_s, "last": cycle_why}
         return metrics, info
     try:
         client_doc = json.loads(inv.stdout)
@@ -315,6 +420,8 @@ def run_streaming(
                 f"{rule.batch_s:g} s, MSER-5 warm-up)"
             ),
             "source": "ss bytes_received on the receiving node, every 1 s",
+            "cycles": cycle_why,
+            "held_by_cycles_s": held_s,
             "requested_s": cap_s,
             "ran_s": ran,
             "live_seconds": series.seconds,

@@ -32,19 +32,16 @@ Pure: parsing and arithmetic; the substrate creates the groups (lab.substrate.lo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from lab.core.errors import ConfigError, reject_unknown
+from lab.model.dpqueue import DataPlaneQueue, parse_queue, queue_record
 
 #: how a board's kernel spreads one tunnel's packet crypto over its cores
 THREADING = ("one-core", "per-cpu")
-_KERNEL_FIELDS = {"version", "arch", "source", "dataplane"}
-_DP_FIELDS = {"threading", "source", "why", "crypto", "path"}
-_PATH_FIELDS = {"pps", "bytes", "kernel", "source", "derivation", "confidence"}
-#: a userspace path also names the program (and version) it was counted with
-_USER_PATH_FIELDS = _PATH_FIELDS | {"program"}
-_USER_DP_FIELDS = {"path"}
+_PATH_FIELDS = ("bytes", "confidence", "derivation", "kernel", "pps", "source")
 
 
 @dataclass(frozen=True)
@@ -79,6 +76,8 @@ class KernelDataPlane:
     #: the stand-in's primitive on this host -> the profile's reference for the board kernel's code
     crypto: dict[str, str] = field(default_factory=dict)
     path: PacketPath | None = None
+    #: packets it holds before it drops, each way (lab.model.dpqueue)
+    queue: DataPlaneQueue | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +106,35 @@ class DataPlaneCpu:
     what: str = ""
 
 
+@dataclass(frozen=True)
+class _DataPlaneSection:
+    """What a profile's [NAME] table of data planes accepts: [NAME.dataplane.X] and its path."""
+
+    name: str  # "kernel", "userspace"
+    fields: tuple[str, ...]  # of [NAME]
+    dataplane_fields: tuple[str, ...]  # of [NAME.dataplane.X]
+    path_fields: tuple[str, ...]  # of [NAME.dataplane.X.path]
+    #: what a path's primitive lacks when it is not among the figures its pps may name, in words
+    figures_what: str
+
+
+_KERNEL = _DataPlaneSection(
+    "kernel",
+    ("arch", "dataplane", "source", "version"),
+    ("crypto", "path", "queue", "source", "threading", "why"),
+    _PATH_FIELDS,
+    "no board AEAD in the crypto table",
+)
+#: a userspace path also names the program (and version) it was counted with
+_USERSPACE = _DataPlaneSection(
+    "userspace",
+    ("dataplane",),
+    ("path",),
+    tuple(sorted((*_PATH_FIELDS, "program"))),
+    "no [reference.PRIMITIVE] figure in this profile (the board's cipher)",
+)
+
+
 def parse_kernel_table(
     table: Any, src: str, references: dict, primitives: dict
 ) -> BoardKernel | None:
@@ -114,62 +142,28 @@ def parse_kernel_table(
     accepted); `references` are the profile's [reference.*] (a crypto entry must name one)."""
     if table is None:
         return None
-    if not isinstance(table, dict):
-        raise ConfigError("must be a table", source=src, field="kernel")
-    reject_unknown(table, sorted(_KERNEL_FIELDS), source=src, where="kernel")
+    dps = _parse_dataplanes(
+        table, src, _KERNEL, lambda d, where: _kernel_crypto(d, src, where, references, primitives)
+    )
     for k in ("version", "arch", "source"):
         if not isinstance(table.get(k, ""), str):
             raise ConfigError("must be a string", source=src, field=f"kernel.{k}")
-    dps_raw = table.get("dataplane", {})
-    if not isinstance(dps_raw, dict):
-        raise ConfigError(
-            "must be a table of [kernel.dataplane.NAME] tables",
-            source=src,
-            field="kernel.dataplane",
-        )
-    dps = {}
-    for name, d in dps_raw.items():
-        where = f"kernel.dataplane.{name}"
-        if not isinstance(d, dict):
-            raise ConfigError("must be a table with threading and source", source=src, field=where)
-        reject_unknown(d, sorted(_DP_FIELDS), source=src, where=where)
-        if d.get("threading") not in THREADING:
-            raise ConfigError(
-                f"must be one of {', '.join(THREADING)}, got {d.get('threading')!r}",
-                source=src,
-                field=f"{where}.threading",
-            )
-        if not isinstance(d.get("source"), str) or not d["source"]:
-            raise ConfigError(
-                "missing: say where the threading comes from", source=src, field=f"{where}.source"
-            )
-        crypto = d.get("crypto", {})
-        if not isinstance(crypto, dict):
-            raise ConfigError(
-                'must be a table of STAND-IN-PRIMITIVE = "kernel-REFERENCE"',
-                source=src,
-                field=f"{where}.crypto",
-            )
-        for prim, ref in crypto.items():
-            if prim not in primitives:
-                raise ConfigError(
-                    f"unknown primitive {prim!r}; accepted: {', '.join(primitives)}",
-                    source=src,
-                    field=f"{where}.crypto.{prim}",
-                )
-            if ref not in references:
-                raise ConfigError(
-                    f"names {ref!r}, which has no [reference.{ref}] table in this profile; "
-                    f"references: {', '.join(references) or 'none'}",
-                    source=src,
-                    field=f"{where}.crypto.{prim}",
-                )
-        path = _parse_path(d.get("path"), src, where, crypto)
-        dps[name] = KernelDataPlane(
-            name, d["threading"], d["source"], str(d.get("why", "")), dict(crypto), path
-        )
     return BoardKernel(
-        str(table.get("version", "")), str(table.get("arch", "")), str(table.get("source", "")), dps
+        str(table.get("version", "")),
+        str(table.get("arch", "")),
+        str(table.get("source", "")),
+        {
+            name: KernelDataPlane(
+                name,
+                d["threading"],
+                d["source"],
+                str(d.get("why", "")),
+                figures,
+                path,
+                parse_queue(d.get("queue"), src, f"kernel.dataplane.{name}", figures),
+            )
+            for name, (d, figures, path) in dps.items()
+        },
     )
 
 
@@ -179,38 +173,98 @@ def parse_userspace_table(table: Any, src: str, references: dict) -> dict[str, U
     (the board's figure for the cipher the path leaves out)."""
     if table is None:
         return {}
+    dps = _parse_dataplanes(table, src, _USERSPACE, lambda d, where: dict(references))
+    return {name: UserspaceDataPlane(str(name), path) for name, (_d, _f, path) in dps.items()}
+
+
+def _parse_dataplanes(
+    table: Any, src: str, section: _DataPlaneSection, figures_of: Callable[[dict, str], dict]
+) -> dict[str, tuple[dict, dict, PacketPath | None]]:
+    """A profile's [SECTION] table and its [SECTION.dataplane.X] tables, each checked against
+    the fields `section` accepts; `figures_of(X's table, "SECTION.dataplane.X")` checks the rest
+    of X and returns the figures X's path may name. {X: (its table, those figures, its path)}."""
     if not isinstance(table, dict):
-        raise ConfigError("must be a table", source=src, field="userspace")
-    reject_unknown(table, ["dataplane"], source=src, where="userspace")
-    dps_raw = table.get("dataplane", {})
-    if not isinstance(dps_raw, dict):
         raise ConfigError(
-            "must be a table of [userspace.dataplane.NAME] tables",
+            f"must be a table; accepted fields: {', '.join(section.fields)}",
             source=src,
-            field="userspace.dataplane",
+            field=section.name,
+        )
+    reject_unknown(table, section.fields, source=src, where=section.name)
+    dps = table.get("dataplane", {})
+    if not isinstance(dps, dict):
+        raise ConfigError(
+            f"must be a table of [{section.name}.dataplane.NAME] tables",
+            source=src,
+            field=f"{section.name}.dataplane",
         )
     out = {}
-    for name, d in dps_raw.items():
-        where = f"userspace.dataplane.{name}"
+    for name, d in dps.items():
+        where = f"{section.name}.dataplane.{name}"
         if not isinstance(d, dict):
-            raise ConfigError("must be a table with a path table", source=src, field=where)
-        reject_unknown(d, sorted(_USER_DP_FIELDS), source=src, where=where)
-        figures = {k: k for k in references}
-        path = _parse_path(d.get("path"), src, where, figures, userspace=True)
-        out[name] = UserspaceDataPlane(str(name), path)
+            raise ConfigError(
+                f"must be a table; accepted fields: {', '.join(section.dataplane_fields)}",
+                source=src,
+                field=where,
+            )
+        reject_unknown(d, section.dataplane_fields, source=src, where=where)
+        figures = figures_of(d, where)
+        out[name] = (d, figures, _parse_path(d.get("path"), src, where, figures, section))
     return out
 
 
+def _kernel_crypto(d: dict, src: str, where: str, references: dict, primitives: dict) -> dict:
+    """Check a [kernel.dataplane.X]'s threading, source and crypto table; returns the crypto
+    table (stand-in primitive -> the board kernel's reference), what its path may name."""
+    if d.get("threading") not in THREADING:
+        raise ConfigError(
+            f"must be one of {', '.join(THREADING)}, got {d.get('threading')!r}",
+            source=src,
+            field=f"{where}.threading",
+        )
+    if not isinstance(d.get("source"), str) or not d["source"]:
+        raise ConfigError(
+            "missing: say where the threading comes from", source=src, field=f"{where}.source"
+        )
+    crypto = d.get("crypto", {})
+    if not isinstance(crypto, dict):
+        raise ConfigError(
+            'must be a table of STAND-IN-PRIMITIVE = "kernel-REFERENCE"',
+            source=src,
+            field=f"{where}.crypto",
+        )
+    _known(crypto, primitives, "is a primitive the lab does not know", src, f"{where}.crypto")
+    for prim, ref in crypto.items():
+        if ref not in references:
+            raise ConfigError(
+                f"names {ref!r}, which has no [reference.{ref}] table in this profile; "
+                f"references: {', '.join(references) or 'none'}",
+                source=src,
+                field=f"{where}.crypto.{prim}",
+            )
+    return dict(crypto)
+
+
+def _known(names: dict, accepted: dict, lacks: str, src: str, where: str) -> None:
+    """Refuse the first of `names` not among `accepted`, naming it (under `where`), what it
+    `lacks` and the accepted names."""
+    for name in names:
+        if name not in accepted:
+            raise ConfigError(
+                f"{name!r} {lacks}; accepted: {', '.join(accepted) or 'none'}",
+                source=src,
+                field=f"{where}.{name}",
+            )
+
+
 def _parse_path(
-    t: Any, src: str, where: str, crypto: dict, userspace: bool = False
+    t: Any, src: str, where: str, figures: dict, section: _DataPlaneSection
 ) -> PacketPath | None:
     if t is None:
         return None
     where = f"{where}.path"
     if not isinstance(t, dict):
         raise ConfigError("must be a table with pps and source", source=src, field=where)
-    fields = _USER_PATH_FIELDS if userspace else _PATH_FIELDS
-    reject_unknown(t, sorted(fields), source=src, where=where)
+    reject_unknown(t, section.path_fields, source=src, where=where)
     if not isinstance(t.get("source"), str) or not t["source"]:
         raise ConfigError(
             "missing: say where the packet path's figures come from",
@@ -224,18 +278,8 @@ def _parse_path(
             source=src,
             field=f"{where}.pps",
         )
+    _known(pps, figures, f"has {section.figures_what}", src, f"{where}.pps")
     for prim, v in pps.items():
-        if prim not in crypto:
-            what = (
-                "no [reference.PRIMITIVE] figure in this profile (the board's cipher)"
-                if userspace
-                else "no board AEAD in the crypto table"
-            )
-            raise ConfigError(
-                f"{prim!r} has {what}; accepted: {', '.join(crypto) or 'none'}",
-                source=src,
-                field=f"{where}.pps.{prim}",
-            )
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise ConfigError(
                 f"must be a positive number (packets/s), got {v!r}",
@@ -346,6 +390,8 @@ def plan(prof, dp: DataPlaneCpu, *, cores: int) -> dict:
                 threading_source=kdp.source,
                 kernel=f"{prof.kernel.version} {prof.kernel.arch}".strip(),
             )
+            if q := queue_record(kdp.queue, dp.primitive):
+                rec["queue"] = q  # the stand-in's socket and TUN hold as many (dpqueue)
             ref_name = kdp.crypto.get(dp.primitive or "")
             ref = prof.references.get(ref_name) if ref_name else None
             if ref is not None:

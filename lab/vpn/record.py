@@ -96,6 +96,8 @@ class TunnelRecord:
     traffic: TrafficTarget | None = None
     timing: Timing | None = None
     configs: list[str] | None = None  # "node/file" of every rendered config
+    #: node -> the board's data plane queues its stand-in was given (Node.hold_dataplane_queues)
+    queues: dict[str, Any] | None = None
     #: keys of lab.json this version does not know, kept so that they are written back
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -151,7 +153,7 @@ class TunnelRecord:
 
 
 #: fields a record has only once its tunnel is up (left out of lab.json before)
-_LATE = ("describe", "path", "tunnel", "traffic", "timing", "configs")
+_LATE = ("describe", "path", "tunnel", "traffic", "timing", "configs", "queues")
 
 
 def half_up(lab) -> bool:

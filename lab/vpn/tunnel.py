@@ -390,6 +390,9 @@ def bring_up(
     t_launch = time.monotonic()
     try:
         drv.start(ctx, params, rendered)
+        # the board's data plane queues, held by a stand-in's sockets and TUN (lab.model.dpqueue)
+        held = {n: q for n, nd in nodes.items() if (q := nd.hold_dataplane_queues(ctx.daemons))}
+        record.queues = held or None
         addrs = [a for e in ctx.ends() for a in (e.tunnel_v4, e.tunnel_v6)]
         for node, argv in tunneladdr.tunnel_routes(lab.spec, drv, p.client, p.server, addrs):
             lab.node(node).run(argv)

@@ -98,6 +98,7 @@ class Lab:
             procs_files=cgroups.procs_files(self.cg, rt.cgroup),
             cpu_slots=rt.cpu_slots,
             dataplane=(rt.cpu.get("dataplane", {}).get("daemon"), rt.dp_slots),
+            dataplane_queue=rt.cpu.get("dataplane", {}).get("queue"),
             env=rt.env,
             ledger=self.ledger,
             log_dir=self.dir / "logs",

@@ -18,6 +18,7 @@ from lab.substrate.local import coreslots
 from lab.core.arch.emulate import ArchRoot
 from lab.core.node import Daemon, Node, merged_env
 from lab.core.state import Ledger
+from lab.substrate.local.queues import hold_queues
 
 
 class LocalNode(Node):
@@ -35,6 +36,7 @@ class LocalNode(Node):
         log_dir: Path | None = None,
         arch: ArchRoot | None = None,
         dataplane: tuple[str | None, Sequence[str]] = (None, ()),
+        dataplane_queue: Mapping | None = None,
     ):
         self.lab_id = lab_id
         self.name = name
@@ -47,6 +49,8 @@ class LocalNode(Node):
         #: (daemon name, its groups): the process spawned under that name starts in the data
         #: plane's groups instead (lab/substrate/local/dataplane.py)
         self.dataplane = (dataplane[0], list(dataplane[1]))
+        #: the board's queues its stand-in holds (lab.model.dpqueue.queue_record), or None
+        self.dataplane_queue = dict(dataplane_queue) if dataplane_queue else None
         self.env = dict(env or {})
         self.ledger = ledger
         self.log_dir = log_dir
@@ -144,6 +148,12 @@ class LocalNode(Node):
                 **self.ran_by(argv),
             )
         return Daemon(self.name, name, p.pid, st, log, p)
+
+    def hold_dataplane_queues(self, daemons: list[Daemon]) -> dict | None:
+        name, groups = self.dataplane
+        if not self.dataplane_queue or name is None:
+            return None
+        return hold_queues(self, self.dataplane_queue, name, groups, daemons)
 
     def ran_by(self, argv: Sequence[str]) -> dict[str, str]:
         """{"arch": ...}: which architecture runs argv, for a node of another architecture

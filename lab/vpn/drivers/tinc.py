@@ -17,9 +17,7 @@ The RSA keys only protect the meta connection (TCP, same port) and the packet-ke
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -28,7 +26,7 @@ from lab.core import proc
 from lab.core.errors import LabError, StartupError
 from lab.core.node import Node
 from lab.model.boardkernel import DataPlaneCpu
-from lab.vpn.base import Availability, Driver, Rekey, TunnelContext, write_secret, render_template
+from lab.vpn.base import Availability, Driver, Rekey, TunnelContext, make_secrets, render_template
 from lab.core.tools import IP, Tool
 from lab.model.params import Param
 from lab.vpn.kernelfeatures import has_char_device
@@ -89,27 +87,27 @@ class TincDriver(Driver):
 
     # ---------------------------------------------------------------- secrets and configs
     def secrets(self, ctx: TunnelContext, params: dict) -> dict[str, str]:
-        """One RSA key pair per node: PKCS#1 PEM, as `tincd -K2048` writes them."""
-        d = ctx.secrets_dir
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """One RSA key pair per node: PKCS#1 PEM, as `tincd -K2048` writes them; the private
+        keys kept as <lab>/secrets/tinc-<role>.priv."""
+        roles = ("client", "server")
+        public: dict[str, str] = {}
+
+        def make(t: Path) -> None:
+            for role in roles:
+                priv = t / f"{role}.priv"
+                proc.run(
+                    ["openssl", "genrsa", "-traditional", "-out", priv, str(RSA_BITS)],
+                    where="controller",
+                )
+                public[role] = proc.run(
+                    ["openssl", "rsa", "-in", priv, "-RSAPublicKey_out"], where="controller"
+                ).stdout.strip()
+
+        made = make_secrets(ctx.secrets_dir, "tinc-", [f"{r}.priv" for r in roles], make)
         out: dict[str, str] = {}
-        for role in ("client", "server"):
-            with tempfile.TemporaryDirectory(dir=d) as tmp:
-                tmp_priv = Path(tmp) / "key"
-                old = os.umask(0o077)  # the private key is born 0600
-                try:
-                    proc.run(
-                        ["openssl", "genrsa", "-traditional", "-out", tmp_priv, str(RSA_BITS)],
-                        where="controller",
-                    )
-                finally:
-                    os.umask(old)
-                pub = proc.run(
-                    ["openssl", "rsa", "-in", tmp_priv, "-RSAPublicKey_out"], where="controller"
-                ).stdout
-                key = tmp_priv.read_text().strip()
-            write_secret(d, f"tinc-{role}.priv", key + "\n")
-            out[f"{role}_private"], out[f"{role}_public"] = key, pub.strip()
+        for role in roles:
+            out[f"{role}_private"] = made[f"{role}.priv"].strip()
+            out[f"{role}_public"] = public[role]
         return out
 
     def render(self, ctx: TunnelContext, params: dict, secrets: dict[str, str]) -> dict:
