@@ -87,7 +87,7 @@ def test_the_profile_loads(tmp_path, monkeypatch):
         (
             ('[kernel]', '[kernel.dataplane]\nwireguard = "per-cpu"\n[kernel]'),
             "kernel.dataplane.wireguard",
-            "accepted fields: crypto, path, source, threading, why",
+            "accepted fields: crypto, path, queue, source, threading, why",
         ),
         (
             ('[userspace.dataplane.openvpn.path]', '[userspace.dataplane]\ntinc = 1\n[userspace.dataplane.openvpn.path]'),
