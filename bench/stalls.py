@@ -3,8 +3,8 @@
 (issue 30, mechanism 7).
 
     sudo .venv/bin/python bench/stalls.py [--profiles wireguard,ipsec-chacha20poly1305]
-        [--delays 0,20,60] [--periods lab,min] [--rounds 2] [--duration 10] [--json FILE]
-        [--tick-helper]
+        [--delays 0,20,60] [--periods lab,min] [--queues board,host] [--rounds 2]
+        [--duration 10] [--json FILE] [--tick-helper]
     sudo .venv/bin/python bench/stalls.py --probe 0.2407 [--periods lab,min] [--rounds 2]
 
 A CFS quota lets a node's threads run at this host's speed for share x period, then stalls them
@@ -24,6 +24,9 @@ floor kept), and iperf3 TCP runs `--duration` s through the tunnel. Recorded per
 - the cost: CFS periods throttled per second and the seconds throttled (cpu.stat of every group
   of both nodes), the nodes' CPU (cpuacct) and the host's busy share (/proc/stat).
 
+`--queues board,host` alternates, in the same lab, the stand-in's UDP receive buffers and TUN
+queues as the lab sets them from the board kernel's queues (lab.model.dpqueue) with this host's
+defaults (the setting before): where a stalled stand-in drops, the one or the other.
 `--periods` lists CFS periods in us, `lab` (the period the lab itself set, the current
 lab.model.dilation rule) or `min` (the shortest at which the smallest group gets the kernel's
 1 ms quota: 4156 us for one Pi core at share 0.2407). `--tick-helper` runs a SCHED_FIFO thread
@@ -53,6 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from lab.model import dilation  # noqa: E402 -- this checkout's rule for "lab"
+from lab.core import sockbuf  # noqa: E402
 
 LAB = str(REPO / ".venv" / "bin" / "lab")
 TOPO = str(REPO / "topologies" / "pi_pair.py")
@@ -297,6 +301,19 @@ def tcp_test(lab: Lab, target: str, duration: int) -> dict:
     }
 
 
+def set_queues(lab: Lab, held: dict, which: str) -> None:
+    """The stand-in's UDP receive buffers and TUN queues as the lab set them from the board's
+    queues (`board`, lab.json vpn.queues) or back at this host's defaults (`host`: what they
+    were before, recorded there too)."""
+    for node, rec in held.items():
+        for sk in rec.get("sockets", []):
+            want = sk["rcvbuf"] if which == "board" else sk["rcvbuf_before"]
+            sockbuf.set_receive_buffer(sk["pid"], sk["port"], want)
+        for dev, t in rec.get("tun", {}).items():
+            n = t["txqueuelen"] if which == "board" else t["txqueuelen_before"]
+            lab.netns(node, "ip", "link", "set", dev, "txqueuelen", str(n))
+
+
 def delay(lab: Lab, ms: int) -> None:
     if ms:
         lab.cli("impair", "set", "--id", lab.id, "all", f"delay {ms}ms")
@@ -324,19 +341,22 @@ def run_profile(prof: str, a, state: str) -> list[dict]:
             f"{sorted({round(s, 3) for s in share.values()})}",
             flush=True,
         )
+        held = (info.get("vpn") or {}).get("queues") or {}
+        variants = [(p, q) for p in periods for q in a.queues.split(",")]
         for rnd in range(a.rounds):
-            order = periods if rnd % 2 == 0 else periods[::-1]
-            for period in order:
+            order = variants if rnd % 2 == 0 else variants[::-1]
+            for period, qs in order:
                 if share:
                     set_period(lab, share, period)
+                set_queues(lab, held, qs)
                 for ms in (int(x) for x in a.delays.split(",")):
                     delay(lab, ms)
                     r = tcp_test(lab, target, a.duration)
-                    r.update(profile=prof, period_us=period, delay_ms=ms, round=rnd)
+                    r.update(profile=prof, period_us=period, delay_ms=ms, round=rnd, queues=qs)
                     out.append(r)
                     drops = ", ".join(f"{k} {v}" for k, v in sorted(r["drops"].items()))
                     print(
-                        f"  r{rnd} {period:>6} us {ms:>3} ms: {r['mbit']:7.1f} Mbit/s, retr "
+                        f"  r{rnd} {period:>6} us {qs:>5} {ms:>3} ms: {r['mbit']:7.1f} Mbit/s, retr "
                         f"{r['retransmits']}, throttled {r['throttled_per_s']:.0f}/s "
                         f"(mean stall {r['stall_ms']:.1f} ms) "
                         f"({r['throttled_s']:.2f} s), threads ran {r['run_s']:.2f} s and "
@@ -437,18 +457,18 @@ def med(xs: list) -> float:
 
 
 def summary(results: list[dict]) -> None:
-    print("\nmedians per profile, delay and period; ratio = this period / the first period's")
+    print("\nmedians per profile, delay, period and queues; ratio = this setting / the first one's")
     print(
-        f"{'profile':<26}{'delay':>6}{'period':>8}{'Mbit/s':>9}{'ratio':>7}{'retr':>7}"
+        f"{'profile':<26}{'delay':>6}{'period':>8}{'queue':>6}{'Mbit/s':>9}{'ratio':>7}{'retr':>7}"
         f"{'thr/s':>7}{'stall':>7}{'cores':>7}{'busy%':>7}  main drops (sum over rounds)"
     )
     keys = sorted({(r["profile"], r["delay_ms"]) for r in results}, key=str)
     for prof, ms in keys:
         rows = [r for r in results if (r["profile"], r["delay_ms"]) == (prof, ms)]
-        periods = list(dict.fromkeys(r["period_us"] for r in rows))
+        periods = list(dict.fromkeys((r["period_us"], r.get("queues", "board")) for r in rows))
         base = None
-        for p in periods:
-            rs = [r for r in rows if r["period_us"] == p]
+        for p, qs in periods:
+            rs = [r for r in rows if (r["period_us"], r.get("queues", "board")) == (p, qs)]
             mbit = med([r["mbit"] for r in rs])
             base = mbit if base is None else base
             drops: dict[str, int] = {}
@@ -457,7 +477,7 @@ def summary(results: list[dict]) -> None:
                     drops[k] = drops.get(k, 0) + v
             top = ", ".join(f"{k} {v}" for k, v in sorted(drops.items(), key=lambda x: -x[1])[:4])
             print(
-                f"{prof:<26}{ms:>6}{p:>8}{mbit:>9.1f}{mbit / base:>7.2f}"
+                f"{prof:<26}{ms:>6}{p:>8}{qs:>6}{mbit:>9.1f}{mbit / base:>7.2f}"
                 f"{med([r['retransmits'] for r in rs]):>7.0f}"
                 f"{med([r['throttled_per_s'] for r in rs]):>7.0f}"
                 f"{med([r['stall_ms'] for r in rs]):>7.1f}"
@@ -474,6 +494,12 @@ def main() -> int:
         "--periods",
         default="lab,min",
         help="CFS periods: us, 'lab' (the lab's) or 'min' (1 ms quota)",
+    )
+    ap.add_argument(
+        "--queues",
+        default="board",
+        help="the stand-in's socket and TUN queues: 'board' (as the lab sets them, lab.json "
+        "vpn.queues), 'host' (this host's defaults, as before), or both: 'board,host'",
     )
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--duration", type=int, default=10)
