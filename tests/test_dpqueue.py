@@ -219,3 +219,20 @@ def test_wireguard_gos_socket_and_tun_hold_the_board_kernels_queues(lab_id):
     finally:
         left = teardown(lab_id)
     assert left == []
+
+
+def test_lab_status_says_what_the_stand_in_holds():
+    from lab.cli.printing import queue_words
+
+    held = {
+        "client": {
+            "daemon": "wireguard-go",
+            "rx_packets": 1280,
+            "sockets": [{"pid": 1, "port": 51820, "rcvbuf_before": 212992, "rcvbuf": 2949120}],
+            "tun": {"wg0": {"txqueuelen_before": 500, "txqueuelen": 1024}},
+        }
+    }
+    assert queue_words(held) == (
+        "client wireguard-go: UDP receive 1280 datagrams (2949120 B), wg0 txqueuelen 1024"
+    )
+    assert queue_words({}) == ""

@@ -59,6 +59,21 @@ def impairment_words(applied) -> str:
     return str(applied) if applied else "none"
 
 
+def queue_words(queues: dict) -> str:
+    """lab.json's vpn.queues in words: per node the stand-in's socket and TUN queues."""
+    parts = []
+    for node, q in queues.items():
+        bits = []
+        if q.get("sockets"):
+            bits.append(
+                f"UDP receive {q.get('rx_packets')} datagrams ({q['sockets'][0]['rcvbuf']} B)"
+            )
+        bits += [f"{dev} txqueuelen {t['txqueuelen']}" for dev, t in (q.get("tun") or {}).items()]
+        if bits:
+            parts.append(f"{node} {q.get('daemon')}: {', '.join(bits)}")
+    return "; ".join(parts)
+
+
 def status_lines(s: dict) -> list[str]:
     """The VPN and the impairment of a lab in words, printed under its table."""
     lines = []
@@ -77,6 +92,8 @@ def status_lines(s: dict) -> list[str]:
             f"{d.get('interface', '-')}, MTU {d.get('mtu', '-')}, cipher {d.get('cipher', '-')}"
             + (f"; tunnel {ends}" if ends else "")
         )
+        if held := queue_words(vpn.get("queues") or {}):
+            lines.append(f"data plane queues, the board kernel's (docs/cpu.md): {held}")
     else:
         lines.append("VPN: none (no tunnel in this lab)")
     imp = s.get("impair")
