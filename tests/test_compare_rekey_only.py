@@ -104,3 +104,14 @@ def test_the_progress_line_shows_a_rekey_only_case_by_its_rekey_recovery():
     cold = case_line("wireguard|none|cold|0", _entry("wireguard", "cold", 0, 0.0),
                      done=2, total=12, eta_s=None)  # fmt: skip
     assert cold.endswith("[2/12] wireguard|none|cold|0 ok 30.0 ms"), cold
+
+
+def test_one_rule_says_which_way_a_column_is_better():
+    from lab.results.doc import lower_is_better
+
+    for col in ("rekey_recovery_s", "rekey_keys_s", "handshake_ms", "loss_pct", "retransmits",
+                "rtt_avg_ms", "latency_p99_us", "key_exchange_bytes", "seconds"):  # fmt: skip
+        assert lower_is_better(col), col
+    for col in ("throughput_bps", "packets_per_s", "transactions_per_s", "received_pps",
+                "responsiveness_rpm", "rrul_total_bps"):  # fmt: skip
+        assert not lower_is_better(col), col

@@ -385,3 +385,19 @@ def host_ncores(results) -> int | None:
         (n for r in results if (n := ((r.get("monitor") or {}).get("host") or {}).get("ncores"))),
         None,
     )
+
+
+#: a column of these names, or ending in a time, a percentage or a count of losses, is better
+#: smaller (times, losses, retransmissions, CPU); every other one larger (rates, packets/s)
+_LOWER_NAMES = frozenset(
+    {"packets_lost", "retransmits", "seconds", "key_exchange_bytes", "key_exchange_packets"}
+)
+_LOWER_ENDINGS = ("_ms", "_us", "_s", "_pct", "_retransmits", "_lost")
+
+
+def lower_is_better(metric: str) -> bool:
+    """Is a smaller value of results column `metric` the better one? (`lab check` for a column
+    named explicitly, `lab compare`'s fidelity rankings for a column other than the main one.)"""
+    if metric.endswith("_per_s"):  # a rate (packets_per_s, transactions_per_s)
+        return False
+    return metric in _LOWER_NAMES or metric.endswith(_LOWER_ENDINGS)

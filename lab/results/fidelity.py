@@ -24,27 +24,10 @@ from collections.abc import Mapping
 
 from lab.measure import TESTS, metric_columns
 from lab.model.stats import kendall_tau_b
-from lab.results.doc import Doc, Primary, fmt_value, primary
+from lab.results.doc import Doc, Primary, fmt_value, lower_is_better, primary
 from lab.results.rundir import to_csv
 from lab.core.state import write_text_atomic
 
-#: metrics where a smaller value is the better one (everything else: larger is better)
-LOWER_IS_BETTER = frozenset(
-    {
-        "jitter_ms",
-        "loss_pct",
-        "packets_lost",
-        "retransmits",
-        "rtt_min_ms",
-        "rtt_avg_ms",
-        "rtt_max_ms",
-        "rtt_mdev_ms",
-        "latency_p50_us",
-        "latency_p99_us",
-        "seconds",
-        "flood_time_ms",
-    }
-)
 #: a hardware difference is beyond noise above this many combined standard errors
 NOISE_SE = 2.0
 
@@ -82,7 +65,7 @@ def higher_is_better(metric: str, p: Primary) -> bool:
     """Is a larger `metric` the better one? `p`: the main metric of the metric's test entry."""
     if p.column == metric:
         return p.higher_is_better
-    return metric not in LOWER_IS_BETTER
+    return not lower_is_better(metric)
 
 
 def duplicates(test: str) -> set[str]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from lab.model.stats import mean_sd, regressed, regressed_runs
 from lab.results.directions import name_directions, of_direction
-from lab.results.doc import Primary, primary
+from lab.results.doc import Primary, lower_is_better, primary
 from lab.results.expect import OPS, Expectation, fmt, profile_name, split_profile
 
 
@@ -231,7 +231,7 @@ def _regression(
     main: Primary,
 ) -> Verdict:
     metric = e.metric or main.column
-    hib = main.higher_is_better if e.metric is None else _higher(metric)
+    hib = main.higher_is_better if e.metric is None else not lower_is_better(metric)
     limit = 1 - e.tolerance if hib else 1 + e.tolerance
     bound = f"{metric} {'>=' if hib else '<='} {limit:.0%} of the baseline's mean"
     v = Verdict(*key, e.name, "skip", "", bound=bound, kind="regression")
@@ -353,13 +353,6 @@ def _regression(
         + (f"; baseline run(s) without this case: {', '.join(lacking)}" if lacking else "")
     )
     return v
-
-
-def _higher(metric: str) -> bool:
-    """Direction of a column given explicitly: rates up, times, losses and CPU down."""
-    return not any(
-        metric.endswith(s) for s in ("_ms", "_us", "seconds", "_pct", "retransmits", "_mb")
-    )
 
 
 def summary(verdicts: list[Verdict]) -> dict[str, int]:
