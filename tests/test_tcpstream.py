@@ -250,6 +250,9 @@ def test_the_senders_state_is_the_data_connections_not_the_control_ones():
     assert st == tcpstream.SenderState("cubic", 612, 430)
     assert tcpstream.sender_state(SENDER_SS.replace(" ssthresh:430", "")).ssthresh is None
     assert tcpstream.sender_state("") is None
+    # with timestamps and SACK, ss names them before the congestion control
+    bbr = SENDER_SS.replace("\t cubic wscale", "\t ts sack bbr wscale")
+    assert tcpstream.sender_state(bbr).cc == "bbr"
     assert tcpstream.sender_state("0 0 a:1 b:2\n\t bytes_received:5\n") is None
 
 

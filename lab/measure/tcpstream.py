@@ -70,6 +70,8 @@ STEADY_CWND_GROWTH = 1.05
 MODEL_BASED_CC = frozenset({"bbr", "bbr2", "bbr3"})
 
 _BYTES_RECEIVED = re.compile(r"\bbytes_received:(\d+)")
+#: words ss -i prints before the congestion control's name
+_SS_FLAGS = frozenset({"ts", "sack", "ecn", "ecnseen", "fastopen"})
 _SENDER_FIELD = re.compile(r"\b(cwnd|ssthresh|bytes_acked):(\d+)")
 
 
@@ -105,8 +107,9 @@ def sender_state(ss_text: str) -> SenderState | None:
         fields = dict(_SENDER_FIELD.findall(line))
         if "cwnd" not in fields:
             continue
-        words = line.split()
-        cc = words[0] if words and ":" not in words[0] else None
+        # ss prints the socket's flags (ts, sack, ecn, ...) before the congestion control
+        words = [w for w in line.split() if ":" not in w and w not in _SS_FLAGS]
+        cc = words[0] if words else None
         st = SenderState(
             cc, int(fields["cwnd"]), int(fields["ssthresh"]) if "ssthresh" in fields else None
         )
