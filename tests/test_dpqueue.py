@@ -236,3 +236,21 @@ def test_lab_status_says_what_the_stand_in_holds():
         "client wireguard-go: UDP receive 1280 datagrams (2949120 B), wg0 txqueuelen 1024"
     )
     assert queue_words({}) == ""
+
+
+def test_a_result_line_says_which_queues_the_stand_in_held():
+    from lab.campaign.runner import held_queues
+
+    held = {
+        "server": {
+            "daemon": "charon",
+            "rx_packets": 256,
+            "tx_packets": 1000,
+            "sockets": [{"pid": 9, "port": 4500, "rcvbuf_before": 212992, "rcvbuf": 589824}],
+            "tun": {"ipsec0": {"txqueuelen_before": 500, "txqueuelen": 1000}},
+            "pids": [9],
+        }
+    }
+    assert held_queues(held) == {
+        "server": {"daemon": "charon", "rx_packets": 256, "tx_packets": 1000}
+    }

@@ -166,7 +166,12 @@ class Runner(RunRecord):
             "session": self.session,
             "lab_id": self.lab.id if self.lab is not None else None,
             "profile": case.profile,
-            "vpn": {"driver": rec.driver if rec else None, "path": rec.path if rec else None},
+            "vpn": {
+                "driver": rec.driver if rec else None,
+                "path": rec.path if rec else None,
+                # the board kernel's queues its stand-in held (lab.model.dpqueue), per node
+                **({"queues": held_queues(rec.queues)} if rec and rec.queues else {}),
+            },
             "impairment": case.point.to_json(),
             "test": case.test.test,
             "label": case.test.label,
@@ -442,3 +447,12 @@ def _raw_tails(raw_dir: Path, run: RunDir) -> dict[str, str]:
             lines = p.read_text(errors="replace").splitlines()
             out[run.rel(p)] = "\n".join(lines[-RAW_TAIL_LINES:])
     return out
+
+
+def held_queues(queues: dict) -> dict:
+    """lab.json's vpn.queues as a result line keeps them: per node the stand-in and the
+    packets it held each way (the sockets' and devices' detail stays in lab.json)."""
+    return {
+        node: {k: q.get(k) for k in ("daemon", "rx_packets", "tx_packets")}
+        for node, q in queues.items()
+    }
