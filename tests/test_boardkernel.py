@@ -7,17 +7,12 @@ from __future__ import annotations
 import pytest
 
 from lab.core.errors import ConfigError
-from lab.model.cpuprofile import load_cpu_profile
+from tests.profiletext import BOARD_HEAD
+from tests.profiletext import load_text as load
 
-PROFILE = """
-cores = 4
-core_share = 0.25
-[reference.aes-256-cbc]
-mbps = 60
-source = "openssl on the board"
-[reference.kernel-gcm-aes-128]
-mbps = 20
-source = "tcrypt on the board"
+PROFILE = (
+    BOARD_HEAD
+    + """
 [kernel]
 version = "5.10"
 [kernel.dataplane.xfrm-esp]
@@ -35,15 +30,9 @@ program = "OpenVPN 2.6"
 [userspace.dataplane.openvpn.path.pps]
 aes-256-cbc = 10000
 """
+)
 USERSPACE = PROFILE[PROFILE.index("[userspace") :]
 PATH_FIELDS = "bytes, confidence, derivation, kernel, pps, source"
-
-
-def load(tmp_path, monkeypatch, text: str):
-    (tmp_path / "odd.toml").write_text(text)
-    monkeypatch.setenv("LAB_CPU_PROFILES", str(tmp_path))
-    monkeypatch.setenv("LAB_CALIBRATION_DIR", str(tmp_path / "cal"))
-    return load_cpu_profile("odd")
 
 
 def test_the_profile_loads(tmp_path, monkeypatch):

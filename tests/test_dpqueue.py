@@ -16,17 +16,13 @@ from lab.core import sockbuf
 from lab.core.errors import ConfigError
 from lab.model import boardkernel, dpqueue
 from lab.model.cpuprofile import load_cpu_profile
+from tests.profiletext import BOARD_HEAD
+from tests.profiletext import load_text as load
 from lab.substrate.local import queues
 
-PROFILE = """
-cores = 4
-core_share = 0.25
-[reference.aes-256-cbc]
-mbps = 60
-source = "openssl on the board"
-[reference.kernel-gcm-aes-128]
-mbps = 20
-source = "tcrypt on the board"
+PROFILE = (
+    BOARD_HEAD
+    + """
 [reference.kernel-chacha20-poly1305]
 mbps = 60
 source = "tcrypt on the board"
@@ -45,13 +41,7 @@ source = "the NIC's ring, cryptd's queue"
 aes-128-gcm = 1256
 chacha20-poly1305 = 256
 """
-
-
-def load(tmp_path, monkeypatch, text: str):
-    (tmp_path / "odd.toml").write_text(text)
-    monkeypatch.setenv("LAB_CPU_PROFILES", str(tmp_path))
-    monkeypatch.setenv("LAB_CALIBRATION_DIR", str(tmp_path / "cal"))
-    return load_cpu_profile("odd")
+)
 
 
 def esp(primitive: str) -> boardkernel.DataPlaneCpu:
