@@ -151,6 +151,15 @@ def test_holding_the_queues_sizes_the_stand_ins_sockets_and_the_nodes_tun_device
 # ------------------------------------------------------------------ on this machine
 
 
+def udp_rbufs(port: int, netns: str | None = None) -> list[int]:
+    """The receive buffers (ss's rb: the accounting limit) of the UDP sockets on local `port`,
+    read by ss, not by the lab (in network namespace `netns` when given)."""
+    pre = ["ip", "netns", "exec", netns] if netns else []
+    argv = [*pre, "ss", "-uamnH", "sport", "=", f":{port}"]
+    ss = subprocess.run(argv, capture_output=True, text=True).stdout
+    return [int(b) for b in re.findall(r"\brb(\d+)", ss)]
+
+
 @pytest.mark.root
 def test_another_processs_udp_socket_gets_the_buffer_asked_for():
     child = subprocess.Popen(
@@ -161,14 +170,10 @@ def test_another_processs_udp_socket_gets_the_buffer_asked_for():
     )  # fmt: skip
     try:
         port = int(child.stdout.readline())
-        before = sockbuf.receive_buffer(child.pid, port)
+        before = udp_rbufs(port)
         got = sockbuf.set_receive_buffer(child.pid, port, 3_000_000)
-        assert [(g.port, g.after) for g in got] == [(port, 3_000_000)]
-        assert before != [3_000_000] and sockbuf.receive_buffer(child.pid, port) == [3_000_000]
-        # ss, not the lab, reads the child's socket: rb is the accounting limit
-        ss = subprocess.run(["ss", "-uamnH", "sport", "=", f":{port}"], capture_output=True,
-                            text=True).stdout  # fmt: skip
-        assert "rb3000000," in ss
+        assert [(g.port, g.before, g.after) for g in got] == [(port, before[0], 3_000_000)]
+        assert before != [3_000_000] and udp_rbufs(port) == [3_000_000]
         assert sockbuf.set_receive_buffer(child.pid, port + 1 if port < 65535 else 1, 4096) == []
     finally:
         child.kill()
@@ -196,10 +201,8 @@ def test_wireguard_gos_socket_and_tun_hold_the_board_kernels_queues(lab_id):
         want = load_cpu_profile("pi4").kernel.dataplanes["wireguard"].queue
         rx, tx = want.packets("go-chacha20-poly1305")
         for node in ("client", "server"):
-            ss = subprocess.run(["ip", "netns", "exec", f"{lab_id}-{node}", "ss", "-uamnH",
-                                 "sport", "=", ":51820"], capture_output=True, text=True).stdout  # fmt: skip
-            bufs = [int(b) for b in re.findall(r"\brb(\d+)", ss)]
-            assert bufs and all(b == rx * dpqueue.DATAGRAM_TRUESIZE for b in bufs), ss
+            bufs = udp_rbufs(51820, f"{lab_id}-{node}")
+            assert bufs and all(b == rx * dpqueue.DATAGRAM_TRUESIZE for b in bufs), bufs
             link = subprocess.run(["ip", "-n", f"{lab_id}-{node}", "-j", "link", "show", "wg0"],
                                   capture_output=True, text=True).stdout  # fmt: skip
             assert json.loads(link)[0]["txqlen"] == tx

@@ -88,9 +88,9 @@ def _getfd(pid: int, fd: int) -> int:
 
 
 def set_receive_buffer(pid: int, port: int | None, nbytes: int) -> list[SocketBuffer]:
-    """Give every UDP socket of `pid` bound to `port` (None: every one) a receive buffer of `nbytes` (the
-    accounting limit the kernel reports back; SO_RCVBUFFORCE doubles what it is given, so it
-    is given half). Returns what changed; [] when the process has no such socket. Raises
+    """Give every UDP socket of `pid` bound to `port` (None: every one) a receive buffer of
+    `nbytes` (the accounting limit the kernel reports back; SO_RCVBUFFORCE doubles what it is
+    given, so it is given half). Returns what changed; [] when the process has no such socket. Raises
     OSError when a descriptor cannot be taken or set (no permission, no pidfd_getfd)."""
     out = []
     for fd, local in socket_fds(pid, udp_inodes(pid, port)).items():
@@ -102,16 +102,4 @@ def set_receive_buffer(pid: int, port: int | None, nbytes: int) -> list[SocketBu
         finally:
             s.close()  # our duplicate only: the daemon's descriptor stays open
         out.append(SocketBuffer(pid, fd, local, before, after))
-    return out
-
-
-def receive_buffer(pid: int, port: int | None = None) -> list[int]:
-    """SO_RCVBUF of each UDP socket of `pid` bound to `port` (None: every one), bytes."""
-    out = []
-    for fd in socket_fds(pid, udp_inodes(pid, port)):
-        s = socket.socket(fileno=_getfd(pid, fd))
-        try:
-            out.append(s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
-        finally:
-            s.close()
     return out

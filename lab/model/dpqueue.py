@@ -72,14 +72,9 @@ def parse_queue(t: Any, src: str, where: str, primitives: dict) -> DataPlaneQueu
     for side in ("rx", "tx"):
         v = t.get(side)
         if isinstance(v, dict):
+            # per stand-in primitive: those of the data plane's crypto table
+            reject_unknown(v, primitives, source=src, where=f"{where}.{side}")
             for prim, n in v.items():
-                if prim not in primitives:
-                    raise ConfigError(
-                        f"{prim!r} is not a primitive of this data plane's crypto table; "
-                        f"accepted: {', '.join(primitives) or 'none'}",
-                        source=src,
-                        field=f"{where}.{side}.{prim}",
-                    )
                 _packets(n, src, f"{where}.{side}.{prim}")
             sides[side] = {k: int(n) for k, n in v.items()}
         else:
