@@ -27,6 +27,14 @@ from lab.model.stoprule import Rule
 DATA = Path(__file__).parent / "data"
 CLIENT = (DATA / "iperf3_tcp_sigint_client.json").read_text()
 SERVER = (DATA / "iperf3_tcp_sigint_server.json").read_text()
+#: /proc/net/netstat's TcpExt lines (this machine's kernel 6.18, the names shortened to those
+#: around TCPTimeouts; the counter's value filled in per test)
+NETSTAT = (
+    "TcpExt: SyncookiesSent DelayedACKs TCPLostRetransmit TCPTimeouts TCPLossProbes\n"
+    "TcpExt: 0 19399 120 TIMEOUTS 7\n"
+    "IpExt: InNoRoutes InTruncatedPkts\n"
+    "IpExt: 0 0\n"
+)
 #: the server document's whole intervals, each once (its last, 3.000095-4.00008, is repeated)
 SERVER_BYTES = 3 * 25034752 + 24903680
 SERVER_SECONDS = 4.00008
@@ -144,13 +152,18 @@ class FakeNode:
     """A node whose `ss` shows a receiving socket (rate_bps) or a sending one (`sender`: a
     function of the time giving (congestion control, cwnd, ssthresh or None))."""
 
-    def __init__(self, name, clock, rate_bps=None, sender=None):
+    def __init__(self, name, clock, rate_bps=None, sender=None, timeouts=None):
         self.name, self.clock, self.rate, self.sender = name, clock, rate_bps, sender
+        self.timeouts = timeouts  # a function of the time: the namespace's TCPTimeouts
         self.calls, self.procs = [], []
         self.iperf3 = {}
 
     def run(self, argv, *, check=True, timeout=60, input=None, env=None):
         self.calls.append(list(argv))
+        if argv == tcpstream.NETSTAT_ARGV:
+            n = self.timeouts(self.clock.t) if self.timeouts else None
+            out = NETSTAT.replace("TIMEOUTS", str(n)) if n is not None else ""
+            return subprocess.CompletedProcess(argv, 0, out, "")
         out = ""
         if self.rate is not None:
             rate = self.rate(self.clock.t) if callable(self.rate) else self.rate
@@ -194,8 +207,9 @@ def test_a_steady_stream_is_stopped_with_sigint_once_the_rule_holds(fakes):
         ctx, argv, port=5201, reverse=False, rule=Rule(min_s=4), cap_s=300.0, omit_s=0.0,
         read_server_log=lambda: SERVER, files=files,
     )  # fmt: skip
-    # the client is asked for its sending socket's state once a second too
-    assert client.calls == [argv] + [ss_argv(5201, local=False)] * 5
+    # the client is asked for its sending socket's state and its namespace's TCP counters
+    # once a second too
+    assert client.calls == [argv] + [ss_argv(5201, local=False), tcpstream.NETSTAT_ARGV] * 5
     # the receiver (the server: the client sends) asked once a second: the first count is the
     # origin, four rates of exactly 100 Mbit/s reach min_s with a zero-width interval
     assert server.calls == [ss_argv(5201, local=True)] * 5
@@ -205,7 +219,11 @@ def test_a_steady_stream_is_stopped_with_sigint_once_the_rule_holds(fakes):
     assert why["requested_s"] == 300.0 and why["live_seconds"] == 4
     assert why["live_interval"]["mean"] == pytest.approx(100e6, rel=1e-6)
     assert why["ran_s"] == info["measured_s"] == pytest.approx(SERVER_SECONDS)
-    assert metrics["receiver_bps"] == pytest.approx(SERVER_BYTES * 8 / SERVER_SECONDS)
+    # the record holds the seconds the rule judged: the first live rate is iperf3's second
+    # second (the reading at 1 s was the byte count's origin), so its first is the warm-up
+    assert info["warmup_samples"] == 1 and metrics["warmup_s"] == pytest.approx(1.000084)
+    kept_s = SERVER_SECONDS - 1.000084
+    assert metrics["receiver_bps"] == pytest.approx((SERVER_BYTES - 25034752) * 8 / kept_s)
     assert [Path(f).suffix for f in files] == [".json"]
 
 
@@ -217,7 +235,8 @@ def test_reverse_reads_the_clients_sockets(fakes):
         omit_s=0.0, read_server_log=lambda: SERVER, files=[],
     )  # fmt: skip
     assert client.calls[1:] == [ss_argv(5202, local=False)] * 5
-    assert server.calls == [ss_argv(5202, local=True)] * 5  # the sender's state
+    # the sender's state and counters
+    assert server.calls == [ss_argv(5202, local=True), tcpstream.NETSTAT_ARGV] * 5
 
 
 def test_a_stream_the_rule_does_not_settle_runs_to_its_end_and_is_parsed_as_ever(fakes):
@@ -318,3 +337,75 @@ def test_a_stream_that_never_completes_a_cycle_runs_to_the_cap(fakes):
     assert client.procs[0].signals == []
     assert info["reason"] == "cap"
     assert info["cycles"]["held_s"] >= 4 and "0 congestion events of 2" in info["cycles"]["last"]
+
+
+def test_an_open_cycle_longer_than_every_closed_one_holds_the_stop():
+    # the s13 ipsec-aes128gcm run at 20 ms: slow start ended in a loss at 8 s, one more at 12 s,
+    # and at 18 s its window was still opening (per-second rates climbing 117 -> 144 Mbit/s)
+    def reading(t):
+        return (t, "cubic", 200 + 20 * t, None if t < 8 else 300 if t < 12 else 280)
+
+    c = _cycles(*[reading(t) for t in range(19)])
+    ok, why = c.settled(5)
+    assert not ok and why == (
+        "2 congestion events, but an open cycle of 6 s, longer than any closed one (4 s)"
+    )
+    assert c.event_times() == [8, 12]
+    # a third event at 30 s closes an 18-s cycle: the open one (0 s) is no longer the longest
+    c = _cycles(*[reading(t) for t in range(30)], (30, "cubic", 500, 350))
+    assert c.settled(5) == (True, "3 congestion events in the kept seconds")
+
+
+def test_the_timeout_counter_is_read_from_the_namespaces_netstat():
+    assert tcpstream.tcp_timeouts(NETSTAT.replace("TIMEOUTS", "42")) == 42
+    assert tcpstream.tcp_timeouts("IpExt: InNoRoutes\nIpExt: 0\n") is None
+    assert tcpstream.tcp_timeouts("TcpExt: DelayedACKs\nTcpExt: 3\n") is None  # no such counter
+    assert tcpstream.tcp_timeouts("") is None
+    t = tcpstream.Timeouts()
+    for when, n in ((1, 5), (2, 5), (3, 7), (4, None), (5, 7), (6, 8)):
+        t.add(when, n)
+    assert t.times(0) == [3, 6] and t.times(4) == [6]
+
+
+#: the s13 fixed run of baseline at 1 % loss (60 s, Mbit/s per second, the server's intervals):
+#: its slumps at 7, 18, 34 and 48 s are the retransmission timeouts' seconds
+LOSS_1PCT = [
+    544, 404, 519, 335, 510, 464, 580, 82, 556, 677, 450, 349, 595, 587, 614, 379, 425, 424, 189,
+    469, 448, 379, 452, 526, 300, 316, 548, 307, 439, 607, 603, 392, 465, 470, 281, 465, 352, 443,
+    584, 594, 522, 485, 550, 521, 484, 584, 372, 489, 254, 307, 345, 483, 450, 475, 546, 570, 514,
+    643, 513, 418,
+]  # fmt: skip
+
+
+def test_timeouts_hold_a_stop_until_their_count_pins_down_what_they_cost():
+    rule = Rule()  # +-5 % at 95 %
+    # the first 20 s hold two timeouts costing ~7 % of the mean: one more or less would move
+    # it by more than the target
+    ok, why = tcpstream.timeouts_settled(LOSS_1PCT[:20], [7, 18], rule=rule)
+    assert not ok and why.startswith("2 retransmission timeouts cost 7.")
+    # the whole minute, four of them: their cost (~4 %) is known to within the target
+    ok, why = tcpstream.timeouts_settled(LOSS_1PCT, [7, 18, 34, 48], rule=rule)
+    assert ok and why.startswith("4 retransmission timeouts cost 4.")
+    # none seen in the kept seconds holds nothing
+    assert tcpstream.timeouts_settled(LOSS_1PCT[20:30], [], rule=rule)[0]
+    # the same slumps weigh less in a wider target
+    assert tcpstream.timeouts_settled(LOSS_1PCT[:20], [7, 18], rule=Rule(rel_half_width=0.2))[0]
+
+
+def test_a_streams_timeouts_are_counted_in_the_seconds_the_rule_kept(fakes):
+    ctx, client, server = fakes
+
+    def cumulative(t):  # 100 Mbit/s, but 10 in the second from 11 to 12 s (a timeout at 12 s)
+        return 100e6 * t - 90e6 * min(max(t - 11, 0), 1)
+
+    server.rate = lambda t: cumulative(t) / t if t else 0.0
+    client.timeouts = lambda t: 5 if t < 12 else 6
+    metrics, info = tcpstream.run_streaming(
+        ctx, ["iperf3"], port=5201, reverse=False, rule=Rule(min_s=12, rel_half_width=0.2),
+        cap_s=300.0, omit_s=0.0, read_server_log=lambda: SERVER, files=[],
+    )  # fmt: skip
+    why = info["stopped_early_because"]
+    # 14 rates meet +-20 % (seven batches, one of them 55); the one timeout's second costs
+    # 90 / 1310 of the kept bytes, known to 1.96 x 6.9 % from one count: within the target
+    assert why["live_seconds"] == 14 and why["held_by_cycles_s"] == 0
+    assert why["timeouts"] == "1 retransmission timeouts cost 6.9 % of the mean (+-13.5 %)"

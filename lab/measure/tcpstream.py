@@ -30,7 +30,27 @@ on the sending node: congestion control, cwnd, ssthresh), and a stop also needs 
 seconds to hold MIN_EPOCHS congestion events (ssthresh set anew), or none and a window that
 did not grow (a flow held by its receive window or buffers, whose per-second rate is steady).
 BBR does not cycle on losses and is not held; without a sender reading the rule decides alone
-(the record says which).
+(the record says which). Two events are not yet a cycle's length when the window is still
+opening after the last of them: a stop also waits while the open cycle (seconds since the last
+event) is longer than every closed one seen (the ipsec case at 20 ms stopped 6 s into a cycle
+after one closed cycle of 4 s, its rate still climbing, 7 % above a 60-s run).
+
+**Rare events.** A retransmission timeout stalls a stream for a fraction of a second or more
+(RFC 6298: at least 200 ms here, doubled per backoff) and comes seldom, so a window that holds
+one or two of them does not know how often they come. The sender's namespace counts them
+(TcpExt TCPTimeouts in /proc/net/netstat, per network namespace), read each second with the
+socket; a stop waits while the seconds with a timeout in the kept window cost the mean more than
+their count can pin down: the deficit of those seconds (and the one before each) below the kept
+median, as a share f of the kept bytes, counted k times, is known to about z x f / sqrt(k)
+(a Poisson count's relative error 1 / sqrt(k)), and that must be within the rule's half-width.
+No timeout in the kept window holds nothing: a rate of rare events the window never saw cannot
+be judged from it (the record says how many there were).
+
+**The record is the rule's seconds.** After a stop the figures are iperf3's whole seconds from
+the first one the live rule kept (its warm-up, mapped to iperf3's clock by the first live
+reading's offset from the client's start), not a warm-up MSER-5 picks again on iperf3's own
+rates: the two picks differed (0 against 10 s for wireguard at 40 ms) and the record then
+showed a mean and an interval (+-5.4 %) the rule had not judged.
 
 A test the rule does not settle runs to the cap as one connection and is parsed as ever.
 Where ``ss`` is missing on the receiving node, lab.measure.adaptive.run_segments runs instead
@@ -39,8 +59,11 @@ Where ``ss`` is missing on the receiving node, lab.measure.adaptive.run_segments
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import re
+import statistics
 import signal
 import subprocess
 import time
@@ -52,7 +75,7 @@ from lab.core.node import Node
 from lab.measure.adaptive import adaptive_block, receiver_rates
 from lab.measure.base import Context, MeasurementFailed, collected, describe_failure
 from lab.measure.iperf3 import common_fields, parse_iperf3_tcp
-from lab.model.stoprule import Decision, Rule, evaluate, mser5
+from lab.model.stoprule import Decision, Rule, evaluate
 
 #: seconds between two ss samples: iperf3's -i 1, so one live rate per reported interval
 SAMPLE_S = 1.0
@@ -68,6 +91,9 @@ MIN_EPOCHS = 2
 STEADY_CWND_GROWTH = 1.05
 #: congestion controls that do not cycle on losses (their rate is not a sawtooth)
 MODEL_BASED_CC = frozenset({"bbr", "bbr2", "bbr3"})
+
+#: the sending node's TCP counters: TcpExt TCPTimeouts, retransmission timeouts (per namespace)
+NETSTAT_ARGV = ["cat", "/proc/net/netstat"]
 
 _BYTES_RECEIVED = re.compile(r"\bbytes_received:(\d+)")
 #: words ss -i prints before the congestion control's name
@@ -119,6 +145,59 @@ def sender_state(ss_text: str) -> SenderState | None:
     return best[1] if best else None
 
 
+def tcp_timeouts(netstat_text: str) -> int | None:
+    """TcpExt TCPTimeouts from /proc/net/netstat's text (a header line of names, then one of
+    values), None when the text has no such counter."""
+    rows = [line.split() for line in netstat_text.splitlines() if line.startswith("TcpExt:")]
+    if len(rows) < 2 or "TCPTimeouts" not in rows[0]:
+        return None
+    try:
+        return int(rows[1][rows[0].index("TCPTimeouts")])
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclass
+class Timeouts:
+    """The sending namespace's timeout counter, one reading a second."""
+
+    readings: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, t: float, count: int | None) -> None:
+        if count is not None:
+            self.readings.append((t, count))
+
+    def times(self, t0: float) -> list[float]:
+        """Readings from t0 on at which the counter had risen since the one before."""
+        return [
+            t
+            for (_, a), (t, b) in zip(self.readings, self.readings[1:], strict=False)
+            if t >= t0 and b > a
+        ]
+
+
+def timeouts_settled(rates: list[float], seconds: list[int], *, rule: Rule) -> tuple[bool, str]:
+    """Whether the kept per-second `rates` know what their retransmission timeouts cost: the
+    `seconds` (indices into rates) in which one fired, each with the second before it (the
+    stall precedes the timer), fall below the median by a share f of the kept bytes; k such
+    seconds pin it down to z x f / sqrt(k), which must be within the rule's half-width."""
+    k = len(seconds)
+    if not k:
+        return True, "no retransmission timeout in the kept seconds"
+    med = statistics.median(rates)
+    slump = {j for i in seconds for j in (i - 1, i) if 0 <= j < len(rates)}
+    share = sum(max(0.0, med - rates[j]) for j in slump) / (sum(rates) or 1.0)
+    z = statistics.NormalDist().inv_cdf(1 - (1 - rule.confidence) / 2)
+    err = z * share / math.sqrt(k)
+    cost = f"{k} retransmission timeouts cost {100 * share:.1f} % of the mean (+-{100 * err:.1f} %"
+    if err <= rule.rel_half_width:
+        return True, f"{cost})"
+    return (
+        False,
+        f"{cost}, more than +-{100 * rule.rel_half_width:g} %: too few to know their rate)",
+    )
+
+
 @dataclass
 class Cycles:
     """The sender's readings over the test, one per second: where its congestion events were."""
@@ -143,6 +222,15 @@ class Cycles:
         growth = last / first if first else None
         return events, growth
 
+    def event_times(self) -> list[float]:
+        """When each congestion event was read (ssthresh differing from the reading before)."""
+        out, prev = [], None
+        for i, (t, st) in enumerate(self.readings):
+            if i and st.ssthresh is not None and st.ssthresh != prev:
+                out.append(t)
+            prev = st.ssthresh
+        return out
+
     def settled(self, t0: float) -> tuple[bool, str]:
         """Whether the seconds from t0 on hold whole congestion cycles (see the module text)."""
         if not self.readings:
@@ -152,6 +240,14 @@ class Cycles:
             return True, f"{cc} does not cycle on losses"
         events, growth = self.since(t0)
         if events >= MIN_EPOCHS:
+            times = self.event_times()
+            closed = [b - a for a, b in zip(times, times[1:], strict=False)]
+            open_s = self.readings[-1][0] - times[-1]
+            if closed and open_s > max(closed):
+                return False, (
+                    f"{events} congestion events, but an open cycle of {open_s:.0f} s, longer "
+                    f"than any closed one ({max(closed):.0f} s)"
+                )
             return True, f"{events} congestion events in the kept seconds"
         if events == 0 and growth is not None and growth <= STEADY_CWND_GROWTH:
             return True, "no congestion event and a steady window (receive-window or buffer bound)"
@@ -187,6 +283,10 @@ class LiveSeries:
     @property
     def seconds(self) -> float:
         return len(self.rates) * SAMPLE_S
+
+    def index(self, t: float) -> int:
+        """The rate whose second ended at (or held) the reading time t (-1 before the first)."""
+        return bisect.bisect_left(self.starts, t) - 1
 
 
 def live_decision(series: LiveSeries, rule: Rule, cap_s: float) -> Decision:
@@ -343,7 +443,9 @@ def run_streaming(
     probe, sender_probe = ss_argv(port, local=not reverse), ss_argv(port, local=reverse)
     series = LiveSeries(omit_s=omit_s)
     cycles = Cycles()
+    timeouts = Timeouts()
     held_s, cycle_why = 0.0, "the interval never held"
+    rto_why = "the interval never held"
     mser = replace(rule, warmup_s=None)  # MSER-5 picks the warm-up, as for every adaptive test
     decision: Decision | None = None
     stopped = timed_out = False
@@ -363,15 +465,22 @@ def run_streaming(
                 time.sleep(max(0.0, tick - time.monotonic()))
                 cp = receiver.run(probe, check=False, timeout=10)
                 sp = sender.run(sender_probe, check=False, timeout=10)
+                np_ = sender.run(NETSTAT_ARGV, check=False, timeout=10)
                 if p.poll() is not None:
                     break  # the run ended meanwhile: its JSON is complete
                 now = time.monotonic()
                 series.add(now, bytes_received(cp.stdout))
                 cycles.add(now, sender_state(sp.stdout))
+                timeouts.add(now, tcp_timeouts(np_.stdout))
                 decision = live_decision(series, mser, cap_s)
                 if decision.stop and decision.reason == "ci":
-                    settled, cycle_why = cycles.settled(series.starts[decision.warmup_samples])
-                    if not settled:
+                    w = decision.warmup_samples
+                    settled, cycle_why = cycles.settled(series.starts[w])
+                    rto_at = [series.index(t) - w for t in timeouts.times(series.starts[w])]
+                    rto_ok, rto_why = timeouts_settled(
+                        series.rates[w:], [i for i in rto_at if i >= 0], rule=rule
+                    )
+                    if not (settled and rto_ok):
                         held_s += SAMPLE_S
                         continue
                     stopped = True
@@ -395,7 +504,7 @@ def run_streaming(
         d = replace(evaluate(rates, mser, elapsed_s=len(rates), cap_s=cap_s), reason="cap")
         info = adaptive_block("cap", d, rule, measured_s=cap_s, cap_s=cap_s, unit="bit/s")
         info.update(mechanism="stream", stopped_early=False, segments=1)
-        info["cycles"] = {"held_s": held_s, "last": cycle_why}
+        info["cycles"] = {"held_s": held_s, "last": cycle_why, "timeouts": rto_why}
         return metrics, info
     try:
         client_doc = json.loads(inv.stdout)
@@ -403,10 +512,14 @@ def run_streaming(
         raise MeasurementFailed(describe_failure(inv, "iperf3") + " (no JSON output)") from None
     server_doc = server_document(read_server_log)
     whole = receiver_rates(stopped_metrics(client_doc, server_doc))
-    drop = mser5(whole)  # the warm-up, picked on iperf3's own receiver rates
-    d = evaluate(whole[drop:], replace(rule, warmup_s=0.0), elapsed_s=len(whole), cap_s=cap_s)
-    d = replace(d, warmup_samples=drop)
+    # the seconds the rule kept: its warm-up, after the iperf3 seconds (omitted ones included)
+    # before the first live rate, whose reading was only the origin of the byte count
+    lead = max(0, round(series.starts[0] - t0)) if series.starts else 0
+    drop = max(0, min(len(whole) - 1, lead + (decision.warmup_samples if decision else 0)))
     metrics = stopped_metrics(client_doc, server_doc, warmup=drop)
+    kept = receiver_rates(metrics)
+    d = evaluate(kept, replace(rule, warmup_s=0.0), elapsed_s=len(whole), cap_s=cap_s)
+    d = replace(d, warmup_samples=drop)
     if not metrics["duration_s"]:
         raise MeasurementFailed("iperf3 was stopped before it reported a whole second")
     ran = metrics["duration_s"] + metrics["warmup_s"]
@@ -424,6 +537,7 @@ def run_streaming(
             ),
             "source": "ss bytes_received on the receiving node, every 1 s",
             "cycles": cycle_why,
+            "timeouts": rto_why,
             "held_by_cycles_s": held_s,
             "requested_s": cap_s,
             "ran_s": ran,
