@@ -119,6 +119,8 @@ def main() -> int:
         fig = iv["mean"]
         lo, hi = fig - iv["half_width"], fig + iv["half_width"]
         ad = runs["adaptive"]
+        # why it stopped (an early stop) or what held it to the cap (tcpstream)
+        why = ad["adaptive"].get("stopped_early_because") or ad["adaptive"].get("cycles") or {}
         row = {
             "profile": profile,
             "condition": cond,
@@ -136,9 +138,12 @@ def main() -> int:
             "ci_rel_pct": ad["ci_rel_pct"],
             "inside": lo <= ad["receiver_bps"] <= hi,
             # seconds the interval held but the sender's congestion cycles did not (tcpstream)
-            "held_by_cycles_s": (ad["adaptive"].get("stopped_early_because") or {}).get(
-                "held_by_cycles_s", (ad["adaptive"].get("cycles") or {}).get("held_s")
-            ),
+            "held_by_cycles_s": why.get("held_by_cycles_s", why.get("held_s")),
+            # the sender's retransmission timeouts over the run (TCPTimeouts), the last word
+            # of the cycle and timeout rules
+            "timeouts_in_run": why.get("timeouts_in_run"),
+            "cycles": why.get("cycles", why.get("last")),
+            "timeouts": why.get("timeouts"),
         }
         rows.append(row)
         dump.append({"row": row, "fixed": runs["fixed"], "adaptive": ad})

@@ -93,6 +93,8 @@ def test_long_tcp_stops_as_it_streams_with_figures_from_both_ends_json(shaped_pa
     why = rec["adaptive"]["stopped_early_because"]
     assert rec["adaptive"]["stopped_early"] and why["requested_s"] == cap
     assert why["live_interval"]["rel"] <= 0.10
+    # the sending namespace's timeout counter was read (a count, 0 or more, not None)
+    assert isinstance(why["timeouts_in_run"], int) and why["timeouts_in_run"] >= 0
 
     # what iperf3 itself was asked and printed: -t 300, stopped by SIGINT
     (client_file,) = [f for f in rec["raw_files"] if f.endswith(".json")]
@@ -110,9 +112,12 @@ def test_long_tcp_stops_as_it_streams_with_figures_from_both_ends_json(shaped_pa
     full = sorted((k, b) for k, b in ivs.items() if k[1] - k[0] >= 0.9)
     assert rec["measured_s"] == pytest.approx(sum(e - s for (s, e), _ in full))
     assert 4 <= rec["measured_s"] < cap
-    # the figures cover the seconds after the warm-up the rule dropped (a multiple of 5)
+    # the figures cover the seconds the live rule kept: iperf3's seconds before its first live
+    # rate (the first reading is the byte count's origin), then the warm-up MSER-5 dropped (a
+    # multiple of 5)
     drop = rec["adaptive"]["warmup_samples"]
-    assert drop % 5 == 0 and drop < len(full)
+    assert why["warmup_samples"] % 5 == 0 and why["lead_seconds"] >= 0
+    assert drop == why["lead_seconds"] + why["warmup_samples"] and drop < len(full)
     kept = full[drop:]
     secs = sum(e - s for (s, e), _ in kept)
     assert rec["receiver_bps"] == pytest.approx(sum(b for _, b in kept) * 8 / secs, rel=1e-9)

@@ -222,6 +222,7 @@ def test_a_steady_stream_is_stopped_with_sigint_once_the_rule_holds(fakes):
     # the record holds the seconds the rule judged: the first live rate is iperf3's second
     # second (the reading at 1 s was the byte count's origin), so its first is the warm-up
     assert info["warmup_samples"] == 1 and metrics["warmup_s"] == pytest.approx(1.000084)
+    assert why["lead_seconds"] == 1 and why["timeouts_in_run"] is None  # no counter read
     kept_s = SERVER_SECONDS - 1.000084
     assert metrics["receiver_bps"] == pytest.approx((SERVER_BYTES - 25034752) * 8 / kept_s)
     assert [Path(f).suffix for f in files] == [".json"]
@@ -323,6 +324,7 @@ def test_a_stream_whose_window_is_still_opening_runs_on_to_its_second_congestion
     assert why["live_seconds"] == 9
     assert why["held_by_cycles_s"] == 5
     assert why["cycles"] == "2 congestion events in the kept seconds"
+    assert why["events_at_s"] == [7.0, 10.0]  # when the record says the events were read
 
 
 def test_a_stream_that_never_completes_a_cycle_runs_to_the_cap(fakes):
@@ -409,3 +411,4 @@ def test_a_streams_timeouts_are_counted_in_the_seconds_the_rule_kept(fakes):
     # 90 / 1310 of the kept bytes, known to 1.96 x 6.9 % from one count: within the target
     assert why["live_seconds"] == 14 and why["held_by_cycles_s"] == 0
     assert why["timeouts"] == "1 retransmission timeouts cost 6.9 % of the mean (+-13.5 %)"
+    assert why["timeouts_in_run"] == 1 and why["timeouts_at_s"] == [12.0]

@@ -167,6 +167,10 @@ class Timeouts:
         if count is not None:
             self.readings.append((t, count))
 
+    def total(self) -> int | None:
+        """Timeouts over the readings (None without any)."""
+        return self.readings[-1][1] - self.readings[0][1] if self.readings else None
+
     def times(self, t0: float) -> list[float]:
         """Readings from t0 on at which the counter had risen since the one before."""
         return [
@@ -505,6 +509,11 @@ def run_streaming(
         info = adaptive_block("cap", d, rule, measured_s=cap_s, cap_s=cap_s, unit="bit/s")
         info.update(mechanism="stream", stopped_early=False, segments=1)
         info["cycles"] = {"held_s": held_s, "last": cycle_why, "timeouts": rto_why}
+        info["cycles"].update(
+            timeouts_in_run=timeouts.total(),
+            events_at_s=[round(t - t0, 1) for t in cycles.event_times()],
+            timeouts_at_s=[round(t - t0, 1) for t in timeouts.times(t0)],
+        )
         return metrics, info
     try:
         client_doc = json.loads(inv.stdout)
@@ -538,12 +547,18 @@ def run_streaming(
             "source": "ss bytes_received on the receiving node, every 1 s",
             "cycles": cycle_why,
             "timeouts": rto_why,
+            "timeouts_in_run": timeouts.total(),
+            # when the sender's congestion events and timeouts were read (s from the start)
+            "events_at_s": [round(t - t0, 1) for t in cycles.event_times()],
+            "timeouts_at_s": [round(t - t0, 1) for t in timeouts.times(t0)],
             "held_by_cycles_s": held_s,
             "requested_s": cap_s,
             "ran_s": ran,
             "live_seconds": series.seconds,
             "live_interval": live.to_json() if live is not None else None,
             "warmup_samples": decision.warmup_samples if decision else None,
+            # iperf3 seconds before the first live rate: the record drops these + the warm-up
+            "lead_seconds": lead,
         },
     )
     return metrics, info
