@@ -3,6 +3,7 @@
 
     sudo .venv/bin/python bench/adaptive_tcp.py [--fixed-s 60] [--cap-s 300] [--cases N]
     .venv/bin/python bench/adaptive_tcp.py --replay FILE --rel-pct 10 --out OUT  # no lab
+    .venv/bin/python bench/adaptive_tcp.py --recheck FILE  # what the check can show, no lab
 
 For each case (a study A profile at a study A impairment point, two Pi 4 emulations, tcp
 client-to-server, the plan's rule: +-5 % at 95 %, 10 s minimum) the test runs twice in the same
@@ -24,11 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import NormalDist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -71,9 +74,12 @@ def main() -> int:
     ap.add_argument("--rel-pct", type=float, help="adaptive leg's adaptive_rel_pct (the plan's)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--replay", type=Path, metavar="FILE", help="replay --rel-pct on FILE's legs")
+    ap.add_argument("--recheck", type=Path, metavar="FILE", help="what FILE's check can show")
     a = ap.parse_args()
     if a.replay:
         return replay(a)
+    if a.recheck:
+        return recheck(json.loads(a.recheck.read_text()))
     plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
     spec = preflight(plan)
     points = {p.name: p for p in plan.points}
@@ -203,6 +209,65 @@ def replay(a) -> int:
         f"replayed at +-{rel:g} % on {a.replay} (fixed {src['fixed_s']:g} s, cap {src['cap_s']:g} s)"
     )
     table(rows, src["cap_s"])
+    return 0
+
+
+def lag1(xs: list[float]) -> float:
+    """Lag-1 autocorrelation of a series (0 for a constant one)."""
+    m = sum(xs) / len(xs)
+    den = sum((x - m) ** 2 for x in xs)
+    return sum((a - m) * (b - m) for a, b in zip(xs, xs[1:], strict=False)) / den if den else 0.0
+
+
+def recheck(src: dict) -> int:
+    """What the check itself can show, from a run's records (nothing is run; the check and
+    its verdicts stay as they are):
+
+    - **replica**: the chance that a second run whose mean is the same as the fixed run's, with
+      the adaptive record's 95 % half-width h_a, lands inside the fixed run's interval
+      (half-width h_f): P(|Z| < 1.96 h_f / sqrt(h_f^2 + h_a^2)); summed over the cases, the
+      count of "inside" a perfect stop rule would expect, and the chance of at least 9 of 10;
+    - **rho1**: the lag-1 autocorrelation of the fixed run's 2-s batch means after its warm-up:
+      batch means need it near 0 (Law & Kelton); for an AR(1) series the t interval's
+      half-width is then short by sqrt((1 + rho1) / (1 - rho1));
+    - **difference**: whether adaptive - fixed lies within sqrt(h_f^2 + h_a^2), the two
+      independent runs' difference's own 95 % half-width."""
+    nd = NormalDist()
+    rows, ps = [], []
+    for case in src["cases"]:
+        row, fixed, ad = case["row"], case["fixed"], case["adaptive"]
+        ivs = whole_seconds(fixed["server_intervals"])
+        rates = [iv["bps"] for iv in ivs][int(fixed["adaptive"]["warmup_samples"]) :]
+        batches = [(a + b) / 2 for a, b in zip(rates[::2], rates[1::2], strict=False)]
+        rho = lag1(batches) if len(batches) > 2 else 0.0
+        hf = (row["high"] - row["low"]) / 2
+        ha_iv = ad["adaptive"].get("interval") or {}
+        ha = (ha_iv.get("half_width") or 0.0) * 1e-6
+        p = 2 * nd.cdf(1.959964 * hf / math.hypot(hf, ha)) - 1 if hf else 0.0
+        ps.append(p)
+        short = math.sqrt((1 + rho) / (1 - rho)) if 0 < rho < 1 else 1.0
+        diff = abs(row["adaptive"] - row["fixed"])
+        rows.append((row, rho, short, p, diff <= math.hypot(hf, ha), diff, math.hypot(hf, ha)))
+    print("| profile | point | inside | rho1 of the fixed batch means | its interval short by "
+          "| P(a same-mean run inside) | difference within its 95 % | adaptive - fixed |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for row, rho, short, p, ok, diff, hd in rows:
+        print(
+            f"| {row['profile']} | {row['condition']} | {'yes' if row['inside'] else 'NO'} | "
+            f"{rho:.2f} | x{short:.2f} | {p:.2f} | {'yes' if ok else 'no'} | "
+            f"{diff:.2f} of +-{hd:.2f} Mbit/s |"
+        )
+    # the chance of at least n - 1 of n, the cases' chances differing (Poisson binomial)
+    dist = [1.0]
+    for p in ps:
+        dist = [a * (1 - p) + (dist[i - 1] * p if i else 0.0) for i, a in enumerate(dist + [0.0])]
+    n = len(ps)
+    print(
+        f"\ninside: {sum(r[0]['inside'] for r in rows)}/{n}; a perfect rule (each adaptive run the "
+        f"fixed run's mean, its own interval) would expect {sum(ps):.1f}/{n}, at least {n - 1} of "
+        f"{n} with chance {sum(dist[n - 1 :]):.2f}; differences within their own 95 %: "
+        f"{sum(r[4] for r in rows)}/{n}"
+    )
     return 0
 
 
