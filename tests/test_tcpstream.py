@@ -412,3 +412,47 @@ def test_a_streams_timeouts_are_counted_in_the_seconds_the_rule_kept(fakes):
     assert why["live_seconds"] == 14 and why["held_by_cycles_s"] == 0
     assert why["timeouts"] == "1 retransmission timeouts cost 6.9 % of the mean (+-13.5 %)"
     assert why["timeouts_in_run"] == 1 and why["timeouts_at_s"] == [12.0]
+
+
+#: ss -tinH of a sending socket on this machine (iperf3 over loopback, kernel 6.18,
+#: iproute2 6.1): tcp_info's busy time and the part the receive window limited
+SENDER_BUSY = (
+    "0      655360 127.0.0.1:39956 127.0.0.1:5299\n"
+    "\t bbr wscale:10,10 rto:204 rtt:0.151/0.14 mss:65483 pmtu:65535 rcvmss:536 advmss:65483 "
+    "cwnd:22 ssthresh:21 bytes_sent:2927623487 bytes_retrans:392898 bytes_acked:2926575654 "
+    "segs_out:57851 delivered:57839 busy:1320ms rwnd_limited:80ms(6.1%) unacked:11 "
+    "retrans:0/6 dsack_dups:6 reordering:5 rcv_space:65495 notsent:424 minrtt:0.003\n"
+)
+
+
+def test_the_senders_busy_time_and_what_limited_it_are_read():
+    st = tcpstream.sender_state(SENDER_BUSY)
+    assert (st.cc, st.cwnd, st.ssthresh, st.busy_ms, st.limited_ms) == ("bbr", 22, 21, 1320, 80)
+    both = SENDER_BUSY.replace("rwnd_limited:80ms(6.1%)", "rwnd_limited:80ms(6.1%) "
+                               "sndbuf_limited:20ms(1.5%)")  # fmt: skip
+    assert tcpstream.sender_state(both).limited_ms == 100
+    # an older ss prints none of them: unknown, not zero
+    assert tcpstream.sender_state(SENDER_SS).busy_ms is None
+
+
+def _limited(share):
+    """Readings of a cubic sender without losses whose window doubles in 10 s, the receive
+    window limiting it `share` of each second's busy time."""
+    c = tcpstream.Cycles()
+    for t in range(11):
+        st = tcpstream.SenderState("cubic", 300 + 30 * t, None, 1000 * t, int(1000 * t * share))
+        c.add(t, st)
+    return c
+
+
+def test_a_growing_window_the_receiver_limits_settles_but_one_filling_a_queue_does_not():
+    # the s14 baseline at 80 ms: no loss, rate flat, cwnd still opening (held 45 s before)
+    ok, why = _limited(0.97).settled(0)
+    assert ok and why == (
+        "no congestion event; cwnd x2.00, but receive-window or send-buffer limited 97 % of "
+        "the kept seconds' busy time"
+    )
+    # the same window opening while nothing else limits it: a queue fills until a loss
+    ok, why = _limited(0.2).settled(0)
+    assert not ok and why == "0 congestion events of 2, cwnd x2.00"
+    assert _limited(0.2).limited_share(5) == pytest.approx(0.2, abs=1e-3)

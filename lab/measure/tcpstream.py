@@ -28,7 +28,12 @@ cycle looks narrow and says little (the openvpn case at 60 ms each way stopped a
 above a 60-s run: its window was still opening). So the sender's socket is read too (``ss``
 on the sending node: congestion control, cwnd, ssthresh), and a stop also needs the kept
 seconds to hold MIN_EPOCHS congestion events (ssthresh set anew), or none and a window that
-did not grow (a flow held by its receive window or buffers, whose per-second rate is steady).
+did not grow (a flow held by its receive window or buffers, whose per-second rate is steady),
+or grew while the receive window or the send buffer limited the sender (tcp_info's
+rwnd_limited + sndbuf_limited at least LIMITED_SHARE of its busy time over the kept seconds:
+cubic opens an unused window too, and the baseline at 80 ms, flat at 189 Mbit/s from its
+third second, waited 45 s for its window to stop growing). A window growing while the flow is
+not so limited (a queue filling at the bottleneck, rate flat until the loss) still holds it.
 BBR does not cycle on losses and is not held; without a sender reading the rule decides alone
 (the record says which). Two events are not yet a cycle's length when the window is still
 opening after the last of them: a stop also waits while the open cycle (seconds since the last
@@ -89,6 +94,9 @@ CLIENT_INTERRUPTED = "interrupt - the client has terminated"
 MIN_EPOCHS = 2
 #: a kept window without congestion events settles only if cwnd grew by at most this factor
 STEADY_CWND_GROWTH = 1.05
+#: a window that grew without congestion events settles when the receive window or the send
+#: buffer limited the sender at least this share of its busy time (the cwnd did not bind)
+LIMITED_SHARE = 0.9
 #: congestion controls that do not cycle on losses (their rate is not a sawtooth)
 MODEL_BASED_CC = frozenset({"bbr", "bbr2", "bbr3"})
 
@@ -99,6 +107,7 @@ _BYTES_RECEIVED = re.compile(r"\bbytes_received:(\d+)")
 #: words ss -i prints before the congestion control's name
 _SS_FLAGS = frozenset({"ts", "sack", "ecn", "ecnseen", "fastopen"})
 _SENDER_FIELD = re.compile(r"\b(cwnd|ssthresh|bytes_acked):(\d+)")
+_BUSY_FIELD = re.compile(r"\b(busy|rwnd_limited|sndbuf_limited):(\d+)ms")
 
 
 def ss_argv(port: int, *, local: bool) -> list[str]:
@@ -122,6 +131,10 @@ class SenderState:
     cc: str | None
     cwnd: int
     ssthresh: int | None  # None until the first congestion event
+    #: tcp_info's busy time and the part of it the receive window or send buffer limited (ms,
+    #: cumulative; None where ss does not print them)
+    busy_ms: int | None = None
+    limited_ms: int | None = None
 
 
 def sender_state(ss_text: str) -> SenderState | None:
@@ -136,8 +149,15 @@ def sender_state(ss_text: str) -> SenderState | None:
         # ss prints the socket's flags (ts, sack, ecn, ...) before the congestion control
         words = [w for w in line.split() if ":" not in w and w not in _SS_FLAGS]
         cc = words[0] if words else None
+        busy = dict(_BUSY_FIELD.findall(line))
         st = SenderState(
-            cc, int(fields["cwnd"]), int(fields["ssthresh"]) if "ssthresh" in fields else None
+            cc,
+            int(fields["cwnd"]),
+            int(fields["ssthresh"]) if "ssthresh" in fields else None,
+            int(busy["busy"]) if "busy" in busy else None,
+            sum(int(busy.get(k, 0)) for k in ("rwnd_limited", "sndbuf_limited"))
+            if "busy" in busy
+            else None,
         )
         acked = int(fields.get("bytes_acked", 0))
         if best is None or acked > best[0]:
@@ -235,6 +255,15 @@ class Cycles:
             prev = st.ssthresh
         return out
 
+    def limited_share(self, t0: float) -> float | None:
+        """The share of the sender's busy time from t0 on that the receive window or the send
+        buffer limited (tcp_info's busy/rwnd_limited/sndbuf_limited, as ss prints them);
+        None without those counters or busy time."""
+        kept = [st for t, st in self.readings if t >= t0 and st.busy_ms is not None]
+        if len(kept) < 2 or kept[-1].busy_ms <= kept[0].busy_ms:
+            return None
+        return (kept[-1].limited_ms - kept[0].limited_ms) / (kept[-1].busy_ms - kept[0].busy_ms)
+
     def settled(self, t0: float) -> tuple[bool, str]:
         """Whether the seconds from t0 on hold whole congestion cycles (see the module text)."""
         if not self.readings:
@@ -255,6 +284,14 @@ class Cycles:
             return True, f"{events} congestion events in the kept seconds"
         if events == 0 and growth is not None and growth <= STEADY_CWND_GROWTH:
             return True, "no congestion event and a steady window (receive-window or buffer bound)"
+        share = self.limited_share(t0)
+        if events == 0 and growth is not None and share is not None and share >= LIMITED_SHARE:
+            # the window grew, but the receiver's window or the send buffer held the flow: an
+            # unused congestion window opens without filling a queue (cubic grows it anyway)
+            return True, (
+                f"no congestion event; cwnd x{growth:.2f}, but receive-window or send-buffer "
+                f"limited {100 * share:.0f} % of the kept seconds' busy time"
+            )
         grew = f", cwnd x{growth:.2f}" if growth is not None else ""
         return False, f"{events} congestion events of {MIN_EPOCHS}{grew}"
 
