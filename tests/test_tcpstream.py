@@ -341,7 +341,7 @@ def test_a_stream_that_never_completes_a_cycle_runs_to_the_cap(fakes):
     assert info["cycles"]["held_s"] >= 4 and "0 congestion events of 2" in info["cycles"]["last"]
 
 
-def test_an_open_cycle_longer_than_every_closed_one_holds_the_stop():
+def test_a_stop_comes_at_a_cycles_end():
     # the s13 ipsec-aes128gcm run at 20 ms: slow start ended in a loss at 8 s, one more at 12 s,
     # and at 18 s its window was still opening (per-second rates climbing 117 -> 144 Mbit/s)
     def reading(t):
@@ -350,12 +350,17 @@ def test_an_open_cycle_longer_than_every_closed_one_holds_the_stop():
     c = _cycles(*[reading(t) for t in range(19)])
     ok, why = c.settled(5)
     assert not ok and why == (
-        "2 congestion events, but an open cycle of 6 s, longer than any closed one (4 s)"
+        "2 congestion events, but 6 s into an open cycle (a stop comes at a cycle's end)"
     )
     assert c.event_times() == [8, 12]
-    # a third event at 30 s closes an 18-s cycle: the open one (0 s) is no longer the longest
+    # on the reading of the third event (30 s) the kept seconds end with a whole cycle, and on
+    # the next; two readings later the next cycle is open again
     c = _cycles(*[reading(t) for t in range(30)], (30, "cubic", 500, 350))
     assert c.settled(5) == (True, "3 congestion events in the kept seconds")
+    c.add(31, tcpstream.SenderState("cubic", 510, 350))
+    assert c.settled(5)[0]
+    c.add(32, tcpstream.SenderState("cubic", 520, 350))
+    assert not c.settled(5)[0]
 
 
 def test_the_timeout_counter_is_read_from_the_namespaces_netstat():
