@@ -41,8 +41,8 @@ rates where the window was cut, or a window still opening (the ipsec case at 20 
 6 s into a cycle, its rate climbing, 7 % above a 60-s run; openvpn at 60 ms 6 s after a cut,
 its rate at the bottom, 12 % below its 60-s run's interval).
 
-**Rare events.** A retransmission timeout stalls a stream for a fraction of a second or more
-(RFC 6298: at least 200 ms here, doubled per backoff) and comes seldom, so a window that holds
+**Retransmission timeouts.** A timeout stalls a stream for a fraction of a second or more
+(RFC 6298: at least 200 ms here, doubled per backoff); where they are few, a window that holds
 one or two of them does not know how often they come. The sender's namespace counts them
 (TcpExt TCPTimeouts in /proc/net/netstat, per network namespace), read each second with the
 socket; a stop waits while the seconds with a timeout in the kept window cost the mean more than
@@ -509,13 +509,13 @@ def run_streaming(
                 time.sleep(max(0.0, tick - time.monotonic()))
                 cp = receiver.run(probe, check=False, timeout=10)
                 sp = sender.run(sender_probe, check=False, timeout=10)
-                np_ = sender.run(NETSTAT_ARGV, check=False, timeout=10)
+                tp = sender.run(NETSTAT_ARGV, check=False, timeout=10)
                 if p.poll() is not None:
                     break  # the run ended meanwhile: its JSON is complete
                 now = time.monotonic()
                 series.add(now, bytes_received(cp.stdout))
                 cycles.add(now, sender_state(sp.stdout))
-                timeouts.add(now, tcp_timeouts(np_.stdout))
+                timeouts.add(now, tcp_timeouts(tp.stdout))
                 decision = live_decision(series, mser, cap_s)
                 if decision.stop and decision.reason == "ci":
                     w = decision.warmup_samples
@@ -548,12 +548,14 @@ def run_streaming(
         d = replace(evaluate(rates, mser, elapsed_s=len(rates), cap_s=cap_s), reason="cap")
         info = adaptive_block("cap", d, rule, measured_s=cap_s, cap_s=cap_s, unit="bit/s")
         info.update(mechanism="stream", stopped_early=False, segments=1)
-        info["cycles"] = {"held_s": held_s, "last": cycle_why, "timeouts": rto_why}
-        info["cycles"].update(
-            timeouts_in_run=timeouts.total(),
-            events_at_s=[round(t - t0, 1) for t in cycles.event_times()],
-            timeouts_at_s=[round(t - t0, 1) for t in timeouts.times(t0)],
-        )
+        info["cycles"] = {
+            "held_s": held_s,
+            "last": cycle_why,
+            "timeouts": rto_why,
+            "timeouts_in_run": timeouts.total(),
+            "events_at_s": [round(t - t0, 1) for t in cycles.event_times()],
+            "timeouts_at_s": [round(t - t0, 1) for t in timeouts.times(t0)],
+        }
         return metrics, info
     try:
         client_doc = json.loads(inv.stdout)
