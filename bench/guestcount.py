@@ -187,7 +187,7 @@ def arguments(doc: str) -> argparse.Namespace:
 
 def guest_log(a: argparse.Namespace, tag: str, userland: Callable[[], Path],
               script: Callable[[list[str]], str], modules: tuple[str, ...],
-              files: dict[str, bytes] | None = None) -> str:  # fmt: skip
+              files: dict[str, bytes] | None = None, smp: int = 1) -> str:  # fmt: skip
     """The guest's console log, RUNS/STAMP-TAG.log: with --from-log the newest saved one, else
     a new boot's (root: apt's private download into the cache). `userland()` fetches the root
     to unpack into the initramfs; `script(module file names)` is the guest's /init. The log's
@@ -211,7 +211,7 @@ def guest_log(a: argparse.Namespace, tag: str, userland: Callable[[], Path],
             initrd = Path(td) / "initrd"
             build_initramfs(kroot, release, root, loops, script(mods), initrd, modules, files)
             text = kc.boot(ARCH, kroot, release, initrd, RUNS / f"{stamp}-{tag}.log", ARCH.cpu,
-                           a.timeout)  # fmt: skip
+                           a.timeout, smp)  # fmt: skip
     for line in text.splitlines():
         if FAILED.search(line):
             kc.log(line.strip())

@@ -375,14 +375,18 @@ def build_initramfs(arch: Arch, kroot: Path, uroot: Path, release: str, script: 
 
 # --- run -------------------------------------------------------------------------------------
 def boot(arch: Arch, kroot: Path, release: str, initrd: Path, log_path: Path, cpu: str,
-         timeout: float) -> str:  # fmt: skip
+         timeout: float, smp: int = 1) -> str:  # fmt: skip
+    """Boot the guest, its console into `log_path`. One CPU runs under `-icount shift=0` (a
+    guest nanosecond is an instruction: the counts); several (`smp`) run multi-threaded TCG
+    without icount, which counts nothing (icount's round robin over several CPUs stalls this
+    kernel's boot: soft lockups) but lets them run at once (bench/kernel_tcp.py's ordering)."""
     kernel = kroot / "boot" / f"vmlinuz-{release}"
     qemu = shutil.which(arch.qemu)
     if not qemu:
         raise SystemExit(f"{arch.qemu} missing: apt-get install qemu-system-arm")
     argv = [
-        qemu, "-M", arch.machine, "-cpu", cpu, "-smp", "1", "-m", "512",
-        "-icount", "shift=0", "-accel", "tcg",
+        qemu, "-M", arch.machine, "-cpu", cpu, "-smp", str(smp), "-m", "512",
+        *(("-icount", "shift=0", "-accel", "tcg") if smp == 1 else ("-accel", "tcg,thread=multi")),
         "-kernel", str(kernel), "-initrd", str(initrd),
         "-append", "console=ttyAMA0 panic=-1 quiet",
         "-display", "none", "-monitor", "none", "-serial", f"file:{log_path}",
