@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab.measure import tcpstream
+from lab.measure import tcpsender, tcpstream
 from lab.measure.base import Context, MeasurementFailed
 from lab.measure.tcpstream import (
     LiveSeries,
@@ -160,7 +160,7 @@ class FakeNode:
 
     def run(self, argv, *, check=True, timeout=60, input=None, env=None):
         self.calls.append(list(argv))
-        if argv == tcpstream.NETSTAT_ARGV:
+        if argv == tcpsender.NETSTAT_ARGV:
             n = self.timeouts(self.clock.t) if self.timeouts else None
             out = NETSTAT.replace("TIMEOUTS", str(n)) if n is not None else ""
             return subprocess.CompletedProcess(argv, 0, out, "")
@@ -209,7 +209,7 @@ def test_a_steady_stream_is_stopped_with_sigint_once_the_rule_holds(fakes):
     )  # fmt: skip
     # the client is asked for its sending socket's state and its namespace's TCP counters
     # once a second too
-    assert client.calls == [argv] + [ss_argv(5201, local=False), tcpstream.NETSTAT_ARGV] * 5
+    assert client.calls == [argv] + [ss_argv(5201, local=False), tcpsender.NETSTAT_ARGV] * 5
     # the receiver (the server: the client sends) asked once a second: the first count is the
     # origin, four rates of exactly 100 Mbit/s reach min_s with a zero-width interval
     assert server.calls == [ss_argv(5201, local=True)] * 5
@@ -237,7 +237,7 @@ def test_reverse_reads_the_clients_sockets(fakes):
     )  # fmt: skip
     assert client.calls[1:] == [ss_argv(5202, local=False)] * 5
     # the sender's state and counters
-    assert server.calls == [ss_argv(5202, local=True), tcpstream.NETSTAT_ARGV] * 5
+    assert server.calls == [ss_argv(5202, local=True), tcpsender.NETSTAT_ARGV] * 5
 
 
 def test_a_stream_the_rule_does_not_settle_runs_to_its_end_and_is_parsed_as_ever(fakes):
@@ -266,20 +266,20 @@ SENDER_SS = """0 0 10.0.0.1:40000 10.0.0.2:5201
 
 
 def test_the_senders_state_is_the_data_connections_not_the_control_ones():
-    st = tcpstream.sender_state(SENDER_SS)
-    assert st == tcpstream.SenderState("cubic", 612, 430)
-    assert tcpstream.sender_state(SENDER_SS.replace(" ssthresh:430", "")).ssthresh is None
-    assert tcpstream.sender_state("") is None
+    st = tcpsender.sender_state(SENDER_SS)
+    assert st == tcpsender.SenderState("cubic", 612, 430)
+    assert tcpsender.sender_state(SENDER_SS.replace(" ssthresh:430", "")).ssthresh is None
+    assert tcpsender.sender_state("") is None
     # with timestamps and SACK, ss names them before the congestion control
     bbr = SENDER_SS.replace("\t cubic wscale", "\t ts sack bbr wscale")
-    assert tcpstream.sender_state(bbr).cc == "bbr"
-    assert tcpstream.sender_state("0 0 a:1 b:2\n\t bytes_received:5\n") is None
+    assert tcpsender.sender_state(bbr).cc == "bbr"
+    assert tcpsender.sender_state("0 0 a:1 b:2\n\t bytes_received:5\n") is None
 
 
 def _cycles(*readings):
-    c = tcpstream.Cycles()
+    c = tcpsender.Cycles()
     for t, cc, cwnd, thr in readings:
-        c.add(t, tcpstream.SenderState(cc, cwnd, thr))
+        c.add(t, tcpsender.SenderState(cc, cwnd, thr))
     return c
 
 
@@ -302,7 +302,7 @@ def test_a_window_that_opens_without_losses_is_not_settled_but_a_steady_one_is()
 
 def test_bbr_and_a_sender_without_readings_leave_the_decision_to_the_interval():
     assert _cycles(*[(t, "bbr", 100 + 50 * t, None) for t in range(5)]).settled(0)[0]
-    ok, why = tcpstream.Cycles().settled(0)
+    ok, why = tcpsender.Cycles().settled(0)
     assert ok and "no sender reading" in why
 
 
@@ -357,18 +357,18 @@ def test_a_stop_comes_at_a_cycles_end():
     # the next; two readings later the next cycle is open again
     c = _cycles(*[reading(t) for t in range(30)], (30, "cubic", 500, 350))
     assert c.settled(5) == (True, "3 congestion events in the kept seconds")
-    c.add(31, tcpstream.SenderState("cubic", 510, 350))
+    c.add(31, tcpsender.SenderState("cubic", 510, 350))
     assert c.settled(5)[0]
-    c.add(32, tcpstream.SenderState("cubic", 520, 350))
+    c.add(32, tcpsender.SenderState("cubic", 520, 350))
     assert not c.settled(5)[0]
 
 
 def test_the_timeout_counter_is_read_from_the_namespaces_netstat():
-    assert tcpstream.tcp_timeouts(NETSTAT.replace("TIMEOUTS", "42")) == 42
-    assert tcpstream.tcp_timeouts("IpExt: InNoRoutes\nIpExt: 0\n") is None
-    assert tcpstream.tcp_timeouts("TcpExt: DelayedACKs\nTcpExt: 3\n") is None  # no such counter
-    assert tcpstream.tcp_timeouts("") is None
-    t = tcpstream.Timeouts()
+    assert tcpsender.tcp_timeouts(NETSTAT.replace("TIMEOUTS", "42")) == 42
+    assert tcpsender.tcp_timeouts("IpExt: InNoRoutes\nIpExt: 0\n") is None
+    assert tcpsender.tcp_timeouts("TcpExt: DelayedACKs\nTcpExt: 3\n") is None  # no such counter
+    assert tcpsender.tcp_timeouts("") is None
+    t = tcpsender.Timeouts()
     for when, n in ((1, 5), (2, 5), (3, 7), (4, None), (5, 7), (6, 8)):
         t.add(when, n)
     assert t.times(0) == [3, 6] and t.times(4) == [6]
@@ -388,15 +388,15 @@ def test_timeouts_hold_a_stop_until_their_count_pins_down_what_they_cost():
     rule = Rule()  # +-5 % at 95 %
     # the first 20 s hold two timeouts costing ~7 % of the mean: one more or less would move
     # it by more than the target
-    ok, why = tcpstream.timeouts_settled(LOSS_1PCT[:20], [7, 18], rule=rule)
+    ok, why = tcpsender.timeouts_settled(LOSS_1PCT[:20], [7, 18], rule=rule)
     assert not ok and why.startswith("2 retransmission timeouts cost 7.")
     # the whole minute, four of them: their cost (~4 %) is known to within the target
-    ok, why = tcpstream.timeouts_settled(LOSS_1PCT, [7, 18, 34, 48], rule=rule)
+    ok, why = tcpsender.timeouts_settled(LOSS_1PCT, [7, 18, 34, 48], rule=rule)
     assert ok and why.startswith("4 retransmission timeouts cost 4.")
     # none seen in the kept seconds holds nothing
-    assert tcpstream.timeouts_settled(LOSS_1PCT[20:30], [], rule=rule)[0]
+    assert tcpsender.timeouts_settled(LOSS_1PCT[20:30], [], rule=rule)[0]
     # the same slumps weigh less in a wider target
-    assert tcpstream.timeouts_settled(LOSS_1PCT[:20], [7, 18], rule=Rule(rel_half_width=0.2))[0]
+    assert tcpsender.timeouts_settled(LOSS_1PCT[:20], [7, 18], rule=Rule(rel_half_width=0.2))[0]
 
 
 def test_a_streams_timeouts_are_counted_in_the_seconds_the_rule_kept(fakes):
@@ -431,21 +431,21 @@ SENDER_BUSY = (
 
 
 def test_the_senders_busy_time_and_what_limited_it_are_read():
-    st = tcpstream.sender_state(SENDER_BUSY)
+    st = tcpsender.sender_state(SENDER_BUSY)
     assert (st.cc, st.cwnd, st.ssthresh, st.busy_ms, st.limited_ms) == ("bbr", 22, 21, 1320, 80)
     both = SENDER_BUSY.replace("rwnd_limited:80ms(6.1%)", "rwnd_limited:80ms(6.1%) "
                                "sndbuf_limited:20ms(1.5%)")  # fmt: skip
-    assert tcpstream.sender_state(both).limited_ms == 100
+    assert tcpsender.sender_state(both).limited_ms == 100
     # an older ss prints none of them: unknown, not zero
-    assert tcpstream.sender_state(SENDER_SS).busy_ms is None
+    assert tcpsender.sender_state(SENDER_SS).busy_ms is None
 
 
 def _limited(share):
     """Readings of a cubic sender without losses whose window doubles in 10 s, the receive
     window limiting it `share` of each second's busy time."""
-    c = tcpstream.Cycles()
+    c = tcpsender.Cycles()
     for t in range(11):
-        st = tcpstream.SenderState("cubic", 300 + 30 * t, None, 1000 * t, int(1000 * t * share))
+        st = tcpsender.SenderState("cubic", 300 + 30 * t, None, 1000 * t, int(1000 * t * share))
         c.add(t, st)
     return c
 
