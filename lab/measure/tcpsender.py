@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import statistics
 from dataclasses import dataclass, field
 
@@ -30,6 +31,13 @@ MODEL_BASED_CC = frozenset({"bbr", "bbr2", "bbr3"})
 
 #: the sending node's TCP counters: TcpExt TCPTimeouts, retransmission timeouts (per namespace)
 NETSTAT_ARGV = ["cat", "/proc/net/netstat"]
+
+
+def sender_argv(ss: list[str]) -> list[str]:
+    """One command a second on the sending node (one SSH round trip on a board): its socket's
+    `ss` listing, then its namespace's counters; sender_state and tcp_timeouts each read their
+    own lines of the output."""
+    return ["sh", "-c", f"{shlex.join(ss)}; {shlex.join(NETSTAT_ARGV)}"]
 
 
 #: words ss -i prints before the congestion control's name
@@ -147,21 +155,14 @@ class Cycles:
             self.readings.append((t, state))
 
     def since(self, t0: float) -> tuple[int, float | None]:
-        """(congestion events, cwnd growth factor) over the readings from time t0 on; an event
-        is a reading whose ssthresh differs from the one before (the first set counts)."""
-        events, prev, first, last = 0, None, None, None
-        for i, (t, st) in enumerate(self.readings):
-            if i and t >= t0 and st.ssthresh is not None and st.ssthresh != prev:
-                events += 1
-            prev = st.ssthresh
-            if t >= t0:
-                first = st.cwnd if first is None else first
-                last = st.cwnd
-        growth = last / first if first else None
-        return events, growth
+        """(congestion events, cwnd growth factor) over the readings from time t0 on."""
+        events = sum(1 for t in self.event_times() if t >= t0)
+        kept = [st.cwnd for t, st in self.readings if t >= t0]
+        return events, (kept[-1] / kept[0] if kept and kept[0] else None)
 
     def event_times(self) -> list[float]:
-        """When each congestion event was read (ssthresh differing from the reading before)."""
+        """When each congestion event was read: a reading whose ssthresh differs from the one
+        before (the first set counts)."""
         out, prev = [], None
         for i, (t, st) in enumerate(self.readings):
             if i and st.ssthresh is not None and st.ssthresh != prev:

@@ -81,8 +81,8 @@ from lab.measure.base import Context, MeasurementFailed, collected, describe_fai
 from lab.measure.iperf3 import common_fields, parse_iperf3_tcp
 from lab.measure.tcpsender import (
     Cycles,
-    NETSTAT_ARGV,
     Timeouts,
+    sender_argv,
     sender_state,
     tcp_timeouts,
     timeouts_settled,
@@ -298,7 +298,10 @@ def run_streaming(
     """Run the client (argv asks -t cap_s), sampling the receiver's bytes every second; SIGINT
     it when the rule holds. Returns (metrics, adaptive) like run_segments."""
     receiver, sender = (ctx.client, ctx.server) if reverse else (ctx.server, ctx.client)
-    probe, sender_probe = ss_argv(port, local=not reverse), ss_argv(port, local=reverse)
+    probe, sender_probe = (
+        ss_argv(port, local=not reverse),
+        sender_argv(ss_argv(port, local=reverse)),
+    )
     series = LiveSeries(omit_s=omit_s)
     cycles = Cycles()
     timeouts = Timeouts()
@@ -323,13 +326,12 @@ def run_streaming(
                 time.sleep(max(0.0, tick - time.monotonic()))
                 cp = receiver.run(probe, check=False, timeout=10)
                 sp = sender.run(sender_probe, check=False, timeout=10)
-                tp = sender.run(NETSTAT_ARGV, check=False, timeout=10)
                 if p.poll() is not None:
                     break  # the run ended meanwhile: its JSON is complete
                 now = time.monotonic()
                 series.add(now, bytes_received(cp.stdout))
                 cycles.add(now, sender_state(sp.stdout))
-                timeouts.add(now, tcp_timeouts(tp.stdout))
+                timeouts.add(now, tcp_timeouts(sp.stdout))
                 decision = live_decision(series, mser, cap_s)
                 if decision.stop and decision.reason == "ci":
                     w = decision.warmup_samples
