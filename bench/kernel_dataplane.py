@@ -83,6 +83,18 @@ ESP = (
 )  # fmt: skip
 
 
+#: kernel WireGuard between a (10.1.0.1) and b (10.1.0.2) over the veth pair, fixed throwaway
+#: keys; wg0 left down (its MTU is the caller's)
+WG_PAIR = (
+    "echo 'aCq3OTE0NDEkbWl4ZWR0ZXN0a2V5a2V5a2V5a2V5a2U=' > /run/ka; echo 'SGVsbG9Xb3JsZEhlbGxvV29ybGRIZWxsb1dvcmxkISE=' > /run/kb",
+    "/bin/ip -n a link add wg0 type wireguard; /bin/ip -n b link add wg0 type wireguard || echo @@WG_FAILED",
+    "PA=$(/usr/bin/wg pubkey < /run/ka); PB=$(/usr/bin/wg pubkey < /run/kb)",
+    "/bin/ip netns exec a /usr/bin/wg set wg0 private-key /run/ka listen-port 51820 peer $PB endpoint 10.0.0.2:51820 allowed-ips 10.1.0.2/32",
+    "/bin/ip netns exec b /usr/bin/wg set wg0 private-key /run/kb listen-port 51820 peer $PA endpoint 10.0.0.1:51820 allowed-ips 10.1.0.1/32",
+    "/bin/ip -n a addr add 10.1.0.1/24 dev wg0; /bin/ip -n b addr add 10.1.0.2/24 dev wg0",
+)  # fmt: skip
+
+
 def guest_script(mods: list[str], n: int) -> str:
     sh = [gc.GUEST_HEAD]
     for m in mods:
@@ -122,12 +134,7 @@ measure() {{
         ]  # fmt: skip
     sh += [
         "/bin/ip -n a xfrm state flush; /bin/ip -n b xfrm state flush; /bin/ip -n a xfrm policy flush; /bin/ip -n b xfrm policy flush",
-        "echo 'aCq3OTE0NDEkbWl4ZWR0ZXN0a2V5a2V5a2V5a2V5a2U=' > /run/ka; echo 'SGVsbG9Xb3JsZEhlbGxvV29ybGRIZWxsb1dvcmxkISE=' > /run/kb",
-        "/bin/ip -n a link add wg0 type wireguard; /bin/ip -n b link add wg0 type wireguard || echo @@WG_FAILED",
-        "PA=$(/usr/bin/wg pubkey < /run/ka); PB=$(/usr/bin/wg pubkey < /run/kb)",
-        "/bin/ip netns exec a /usr/bin/wg set wg0 private-key /run/ka listen-port 51820 peer $PB endpoint 10.0.0.2:51820 allowed-ips 10.1.0.2/32",
-        "/bin/ip netns exec b /usr/bin/wg set wg0 private-key /run/kb listen-port 51820 peer $PA endpoint 10.0.0.1:51820 allowed-ips 10.1.0.1/32",
-        "/bin/ip -n a addr add 10.1.0.1/24 dev wg0; /bin/ip -n b addr add 10.1.0.2/24 dev wg0",
+        *WG_PAIR,
         # wg0's default MTU (1420) would fragment a 1428-byte inner packet into two; 1440 keeps
         # it whole (1440 padded + 32 of WireGuard + 28 of UDP/IP = the veth's 1500)
         "/bin/ip -n a link set wg0 mtu 1440 up; /bin/ip -n b link set wg0 mtu 1440 up",

@@ -118,15 +118,7 @@ measure() {{
         sh += [*esp_both_ways(algo), f"measure {name} 10.0.0.2"]
     sh += [
         FLUSH,
-        "echo 'aCq3OTE0NDEkbWl4ZWR0ZXN0a2V5a2V5a2V5a2V5a2U=' > /run/ka;"
-        " echo 'SGVsbG9Xb3JsZEhlbGxvV29ybGRIZWxsb1dvcmxkISE=' > /run/kb",
-        "/bin/ip -n a link add wg0 type wireguard; /bin/ip -n b link add wg0 type wireguard || echo @@WG_FAILED",
-        "PA=$(/usr/bin/wg pubkey < /run/ka); PB=$(/usr/bin/wg pubkey < /run/kb)",
-        "/bin/ip netns exec a /usr/bin/wg set wg0 private-key /run/ka listen-port 51820 peer $PB"
-        " endpoint 10.0.0.2:51820 allowed-ips 10.1.0.2/32",
-        "/bin/ip netns exec b /usr/bin/wg set wg0 private-key /run/kb listen-port 51820 peer $PA"
-        " endpoint 10.0.0.1:51820 allowed-ips 10.1.0.1/32",
-        "/bin/ip -n a addr add 10.1.0.1/24 dev wg0; /bin/ip -n b addr add 10.1.0.2/24 dev wg0",
+        *kd.WG_PAIR,
         "/bin/ip -n a link set wg0 up; /bin/ip -n b link set wg0 up",
         "measure wireguard 10.1.0.2",
         "echo @@DONE",
