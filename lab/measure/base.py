@@ -17,7 +17,7 @@ import ipaddress
 import subprocess
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -335,27 +335,42 @@ def invoke(
     label: str,
     timeout: float,
     suffix: str = ".txt",
+    progress: Callable[[], bool] | None = None,
+    max_timeout: float | None = None,
+    step_s: float = 2.0,
 ) -> Invocation:
     """Run argv on `node`, streaming stdout into a fresh raw file as it arrives.
 
     stderr goes to ``<same name>.stderr``, kept only when non-empty. Never raises on a non-zero
     exit or a time-out (the caller turns them into a failed record); the process is killed and
     reaped on time-out so nothing outlives the test.
+
+    `progress`: asked when `timeout` has passed, then every `step_s`; while it answers True
+    (the run still moves, e.g. its receiver still receives) the wait goes on, up to
+    `max_timeout` seconds in all.
     """
     argv = [str(a) for a in argv]
     out_path = ctx.next_raw(label, suffix)
     err_path = out_path.with_suffix(out_path.suffix + ".stderr")
     timed_out = False
     t0 = time.monotonic()
+    deadline, last = t0 + timeout, t0 + max(timeout, max_timeout or 0.0)
     with open(out_path, "w") as out, open(err_path, "w") as err:
         out.write("")  # the file exists even if the tool never writes
         p = node.popen(argv, stdout=out, stderr=err)
-        try:
-            p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            p.kill()
-            p.wait()
+        while True:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                break
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                if progress is not None and now < last and progress():
+                    deadline = min(now + step_s, last)
+                    continue
+                timed_out = True
+                p.kill()
+                p.wait()
+                break
     return collected(argv, p.returncode, out_path, err_path, timed_out, time.monotonic() - t0)
 
 

@@ -45,6 +45,13 @@ UDP_METRICS = (
     Metric("loss_pct", unit="%", description="lost share"),
     Metric("packets_sent", unit="packets", description="datagrams sent"),
     Metric("packets_lost", unit="packets", description="datagrams lost"),
+    Metric(
+        "setup_retries",
+        unit="attempts",
+        description="iperf3 connections tried again because their UDP stream set-up datagram "
+        "or its reply was lost (lab.measure.iperf3.setup_lost)",
+        summarised=False,
+    ),
 )
 THROUGHPUT = Primary("throughput_bps", "Mbit/s", 1e-6, True)
 
@@ -83,13 +90,16 @@ def _one(
             server_output=bool(params.get("adaptive")),
             bidir=bidir,
         )
-        text = run_client(ctx, argv, label=label, files=files, expected_s=duration)
+        text = run_client(
+            ctx, argv, label=label, files=files, expected_s=duration, lost_setups=lost
+        )
         return parse_iperf3_udp(text)
 
     base = {"direction": params["direction"], "rate_mbit": rate_mbit, "size": params["size"]}
     if bidir:
         base["bidir"] = True
     files: list[Path] = [server_log]
+    lost: list[Path] = []  # each connection tried again after a lost set-up (all segments)
     try:
         if params.get("adaptive"):  # udp only; segments bounded by -t (measure/adaptive.py)
             rule = rule_of(params)
@@ -98,11 +108,13 @@ def _one(
         else:
             metrics = run_one(params["duration_s"])
     except MeasurementFailed as e:
+        base["setup_retries"] = len(lost)
         return [
             test.record(ok=False, error=str(e), raw_files=files, **{**base, "direction": d})
             for d in (DIRECTIONS if bidir else (params["direction"],))
         ]
     target_pps = rate_mbit * MBIT / 8 / params["size"]
+    base["setup_retries"] = len(lost)
     return [
         test.record(raw_files=files, **{**base, **m, "target_pps": target_pps})
         for m in records_of(metrics)
