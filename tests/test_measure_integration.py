@@ -172,10 +172,19 @@ def test_tcp_ipv6(pair, tmp_path):
 
 
 def test_udp_and_sweep(pair, tmp_path):
+    from lab.measure.iperf3 import UdpReceiving
+
     ctx = ctx_for(pair, tmp_path)
+    before = {n.name: UdpReceiving(n).datagrams() for n in (ctx.client, ctx.server)}
     [r] = run("udp", ctx, rate_mbit=1, size=256, duration_s=1)
     assert r["ok"], r["error"]
     assert r["packets_sent"] > 0 and r["jitter_ms"] is not None
+    assert r["setup_retries"] == 0
+    # the drain probe (run_client) reads each namespace's own UDP counters: the receiver got
+    # the flow, the sender only the server's reply to its set-up datagram
+    moved = {n.name: UdpReceiving(n).datagrams() - before[n.name] for n in (ctx.client, ctx.server)}
+    assert moved[ctx.server.name] >= r["packets_received"] > 100
+    assert moved[ctx.client.name] < 10
     recs = run("udp-sweep", ctx, rates_mbit=[10, 20], duration_s=1)
     assert [x["rate_mbit"] for x in recs] == [10, 20] and all(x["ok"] for x in recs)
     assert recs[1]["sent_pps"] > recs[0]["sent_pps"]
