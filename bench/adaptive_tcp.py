@@ -71,15 +71,23 @@ def main() -> int:
     ap.add_argument("--fixed-s", type=float, default=60.0, help="fixed run's length (s)")
     ap.add_argument("--cap-s", type=float, default=300.0, help="adaptive run's cap (s)")
     ap.add_argument("--cases", type=int, default=len(CASES))
+    ap.add_argument("--start", type=int, default=0, help="first case (index into CASES)")
+    ap.add_argument("--pairs", type=int, default=1, help="fixed/adaptive pairs per case")
     ap.add_argument("--rel-pct", type=float, help="adaptive leg's adaptive_rel_pct (the plan's)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--replay", type=Path, metavar="FILE", help="replay --rel-pct on FILE's legs")
     ap.add_argument("--recheck", type=Path, metavar="FILE", help="what FILE's check can show")
+    ap.add_argument("--spread", type=Path, nargs="+", metavar="FILE",
+                    help="adaptive against the spread of fixed connections, pooled over FILEs")  # fmt: skip
     a = ap.parse_args()
     if a.replay:
         return replay(a)
     if a.recheck:
         return recheck(json.loads(a.recheck.read_text()))
+    if a.spread:
+        from bench.adaptive_spread import spread
+
+        return spread([json.loads(f.read_text()) for f in a.spread], [str(f) for f in a.spread])
     plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
     spec = preflight(plan)
     points = {p.name: p for p in plan.points}
@@ -89,27 +97,37 @@ def main() -> int:
     rows, dump = [], []
     t_all = time.monotonic()
     load0 = os.getloadavg()
-    for n, (profile, cond) in enumerate(CASES[: a.cases]):
+    for n, (profile, cond) in enumerate(CASES[a.start : a.start + a.cases], start=a.start):
         pt = points[cond]
         lab = None
         runs: dict[str, dict] = {}
+        more: list[dict] = []  # the pairs after the first (--pairs)
         try:
             for attempt in (1, 2):
                 try:
                     lab = target.up(spec, new_lab_id("stream"), load_profile(profile), pt,
                                     plan.placement, )  # fmt: skip
                     target.apply_point(lab, pt, built_impaired=True)
-                    for mode in ("fixed", "adaptive") if n % 2 == 0 else ("adaptive", "fixed"):
-                        p = dict(tcp, adaptive=True)
-                        if mode == "fixed":
-                            p.update(duration_s=a.fixed_s, adaptive_min_s=a.fixed_s)
+                    more = []
+                    for k in range(a.pairs):
+                        pair: dict[str, dict] = {}
+                        # the order alternates between cases and between a case's pairs
+                        first = ("fixed", "adaptive") if (n + k) % 2 == 0 else ("adaptive", "fixed")
+                        for mode in first:
+                            p = dict(tcp, adaptive=True)
+                            if mode == "fixed":
+                                p.update(duration_s=a.fixed_s, adaptive_min_s=a.fixed_s)
+                            else:
+                                p["duration_s"] = a.cap_s
+                                if a.rel_pct is not None:
+                                    p["adaptive_rel_pct"] = a.rel_pct
+                            t0 = time.monotonic()
+                            pair[mode] = run_test(lab, "tcp", p, raw / f"{n}-{k}-{mode}-{attempt}")
+                            pair[mode]["wall_s"] = time.monotonic() - t0
+                        if k == 0:
+                            runs = pair
                         else:
-                            p["duration_s"] = a.cap_s
-                            if a.rel_pct is not None:
-                                p["adaptive_rel_pct"] = a.rel_pct
-                        t0 = time.monotonic()
-                        runs[mode] = run_test(lab, "tcp", p, raw / f"{n}-{mode}-{attempt}")
-                        runs[mode]["wall_s"] = time.monotonic() - t0
+                            more.append(pair)
                     break
                 except (RuntimeError, LabError) as e:
                     print(f"# {profile} {cond}: {e}; again in a fresh lab", flush=True)
@@ -152,7 +170,7 @@ def main() -> int:
             "timeouts": why.get("timeouts"),
         }
         rows.append(row)
-        dump.append({"row": row, "fixed": runs["fixed"], "adaptive": ad})
+        dump.append({"row": row, "fixed": runs["fixed"], "adaptive": ad, "more": more})
         print(json.dumps(row), flush=True)
         doc = {"cap_s": a.cap_s, "fixed_s": a.fixed_s, "rel_pct": a.rel_pct, "cases": dump}
         a.out.write_text(json.dumps(doc, indent=1, default=str))

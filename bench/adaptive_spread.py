@@ -1,0 +1,147 @@
+"""The adaptive TCP stop against the spread of fixed-length connections (issue 33 item 5).
+
+    .venv/bin/python bench/adaptive_tcp.py --spread FILE [FILE ...]
+
+bench/adaptive_tcp.py's first check puts each adaptive result inside ONE fixed connection's
+95 % interval, the batch-means interval of that connection's own per-second rates. That interval
+says where that connection's long-run rate lies, not where another connection's does: two
+connections of the same case differ by more (the sender's congestion history, this shared
+machine's other work), and the adaptive leg is another connection. So this check asks what the
+fixed method itself would give: does an adaptive result lie where a further fixed connection of
+the same case would?
+
+Every fixed and adaptive leg of every FILE is pooled per case (profile, point): legs of one
+run (`--pairs K`) and of separate runs of the same bench. Figures are taken as logarithms (a
+relative spread, the same across cases of 2 and of 600 Mbit/s). Then:
+
+- **fixed spread**: the pooled within-case variance of the fixed legs' log figures,
+  s_f^2 = sum over cases of (n_f - 1) var_f / sum (n_f - 1) (cases with two or more fixed legs;
+  its degrees of freedom are that denominator). A case whose fixed legs do not vary (a window-
+  limited flow: the same rate to the bit) pools a zero and narrows everyone's interval.
+- **inside**: each adaptive leg's log figure within the 95 % prediction interval of one more
+  fixed leg of its case: mean_f +- t(df) s_f sqrt(1 + 1/n_f). The count is the analogue of
+  the first check's 9-of-10 goal; with an unbiased rule about 95 % land inside.
+- **bias**: the mean over cases of (mean log adaptive - mean log fixed), with its t interval
+  over the cases (df = cases - 1): a rule that stops in a phase that is systematically fast or
+  slow shows here, as a ratio.
+- **dispersion**: the adaptive legs' pooled within-case variance s_a^2 against s_f^2; an
+  F-test's one-sided p-value that adaptive results scatter more than fixed ones (a rule that
+  stops early on a lucky stretch scatters more). Needs cases with two or more adaptive legs.
+
+Assumptions, stated: the cases share one relative spread (pooling); legs of separate runs are
+as independent as legs of one run (the machine's load between runs adds to both kinds alike);
+the fixed leg's figure is its interval's mean (after its warm-up), the adaptive leg's its
+receiver rate after the rule's warm-up, as in the first check.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from scipy import stats
+
+
+def legs(doc: dict) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """Per (profile, point): the fixed and adaptive legs' figures in bit/s of one bench file."""
+    out: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(
+        lambda: {"fixed": [], "adaptive": []}
+    )
+    for case in doc["cases"]:
+        key = (case["row"]["profile"], case["row"]["condition"])
+        for pair in [{"fixed": case["fixed"], "adaptive": case["adaptive"]}, *case.get("more", [])]:
+            out[key]["fixed"].append(pair["fixed"]["adaptive"]["interval"]["mean"])
+            out[key]["adaptive"].append(pair["adaptive"]["receiver_bps"])
+    return out
+
+
+def pooled_var(groups: list[list[float]]) -> tuple[float, int]:
+    """(pooled within-group variance, its degrees of freedom) over groups of two or more."""
+    ss, df = 0.0, 0
+    for g in groups:
+        if len(g) >= 2:
+            m = sum(g) / len(g)
+            ss += sum((x - m) ** 2 for x in g)
+            df += len(g) - 1
+    return (ss / df if df else math.nan), df
+
+
+def analyse(docs: list[dict]) -> dict:
+    """The check's figures over the pooled legs of `docs` (see the module's docstring)."""
+    cases: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(
+        lambda: {"fixed": [], "adaptive": []}
+    )
+    for doc in docs:
+        for key, got in legs(doc).items():
+            cases[key]["fixed"] += got["fixed"]
+            cases[key]["adaptive"] += got["adaptive"]
+    logs = {
+        k: {m: [math.log(x) for x in v[m] if x > 0] for m in ("fixed", "adaptive")}
+        for k, v in cases.items()
+    }
+    var_f, df_f = pooled_var([v["fixed"] for v in logs.values()])
+    var_a, df_a = pooled_var([v["adaptive"] for v in logs.values()])
+    t = stats.t.ppf(0.975, df_f) if df_f else math.nan
+    rows, diffs = [], []
+    for (profile, point), v in logs.items():
+        f, ad = v["fixed"], v["adaptive"]
+        if not f or not ad:
+            continue
+        mf = sum(f) / len(f)
+        half = t * math.sqrt(var_f * (1 + 1 / len(f))) if df_f else math.nan
+        inside = [abs(x - mf) <= half for x in ad]
+        diffs.append(sum(ad) / len(ad) - mf)
+        rows.append({
+            "profile": profile, "point": point,
+            "fixed_mbit": [math.exp(x) / 1e6 for x in f],
+            "adaptive_mbit": [math.exp(x) / 1e6 for x in ad],
+            "low_mbit": math.exp(mf - half) / 1e6, "high_mbit": math.exp(mf + half) / 1e6,
+            "inside": inside,
+        })  # fmt: skip
+    n = len(diffs)
+    bias = sum(diffs) / n if n else math.nan
+    if n >= 2:
+        sd = math.sqrt(sum((d - bias) ** 2 for d in diffs) / (n - 1))
+        bh = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    else:
+        bh = math.nan
+    f_p = stats.f.sf(var_a / var_f, df_a, df_f) if df_a and df_f and var_f > 0 else math.nan
+    return {
+        "rows": rows,
+        "fixed_rel_sd": math.sqrt(var_f) if df_f else math.nan,
+        "fixed_df": df_f,
+        "adaptive_rel_sd": math.sqrt(var_a) if df_a else math.nan,
+        "adaptive_df": df_a,
+        "dispersion_p": f_p,
+        "bias_ratio": math.exp(bias),
+        "bias_low": math.exp(bias - bh),
+        "bias_high": math.exp(bias + bh),
+        "inside": sum(sum(r["inside"]) for r in rows),
+        "legs": sum(len(r["inside"]) for r in rows),
+    }
+
+
+def spread(docs: list[dict], names: list[str]) -> int:
+    """Print the check over the pooled legs of `docs` (bench/adaptive_tcp.py --spread)."""
+    x = analyse(docs)
+    print(f"pooled: {', '.join(names)}")
+    print(
+        "| profile | point | fixed legs, Mbit/s | where one more fixed leg lands (95 %) "
+        "| adaptive legs, Mbit/s | inside |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in x["rows"]:
+        fx = ", ".join(f"{v:.4g}" for v in r["fixed_mbit"])
+        ad = ", ".join(f"{v:.4g}" for v in r["adaptive_mbit"])
+        print(
+            f"| {r['profile']} | {r['point']} | {fx} | [{r['low_mbit']:.4g}, "
+            f"{r['high_mbit']:.4g}] | {ad} | {sum(r['inside'])}/{len(r['inside'])} |"
+        )
+    print(
+        f"\ninside: {x['inside']}/{x['legs']} adaptive legs within where one more fixed leg of "
+        f"their case lands (95 %); the fixed legs' relative spread {100 * x['fixed_rel_sd']:.1f} % "
+        f"(df {x['fixed_df']}), the adaptive legs' {100 * x['adaptive_rel_sd']:.1f} % "
+        f"(df {x['adaptive_df']}); p(adaptive scatters more) = {x['dispersion_p']:.2f}; "
+        f"adaptive / fixed = x{x['bias_ratio']:.3f} [{x['bias_low']:.3f}, {x['bias_high']:.3f}]"
+    )
+    return 0

@@ -1,0 +1,71 @@
+"""bench/adaptive_spread.py: the adaptive TCP stop checked against fixed connections' spread."""
+
+from __future__ import annotations
+
+import random
+
+from bench.adaptive_spread import analyse, pooled_var
+
+
+def _doc(cases: dict[tuple[str, str], list[tuple[float, float]]]) -> dict:
+    """A bench/adaptive_tcp.py file: per case, (fixed, adaptive) figures of its pairs."""
+    out = []
+    for (profile, point), pairs in cases.items():
+        legs = [
+            {"fixed": {"adaptive": {"interval": {"mean": f}}}, "adaptive": {"receiver_bps": a}}
+            for f, a in pairs
+        ]
+        out.append({"row": {"profile": profile, "condition": point}, **legs[0], "more": legs[1:]})
+    return {"cases": out}
+
+
+def _draw(bias: float, seed: int) -> dict:
+    rnd = random.Random(seed)
+    cases = {}
+    for i in range(10):
+        level = 10e6 * (i + 1)
+        cases[(f"p{i}", "x")] = [
+            (level * rnd.lognormvariate(0, 0.08), bias * level * rnd.lognormvariate(0, 0.08))
+            for _ in range(3)
+        ]
+    return _doc(cases)
+
+
+def test_pooled_variance_skips_single_legs():
+    var, df = pooled_var([[1.0, 3.0], [5.0], [2.0, 2.0, 2.0]])
+    assert df == 3
+    assert var == 2.0 / 3
+
+
+def test_an_unbiased_rule_lands_inside_and_shows_no_bias():
+    x = analyse([_draw(1.0, 1)])
+    assert x["legs"] == 30
+    assert x["inside"] >= 26
+    assert x["bias_low"] < 1.0 < x["bias_high"]
+
+
+def test_a_rule_that_stops_30_percent_high_is_caught():
+    x = analyse([_draw(1.3, 1)])
+    assert x["inside"] <= 10
+    assert x["bias_low"] > 1.15
+
+
+def test_a_rule_that_scatters_more_is_caught():
+    rnd = random.Random(2)
+    cases = {
+        (f"p{i}", "x"): [
+            (1e8 * rnd.lognormvariate(0, 0.05), 1e8 * rnd.lognormvariate(0, 0.25)) for _ in range(3)
+        ]
+        for i in range(10)
+    }
+    x = analyse([_doc(cases)])
+    assert x["dispersion_p"] < 0.01
+
+
+def test_files_pool_per_case():
+    a = _doc({("wg", "d"): [(100e6, 101e6)]})
+    b = _doc({("wg", "d"): [(110e6, 104e6)], ("base", "d"): [(5e6, 5e6)]})
+    x = analyse([a, b])
+    rows = {(r["profile"], r["point"]): r for r in x["rows"]}
+    assert [round(v) for v in rows[("wg", "d")]["fixed_mbit"]] == [100, 110]
+    assert x["fixed_df"] == 1
