@@ -14,7 +14,8 @@ import pytest
 
 from lab.measure import TESTS, Context, iperf3
 from lab.measure.base import MeasurementFailed, invoke
-from lab.measure.iperf3 import client_argv, run_client, setup_lost, udp_in_datagrams
+from lab.measure.iperf3 import client_argv, run_client
+from lab.measure.iperf3loss import UDP_SETUP_ATTEMPTS, setup_lost, udp_in_datagrams
 from tests.test_measure_commands import FakeNode, golden
 
 LOST = "iperf3_udp_setup_lost.json"  # iperf3 3.12's client, its set-up reply lost (study A)
@@ -60,12 +61,12 @@ def test_lost_setups_are_tried_again_and_counted(tmp_path):
 
 
 def test_a_setup_lost_in_every_attempt_fails_and_says_so(tmp_path):
-    rec, client = run_udp(tmp_path, [golden(LOST)] * (iperf3.UDP_SETUP_ATTEMPTS + 1))
+    rec, client = run_udp(tmp_path, [golden(LOST)] * (UDP_SETUP_ATTEMPTS + 1))
     assert not rec["ok"]
-    assert len(client.popened) == iperf3.UDP_SETUP_ATTEMPTS
+    assert len(client.popened) == UDP_SETUP_ATTEMPTS
     assert "unable to read from stream socket" in rec["error"]
-    assert f"all {iperf3.UDP_SETUP_ATTEMPTS} attempts" in rec["error"]
-    assert rec["setup_retries"] == iperf3.UDP_SETUP_ATTEMPTS - 1
+    assert f"all {UDP_SETUP_ATTEMPTS} attempts" in rec["error"]
+    assert rec["setup_retries"] == UDP_SETUP_ATTEMPTS - 1
 
 
 def test_a_run_without_loss_records_no_retry(tmp_path):

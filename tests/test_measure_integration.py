@@ -172,7 +172,7 @@ def test_tcp_ipv6(pair, tmp_path):
 
 
 def test_udp_and_sweep(pair, tmp_path):
-    from lab.measure.iperf3 import UdpReceiving
+    from lab.measure.iperf3loss import UdpReceiving
 
     ctx = ctx_for(pair, tmp_path)
     before = {n.name: UdpReceiving(n).datagrams() for n in (ctx.client, ctx.server)}

@@ -49,7 +49,7 @@ UDP_METRICS = (
         "setup_retries",
         unit="attempts",
         description="iperf3 connections tried again because their UDP stream set-up datagram "
-        "or its reply was lost (lab.measure.iperf3.setup_lost)",
+        "or its reply was lost (lab.measure.iperf3loss.setup_lost)",
         summarised=False,
     ),
 )
