@@ -42,6 +42,14 @@ from collections import defaultdict
 from scipy import stats
 
 
+def figure(leg: dict, mode: str) -> float:
+    """A leg's figure in bit/s: tcp's fixed leg its interval's mean (after its warm-up), tcp's
+    adaptive leg its receiver rate; an scp copy (bench/adaptive_scp.py) its rate_bps."""
+    if "receiver_bps" not in leg:
+        return leg["rate_bps"]
+    return leg["adaptive"]["interval"]["mean"] if mode == "fixed" else leg["receiver_bps"]
+
+
 def legs(doc: dict) -> dict[tuple[str, str], dict[str, list[float]]]:
     """Per (profile, point): the fixed and adaptive legs' figures in bit/s of one bench file."""
     out: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(
@@ -50,8 +58,8 @@ def legs(doc: dict) -> dict[tuple[str, str], dict[str, list[float]]]:
     for case in doc["cases"]:
         key = (case["row"]["profile"], case["row"]["condition"])
         for pair in [{"fixed": case["fixed"], "adaptive": case["adaptive"]}, *case.get("more", [])]:
-            out[key]["fixed"].append(pair["fixed"]["adaptive"]["interval"]["mean"])
-            out[key]["adaptive"].append(pair["adaptive"]["receiver_bps"])
+            for mode in ("fixed", "adaptive"):
+                out[key][mode].append(figure(pair[mode], mode))
     return out
 
 

@@ -12,7 +12,11 @@ def _doc(cases: dict[tuple[str, str], list[tuple[float, float]]]) -> dict:
     out = []
     for (profile, point), pairs in cases.items():
         legs = [
-            {"fixed": {"adaptive": {"interval": {"mean": f}}}, "adaptive": {"receiver_bps": a}}
+            {
+                # tcp's fixed leg: its interval's mean counts, not its whole-run rate
+                "fixed": {"receiver_bps": 0.5 * f, "adaptive": {"interval": {"mean": f}}},
+                "adaptive": {"receiver_bps": a, "adaptive": {"interval": {"mean": 2 * a}}},
+            }
             for f, a in pairs
         ]
         out.append({"row": {"profile": profile, "condition": point}, **legs[0], "more": legs[1:]})
@@ -69,3 +73,13 @@ def test_files_pool_per_case():
     rows = {(r["profile"], r["point"]): r for r in x["rows"]}
     assert [round(v) for v in rows[("wg", "d")]["fixed_mbit"]] == [100, 110]
     assert x["fixed_df"] == 1
+
+
+def test_scp_legs_are_their_rates():
+    doc = {"cases": [{
+        "row": {"profile": "wg", "condition": "d"},
+        "fixed": {"rate_bps": 50e6}, "adaptive": {"rate_bps": 52e6, "projected": True},
+        "more": [{"fixed": {"rate_bps": 54e6}, "adaptive": {"rate_bps": 51e6}}],
+    }]}  # fmt: skip
+    [row] = analyse([doc])["rows"]
+    assert [round(v, 6) for v in row["fixed_mbit"] + row["adaptive_mbit"]] == [50, 54, 52, 51]

@@ -341,3 +341,31 @@ def test_opt_out_runs_to_the_timeout(slow_lab, tmp_path, monkeypatch):
     assert not any("scp-progress" in f for f in rec["raw_files"])
     assert p.returncode is not None
     assert _until_empty(slow_lab, "client") == []
+
+
+@pytest.mark.root
+def test_adaptive_copy_stops_as_it_streams_and_projects_its_time(slow_lab, tmp_path, monkeypatch):
+    # 16 MiB at 1 Mbit/s need ~134 s (time-out 16 + 200 s): with adaptive = true the rule over
+    # the received file's per-second rates (3 s minimum and +-20 % here: at 1 Mbit/s sftp's
+    # 32 KiB writes land 4 a second, so a second's rate moves by a quarter) ends it long before
+    dest = tmp_path / "received.bin"
+    rec, wall, p = _run(
+        slow_lab, tmp_path, monkeypatch, timeout_s=200, size_mb=16, port=2304, adaptive=True,
+        adaptive_min_s=3, adaptive_rel_pct=20, dest=str(dest),
+    )  # fmt: skip
+    assert rec["ok"], rec["error"]
+    assert rec["projected"] is True and rec["stop_reason"] == "ci", str(
+        {k: v for k, v in rec.items() if k != "raw_files"}
+    )
+    # stopped by the rule: what was received is part of the file, what the stream file says
+    assert 0 < rec["copied_bytes"] < 16 * MIB
+    stream = [f for f in rec["raw_files"] if "scp-stream" in f]
+    last = Path(stream[0]).read_text().splitlines()[-1].split()
+    assert int(last[1]) == rec["copied_bytes"] and float(last[0]) == pytest.approx(
+        rec["measured_s"], abs=1e-3
+    )
+    # the projection: the seconds it ran plus the rest at its rate, which the link bounds
+    assert rec["seconds"] > rec["measured_s"] and wall < rec["seconds"]
+    assert rec["rate_bps"] <= 1.05e6 and rec["rate_bps"] == 16 * MIB * 8 / rec["seconds"]
+    assert p.returncode is not None and not Path(f"/proc/{p.pid}").exists()
+    assert _until_empty(slow_lab, "client") == []

@@ -41,6 +41,7 @@ Why a copy that would finish is not stopped (assumptions; bench/scp_early.py mea
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import subprocess
@@ -48,9 +49,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from collections.abc import Callable
+from dataclasses import field
+
 from lab.core.errors import LabError
 from lab.core.node import Node
 from lab.measure.base import Context, Invocation, collected
+from lab.measure.tcpsender import Cycles, Timeouts, sender_state, tcp_timeouts, timeouts_settled
+from lab.model.stoprule import Decision, Rule, evaluate
 
 MIB = 1024 * 1024
 #: no decision before max(MIN_S, MIN_SHARE x time-out) seconds of the copy
@@ -66,6 +72,10 @@ RISE = 1.1
 POLL_S = 2.0
 #: seconds a stopped copy gets to end on SIGTERM (scp then ends its ssh child) before SIGKILL
 TERM_GRACE_S = 5.0
+#: a copy that stops as it streams (`Stream`) reads the received file's size this often
+STREAM_POLL_S = 1.0
+#: ... and stops only while its rate stays below this share of the card's write rate
+CARD_SHARE = 0.8
 
 
 def min_watch_s(timeout_s: float) -> float:
@@ -164,6 +174,109 @@ def tx_bytes(node: Node, dev: str) -> int:
         raise Unwatchable(f"{path}: {(cp.stderr or cp.stdout).strip()[-200:]}") from None
 
 
+def file_bytes(node: Node, path: str) -> int:
+    """The size of `path` on `node` (0 while it does not exist yet)."""
+    cp = _ask(node, ["stat", "-c", "%s", path])
+    if cp.returncode != 0:
+        if "No such file" in (cp.stderr or ""):
+            return 0
+        raise Unwatchable(f"stat {path}: {(cp.stderr or cp.stdout).strip()[-200:]}")
+    try:
+        return int(cp.stdout.strip())
+    except ValueError:
+        raise Unwatchable(f"stat {path}: {cp.stdout.strip()[-200:]!r}") from None
+
+
+@dataclass
+class Stream:
+    """A copy that stops as it streams (a test's `adaptive = true`; docs/measurements.md "scp
+    that stops as it streams"): the received file's size read each second on the receiving
+    node, lab.model.stoprule over its per-second rates (MSER-5 warm-up, batch means, the
+    interval's target), as tcp's rule over its receiver's rates. Stopped, the copy's time is
+    projected: the seconds it ran plus the bytes still to come at the interval's mean rate.
+
+    Two conditions beyond the rule:
+    - a file that lands on a board's card (`card_Bps`, the card's write rate) is stopped only
+      while its rate stays below CARD_SHARE of the card's. A faster copy fills the board's page
+      cache first and then waits for the card (docs/cpu.md "Storage"): its rate falls later, so
+      its first part says nothing of the rest. Below the card's rate the card keeps up, the
+      writer never waits, and the rate is the network's;
+    - with `sender` (the copy's sending socket and its namespace's counters, read each second:
+      lab.measure.tcpsender.sender_argv), the kept seconds must hold whole congestion cycles and
+      know what their retransmission timeouts cost, as tcp's streaming stop requires
+      (lab.measure.tcpstream: a window still opening, a part of a sawtooth, reads narrow)."""
+
+    rule: Rule
+    #: the file's whole size in bytes
+    size: int
+    #: bytes of the received file now (raises Unwatchable when it cannot be read)
+    size_of: Callable[[], int]
+    card_Bps: float | None = None
+    samples: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
+    #: the rule's verdict that stopped the copy (None: it ran to its end)
+    decision: Decision | None = None
+    #: readings at which the rule was met but the card's condition held the copy
+    held_by_card: int = 0
+    #: the sending node's socket and counters now (tcpsender.sender_argv's output), or None
+    sender: Callable[[], str] | None = None
+    cycles: Cycles = field(default_factory=Cycles)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    #: readings at which the rule was met but the congestion cycles or timeouts held the copy
+    held_by_cycles: int = 0
+    #: the cycles' and the timeouts' last word (tcpsender)
+    why: dict = field(default_factory=dict)
+
+    def rates(self) -> list[float]:
+        """Bytes/s between consecutive readings."""
+        s = self.samples
+        return [
+            (b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(s, s[1:], strict=False) if b[0] > a[0]
+        ]
+
+    def evaluate(self) -> Decision:
+        return evaluate(self.rates(), self.rule, sample_s=STREAM_POLL_S, cap_s=math.inf)
+
+    def read(self, now: float) -> bool:
+        """Take a reading at `now` (seconds since the copy started); True: stop the copy."""
+        self.samples.append((now, self.size_of()))
+        if self.sender is not None:
+            out = self.sender()
+            self.cycles.add(now, sender_state(out))
+            self.timeouts.add(now, tcp_timeouts(out))
+        d = self.evaluate()
+        if not d.stop or d.interval is None:
+            return False
+        if self.card_Bps and d.interval.mean >= CARD_SHARE * self.card_Bps:
+            self.held_by_card += 1
+            return False
+        if not self._settled(d.warmup_samples):
+            self.held_by_cycles += 1
+            return False
+        self.decision = d
+        return True
+
+    def _settled(self, w: int) -> bool:
+        """The kept rates (from the w-th on) hold whole cycles and their timeouts' cost."""
+        if self.sender is None:
+            return True
+        t_w = self.samples[w][0]  # the first kept rate's start
+        cycles_ok, self.why["cycles"] = self.cycles.settled(t_w)
+        starts = [t for t, _ in self.samples]
+        # a timeout read at t fell in the rate whose interval ends at or after t
+        at = [bisect.bisect_left(starts, t) - 1 - w for t in self.timeouts.times(t_w)]
+        rto_ok, self.why["timeouts"] = timeouts_settled(
+            self.rates()[w:], [i for i in at if i >= 0], rule=self.rule
+        )
+        self.why["timeouts_in_run"] = self.timeouts.total()
+        return cycles_ok and rto_ok
+
+    def projected_s(self) -> float:
+        """The whole copy's seconds: those it ran plus the rest at the interval's mean rate."""
+        assert self.decision is not None and self.decision.interval is not None
+        now, got = self.samples[-1]
+        return now + max(self.size - got, 0) / self.decision.interval.mean
+
+
 @dataclass
 class Watch:
     """What watching a copy gave: the device, the checks made and, when stopped, the verdict."""
@@ -176,6 +289,10 @@ class Watch:
     elapsed_s: float = 0.0
     #: why the copy could not be watched (it then ran to its end or its time-out)
     unwatchable: str | None = None
+    #: the streaming stop (adaptive), when asked for
+    stream: Stream | None = None
+    #: why the received file could not be read (the copy then ran to its end)
+    unstreamable: str | None = None
 
     def info(self, timeout_s: float) -> dict:
         """The record's `early_stop` block."""
@@ -216,13 +333,18 @@ def watch_copy(
     addr: str,
     enabled: bool = True,
     poll_s: float = POLL_S,
+    stream: Stream | None = None,
 ) -> tuple[Invocation, Watch]:
     """Run argv like base.invoke (stdout and stderr into raw files, killed and reaped at
     `timeout`); with `enabled`, read the copy's byte counter every `poll_s` seconds into a raw
     ``<label>-progress`` file (seconds, bytes sent) and end the process when `decide` says the
-    copy cannot finish."""
+    copy cannot finish; with `stream`, read the received file every STREAM_POLL_S seconds
+    and end the process when its rule is met (the file's readings go into a raw
+    ``<label>-stream`` file)."""
     argv = [str(a) for a in argv]
-    watch = Watch(dev=None)
+    watch = Watch(dev=None, stream=stream)
+    if stream is not None:
+        poll_s = min(poll_s, STREAM_POLL_S)
     base = 0
     if enabled:
         try:
@@ -233,6 +355,7 @@ def watch_copy(
     out_path = ctx.next_raw(label)
     err_path = out_path.with_suffix(out_path.suffix + ".stderr")
     prog_path: Path | None = ctx.next_raw(f"{label}-progress") if watch.dev else None
+    stream_path: Path | None = ctx.next_raw(f"{label}-stream") if stream else None
     samples: list[tuple[float, int]] = [(0.0, 0)]
     timed_out = False
     t0 = time.monotonic()
@@ -252,6 +375,8 @@ def watch_copy(
                     timed_out = True
                     break
                 next_at = math.floor(now / poll_s + 1) * poll_s
+                if watch.stream is not None and _streamed(watch, now, stream_path):
+                    break
                 if watch.dev is None:
                     continue
                 try:
@@ -285,6 +410,22 @@ def watch_copy(
     if watch.stopped is not None and p.returncode == 0:
         watch.stopped = None  # it finished between the last reading and the signal
     files_inv = collected(argv, p.returncode, out_path, err_path, timed_out, time.monotonic() - t0)
-    if prog_path is not None and prog_path.exists():
-        files_inv.raw_files.append(prog_path)
+    for path in (prog_path, stream_path):
+        if path is not None and path.exists():
+            files_inv.raw_files.append(path)
     return files_inv, watch
+
+
+def _streamed(watch: Watch, now: float, path: Path | None) -> bool:
+    """A reading of the received file; True when the streaming stop ends the copy. A file
+    that cannot be read ends the streaming (recorded), not the copy."""
+    assert watch.stream is not None and path is not None
+    try:
+        stop = watch.stream.read(now)
+    except Unwatchable as e:
+        watch.stream, watch.unstreamable = None, str(e)
+        return False
+    t, got = watch.stream.samples[-1]
+    with open(path, "a") as f:
+        f.write(f"{t:.3f} {got}\n")
+    return stop

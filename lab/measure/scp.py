@@ -10,6 +10,11 @@ unless `cipher` is set. The time includes the SSH handshake, as a user's scp doe
 A copy that cannot finish before its time-out is stopped once that is clear (`stop_early`,
 on by default; lab.measure.progress has the rule): its record fails as a timed-out one does,
 with the partial figures in their own fields, never in `rate_bps`/`seconds`.
+
+With `adaptive = true` the copy stops as it streams (lab.measure.progress.Stream): once the
+stop rule is met over the received file's per-second rates, `seconds` is the time it ran plus
+the rest of the file at the interval's mean rate (`projected = true`, `copied_bytes`); a copy
+faster than the card's write rate runs to its end (docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lab.core import proc
-from lab.core.errors import StartupError
+from lab.core.errors import LabError, StartupError
 from lab.core.node import Node
 from lab.measure.base import (
     Context,
@@ -36,7 +41,10 @@ from lab.measure.base import (
 from lab.model.params import Param
 from lab.model.storageprofile import STORAGE_MARKER
 from lab.core.tools import SS, Tool
-from lab.measure.progress import watch_copy
+from lab.measure.adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, adaptive_block, columns, rule_of
+from lab.measure.progress import Stream, file_bytes, watch_copy
+from lab.measure.tcpsender import sender_argv
+from lab.measure.tcpstream import ss_argv
 
 MIB = 1024 * 1024
 #: OpenSSH >= 9.0 speaks SFTP underneath scp; -O forces the legacy protocol that older
@@ -118,6 +126,31 @@ def scp_argv(
     return argv + [str(src), f"{user}@{host}:{dest}"]
 
 
+def _sender(client: Node, port: int):
+    """The copy's sending socket (ssh's, to the server's `port`) and the client's counters,
+    read each second by the streaming stop; an empty reading where ss fails (the interval then
+    decides alone, as tcp's rule does without ss)."""
+    argv = sender_argv(ss_argv(port, local=False))
+
+    def read() -> str:
+        try:
+            return client.run(argv, check=False, timeout=10).stdout
+        except LabError:
+            return ""
+
+    return read
+
+
+def _stream_info(st: Stream) -> dict:
+    """What held a streamed copy (the record's adaptive.stream)."""
+    return {
+        "source": "the received file's size on the server, every 1 s",
+        "held_by_card": st.held_by_card,
+        "held_by_cycles": st.held_by_cycles,
+        **st.why,
+    }
+
+
 def _write(node: Node, path: Path, text: str) -> None:
     node.run(["tee", str(path)], input=text)
     node.run(["chmod", "0600", str(path)])
@@ -156,6 +189,7 @@ class ScpTest(Test):
             doc="stop a copy once even twice its rate cannot finish it before its time-out "
             "(lab.measure.progress); false: run to the time-out as before",
         ),
+        **ADAPTIVE_SCHEMA,
     }
     metrics = (
         Metric(
@@ -191,6 +225,13 @@ class ScpTest(Test):
             description="a copy stopped early: when it would have ended at that rate",
             summarised=False,
         ),
+        Metric(
+            "copied_bytes",
+            unit="B",
+            description="adaptive: bytes of the file received when the rule stopped the copy",
+            summarised=False,
+        ),
+        *ADAPTIVE_METRICS,
     )
     primary = Primary("throughput_bps", "Mbit/s", 1e-6, True)
 
@@ -273,6 +314,19 @@ class ScpTest(Test):
             )
             # a Pi moves ~10-40 MB/s through scp; allow 1 MiB/s before calling it hung
             timeout = params["size_mb"] + ctx.timeout_s
+            stream = None
+            if params["adaptive"] and dest != "/dev/null":
+                model = (card or {}).get("model") or {}
+                write = model.get("write_mbps")
+                stream = Stream(
+                    rule_of(params, loss_abs=None),
+                    size,
+                    lambda: file_bytes(ctx.server, dest),
+                    card_Bps=float(write) * 1e6 if write else None,
+                    sender=_sender(ctx.client, params["port"]),
+                )
+            elif params["adaptive"]:
+                base["adaptive_note"] = "not applied: the file goes to /dev/null, no bytes to read"
             inv, watch = watch_copy(
                 ctx,
                 ctx.client,
@@ -282,6 +336,7 @@ class ScpTest(Test):
                 size=size,
                 addr=host,
                 enabled=params["stop_early"],
+                stream=stream,
             )
             files += inv.raw_files
             if params["stop_early"]:
@@ -301,6 +356,27 @@ class ScpTest(Test):
                         **base,
                     )
                 ]
+            st = watch.stream
+            if st is not None and st.decision is not None and inv.returncode != 0:
+                # stopped by the streaming rule (a copy that ended by itself meanwhile counts whole)
+                seconds = st.projected_s()
+                info = adaptive_block("ci", st.decision, st.rule, measured_s=st.samples[-1][0],
+                                      cap_s=timeout, unit="B/s")  # fmt: skip
+                info["stream"] = _stream_info(st)
+                return [
+                    self.record(
+                        raw_files=files,
+                        seconds=seconds,
+                        rate_bps=size * 8 / seconds,
+                        handshake_included=True,
+                        stopped_early=False,
+                        projected=True,
+                        copied_bytes=st.samples[-1][1],
+                        adaptive=info,
+                        **columns(info),
+                        **base,
+                    )
+                ]
             if inv.timed_out or inv.returncode != 0:
                 return [
                     self.record(
@@ -311,6 +387,13 @@ class ScpTest(Test):
                         **base,
                     )
                 ]
+            if st is not None:  # adaptive, and the copy ran to its end: the file is the cap
+                info = adaptive_block("cap", st.evaluate(), st.rule, measured_s=inv.seconds,
+                                      cap_s=timeout, unit="B/s")  # fmt: skip
+                info["stream"] = _stream_info(st)
+                base.update(adaptive=info, **columns(info))
+            elif watch.unstreamable:
+                base["adaptive_note"] = f"not applied: {watch.unstreamable}"
             return [
                 self.record(
                     raw_files=files,
@@ -318,6 +401,7 @@ class ScpTest(Test):
                     rate_bps=size * 8 / inv.seconds,
                     handshake_included=True,
                     stopped_early=False,
+                    projected=False,
                     **base,
                 )
             ]
