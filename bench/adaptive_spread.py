@@ -41,6 +41,9 @@ from collections import defaultdict
 
 from scipy import stats
 
+from lab.measure.tcpsender import CYCLE_END_S, MIN_EPOCHS, timeouts_settled
+from lab.model.stoprule import Rule, evaluate
+
 
 def figure(leg: dict, mode: str) -> float:
     """A leg's figure in bit/s: tcp's fixed leg its interval's mean (after its warm-up), tcp's
@@ -153,3 +156,70 @@ def spread(docs: list[dict], names: list[str]) -> int:
         f"adaptive / fixed = x{x['bias_ratio']:.3f} [{x['bias_low']:.3f}, {x['bias_high']:.3f}]"
     )
     return 0
+
+
+# ------------------------------------------------------------------ replay at another target
+
+
+def _leg_cycles(leg: dict) -> dict:
+    ad = leg["adaptive"]
+    return ad.get("stopped_early_because") or ad.get("cycles") or {}
+
+
+def replay_leg(leg: dict, rule: Rule, cap_s: float) -> tuple[float, int] | None:
+    """(the figure in bit/s, the seconds) tcp's streaming stop at `rule` would have given on
+    this leg's receiver seconds, or None when it would not have stopped within them (the
+    leg's own figure and seconds then stand). Replayed, not run: the interval on iperf3's whole server seconds
+    (standing in for the live ss rates), and the sender's conditions from what the leg kept
+    (`events_at_s`, `timeouts_at_s`: when a congestion event or a timeout was read): two
+    events in the kept seconds, the stop within CYCLE_END_S of the last; none only where the
+    kept rates are steady (relative sd under 2 %: a window-bound flow; the live rule reads the
+    window itself, which the record does not keep); the timeout rule as live."""
+    from bench.adaptive_tcp import whole_seconds
+
+    rates = [iv["bps"] for iv in whole_seconds(leg["server_intervals"])]
+    cyc = _leg_cycles(leg)
+    events = [int(e) - 1 for e in cyc.get("events_at_s") or []]
+    rtos = [int(e) - 1 for e in cyc.get("timeouts_at_s") or []]
+    for t in range(1, len(rates) + 1):
+        d = evaluate(rates[:t], rule, cap_s=cap_s)
+        if not (d.stop and d.reason == "ci"):
+            continue
+        w = d.warmup_samples
+        kept = rates[w:t]
+        ev = [i for i in events if w <= i < t]
+        if len(ev) >= MIN_EPOCHS:
+            if t - 1 - ev[-1] > CYCLE_END_S:
+                continue
+        elif ev:
+            continue
+        else:
+            m = sum(kept) / len(kept)
+            sd = math.sqrt(sum((x - m) ** 2 for x in kept) / max(len(kept) - 1, 1))
+            if not m or sd / m >= 0.02:
+                continue
+        ok, _ = timeouts_settled(kept, [i - w for i in rtos if w <= i < t], rule=rule)
+        if ok:
+            return sum(kept) / len(kept), t
+    return None
+
+
+def replayed(doc: dict, rel_pct: float, min_s: float = 10.0) -> dict:
+    """`doc` with every adaptive leg's figure replaced by replay_leg's at +-rel_pct (a leg
+    that would not have stopped keeps its own figure)."""
+    rule = Rule(rel_half_width=rel_pct / 100, min_s=min_s)
+    cap = doc.get("cap_s", 300.0)
+    out = []
+    for case in doc["cases"]:
+        new = dict(case)
+        for pair in [new, *(new.get("more") or [])]:
+            leg = dict(pair["adaptive"])
+            got = replay_leg(leg, rule, cap)
+            if got is not None:
+                overhead = max(0.0, leg["wall_s"] - leg["measured_s"])
+                leg.update(receiver_bps=got[0], measured_s=float(got[1]), stop_reason="ci",
+                           wall_s=got[1] + overhead)  # fmt: skip
+            pair["adaptive"] = leg
+        new["more"] = [dict(p) for p in new.get("more") or []]
+        out.append(new)
+    return {**doc, "cases": out}

@@ -85,9 +85,12 @@ def main() -> int:
     if a.recheck:
         return recheck(json.loads(a.recheck.read_text()))
     if a.spread:
-        from bench.adaptive_spread import spread
+        from bench.adaptive_spread import replayed, spread
 
-        return spread([json.loads(f.read_text()) for f in a.spread], [str(f) for f in a.spread])
+        docs = [json.loads(f.read_text()) for f in a.spread]
+        if a.rel_pct is not None:  # the adaptive legs replayed at that target
+            docs = [replayed(d, a.rel_pct) for d in docs]
+        return spread(docs, [str(f) for f in a.spread])
     plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
     spec = preflight(plan)
     points = {p.name: p for p in plan.points}

@@ -90,15 +90,19 @@ def tcp_bench_seconds(bench: dict, plan, *, before: bool) -> dict[str, list[floa
     )
     out: dict[str, list[float]] = defaultdict(list)
     for case in bench["cases"]:
-        ad, row = case["adaptive"], case["row"]
-        overhead = max(0.0, ad["wall_s"] - ad["measured_s"])
-        if before:
-            rates = [iv["bps"] for iv in case["fixed"]["server_intervals"] if not iv["omitted"]]
-            out[row["group"]].append(segments_rule_s(rates, rule, cap) + overhead)
-        elif ad["stop_reason"] == "cap" and bench["cap_s"] < cap:
-            out[row["group"]].append(cap + overhead)  # it would have run on
-        else:
-            out[row["group"]].append(ad["measured_s"] + overhead)
+        row = case["row"]
+        # every pair's adaptive leg (bench/adaptive_tcp.py --pairs K keeps the later ones in more)
+        for pair in [case, *(case.get("more") or [])]:
+            ad = pair["adaptive"]
+            overhead = max(0.0, ad["wall_s"] - ad["measured_s"])
+            if before:
+                ivs = pair["fixed"]["server_intervals"]
+                rates = [iv["bps"] for iv in ivs if not iv["omitted"]]
+                out[row["group"]].append(segments_rule_s(rates, rule, cap) + overhead)
+            elif ad["stop_reason"] == "cap" and bench["cap_s"] < cap:
+                out[row["group"]].append(cap + overhead)  # it would have run on
+            else:
+                out[row["group"]].append(ad["measured_s"] + overhead)
     return out
 
 
@@ -178,8 +182,11 @@ def main() -> None:
     ap.add_argument("--plan", help="plan file to extrapolate to (default: the run's plan.json)")
     ap.add_argument("-o", dest="overrides", action="append", default=[])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--tcp-bench", metavar="FILE", help="bench/adaptive_tcp.py's JSON")
+    ap.add_argument("--tcp-bench", metavar="FILE", nargs="+",
+                    help="bench/adaptive_tcp.py's JSON (several: their legs pooled)")  # fmt: skip
     ap.add_argument("--before", action="store_true", help="--tcp-bench as the segments rule")
+    ap.add_argument("--tcp-rel", type=float, metavar="PCT",
+                    help="--tcp-bench's adaptive legs replayed at +-PCT (bench/adaptive_spread.py)")  # fmt: skip
     a = ap.parse_args()
     if not a.runs and not (a.tcp_bench and a.plan):
         ap.error("give RUN_DIR, or --tcp-bench FILE with --plan PLAN")
@@ -191,7 +198,15 @@ def main() -> None:
         plan = plan_from_json(run.plan_json(), source=str(run.path / "plan.json"))
     tcp = None
     if a.tcp_bench:
-        tcp = tcp_bench_seconds(json.loads(Path(a.tcp_bench).read_text()), plan, before=a.before)
+        tcp = defaultdict(list)
+        for f in a.tcp_bench:
+            doc = json.loads(Path(f).read_text())
+            if a.tcp_rel is not None:
+                from bench.adaptive_spread import replayed
+
+                doc = replayed(doc, a.tcp_rel)
+            for group, secs in tcp_bench_seconds(doc, plan, before=a.before).items():
+                tcp[group] += secs
     x = extrapolate(runs, plan, tcp)
     if a.json:
         print(json.dumps(x, indent=2))
@@ -204,7 +219,9 @@ def main() -> None:
             print(f"  {k[:-2]:<12} {b[k]:8.1f} s  {100 * b[k] / b['wall_s']:5.1f} %")
     if tcp is not None:
         how = "the segments rule replayed" if a.before else "streaming, as measured"
-        print(f"tcp from {a.tcp_bench} ({how}): {sum(map(len, tcp.values()))} cases")
+        if a.tcp_rel is not None and not a.before:
+            how = f"streaming, replayed at +-{a.tcp_rel:g} %"
+        print(f"tcp from {', '.join(a.tcp_bench)} ({how}): {sum(map(len, tcp.values()))} legs")
     print(
         f"\nplan {plan.name}: {x['plan_cases']} cases, {len(plan.profiles)} profiles, "
         f"{x['points']} (profile, point) cells, {x['labs']} bring-ups"
