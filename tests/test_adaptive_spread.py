@@ -83,3 +83,34 @@ def test_scp_legs_are_their_rates():
     }]}  # fmt: skip
     [row] = analyse([doc])["rows"]
     assert [round(v, 6) for v in row["fixed_mbit"] + row["adaptive_mbit"]] == [50, 54, 52, 51]
+
+
+def _leg(rates: list[float], events: list[float]) -> dict:
+    return {
+        "server_intervals": [
+            {"start": float(i), "end": float(i + 1), "bps": r} for i, r in enumerate(rates)
+        ],
+        "adaptive": {"cycles": {"events_at_s": events, "timeouts_at_s": []}},
+        "receiver_bps": sum(rates) / len(rates),
+        "measured_s": float(len(rates)),
+        "wall_s": len(rates) + 2.0,
+    }
+
+
+def test_replay_stops_at_a_cycles_end_and_sooner_at_a_wider_target():
+    from bench.adaptive_spread import replay_leg
+    from lab.model.stoprule import Rule
+
+    rnd = random.Random(3)
+    rates = [100e6 * rnd.uniform(0.8, 1.2) for _ in range(120)]
+    events = [float(e) for e in range(4, 121, 4)]  # a congestion event every 4 s
+    wide = replay_leg(_leg(rates, events), Rule(rel_half_width=0.10), 300)
+    narrow = replay_leg(_leg(rates, events), Rule(rel_half_width=0.05), 300)
+    assert wide is not None and narrow is not None and wide[1] < narrow[1]
+    # each stop within a second of the last event before it (an event read at e s falls in
+    # the rate of second e - 1)
+    for _, t in (wide, narrow):
+        last = max(int(e) - 1 for e in events if int(e) - 1 < t)
+        assert t - 1 - last <= 1
+    # no event at all in a swinging stream: never stopped (its window is not known to be steady)
+    assert replay_leg(_leg(rates, []), Rule(rel_half_width=0.10), 300) is None
