@@ -65,7 +65,7 @@ def main() -> int:
     t_all, load0 = time.monotonic(), os.getloadavg()
     for n, (profile, cond) in enumerate(CASES[a.start : a.start + a.cases], start=a.start):
         pt = points[cond]
-        lab = target.up(spec, new_lab_id("scpstream"), load_profile(profile), pt, plan.placement)
+        lab = target.up(spec, new_lab_id("scps"), load_profile(profile), pt, plan.placement)
         pairs: list[dict[str, dict]] = []
         try:
             target.apply_point(lab, pt, built_impaired=True)
