@@ -369,3 +369,20 @@ def test_adaptive_copy_stops_as_it_streams_and_projects_its_time(slow_lab, tmp_p
     assert rec["rate_bps"] <= 1.05e6 and rec["rate_bps"] == 16 * MIB * 8 / rec["seconds"]
     assert p.returncode is not None and not Path(f"/proc/{p.pid}").exists()
     assert _until_empty(slow_lab, "client") == []
+
+
+@pytest.mark.root
+def test_adaptive_copy_at_its_time_out_is_projected_not_failed(slow_lab, tmp_path, monkeypatch):
+    # 2 MiB need ~17 s at 1 Mbit/s, the time-out is 2 + 3 = 5 s, and +-0.1 % is never met: at
+    # the time-out the copy ends with the rate it reached (stop_reason cap), not a failure
+    dest = tmp_path / "received.bin"
+    rec, wall, p = _run(
+        slow_lab, tmp_path, monkeypatch, timeout_s=3, size_mb=2, port=2305, adaptive=True,
+        adaptive_min_s=1, adaptive_rel_pct=0.1, dest=str(dest),
+    )  # fmt: skip
+    assert rec["ok"], rec["error"]
+    assert rec["projected"] is True and rec["stop_reason"] == "cap"
+    assert rec["ci_rel_pct"] > 0.1 and 0 < rec["copied_bytes"] < 2 * MIB
+    assert "early_stop" not in rec  # the give-up rule is off for a streamed copy
+    assert rec["seconds"] > 5 and rec["rate_bps"] <= 1.05e6
+    assert _until_empty(slow_lab, "client") == []

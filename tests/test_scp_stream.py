@@ -151,3 +151,19 @@ def test_whole_cycles_let_it_stop():
     at = _feed(s, 1e6, 60, wobble=0.02)
     assert at is not None and "congestion events in the kept seconds" in s.why["cycles"]
     assert s.why["timeouts_in_run"] is None  # no netstat lines in this sender's output
+
+
+def test_at_the_cap_the_rate_reached_is_projected():
+    s = Stream(RULE, 256 * MIB, lambda: 0)
+    assert _feed(s, 1e6, 30, wobble=0.6) is None  # never settles at +-5 %
+    s.at_cap()
+    assert s.decision is not None and not s.decision.stop and s.decision.interval.rel > 0.05
+    now, got = s.samples[-1]
+    assert s.projected_s() == pytest.approx(now + (256 * MIB - got) / s.decision.interval.mean)
+
+
+def test_at_the_cap_without_an_interval_nothing_is_projected():
+    s = Stream(RULE, 256 * MIB, lambda: 0)
+    _feed(s, 1e6, 2)
+    s.at_cap()
+    assert s.decision is None

@@ -270,6 +270,13 @@ class Stream:
         self.why["timeouts_in_run"] = self.timeouts.total()
         return cycles_ok and rto_ok
 
+    def at_cap(self) -> None:
+        """The copy reached its time-out before the rule held: its decision is the interval
+        reached so far (reason cap, `stop` false), when the rule has one and a rate."""
+        d = self.evaluate()
+        if d.interval is not None and d.interval.mean > 0:
+            self.decision = d
+
     def projected_s(self) -> float:
         """The whole copy's seconds: those it ran plus the rest at the interval's mean rate."""
         assert self.decision is not None and self.decision.interval is not None

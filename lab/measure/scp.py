@@ -335,11 +335,13 @@ class ScpTest(Test):
                 timeout=timeout,
                 size=size,
                 addr=host,
-                enabled=params["stop_early"],
+                # a streamed copy does not fail at its time-out (its figure is projected at
+                # the cap), so the rule that gives up on one that cannot finish is not needed
+                enabled=params["stop_early"] and stream is None,
                 stream=stream,
             )
             files += inv.raw_files
-            if params["stop_early"]:
+            if params["stop_early"] and stream is None:
                 base["early_stop"] = watch.info(timeout)
             v = watch.stopped
             if v is not None:
@@ -357,10 +359,14 @@ class ScpTest(Test):
                     )
                 ]
             st = watch.stream
+            if st is not None and st.decision is None and inv.timed_out:
+                st.at_cap()  # the cap: the rate as far as it got, if the rule has an interval
             if st is not None and st.decision is not None and inv.returncode != 0:
-                # stopped by the streaming rule (a copy that ended by itself meanwhile counts whole)
+                # stopped by the streaming rule or at the cap (a copy that ended by itself
+                # meanwhile counts whole)
                 seconds = st.projected_s()
-                info = adaptive_block("ci", st.decision, st.rule, measured_s=st.samples[-1][0],
+                reason = "ci" if st.decision.stop else "cap"
+                info = adaptive_block(reason, st.decision, st.rule, measured_s=st.samples[-1][0],
                                       cap_s=timeout, unit="B/s")  # fmt: skip
                 info["stream"] = _stream_info(st)
                 return [
