@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -69,7 +70,8 @@ def first_check_s(test: str, params: dict) -> float | None:
         return None
     if test == "ping":
         return min(params["count"] * params["interval_s"], params["adaptive_min_s"])
-    return min(params["duration_s"], params["adaptive_min_s"] + FIRST_EXTRA_S)
+    # scp has no duration (its cap is its time-out): its floor is the rule's first check too
+    return min(params.get("duration_s", math.inf), params["adaptive_min_s"] + FIRST_EXTRA_S)
 
 
 def segments_rule_s(rates: list[float], rule: Rule, cap_s: float) -> float:
