@@ -36,7 +36,7 @@ from lab.substrate.local.substrate import LocalSubstrate  # noqa: E402
 from lab.vpn.profiles import load_profile  # noqa: E402
 
 PROFILES = "baseline,ipsec-aes128gcm,ipsec-chacha20poly1305,openvpn-aes256cbc-static,wireguard"
-#: (profile, study A point): delay, jitter and loss groups, each a copy of ~30-120 s whole
+#: (profile, study A point): delay, jitter and loss groups
 CASES = [
     ("wireguard", "delay-40ms"),
     ("openvpn-aes256cbc-static", "delay-60ms"),
@@ -44,6 +44,10 @@ CASES = [
     ("baseline", "jitter-2ms"),
     ("ipsec-chacha20poly1305", "delay-20ms"),
     ("wireguard", "loss-1pct"),
+    # slow points: copies of 1-5 min whole, where streaming can save time
+    ("ipsec-chacha20poly1305", "jitter-5ms"),
+    ("wireguard", "loss-2.5pct"),
+    ("baseline", "jitter-6ms"),
 ]
 OUT = Path("/tmp/lab-bench-adaptive-scp.json")
 
