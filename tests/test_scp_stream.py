@@ -167,3 +167,26 @@ def test_at_the_cap_without_an_interval_nothing_is_projected():
     _feed(s, 1e6, 2)
     s.at_cap()
     assert s.decision is None
+
+
+def test_the_give_up_rule_waits_while_the_copy_streams(tmp_path, monkeypatch):
+    # 1 kB/s against 1 MiB in 5 s: hopeless, which the give-up rule alone stops at its first
+    # check (test_scp_early); streamed (and never settling: +-0.1 %), it runs to its cap
+    monkeypatch.setattr(progress, "MIN_S", 0.5)
+    monkeypatch.setattr(progress, "WINDOW_S", 0.2)
+    monkeypatch.setattr(progress, "STREAM_POLL_S", 0.2)
+    node = GrowingNode(1000)
+    ctx = Context(node, node, "198.18.0.2", tmp_path / "raw")
+    rnd, got = random.Random(5), [0]
+
+    def erratic() -> int:  # a file growing by 0-2 kB a reading: the rule never settles
+        got[0] += rnd.randint(0, 2000)
+        return got[0]
+
+    stream = Stream(Rule(rel_half_width=0.001, min_s=1.0, batch_s=0.2), MIB, erratic)
+    inv, watch = progress.watch_copy(
+        ctx, node, ["sleep", "30"], label="scp", timeout=2.0, size=MIB, addr="198.18.0.2",
+        poll_s=0.2, stream=stream,
+    )  # fmt: skip
+    assert watch.stopped is None and watch.checks >= 2 and inv.timed_out
+    assert watch.stream is stream and stream.decision is None

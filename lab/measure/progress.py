@@ -46,11 +46,9 @@ import json
 import math
 import subprocess
 import time
-from dataclasses import dataclass
-from pathlib import Path
-
 from collections.abc import Callable
-from dataclasses import field
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from lab.core.errors import LabError
 from lab.core.node import Node
@@ -407,7 +405,7 @@ def watch_copy(
                     window_rate=window,
                     prev_rate=prev,
                 )
-                if v.stop:
+                if v.stop and watch.stream is None:  # a streamed copy has its cap instead
                     watch.stopped = v
                     break
         finally:

@@ -335,13 +335,13 @@ class ScpTest(Test):
                 timeout=timeout,
                 size=size,
                 addr=host,
-                # a streamed copy does not fail at its time-out (its figure is projected at
-                # the cap), so the rule that gives up on one that cannot finish is not needed
-                enabled=params["stop_early"] and stream is None,
+                # the give-up rule watches too, but stops a copy only once its streaming ended
+                # (an unreadable file): a streamed copy's time-out is its cap, not a failure
+                enabled=params["stop_early"],
                 stream=stream,
             )
             files += inv.raw_files
-            if params["stop_early"] and stream is None:
+            if params["stop_early"] and watch.stream is None:
                 base["early_stop"] = watch.info(timeout)
             v = watch.stopped
             if v is not None:
