@@ -47,6 +47,8 @@ APT_PACKAGES=(
   charon-systemd
   # python, build tools for the compiled helpers
   python3-venv python3-dev build-essential pkg-config curl ca-certificates
+  # tools/libipsec/build.sh: strongSwan's source (tar.bz2) and the lab's patch to it
+  bzip2 patch
   # full-kernel VM substrate
   qemu-system-x86 busybox-static cpio
   # bench/kernel_crypto.py: the board kernel's crypto code counted under qemu-system-arm/-aarch64
@@ -115,6 +117,12 @@ done
 if [ -d tools/gobench ] && command -v go >/dev/null 2>&1; then
   (cd tools/gobench && go build -o gobench . )
 fi
+
+log "strongSwan libipsec with the board's queue limits (tools/libipsec)"
+# charon's userspace ESP dropping at the board kernel's queues instead of queueing without a
+# limit (lab/vpn/libipsec.py). It says so and goes on when the source cannot be downloaded or
+# the installed strongSwan is another version: the lab then runs Debian's and records that.
+tools/libipsec/build.sh
 
 # Optional tools built from source, not in Debian: opt-in so a default set-up stays short.
 # Installed under ${LAB_CACHE:-/var/cache/lab} (outside the clone: a fresh clone reuses them);

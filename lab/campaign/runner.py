@@ -450,9 +450,11 @@ def _raw_tails(raw_dir: Path, run: RunDir) -> dict[str, str]:
 
 
 def held_queues(queues: dict) -> dict:
-    """lab.json's vpn.queues as a result line keeps them: per node the stand-in and the
-    packets it held each way (the sockets' and devices' detail stays in lab.json)."""
+    """lab.json's vpn.queues as a result line keeps them: per node the stand-in, the
+    packets it held each way and whether charon's libipsec bounded its own queues (the
+    sockets', devices' and library's detail stays in lab.json)."""
     return {
         node: {k: q.get(k) for k in ("daemon", "rx_packets", "tx_packets")}
+        | ({"libipsec_bounded": q["libipsec"].get("bounded")} if q.get("libipsec") else {})
         for node, q in queues.items()
     }

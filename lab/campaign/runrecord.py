@@ -76,12 +76,8 @@ class RunRecord:
         rec = TunnelRecord.of(lab)
         vpn = rec.to_dict() if rec else {}  # the manifest: an edge, in lab.json's form
         entry = self.manifest["profiles"].setdefault(profile, {})
-        entry.update(
-            {
-                k: vpn.get(k)
-                for k in ("driver", "path", "describe", "params", "timing", "tunnel", "traffic")
-            }
-        )
+        keys = ("driver", "path", "describe", "params", "timing", "tunnel", "traffic", "queues")
+        entry.update({k: vpn.get(k) for k in keys})
         if "configs" not in entry:
             try:
                 r = render(lab.spec, profile, show_secrets=False)

@@ -69,6 +69,12 @@ def queue_words(queues: dict) -> str:
                 f"UDP receive {q.get('rx_packets')} datagrams ({q['sockets'][0]['rcvbuf']} B)"
             )
         bits += [f"{dev} txqueuelen {t['txqueuelen']}" for dev, t in (q.get("tun") or {}).items()]
+        if li := q.get("libipsec"):
+            bits.append(
+                f"libipsec queues in {li.get('limit_in')} / out {li.get('limit_out')}"
+                if li.get("bounded")
+                else f"libipsec unbounded ({li.get('why')})"
+            )
         if bits:
             parts.append(f"{node} {q.get('daemon')}: {', '.join(bits)}")
     return "; ".join(parts)

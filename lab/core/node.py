@@ -65,6 +65,9 @@ class Node(ABC):
     name: str
     #: environment every process started on this node gets (e.g. the CPU profile's crypto masks)
     env: dict[str, str]
+    #: the board kernel's queues its data plane's stand-in holds (lab.model.dpqueue.queue_record),
+    #: None where there is none to hold (no board profile, or a kind of node that is the board)
+    dataplane_queue: dict | None = None
 
     @abstractmethod
     def run(

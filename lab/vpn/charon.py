@@ -29,6 +29,7 @@ from pathlib import Path
 from lab import REPO
 from lab.core.errors import CommandError, ConfigError, StartupError
 from lab.core.node import Daemon, Node
+from lab.vpn import libipsec
 from lab.vpn.base import Endpoint, TunnelContext, write_secret
 from lab.core.tools import Tool
 
@@ -191,6 +192,8 @@ def render_configs(
             plugins=plugin_list(dataplane, params["crypto_plugins"]),
             vici_uri=VICI_URI,
             mtu=params["mtu"],
+            # the board kernel's queues (lab.vpn.libipsec): read by the lab's patched libipsec
+            queue_limits=libipsec.limits(end.node) if dataplane == "kernel-libipsec" else None,
             dpd_timeout=params["dpd_timeout"],
             retransmit_timeout=rt,
             retransmit_base=RETRANSMIT_BASE,
@@ -273,7 +276,8 @@ def start(
     for end in ctx.ends():
         log = ctx.log_dir / f"{end.name}-charon.log"
         log.unlink(missing_ok=True)
-        ctx.daemons.append(end.node.spawn("charon", [CHARON], log=log, env=env_of(ctx, end)))
+        env = {**env_of(ctx, end), **libipsec.env(end.node)}  # the patched libipsec, if bounded
+        ctx.daemons.append(end.node.spawn("charon", [CHARON], log=log, env=env))
     deadline = time.monotonic() + start_timeout
     for end in ctx.ends():
         _wait_vici(ctx, end, deadline)

@@ -7,7 +7,9 @@ the board's receive queue (`rx_bytes`: rx_packets full-size datagrams, SO_RCVBUF
 lab.core.sockbuf), and every TUN device of the node (the stand-in's wg0 or ipsec0) a transmit
 queue of the board's `tx_packets` (`ip link set DEV txqueuelen N`). Both are the daemon's own
 objects: they go when it ends, so teardown has nothing more to undo. What was set, before and
-after, goes into lab.json (vpn.queues) and the run's manifest with it.
+after, goes into lab.json (vpn.queues) and the run's manifest with it. A stand-in that mapped a
+libipsec.so.0 (charon's kernel-libipsec) has its own queues in front of the TUN's; which
+library it runs and whether that bounds them is recorded too (lab.vpn.libipsec).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 
 from lab.core import cgroups, sockbuf
 from lab.core.node import Daemon, Node
+from lab.vpn import libipsec
 
 
 def stand_in_pids(name: str, groups: Sequence[str], daemons: list[Daemon], node: str) -> list[int]:
@@ -63,4 +66,22 @@ def hold_queues(
         for dev, before in tun_devices(node).items():
             node.run(["ip", "link", "set", dev, "txqueuelen", str(queue["tx_packets"])])
             out["tun"][dev] = {"txqueuelen_before": before, "txqueuelen": queue["tx_packets"]}
+    for pid in pids:
+        if mapped := mapped_file(pid, "libipsec.so.0"):
+            logs = "".join(d.log_text() for d in daemons if d.node == node.name and d.pid == pid)
+            out["libipsec"] = libipsec.record(node, mapped, logs)
     return out
+
+
+def mapped_file(pid: int, name: str) -> str | None:
+    """The path of the file named `name` that process `pid` has mapped (/proc/PID/maps: which
+    copy of a library the dynamic loader chose), None when it has none or is gone."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(maxsplit=5)  # address perms offset dev inode path
+                if len(fields) == 6 and fields[5].rsplit("/", 1)[-1] == name:
+                    return fields[5]
+    except OSError:
+        return None
+    return None

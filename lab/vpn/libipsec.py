@@ -1,0 +1,114 @@
+"""kernel-libipsec's queues held to the board kernel's: the lab's patched libipsec (issue 30).
+
+strongSwan's libipsec (charon's userspace ESP, the stand-in for a board's XFRM ESP) queues the
+packets it reads from its TUN device (outbound, before encryption) and from its UDP socket
+(inbound, before decryption) without any limit: above the tunnel's rate the stand-in builds a
+backlog of GBs and delivers it for seconds after the sender stopped, where the board's kernel
+drops at its queues. tools/libipsec/build.sh (run by setup.sh) builds libipsec from the
+installed strongSwan's upstream source with tools/libipsec/queue-limit.patch into LIBRARY_DIR.
+With it, each queue drops beyond `charon.plugins.kernel-libipsec.queue_limit_in` / `_out`
+packets (strongswan.conf; 0 or absent: upstream's unbounded queue) and logs its running total of
+drops (DROPS_RE).
+
+The limits are the board profile's `[kernel.dataplane.xfrm-esp.queue]` (lab.model.dpqueue, the
+node's `dataplane_queue`): inbound = rx packets for the SA's AEAD, outbound = tx packets. A node
+without a board queue (cpu="host", or a profile that states none) keeps the unbounded queue,
+and so does a node whose charon is the board's own binary (another architecture, qemu-user):
+the library here is this machine's. The charon of a bounded node is started with
+LD_LIBRARY_PATH=LIBRARY_DIR, which precedes the plugin's RUNPATH /usr/lib/ipsec; only
+libipsec.so.0 is there, the rest stays Debian's. Which library a charon really mapped is read
+from the process (lab.substrate.local.queues) into lab.json's vpn.queues.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+from lab import REPO
+from lab.core.node import Node
+
+ROOT = Path(os.environ.get("LAB_CACHE", "/var/cache/lab")) / "libipsec"
+LIBRARY_DIR = ROOT / "lib"
+LIBRARY = LIBRARY_DIR / "libipsec.so.0"
+STAMP = ROOT / "stamp.json"
+PATCH = REPO / "tools" / "libipsec" / "queue-limit.patch"
+DEBIAN_LIBRARY = "/usr/lib/ipsec/libipsec.so.0"
+#: strongswan.conf keys the patch reads (in charon's `plugins.kernel-libipsec` section)
+KEY_IN = "queue_limit_in"
+KEY_OUT = "queue_limit_out"
+#: the patched library's lines in charon's log (DBG1, ESP group)
+LIMITS_RE = re.compile(r"libipsec queue limits \(lab patch\): inbound (\d+), outbound (\d+)")
+DROPS_RE = re.compile(r"libipsec (inbound|outbound) queue \(limit (\d+)\): (\d+) packets dropped")
+
+
+def limits(node: Node | None) -> dict[str, int] | None:
+    """{"in": packets, "out": packets} the board's kernel ESP holds on `node` (its queue
+    record's rx and tx), None where the node holds no board queue (unbounded) or there is no
+    node (`lab render` without a lab)."""
+    q = node.dataplane_queue if node is not None else None
+    if not q:
+        return None
+    out = {"in": int(q.get("rx_packets") or 0), "out": int(q.get("tx_packets") or 0)}
+    return out if out["in"] or out["out"] else None
+
+
+def library() -> tuple[Path | None, str]:
+    """(the patched library, "") when it is built from this checkout's patch; else (None, why)."""
+    if not LIBRARY.is_file():
+        return None, f"{LIBRARY} not built (./setup.sh builds it; tools/libipsec/build.sh)"
+    try:
+        stamp = json.loads(STAMP.read_text())
+    except (OSError, ValueError):
+        return None, f"{STAMP} missing or unreadable: run tools/libipsec/build.sh"
+    if stamp.get("patch_sha256") != hashlib.sha256(PATCH.read_bytes()).hexdigest():
+        return None, f"{LIBRARY} was built from another {PATCH.name}: run tools/libipsec/build.sh"
+    return LIBRARY, ""
+
+
+def env(node: Node) -> dict[str, str]:
+    """LD_LIBRARY_PATH for the charon on `node` when its queues are to be bounded and the
+    patched library is there; {} otherwise (upstream's libipsec)."""
+    if limits(node) is None or getattr(node, "arch", None) is not None:
+        return {}
+    lib, _ = library()
+    return {"LD_LIBRARY_PATH": str(lib.parent)} if lib else {}
+
+
+def record(node: Node, mapped: str | None, log_text: str) -> dict:
+    """vpn.queues' `libipsec` of a node: the library its charon mapped, whether its queues
+    were bounded (the patched library's own log line says so, with its limits), why not."""
+    out: dict = {"library": mapped}
+    m = ([None, *LIMITS_RE.finditer(log_text)])[-1]  # the last start's (a restarted charon)
+    if m is not None and (int(m.group(1)) or int(m.group(2))):
+        out.update(bounded=True, limit_in=int(m.group(1)), limit_out=int(m.group(2)))
+        lib, why = library()
+        out["build"] = _stamp() if lib else why
+        return out
+    out["bounded"] = False
+    if getattr(node, "arch", None) is not None:
+        out["why"] = "the node runs the board's own charon (another architecture)"
+    elif m is not None:
+        out["why"] = f"the patched library read no {KEY_IN}/{KEY_OUT} from strongswan.conf"
+    else:
+        out["why"] = library()[1] or "charon did not load the patched library"
+    return out
+
+
+def drops(log_text: str) -> dict[str, int]:
+    """{"inbound": n, "outbound": n}: packets the patched libipsec dropped at its full queues,
+    the last running total charon logged per direction (0 where it logged none)."""
+    out = {"inbound": 0, "outbound": 0}
+    for m in DROPS_RE.finditer(log_text):
+        out[m.group(1)] = int(m.group(3))
+    return out
+
+
+def _stamp() -> dict | None:
+    try:
+        return json.loads(STAMP.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,176 @@
+"""The lab's patched libipsec (lab.vpn.libipsec, tools/libipsec): the board's queue limits in
+the rendered strongswan.conf, the charon's LD_LIBRARY_PATH only where the queues are bounded
+and the library is built from this checkout's patch, the record of which library ran and the
+drops read from charon's log lines, and the library a real process mapped read from /proc."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from lab.cli.printing import queue_words
+from lab.vpn import charon, libipsec
+from lab.vpn.base import Endpoint, TunnelContext
+from lab.vpn.drivers import strongswan as sw
+from lab.substrate.local.queues import mapped_file
+from tests.fakenode import RecordingNode
+
+# lab.model.dpqueue.queue_record of a pi4 node whose SA is AES-GCM
+GCM_QUEUE = {"rx_packets": 1256, "tx_packets": 1000, "rx_bytes": 1256 * 2304, "source": "x"}
+
+
+def _node(name: str, queue: dict | None, arch=None) -> RecordingNode:
+    n = RecordingNode(name=name)
+    n.dataplane_queue = queue
+    if arch is not None:
+        n.arch = arch
+    return n
+
+
+def _ctx(tmp: Path, client_queue: dict | None, server_queue: dict | None) -> TunnelContext:
+    def ep(name, queue, under, t4, t6):
+        return Endpoint(name, _node(name, queue), under, None, t4, t6)
+
+    return TunnelContext(
+        "unit",
+        ep("client", client_queue, "10.0.1.2", "10.99.0.1/24", "fd99::1/64"),
+        ep("server", server_queue, "10.0.2.2", "10.99.0.2/24", "fd99::2/64"),
+        tmp / "secrets",
+        tmp / "config",
+        tmp / "logs",
+    )
+
+
+def _render(tmp: Path, dataplane: str, client_queue, server_queue) -> dict[str, str]:
+    params = {k: v.default for k, v in sw.StrongSwanDriver.params.items()}
+    ctx = _ctx(tmp, client_queue, server_queue)
+    out = charon.render_configs(ctx, params, "0sPSK", dataplane, selectors=sw.traffic_selectors)
+    return {node: files["strongswan.conf"] for node, files in out.items()}
+
+
+def _section(conf: str) -> str:
+    m = re.search(r"^    kernel-libipsec \{\n(.*?)^    \}", conf, re.MULTILINE | re.DOTALL)
+    assert m, conf
+    return m.group(1)
+
+
+def test_a_board_nodes_strongswan_conf_holds_its_queue_limits_in_the_plugins_section(tmp_path):
+    confs = _render(tmp_path, "kernel-libipsec", GCM_QUEUE, None)
+    section = _section(confs["client"])
+    assert re.search(r"^\s*queue_limit_in = 1256$", section, re.MULTILINE)
+    assert re.search(r"^\s*queue_limit_out = 1000$", section, re.MULTILINE)
+    # the server runs at this host's speed (cpu="host"): upstream's unbounded queues
+    assert "queue_limit" not in confs["server"]
+
+
+def test_the_kernel_data_plane_renders_no_queue_limit(tmp_path):
+    confs = _render(tmp_path, "kernel", GCM_QUEUE, GCM_QUEUE)
+    assert all("queue_limit" not in c for c in confs.values())
+
+
+def test_limits_are_the_queue_records_packets_each_way():
+    assert libipsec.limits(_node("a", GCM_QUEUE)) == {"in": 1256, "out": 1000}
+    assert libipsec.limits(_node("a", {"rx_packets": 256, "tx_packets": None})) == {
+        "in": 256,
+        "out": 0,  # 0: the patch's "no limit"
+    }
+    assert libipsec.limits(_node("a", None)) is None
+    assert libipsec.limits(None) is None  # `lab render` without a lab
+
+
+@pytest.fixture
+def built(tmp_path, monkeypatch):
+    """A patched library 'built' from this checkout's patch, in a cache of the test's own."""
+    root = tmp_path / "cache" / "libipsec"
+    (root / "lib").mkdir(parents=True)
+    (root / "lib" / "libipsec.so.0").write_bytes(b"\x7fELF")
+    sha = hashlib.sha256(libipsec.PATCH.read_bytes()).hexdigest()
+    (root / "stamp.json").write_text(json.dumps({"strongswan": "5.9.8", "patch_sha256": sha}))
+    monkeypatch.setattr(libipsec, "LIBRARY", root / "lib" / "libipsec.so.0")
+    monkeypatch.setattr(libipsec, "STAMP", root / "stamp.json")
+    return root
+
+
+def test_a_bounded_node_gets_the_patched_library_first_on_its_loader_path(built):
+    assert libipsec.env(_node("a", GCM_QUEUE)) == {"LD_LIBRARY_PATH": str(built / "lib")}
+
+
+def test_no_library_path_without_a_board_queue_or_for_a_board_of_its_own(built):
+    assert libipsec.env(_node("a", None)) == {}
+    # a node of another architecture runs the board's own charon: this machine's library is
+    # not for it
+    assert libipsec.env(_node("a", GCM_QUEUE, arch=object())) == {}
+
+
+def test_a_library_built_from_another_patch_is_not_used(built):
+    (built / "stamp.json").write_text(json.dumps({"patch_sha256": "0" * 64}))
+    assert libipsec.env(_node("a", GCM_QUEUE)) == {}
+    lib, why = libipsec.library()
+    assert lib is None and "another queue-limit.patch" in why
+
+
+def test_no_library_built_says_how_to_build_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(libipsec, "LIBRARY", tmp_path / "none" / "libipsec.so.0")
+    assert libipsec.env(_node("a", GCM_QUEUE)) == {}
+    assert "setup.sh" in libipsec.library()[1]
+
+
+LOG = """\
+04:20:01 00[ESP] libipsec queue limits (lab patch): inbound 1256, outbound 1000 packets (0: none)
+04:20:09 12[ESP] libipsec outbound queue (limit 1000): 1 packets dropped
+04:20:10 12[ESP] libipsec outbound queue (limit 1000): 52311 packets dropped
+04:20:11 07[ESP] libipsec outbound queue (limit 1000): 60002 packets dropped
+04:20:11 08[ESP] libipsec inbound queue (limit 1256): 17 packets dropped
+"""
+
+
+def test_the_record_says_bounded_with_the_limits_the_library_itself_logged(built):
+    rec = libipsec.record(_node("a", GCM_QUEUE), str(libipsec.LIBRARY), LOG)
+    assert rec["bounded"] is True
+    assert (rec["limit_in"], rec["limit_out"]) == (1256, 1000)
+    assert rec["library"] == str(libipsec.LIBRARY)
+
+
+def test_the_record_says_why_a_charon_ran_unbounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(libipsec, "LIBRARY", tmp_path / "none" / "libipsec.so.0")
+    rec = libipsec.record(_node("a", GCM_QUEUE), libipsec.DEBIAN_LIBRARY, "charon starting\n")
+    assert rec == {
+        "library": libipsec.DEBIAN_LIBRARY,
+        "bounded": False,
+        "why": libipsec.library()[1],
+    }
+    # the patched library without limits in its strongswan.conf
+    zero = "libipsec queue limits (lab patch): inbound 0, outbound 0 packets (0: none)\n"
+    rec = libipsec.record(_node("a", GCM_QUEUE), "/x/libipsec.so.0", zero)
+    assert rec["bounded"] is False and "queue_limit_in" in rec["why"]
+    rec = libipsec.record(_node("a", GCM_QUEUE, arch=object()), "/r/libipsec.so.0", "")
+    assert rec["bounded"] is False and "architecture" in rec["why"]
+
+
+def test_drops_are_the_last_running_total_per_direction():
+    assert libipsec.drops(LOG) == {"inbound": 17, "outbound": 60002}
+    assert libipsec.drops("nothing dropped\n") == {"inbound": 0, "outbound": 0}
+
+
+def test_status_words_say_whether_libipsec_was_bounded():
+    bounded = {
+        "daemon": "charon",
+        "libipsec": {"bounded": True, "limit_in": 256, "limit_out": 1000},
+    }
+    free = {"daemon": "charon", "libipsec": {"bounded": False, "why": "not built"}}
+    words = queue_words({"client": bounded, "server": free})
+    assert "client charon: libipsec queues in 256 / out 1000" in words
+    assert "server charon: libipsec unbounded (not built)" in words
+
+
+def test_the_mapped_library_is_read_from_the_process():
+    # this interpreter has the C library mapped: the file the loader chose, by its path
+    path = mapped_file(os.getpid(), "libc.so.6")
+    assert path is not None and path.endswith("/libc.so.6") and Path(path).exists()
+    assert mapped_file(os.getpid(), "libipsec-none.so.0") is None
+    assert mapped_file(2**22 + 12345, "libc.so.6") is None  # no such process
