@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,4 +174,97 @@ def test_the_mapped_library_is_read_from_the_process():
     path = mapped_file(os.getpid(), "libc.so.6")
     assert path is not None and path.endswith("/libc.so.6") and Path(path).exists()
     assert mapped_file(os.getpid(), "libipsec-none.so.0") is None
+    # a soname that links to a longer-versioned file (Debian's libipsec.so.0 -> .so.0.0.0)
+    import zlib  # noqa: F401 -- maps libz.so.1, a link to libz.so.1.2.N
+
+    path = mapped_file(os.getpid(), "libz.so.1")
+    assert path is not None and re.search(r"/libz\.so\.1\.\d+", path), path
     assert mapped_file(2**22 + 12345, "libc.so.6") is None  # no such process
+
+
+# ------------------------------------------------------------------ on this machine
+
+#: sends 1300-byte datagrams to (argv[1], argv[2]) as fast as it can for argv[3] s; prints the
+#: count and the monotonic time it stopped
+FLOOD = """
+import json, socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+dst, data, n = (sys.argv[1], int(sys.argv[2])), b"x" * 1300, 0
+end = time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    for _ in range(64):
+        try:
+            s.sendto(data, dst); n += 1
+        except OSError:
+            pass
+print(json.dumps({"sent": n, "end": time.monotonic()}))
+"""
+#: receives on UDP port argv[1] until argv[2] s without a datagram; prints the count and the
+#: monotonic time of the last one
+SINK = """
+import json, socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.settimeout(float(sys.argv[2]))
+print("ready", flush=True)
+n, last, give_up = 0, None, time.monotonic() + 60
+while time.monotonic() < give_up:
+    try:
+        s.recv(2048)
+    except socket.timeout:
+        break
+    n, last = n + 1, time.monotonic()
+print(json.dumps({"received": n, "last": last}), flush=True)
+"""
+
+
+@pytest.mark.root
+def test_a_flood_through_bounded_libipsec_stops_arriving_with_its_sender(lab_id):
+    """Two pi4 nodes, ipsec-aes128gcm over kernel-libipsec: a UDP flood far above the capped
+    tunnel's rate for 5 s. With the queues bounded the receiver's last datagram comes within
+    2 s of the sender's end (Debian's unbounded libipsec delivers its backlog for many seconds
+    more), and charon counted drops at its full queues."""
+    import subprocess as sp
+
+    from lab.core.teardown import teardown
+    from lab.model.topology import load_topology
+    from lab.substrate.local.build import up
+
+    from .conftest import TOPOS
+
+    lib, why = libipsec.library()
+    if lib is None:
+        pytest.skip(f"the lab's patched libipsec: {why}")
+    for t in (charon.CHARON, "/usr/lib/ipsec/plugins/libstrongswan-kernel-libipsec.so"):
+        if not Path(t).exists():
+            pytest.skip(f"needs {t} (./setup.sh)")
+    lab = up(load_topology(TOPOS / "pi_pair.py"), lab_id, vpn="ipsec-aes128gcm")
+    try:
+        vpn = lab.info["vpn"]
+        if vpn.get("path") != "kernel-libipsec":
+            pytest.skip(f"data plane {vpn.get('path')} here: no kernel-libipsec stand-in")
+        held = (vpn.get("queues") or {}).get("client")
+        if not held:
+            pytest.skip("pi4 not applied here (no per-core groups): no board queue to hold")
+        assert held["libipsec"]["library"] == str(lib), held["libipsec"]
+        target = vpn["tunnel"]["server"]["v4"].split("/")[0]
+        sink = lab.node("server").popen([sys.executable, "-c", SINK, "5999", "4"], stdout=sp.PIPE)
+        try:
+            assert sink.stdout.readline().strip() == b"ready"
+            sent = json.loads(
+                lab.node("client").run([sys.executable, "-c", FLOOD, target, "5999", "5"]).stdout
+            )
+            got = json.loads(sink.communicate(timeout=90)[0])
+        finally:
+            sink.kill()
+            sink.wait()
+        logs = "".join(
+            Path(d["log"]).read_text(errors="replace")
+            for d in vpn.get("daemons", [])
+            if d.get("name") == "charon" and d.get("log")
+        )
+    finally:
+        assert teardown(lab_id) == []
+    assert got["received"] > 0 and sent["sent"] > got["received"]
+    drain = got["last"] - sent["end"]
+    assert drain < 2.0, f"datagrams arrived {drain:.1f} s after the sender stopped: {sent} {got}"
+    assert sum(libipsec.drops(logs).values()) > 0, logs[-2000:]

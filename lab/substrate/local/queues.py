@@ -73,14 +73,16 @@ def hold_queues(
     return out
 
 
-def mapped_file(pid: int, name: str) -> str | None:
-    """The path of the file named `name` that process `pid` has mapped (/proc/PID/maps: which
-    copy of a library the dynamic loader chose), None when it has none or is gone."""
+def mapped_file(pid: int, soname: str) -> str | None:
+    """The path of the library `soname` (or a file of it with a longer version, what the soname
+    links to: libipsec.so.0.0.0) that process `pid` has mapped (/proc/PID/maps: which copy the
+    dynamic loader chose), None when it has none or is gone."""
     try:
         with open(f"/proc/{pid}/maps") as f:
             for line in f:
                 fields = line.rstrip("\n").split(maxsplit=5)  # address perms offset dev inode path
-                if len(fields) == 6 and fields[5].rsplit("/", 1)[-1] == name:
+                file = fields[5].rsplit("/", 1)[-1] if len(fields) == 6 else ""
+                if file == soname or file.startswith(soname + "."):
                     return fields[5]
     except OSError:
         return None
