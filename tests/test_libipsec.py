@@ -268,3 +268,23 @@ def test_a_flood_through_bounded_libipsec_stops_arriving_with_its_sender(lab_id)
     drain = got["last"] - sent["end"]
     assert drain < 2.0, f"datagrams arrived {drain:.1f} s after the sender stopped: {sent} {got}"
     assert sum(libipsec.drops(logs).values()) > 0, logs[-2000:]
+
+
+def test_a_result_line_says_whether_libipsec_bounded_its_queues():
+    from lab.campaign.runner import held_queues
+
+    held = {
+        "client": {"daemon": "charon", "rx_packets": 1256, "tx_packets": 1000, "pids": [9],
+                   "libipsec": {"library": "/x/libipsec.so.0", "bounded": True, "limit_in": 1256,
+                                "limit_out": 1000}},
+        "server": {"daemon": "wireguard-go", "rx_packets": 1280, "tx_packets": 1024},
+    }  # fmt: skip
+    assert held_queues(held) == {
+        "client": {
+            "daemon": "charon",
+            "rx_packets": 1256,
+            "tx_packets": 1000,
+            "libipsec_bounded": True,
+        },
+        "server": {"daemon": "wireguard-go", "rx_packets": 1280, "tx_packets": 1024},
+    }
