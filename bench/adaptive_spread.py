@@ -223,3 +223,68 @@ def replayed(doc: dict, rel_pct: float, min_s: float = 10.0) -> dict:
         new["more"] = [dict(p) for p in new.get("more") or []]
         out.append(new)
     return {**doc, "cases": out}
+
+
+# ------------------------------------------------------------------ the rule on one connection
+
+
+def self_check(docs: list[dict], rel_pct: float = 5.0, min_s: float = 10.0) -> dict:
+    """The stop rule replayed on each FIXED leg's own seconds (replay_leg), against the same
+    connection's whole-run rate: a paired check, free of the spread between connections that
+    `analyse` has to allow for. Where a rule stops in a phase of the sender's cycle that is
+    systematically fast or slow, the ratios lean one way; only the leg's own length limits
+    it (a 60-s leg holds two or three cycles of a delayed cubic flow, a 300-s leg a dozen).
+
+    Per leg: the figure where the rule would have stopped, its seconds, the connection's
+    whole-run receiver rate (the figure the study reports) and the ratio; overall the mean
+    log ratio over the legs that stopped, with its t interval (legs as independent)."""
+    rule = Rule(rel_half_width=rel_pct / 100, min_s=min_s)
+    rows, logs = [], []
+    for doc in docs:
+        for case in doc["cases"]:
+            for pair in [case, *(case.get("more") or [])]:
+                leg = pair["fixed"]
+                n = len(leg.get("server_intervals") or [])
+                got = replay_leg(leg, rule, cap_s=float(n)) if n else None
+                whole = leg["receiver_bps"]
+                row = {
+                    "profile": case["row"]["profile"], "point": case["row"]["condition"],
+                    "seconds": n, "whole_mbit": whole / 1e6,
+                    "stopped_s": got[1] if got else None,
+                    "stopped_mbit": got[0] / 1e6 if got else None,
+                    "ratio": got[0] / whole if got and whole else None,
+                }  # fmt: skip
+                rows.append(row)
+                if row["ratio"]:
+                    logs.append(math.log(row["ratio"]))
+    n = len(logs)
+    m = sum(logs) / n if n else math.nan
+    if n >= 2:
+        sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
+        h = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    else:
+        sd = h = math.nan
+    return {
+        "rows": rows, "stopped": n, "legs": len(rows), "ratio": math.exp(m),
+        "low": math.exp(m - h), "high": math.exp(m + h), "rel_sd": sd,
+    }  # fmt: skip
+
+
+def print_self_check(docs: list[dict], names: list[str], rel_pct: float) -> int:
+    """Print self_check (bench/adaptive_tcp.py --self)."""
+    x = self_check(docs, rel_pct)
+    print(f"the rule at +-{rel_pct:g} % replayed on the fixed legs of: {', '.join(names)}")
+    print("| profile | point | leg s | whole-run Mbit/s | rule stops at s | there Mbit/s | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for r in x["rows"]:
+        at = "-" if r["stopped_s"] is None else f"{r['stopped_s']}"
+        fig = "-" if r["stopped_mbit"] is None else f"{r['stopped_mbit']:.4g}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        print(f"| {r['profile']} | {r['point']} | {r['seconds']} | {r['whole_mbit']:.4g} | {at} "
+              f"| {fig} | {ratio} |")  # fmt: skip
+    print(
+        f"\n{x['stopped']} of {x['legs']} legs stopped before their end; stopped / whole run = "
+        f"x{x['ratio']:.3f} [{x['low']:.3f}, {x['high']:.3f}] (95 %, t over the legs), "
+        f"relative sd {100 * x['rel_sd']:.1f} %"
+    )
+    return 0
