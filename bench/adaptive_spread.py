@@ -41,7 +41,7 @@ from collections import defaultdict
 
 from scipy import stats
 
-from lab.measure.tcpsender import CYCLE_END_S, MIN_EPOCHS, timeouts_settled
+from lab.measure.tcpsender import CYCLE_END_S, MIN_EPOCHS, Cycles, timeouts_settled
 from lab.model.stoprule import Rule, evaluate
 
 
@@ -171,16 +171,18 @@ def replay_leg(leg: dict, rule: Rule, cap_s: float) -> tuple[float, int] | None:
     this leg's receiver seconds, or None when it would not have stopped within them (the
     leg's own figure and seconds then stand). Replayed, not run: the interval on iperf3's whole server seconds
     (standing in for the live ss rates), and the sender's conditions from what the leg kept
-    (`events_at_s`, `timeouts_at_s`: when a congestion event or a timeout was read): two
-    events in the kept seconds, the stop within CYCLE_END_S of the last; none only where the
-    kept rates are steady (relative sd under 2 %: a window-bound flow; the live rule reads the
-    window itself, which the record does not keep); the timeout rule as live."""
+    (`sender_readings`: the live rule itself, lab.measure.tcpsender.Cycles.settled; a record
+    from before them has `events_at_s`: two events in the kept seconds, the stop within
+    CYCLE_END_S of the last, none only where the kept rates are steady, a relative sd under
+    2 %, standing in for the window the live rule reads), `timeouts_at_s` for the timeout rule
+    as live."""
     from bench.adaptive_tcp import whole_seconds
 
     rates = [iv["bps"] for iv in whole_seconds(leg["server_intervals"])]
     cyc = _leg_cycles(leg)
     events = [int(e) - 1 for e in cyc.get("events_at_s") or []]
     rtos = [int(e) - 1 for e in cyc.get("timeouts_at_s") or []]
+    readings = cyc.get("sender_readings")
     for t in range(1, len(rates) + 1):
         d = evaluate(rates[:t], rule, cap_s=cap_s)
         if not (d.stop and d.reason == "ci"):
@@ -188,7 +190,12 @@ def replay_leg(leg: dict, rule: Rule, cap_s: float) -> tuple[float, int] | None:
         w = d.warmup_samples
         kept = rates[w:t]
         ev = [i for i in events if w <= i < t]
-        if len(ev) >= MIN_EPOCHS:
+        if readings:
+            # the live rule on the readings up to second t (a reading at s ends second int(s)-1)
+            cycles = Cycles.from_record([r for r in readings if r[0] < t + 1])
+            if not cycles.settled(float(w))[0]:
+                continue
+        elif len(ev) >= MIN_EPOCHS:
             if t - 1 - ev[-1] > CYCLE_END_S:
                 continue
         elif ev:

@@ -161,3 +161,27 @@ def test_self_check_compares_with_the_whole_run_not_with_itself():
     x = self_check([doc])
     assert x["stopped"] == 3
     assert x["low"] > 1.5
+
+
+def test_replay_applies_the_live_cycle_rule_to_recorded_readings():
+    """With the sender's readings kept, the replay asks lab.measure.tcpsender's own rule: a flow
+    whose window keeps growing without a congestion event never stops, however steady its
+    rates look (the stand-in for older records would have stopped it)."""
+    from bench.adaptive_spread import replay_leg
+    from lab.measure.tcpsender import Cycles, SenderState
+    from lab.model.stoprule import Rule
+
+    rates = [100.0] * 60
+    leg = _fixed_leg(rates, 100.0, [])
+    growing = Cycles()
+    for i in range(60):
+        growing.add(i + 1.1, SenderState("cubic", 100 + 10 * i, None, None, None))
+    leg["adaptive"]["cycles"]["sender_readings"] = growing.record(0.0)
+    assert replay_leg(leg, Rule(min_s=10), cap_s=60.0) is None
+    steady = Cycles()
+    for i in range(60):
+        steady.add(i + 1.1, SenderState("cubic", 500, None, None, None))
+    leg["adaptive"]["cycles"]["sender_readings"] = steady.record(0.0)
+    got = replay_leg(leg, Rule(min_s=10), cap_s=60.0)
+    assert got is not None and got[1] < 30
+    assert Cycles.from_record(steady.record(0.0)).readings[3][1].cwnd == 500
