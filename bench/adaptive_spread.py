@@ -41,7 +41,7 @@ from collections import defaultdict
 
 from scipy import stats
 
-from lab.measure.tcpsender import CYCLE_END_S, MIN_EPOCHS, timeouts_settled
+from lab.measure.tcpsender import CYCLE_END_S, MIN_EPOCHS, Cycles, timeouts_settled
 from lab.model.stoprule import Rule, evaluate
 
 
@@ -171,16 +171,18 @@ def replay_leg(leg: dict, rule: Rule, cap_s: float) -> tuple[float, int] | None:
     this leg's receiver seconds, or None when it would not have stopped within them (the
     leg's own figure and seconds then stand). Replayed, not run: the interval on iperf3's whole server seconds
     (standing in for the live ss rates), and the sender's conditions from what the leg kept
-    (`events_at_s`, `timeouts_at_s`: when a congestion event or a timeout was read): two
-    events in the kept seconds, the stop within CYCLE_END_S of the last; none only where the
-    kept rates are steady (relative sd under 2 %: a window-bound flow; the live rule reads the
-    window itself, which the record does not keep); the timeout rule as live."""
+    (`sender_readings`: the live rule itself, lab.measure.tcpsender.Cycles.settled; a record
+    from before them has `events_at_s`: two events in the kept seconds, the stop within
+    CYCLE_END_S of the last, none only where the kept rates are steady, a relative sd under
+    2 %, standing in for the window the live rule reads), `timeouts_at_s` for the timeout rule
+    as live."""
     from bench.adaptive_tcp import whole_seconds
 
     rates = [iv["bps"] for iv in whole_seconds(leg["server_intervals"])]
     cyc = _leg_cycles(leg)
     events = [int(e) - 1 for e in cyc.get("events_at_s") or []]
     rtos = [int(e) - 1 for e in cyc.get("timeouts_at_s") or []]
+    readings = cyc.get("sender_readings")
     for t in range(1, len(rates) + 1):
         d = evaluate(rates[:t], rule, cap_s=cap_s)
         if not (d.stop and d.reason == "ci"):
@@ -188,7 +190,12 @@ def replay_leg(leg: dict, rule: Rule, cap_s: float) -> tuple[float, int] | None:
         w = d.warmup_samples
         kept = rates[w:t]
         ev = [i for i in events if w <= i < t]
-        if len(ev) >= MIN_EPOCHS:
+        if readings:
+            # the live rule on the readings up to second t (a reading at s ends second int(s)-1)
+            cycles = Cycles.from_record([r for r in readings if r[0] < t + 1])
+            if not cycles.settled(float(w))[0]:
+                continue
+        elif len(ev) >= MIN_EPOCHS:
             if t - 1 - ev[-1] > CYCLE_END_S:
                 continue
         elif ev:
@@ -223,3 +230,68 @@ def replayed(doc: dict, rel_pct: float, min_s: float = 10.0) -> dict:
         new["more"] = [dict(p) for p in new.get("more") or []]
         out.append(new)
     return {**doc, "cases": out}
+
+
+# ------------------------------------------------------------------ the rule on one connection
+
+
+def self_check(docs: list[dict], rel_pct: float = 5.0, min_s: float = 10.0) -> dict:
+    """The stop rule replayed on each FIXED leg's own seconds (replay_leg), against the same
+    connection's whole-run rate: a paired check, free of the spread between connections that
+    `analyse` has to allow for. Where a rule stops in a phase of the sender's cycle that is
+    systematically fast or slow, the ratios lean one way; only the leg's own length limits
+    it (a 60-s leg holds two or three cycles of a delayed cubic flow, a 300-s leg a dozen).
+
+    Per leg: the figure where the rule would have stopped, its seconds, the connection's
+    whole-run receiver rate (the figure the study reports) and the ratio; overall the mean
+    log ratio over the legs that stopped, with its t interval (legs as independent)."""
+    rule = Rule(rel_half_width=rel_pct / 100, min_s=min_s)
+    rows, logs = [], []
+    for doc in docs:
+        for case in doc["cases"]:
+            for pair in [case, *(case.get("more") or [])]:
+                leg = pair["fixed"]
+                n = len(leg.get("server_intervals") or [])
+                got = replay_leg(leg, rule, cap_s=float(n)) if n else None
+                whole = leg["receiver_bps"]
+                row = {
+                    "profile": case["row"]["profile"], "point": case["row"]["condition"],
+                    "seconds": n, "whole_mbit": whole / 1e6,
+                    "stopped_s": got[1] if got else None,
+                    "stopped_mbit": got[0] / 1e6 if got else None,
+                    "ratio": got[0] / whole if got and whole else None,
+                }  # fmt: skip
+                rows.append(row)
+                if row["ratio"]:
+                    logs.append(math.log(row["ratio"]))
+    n = len(logs)
+    m = sum(logs) / n if n else math.nan
+    if n >= 2:
+        sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
+        h = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    else:
+        sd = h = math.nan
+    return {
+        "rows": rows, "stopped": n, "legs": len(rows), "ratio": math.exp(m),
+        "low": math.exp(m - h), "high": math.exp(m + h), "rel_sd": sd,
+    }  # fmt: skip
+
+
+def print_self_check(docs: list[dict], names: list[str], rel_pct: float) -> int:
+    """Print self_check (bench/adaptive_tcp.py --self)."""
+    x = self_check(docs, rel_pct)
+    print(f"the rule at +-{rel_pct:g} % replayed on the fixed legs of: {', '.join(names)}")
+    print("| profile | point | leg s | whole-run Mbit/s | rule stops at s | there Mbit/s | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for r in x["rows"]:
+        at = "-" if r["stopped_s"] is None else f"{r['stopped_s']}"
+        fig = "-" if r["stopped_mbit"] is None else f"{r['stopped_mbit']:.4g}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        print(f"| {r['profile']} | {r['point']} | {r['seconds']} | {r['whole_mbit']:.4g} | {at} "
+              f"| {fig} | {ratio} |")  # fmt: skip
+    print(
+        f"\n{x['stopped']} of {x['legs']} legs stopped before their end; stopped / whole run = "
+        f"x{x['ratio']:.3f} [{x['low']:.3f}, {x['high']:.3f}] (95 %, t over the legs), "
+        f"relative sd {100 * x['rel_sd']:.1f} %"
+    )
+    return 0

@@ -4,6 +4,7 @@
     sudo .venv/bin/python bench/adaptive_tcp.py [--fixed-s 60] [--cap-s 300] [--cases N]
     .venv/bin/python bench/adaptive_tcp.py --replay FILE --rel-pct 10 --out OUT  # no lab
     .venv/bin/python bench/adaptive_tcp.py --recheck FILE  # what the check can show, no lab
+    .venv/bin/python bench/adaptive_tcp.py --self FILE...  # the rule on each fixed leg, no lab
 
 For each case (a study A profile at a study A impairment point, two Pi 4 emulations, tcp
 client-to-server, the plan's rule: +-5 % at 95 %, 10 s minimum) the test runs twice in the same
@@ -79,11 +80,19 @@ def main() -> int:
     ap.add_argument("--recheck", type=Path, metavar="FILE", help="what FILE's check can show")
     ap.add_argument("--spread", type=Path, nargs="+", metavar="FILE",
                     help="adaptive against the spread of fixed connections, pooled over FILEs")  # fmt: skip
+    ap.add_argument("--self", type=Path, nargs="+", metavar="FILE", dest="self_check",
+                    help="the rule replayed on each fixed leg against that connection's whole run")  # fmt: skip
     a = ap.parse_args()
     if a.replay:
         return replay(a)
     if a.recheck:
         return recheck(json.loads(a.recheck.read_text()))
+    if a.self_check:
+        from bench.adaptive_spread import print_self_check
+
+        docs = [json.loads(f.read_text()) for f in a.self_check]
+        rel = 5.0 if a.rel_pct is None else a.rel_pct
+        return print_self_check(docs, [str(f) for f in a.self_check], rel)
     if a.spread:
         from bench.adaptive_spread import replayed, spread
 

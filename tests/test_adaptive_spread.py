@@ -114,3 +114,74 @@ def test_replay_stops_at_a_cycles_end_and_sooner_at_a_wider_target():
         assert t - 1 - last <= 1
     # no event at all in a swinging stream: never stopped (its window is not known to be steady)
     assert replay_leg(_leg(rates, []), Rule(rel_half_width=0.10), 300) is None
+
+
+def _fixed_leg(rates_mbit: list[float], whole_mbit: float, events: list[float]) -> dict:
+    """A fixed leg as bench/adaptive_tcp.py keeps it: the server's seconds, the whole-run
+    rate, the congestion events the sender's readings saw."""
+    return {
+        "server_intervals": [
+            {"start": i, "end": i + 1.0, "bps": r * 1e6, "omitted": False}
+            for i, r in enumerate(rates_mbit)
+        ],
+        "receiver_bps": whole_mbit * 1e6,
+        "adaptive": {"cycles": {"events_at_s": events, "timeouts_at_s": []}},
+    }
+
+
+def _sawtooth(seconds: int, period: int) -> tuple[list[float], list[float]]:
+    """A cubic-like flow: each cycle ramps from 70 to 100 Mbit/s, a congestion event at its end."""
+    rates = [70 + 30 * (i % period) / (period - 1) for i in range(seconds)]
+    return rates, [float(t) + 0.1 for t in range(period, seconds + 1, period)]
+
+
+def test_self_check_finds_no_bias_on_whole_cycles():
+    from bench.adaptive_spread import self_check
+
+    rates, events = _sawtooth(120, 12)
+    leg = _fixed_leg(rates, sum(rates) / len(rates), events)
+    doc = {"cases": [{"row": {"profile": "p", "condition": "x"}, "fixed": leg, "more": []}]}
+    x = self_check([doc])
+    assert x["stopped"] == 1
+    # the stop comes at a cycle's end, so it keeps whole ramps: the run's mean
+    assert abs(x["rows"][0]["ratio"] - 1) < 0.03
+
+
+def test_self_check_compares_with_the_whole_run_not_with_itself():
+    from bench.adaptive_spread import self_check
+
+    rates, events = _sawtooth(120, 12)
+    legs = [_fixed_leg(rates, 0.6 * sum(rates) / len(rates), events) for _ in range(3)]
+    doc = {
+        "cases": [
+            {"row": {"profile": "p", "condition": "x"}, "fixed": legs[0],
+             "more": [{"fixed": leg} for leg in legs[1:]]}
+        ]
+    }  # fmt: skip
+    x = self_check([doc])
+    assert x["stopped"] == 3
+    assert x["low"] > 1.5
+
+
+def test_replay_applies_the_live_cycle_rule_to_recorded_readings():
+    """With the sender's readings kept, the replay asks lab.measure.tcpsender's own rule: a flow
+    whose window keeps growing without a congestion event never stops, however steady its
+    rates look (the stand-in for older records would have stopped it)."""
+    from bench.adaptive_spread import replay_leg
+    from lab.measure.tcpsender import Cycles, SenderState
+    from lab.model.stoprule import Rule
+
+    rates = [100.0] * 60
+    leg = _fixed_leg(rates, 100.0, [])
+    growing = Cycles()
+    for i in range(60):
+        growing.add(i + 1.1, SenderState("cubic", 100 + 10 * i, None, None, None))
+    leg["adaptive"]["cycles"]["sender_readings"] = growing.record(0.0)
+    assert replay_leg(leg, Rule(min_s=10), cap_s=60.0) is None
+    steady = Cycles()
+    for i in range(60):
+        steady.add(i + 1.1, SenderState("cubic", 500, None, None, None))
+    leg["adaptive"]["cycles"]["sender_readings"] = steady.record(0.0)
+    got = replay_leg(leg, Rule(min_s=10), cap_s=60.0)
+    assert got is not None and got[1] < 30
+    assert Cycles.from_record(steady.record(0.0)).readings[3][1].cwnd == 500

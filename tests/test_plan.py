@@ -236,3 +236,14 @@ def test_a_bad_impairment_names_file_point_and_keyword_once(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_plan(write(tmp_path, bad_sweep, "sweep.toml"))
     assert str(e.value).count("impairments[2]") == 1, str(e.value)
+
+
+def test_adaptive_rel_pct_override_reaches_every_test_that_takes_it():
+    plan = load_plan("study_a", ["adaptive_rel_pct=10"])
+    got = {t.label: t.params.get("adaptive_rel_pct") for t in plan.tests}
+    assert got["tcp"] == 10 and got["udp-400m-1300"] == 10 and got["ping"] == 10
+    assert got["scp"] == 10
+    assert got["mtu"] is None  # mtu has no stop rule: nothing is given to it
+    with pytest.raises(ConfigError) as e:
+        load_plan("study_a", ["adaptive_rel_pct=0"])
+    assert "adaptive_rel_pct" in str(e.value)

@@ -16,6 +16,8 @@ OVERRIDE_KEYS = {
     "duration_s": "duration_s of every test that takes one (wins over per-test values; "
     "`duration` is its old name)",
     "adaptive": "true or false: adaptive length of every test that has it (wins over per-test, but a bidir test keeps its own)",
+    "adaptive_rel_pct": "the stop rule's target half-width (% of the mean) of every test that "
+    "takes one (set as [defaults], wins over per-test values)",
     "profiles": "comma-separated profile specs",
     "impairments": "comma-separated impairment names ('none', presets) or ';'-separated specs",
     "tests": "comma-separated test labels to keep",
@@ -88,6 +90,14 @@ def apply_overrides(raw: dict, overrides: list[str], *, source: str) -> dict:
                     t.pop("duration_s", None)
             if isinstance(raw.get("defaults"), dict):
                 raw["defaults"].pop("duration_s", None)
+        elif key == "adaptive_rel_pct":
+            defaults = raw.setdefault("defaults", {})
+            if not isinstance(defaults, dict):
+                raise ConfigError("[defaults] must be a table", source=source, field="defaults")
+            defaults[key] = value  # each test that takes it validates it (its range, its type)
+            for t in raw.get("tests") or []:
+                if isinstance(t, dict):
+                    t.pop(key, None)
         elif key in ("profiles", "impairments"):
             raw[key] = _split_list(key, value)
         elif key == "tests":

@@ -170,6 +170,22 @@ class Cycles:
             prev = st.ssthresh
         return out
 
+    def record(self, t0: float) -> list[list]:
+        """The readings for a record: [s from t0, cwnd, ssthresh, busy ms, limited ms] each
+        (what `settled` reads, so a replay can apply the same rule: bench/adaptive_spread.py)."""
+        return [
+            [round(t - t0, 1), st.cwnd, st.ssthresh, st.busy_ms, st.limited_ms]
+            for t, st in self.readings
+        ]
+
+    @classmethod
+    def from_record(cls, rows: list[list], t0: float = 0.0) -> Cycles:
+        """The readings `record` wrote (congestion control unknown: a loss-based one)."""
+        out = cls()
+        for t, cwnd, ssthresh, busy, limited in rows:
+            out.add(t0 + t, SenderState(None, cwnd, ssthresh, busy, limited))
+        return out
+
     def limited_share(self, t0: float) -> float | None:
         """The share of the sender's busy time from t0 on that the receive window or the send
         buffer limited (tcp_info's busy/rwnd_limited/sndbuf_limited, as ss prints them);

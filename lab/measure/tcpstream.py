@@ -371,6 +371,7 @@ def run_streaming(
             "timeouts_in_run": timeouts.total(),
             "events_at_s": [round(t - t0, 1) for t in cycles.event_times()],
             "timeouts_at_s": [round(t - t0, 1) for t in timeouts.times(t0)],
+            "sender_readings": cycles.record(t0),
         }
         return metrics, info
     try:
@@ -409,6 +410,7 @@ def run_streaming(
             # when the sender's congestion events and timeouts were read (s from the start)
             "events_at_s": [round(t - t0, 1) for t in cycles.event_times()],
             "timeouts_at_s": [round(t - t0, 1) for t in timeouts.times(t0)],
+            "sender_readings": cycles.record(t0),
             "held_by_cycles_s": held_s,
             "requested_s": cap_s,
             "ran_s": ran,
