@@ -296,7 +296,18 @@ def test_a_window_that_opens_without_losses_is_not_settled_but_a_steady_one_is()
     ok, why = opening.settled(0)
     assert not ok and "x2.80" in why
     steady = _cycles(*[(t, "cubic", 300 + (t % 2), None) for t in range(10)])
-    assert steady.settled(0)[0]
+    assert steady.settled(0)[0]  # ss without tcp_info's limits: the window alone decides
+
+
+def test_cubics_plateau_is_not_a_steady_flow_where_the_limits_are_read():
+    """s16, WireGuard at 40 ms each way: after slow start's losses cubic's window stayed
+    within 3 % for 10 s near the last loss's (the plateau around K) while nothing but the
+    window limited the sender; the rule stopped there, 13 % above the 300-s run."""
+    c = tcpsender.Cycles()
+    for t in range(12):
+        c.add(t, tcpsender.SenderState("cubic", 2262 + 7 * t, 1889, 1000 * t, 1988))
+    ok, why = c.settled(0)
+    assert not ok and why == "0 congestion events of 2, cwnd x1.03"
 
 
 def test_bbr_and_a_sender_without_readings_leave_the_decision_to_the_interval():

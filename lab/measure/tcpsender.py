@@ -211,9 +211,12 @@ class Cycles:
                     "comes at a cycle's end)"
                 )
             return True, f"{events} congestion events in the kept seconds"
-        if events == 0 and growth is not None and growth <= STEADY_CWND_GROWTH:
-            return True, "no congestion event and a steady window (receive-window or buffer bound)"
         share = self.limited_share(t0)
+        if events == 0 and growth is not None and growth <= STEADY_CWND_GROWTH and share is None:
+            # only where tcp_info's limits cannot be read: near the window of its last loss
+            # cubic's curve is flat for seconds (the plateau around K), a steady window there
+            # is a cycle's middle, which only those limits tell apart from a window-bound flow
+            return True, "no congestion event and a steady window (receive-window or buffer bound)"
         if events == 0 and growth is not None and share is not None and share >= LIMITED_SHARE:
             # the window grew, but the receiver's window or the send buffer held the flow: an
             # unused congestion window opens without filling a queue (cubic grows it anyway)
