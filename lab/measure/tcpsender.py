@@ -6,13 +6,14 @@ also pass on them: whole congestion cycles (`Cycles`) and a settled timeout cost
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import shlex
 import statistics
 from dataclasses import dataclass, field
 
-from lab.model.stoprule import Rule
+from lab.model.stoprule import MIN_CYCLES, Rule, regenerative_interval
 
 #: congestion events (ssthresh set anew) a stop needs in its kept seconds: two bound one whole
 #: sawtooth cycle of a loss-based sender
@@ -194,6 +195,46 @@ class Cycles:
         if len(kept) < 2 or kept[-1].busy_ms <= kept[0].busy_ms:
             return None
         return (kept[-1].limited_ms - kept[0].limited_ms) / (kept[-1].busy_ms - kept[0].busy_ms)
+
+    def whole_cycles(
+        self, rates: list[float], starts: list[float], w: int, rule: Rule
+    ) -> tuple[bool, int, str] | None:
+        """Where the kept seconds (rates[w:], `starts` when each began) hold congestion events:
+        (the regenerative interval over their whole cycles meets the rule, the index of the
+        first whole cycle's first second, why). None for a flow with fewer than MIN_EPOCHS
+        events there (the other conditions of `settled` decide it)."""
+        if not starts or w >= len(starts):
+            return None
+        if len([t for t in self.event_times() if t >= starts[w]]) < MIN_EPOCHS:
+            return None
+        # the run's first event ends slow start and the cycle it opens recovers from slow
+        # start's overshoot (its window cut to a fraction of the path's): cycles count from
+        # the second event on
+        times = [t for t in self.event_times()[1:] if t >= starts[w]]
+        # the second that held each reading (its rate began before the reading)
+        cuts = [bisect.bisect_left(starts, t) - 1 for t in times]
+        iv = regenerative_interval(rates, cuts, rule.confidence)
+        n = len(set(cuts)) - 1
+        if iv is None:
+            return False, w, f"{n} whole congestion cycles of {MIN_CYCLES}"
+        first = min(cuts) + 1
+        if iv.rel > rule.rel_half_width:
+            return (
+                False,
+                first,
+                (
+                    f"{iv.n} whole congestion cycles, +-{100 * iv.rel:.1f} % over cycles (more than "
+                    f"+-{100 * rule.rel_half_width:g} %)"
+                ),
+            )
+        return (
+            True,
+            first,
+            (
+                f"{iv.n} whole congestion cycles, +-{100 * iv.rel:.1f} % over cycles; kept from "
+                "the first cycle's start"
+            ),
+        )
 
     def settled(self, t0: float) -> tuple[bool, str]:
         """Whether the seconds from t0 on hold whole congestion cycles (see the module text)."""

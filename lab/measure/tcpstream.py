@@ -36,6 +36,10 @@ holds it: a queue filling at the bottleneck, rate flat until the loss, or cubic'
 (its window stays within a few % of the last loss's for seconds around K: WireGuard at 40 ms
 each way stopped there 20 s in, 13 % above its 300-s run, s16). Only where ss prints no such
 limits (older iproute2) a window that did not grow settles alone.
+Where the kept seconds hold events, the interval over whole cycles (the regenerative
+method, lab.model.stoprule.regenerative_interval, at least MIN_CYCLES cycles counted from the
+run's second event) must hold the target too, and the kept seconds then start at the first
+whole cycle: 2-s batches inside one long ramp agree and say little about the next cycle.
 BBR does not cycle on losses and is not held; without a sender reading the rule decides alone
 (the record says which). And a stop comes at a cycle's end (the reading that saw an event or
 the next, CYCLE_END_S): the seconds after the last event are the start of a cycle, its lowest
@@ -345,6 +349,14 @@ def run_streaming(
                     if not (settled and rto_ok):
                         held_s += SAMPLE_S
                         continue
+                    whole = cycles.whole_cycles(series.rates, series.starts, w, rule)
+                    if whole is not None:
+                        ok, first, cycle_why = whole
+                        if not ok:
+                            held_s += SAMPLE_S
+                            continue
+                        # the kept seconds start where the first whole cycle did
+                        decision = replace(decision, warmup_samples=first)
                     stopped = True
                     p.send_signal(signal.SIGINT)  # iperf3 prints its document and exits
                     try:
