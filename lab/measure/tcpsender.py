@@ -13,7 +13,7 @@ import shlex
 import statistics
 from dataclasses import dataclass, field
 
-from lab.model.stoprule import MIN_CYCLES, Rule, regenerative_interval
+from lab.model.stoprule import MIN_CYCLES, Interval, Rule, regenerative_interval
 
 #: congestion events (ssthresh set anew) a stop needs in its kept seconds: two bound one whole
 #: sawtooth cycle of a loss-based sender
@@ -198,11 +198,11 @@ class Cycles:
 
     def whole_cycles(
         self, rates: list[float], starts: list[float], w: int, rule: Rule
-    ) -> tuple[bool, int, str] | None:
+    ) -> tuple[bool, int, str, Interval | None] | None:
         """Where the kept seconds (rates[w:], `starts` when each began) hold congestion events:
         (the regenerative interval over their whole cycles meets the rule, the index of the
-        first whole cycle's first second, why). None for a flow with fewer than MIN_EPOCHS
-        events there (the other conditions of `settled` decide it)."""
+        first whole cycle's first second, why, that interval). None for a flow with fewer than
+        MIN_EPOCHS events there (the other conditions of `settled` decide it)."""
         if not starts or w >= len(starts):
             return None
         if len([t for t in self.event_times() if t >= starts[w]]) < MIN_EPOCHS:
@@ -216,25 +216,12 @@ class Cycles:
         iv = regenerative_interval(rates, cuts, rule.confidence)
         n = len(set(cuts)) - 1
         if iv is None:
-            return False, w, f"{n} whole congestion cycles of {MIN_CYCLES}"
+            return False, w, f"{n} whole congestion cycles of {MIN_CYCLES}", None
         first = min(cuts) + 1
+        reached = f"{iv.n} whole congestion cycles, +-{100 * iv.rel:.1f} % over cycles"
         if iv.rel > rule.rel_half_width:
-            return (
-                False,
-                first,
-                (
-                    f"{iv.n} whole congestion cycles, +-{100 * iv.rel:.1f} % over cycles (more than "
-                    f"+-{100 * rule.rel_half_width:g} %)"
-                ),
-            )
-        return (
-            True,
-            first,
-            (
-                f"{iv.n} whole congestion cycles, +-{100 * iv.rel:.1f} % over cycles; kept from "
-                "the first cycle's start"
-            ),
-        )
+            return False, first, f"{reached} (more than +-{100 * rule.rel_half_width:g} %)", iv
+        return True, first, f"{reached}; kept from the first cycle's start", iv
 
     def settled(self, t0: float) -> tuple[bool, str]:
         """Whether the seconds from t0 on hold whole congestion cycles (see the module text)."""

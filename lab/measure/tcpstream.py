@@ -351,7 +351,7 @@ def run_streaming(
                         continue
                     whole = cycles.whole_cycles(series.rates, series.starts, w, rule)
                     if whole is not None:
-                        ok, first, cycle_why = whole
+                        ok, first, cycle_why, _ = whole
                         if not ok:
                             held_s += SAMPLE_S
                             continue
