@@ -77,8 +77,10 @@ def pooled_var(groups: list[list[float]]) -> tuple[float, int]:
     return (ss / df if df else math.nan), df
 
 
-def analyse(docs: list[dict]) -> dict:
-    """The check's figures over the pooled legs of `docs` (see the module's docstring)."""
+def analyse(docs: list[dict], fixed_only: list[dict] = ()) -> dict:
+    """The check's figures over the pooled legs of `docs` (see the module's docstring);
+    `fixed_only` adds its files' fixed legs alone (earlier runs of the same cases, whose
+    adaptive legs ran another rule)."""
     cases: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(
         lambda: {"fixed": [], "adaptive": []}
     )
@@ -86,6 +88,9 @@ def analyse(docs: list[dict]) -> dict:
         for key, got in legs(doc).items():
             cases[key]["fixed"] += got["fixed"]
             cases[key]["adaptive"] += got["adaptive"]
+    for doc in fixed_only:
+        for key, got in legs(doc).items():
+            cases[key]["fixed"] += got["fixed"]
     logs = {
         k: {m: [math.log(x) for x in v[m] if x > 0] for m in ("fixed", "adaptive")}
         for k, v in cases.items()
@@ -132,10 +137,13 @@ def analyse(docs: list[dict]) -> dict:
     }
 
 
-def spread(docs: list[dict], names: list[str]) -> int:
+def spread(docs: list[dict], names: list[str], fixed_only: list[dict] = (),
+           fixed_names: list[str] = ()) -> int:  # fmt: skip
     """Print the check over the pooled legs of `docs` (bench/adaptive_tcp.py --spread)."""
-    x = analyse(docs)
+    x = analyse(docs, fixed_only)
     print(f"pooled: {', '.join(names)}")
+    if fixed_names:
+        print(f"fixed legs also from: {', '.join(fixed_names)}")
     print(
         "| profile | point | fixed legs, Mbit/s | where one more fixed leg lands (95 %) "
         "| adaptive legs, Mbit/s | inside |"
