@@ -77,8 +77,10 @@ def pooled_var(groups: list[list[float]]) -> tuple[float, int]:
     return (ss / df if df else math.nan), df
 
 
-def analyse(docs: list[dict]) -> dict:
-    """The check's figures over the pooled legs of `docs` (see the module's docstring)."""
+def analyse(docs: list[dict], fixed_only: list[dict] = ()) -> dict:
+    """The check's figures over the pooled legs of `docs` (see the module's docstring);
+    `fixed_only` adds its files' fixed legs alone (earlier runs of the same cases, whose
+    adaptive legs ran another rule)."""
     cases: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(
         lambda: {"fixed": [], "adaptive": []}
     )
@@ -86,6 +88,9 @@ def analyse(docs: list[dict]) -> dict:
         for key, got in legs(doc).items():
             cases[key]["fixed"] += got["fixed"]
             cases[key]["adaptive"] += got["adaptive"]
+    for doc in fixed_only:
+        for key, got in legs(doc).items():
+            cases[key]["fixed"] += got["fixed"]
     logs = {
         k: {m: [math.log(x) for x in v[m] if x > 0] for m in ("fixed", "adaptive")}
         for k, v in cases.items()
@@ -132,10 +137,13 @@ def analyse(docs: list[dict]) -> dict:
     }
 
 
-def spread(docs: list[dict], names: list[str]) -> int:
+def spread(docs: list[dict], names: list[str], fixed_only: list[dict] = (),
+           fixed_names: list[str] = ()) -> int:  # fmt: skip
     """Print the check over the pooled legs of `docs` (bench/adaptive_tcp.py --spread)."""
-    x = analyse(docs)
+    x = analyse(docs, fixed_only)
     print(f"pooled: {', '.join(names)}")
+    if fixed_names:
+        print(f"fixed legs also from: {', '.join(fixed_names)}")
     print(
         "| profile | point | fixed legs, Mbit/s | where one more fixed leg lands (95 %) "
         "| adaptive legs, Mbit/s | inside |"
@@ -171,7 +179,8 @@ def replay_leg(leg: dict, rule: Rule, cap_s: float) -> tuple[float, int] | None:
     this leg's receiver seconds, or None when it would not have stopped within them (the
     leg's own figure and seconds then stand). Replayed, not run: the interval on iperf3's whole server seconds
     (standing in for the live ss rates), and the sender's conditions from what the leg kept
-    (`sender_readings`: the live rule itself, lab.measure.tcpsender.Cycles.settled; a record
+    (`sender_readings`: the live rules themselves, lab.measure.tcpsender.Cycles.settled and
+    whole_cycles, the regenerative interval over whole cycles included; a record
     from before them has `events_at_s`: two events in the kept seconds, the stop within
     CYCLE_END_S of the last, none only where the kept rates are steady, a relative sd under
     2 %, standing in for the window the live rule reads), `timeouts_at_s` for the timeout rule
@@ -190,11 +199,17 @@ def replay_leg(leg: dict, rule: Rule, cap_s: float) -> tuple[float, int] | None:
         w = d.warmup_samples
         kept = rates[w:t]
         ev = [i for i in events if w <= i < t]
+        first = w
         if readings:
             # the live rule on the readings up to second t (a reading at s ends second int(s)-1)
             cycles = Cycles.from_record([r for r in readings if r[0] < t + 1])
             if not cycles.settled(float(w))[0]:
                 continue
+            whole = cycles.whole_cycles(rates[:t], [i + 1.0 for i in range(t)], w, rule)
+            if whole is not None:
+                if not whole[0]:
+                    continue
+                first = whole[1]
         elif len(ev) >= MIN_EPOCHS:
             if t - 1 - ev[-1] > CYCLE_END_S:
                 continue
@@ -207,6 +222,7 @@ def replay_leg(leg: dict, rule: Rule, cap_s: float) -> tuple[float, int] | None:
                 continue
         ok, _ = timeouts_settled(kept, [i - w for i in rtos if w <= i < t], rule=rule)
         if ok:
+            kept = rates[first:t]  # from the first whole cycle's start where cycles decided
             return sum(kept) / len(kept), t
     return None
 

@@ -80,6 +80,8 @@ def main() -> int:
     ap.add_argument("--recheck", type=Path, metavar="FILE", help="what FILE's check can show")
     ap.add_argument("--spread", type=Path, nargs="+", metavar="FILE",
                     help="adaptive against the spread of fixed connections, pooled over FILEs")  # fmt: skip
+    ap.add_argument("--fixed-also", type=Path, nargs="+", metavar="FILE", default=[],
+                    help="with --spread: these files' fixed legs too (not their adaptive legs)")  # fmt: skip
     ap.add_argument("--self", type=Path, nargs="+", metavar="FILE", dest="self_check",
                     help="the rule replayed on each fixed leg against that connection's whole run")  # fmt: skip
     a = ap.parse_args()
@@ -99,7 +101,8 @@ def main() -> int:
         docs = [json.loads(f.read_text()) for f in a.spread]
         if a.rel_pct is not None:  # the adaptive legs replayed at that target
             docs = [replayed(d, a.rel_pct) for d in docs]
-        return spread(docs, [str(f) for f in a.spread])
+        also = [json.loads(f.read_text()) for f in a.fixed_also]
+        return spread(docs, [str(f) for f in a.spread], also, [str(f) for f in a.fixed_also])
     plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
     spec = preflight(plan)
     points = {p.name: p for p in plan.points}

@@ -185,3 +185,13 @@ def test_replay_applies_the_live_cycle_rule_to_recorded_readings():
     got = replay_leg(leg, Rule(min_s=10), cap_s=60.0)
     assert got is not None and got[1] < 30
     assert Cycles.from_record(steady.record(0.0)).readings[3][1].cwnd == 500
+
+
+def test_fixed_legs_of_other_runs_widen_the_pool_but_not_the_adaptive_legs():
+    new = _draw(1.0, 3)
+    for case in new["cases"]:
+        case["more"] = []  # one pair per case: no fixed spread of its own
+    assert analyse([new])["fixed_df"] == 0
+    x = analyse([new], [_draw(1.0, 4)])
+    assert x["fixed_df"] == 30  # 10 cases x (1 + 3 - 1)
+    assert x["legs"] == 10  # only the new file's adaptive legs are judged

@@ -227,3 +227,34 @@ def test_the_rule_reads_the_receivers_rates():
     assert receiver_rates(part) == [90.0]
     assert receiver_rates({**part, "direction": "server-to-client"}) == [100.0]
     assert receiver_rates({"direction": "client-to-server", "intervals": client}) == [100.0]
+
+
+def test_regenerative_interval_by_hand():
+    from lab.model.stoprule import regenerative_interval
+
+    rates = [9, 9, 1, 1, 2, 3, 1, 2, 4, 1, 2, 3]
+    # cuts at 2, 5, 8, 11: cycles [1, 2, 3], [1, 2, 4], [1, 2, 3] (the samples before 2 and
+    # the one at it belong to no whole cycle)
+    iv = regenerative_interval(rates, [2, 5, 8, 11])
+    assert iv.n == 3
+    assert iv.mean == pytest.approx(19 / 9)
+    # s^2 = ((6 - 19/3)^2 + (7 - 19/3)^2 + (6 - 19/3)^2) / 2 = 1/3; t(2) = 4.3027
+    assert iv.half_width == pytest.approx(
+        4.302653 * math.sqrt(1 / 3) / (3 * math.sqrt(3)), rel=1e-5
+    )
+    assert regenerative_interval(rates, [2, 5, 8]) is None  # two cycles: fewer than MIN_CYCLES
+
+
+def test_regenerative_interval_is_wide_where_batches_inside_long_cycles_look_narrow():
+    """Cycles of 20 s whose levels differ by 20 %: 2-s batch means over 60 s give a narrow
+    interval (neighbouring batches of one ramp agree), the cycles a wide one."""
+    from lab.model.stoprule import regenerative_interval
+
+    rates, cuts = [], []
+    for level in (200.0, 250.0, 210.0):
+        rates += [level * (0.7 + 0.3 * i / 19) for i in range(20)]
+        cuts.append(len(rates) - 1)
+    batches = evaluate(rates, Rule(min_s=10, warmup_s=0), cap_s=300)
+    regen = regenerative_interval(rates, [-1, *cuts])
+    assert regen.n == 3
+    assert regen.rel > 3 * batches.interval.rel

@@ -47,7 +47,7 @@ import math
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lab.core.errors import LabError
@@ -250,6 +250,17 @@ class Stream:
         if not self._settled(d.warmup_samples):
             self.held_by_cycles += 1
             return False
+        if self.sender is not None:
+            rates = self.rates()
+            starts = [t for t, _ in self.samples[: len(rates)]]
+            whole = self.cycles.whole_cycles(rates, starts, d.warmup_samples, self.rule)
+            if whole is not None:
+                ok, first, self.why["cycles"], iv = whole
+                if not ok:
+                    self.held_by_cycles += 1
+                    return False
+                # whole cycles' rate (the regenerative interval: tcpstream's rule)
+                d = replace(d, warmup_samples=first, interval=iv)
         self.decision = d
         return True
 

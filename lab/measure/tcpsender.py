@@ -6,13 +6,14 @@ also pass on them: whole congestion cycles (`Cycles`) and a settled timeout cost
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import shlex
 import statistics
 from dataclasses import dataclass, field
 
-from lab.model.stoprule import Rule
+from lab.model.stoprule import MIN_CYCLES, Interval, Rule, regenerative_interval
 
 #: congestion events (ssthresh set anew) a stop needs in its kept seconds: two bound one whole
 #: sawtooth cycle of a loss-based sender
@@ -195,6 +196,33 @@ class Cycles:
             return None
         return (kept[-1].limited_ms - kept[0].limited_ms) / (kept[-1].busy_ms - kept[0].busy_ms)
 
+    def whole_cycles(
+        self, rates: list[float], starts: list[float], w: int, rule: Rule
+    ) -> tuple[bool, int, str, Interval | None] | None:
+        """Where the kept seconds (rates[w:], `starts` when each began) hold congestion events:
+        (the regenerative interval over their whole cycles meets the rule, the index of the
+        first whole cycle's first second, why, that interval). None for a flow with fewer than
+        MIN_EPOCHS events there (the other conditions of `settled` decide it)."""
+        if not starts or w >= len(starts):
+            return None
+        if len([t for t in self.event_times() if t >= starts[w]]) < MIN_EPOCHS:
+            return None
+        # the run's first event ends slow start and the cycle it opens recovers from slow
+        # start's overshoot (its window cut to a fraction of the path's): cycles count from
+        # the second event on
+        times = [t for t in self.event_times()[1:] if t >= starts[w]]
+        # the second that held each reading (its rate began before the reading)
+        cuts = [bisect.bisect_left(starts, t) - 1 for t in times]
+        iv = regenerative_interval(rates, cuts, rule.confidence)
+        n = len(set(cuts)) - 1
+        if iv is None:
+            return False, w, f"{n} whole congestion cycles of {MIN_CYCLES}", None
+        first = min(cuts) + 1
+        reached = f"{iv.n} whole congestion cycles, +-{100 * iv.rel:.1f} % over cycles"
+        if iv.rel > rule.rel_half_width:
+            return False, first, f"{reached} (more than +-{100 * rule.rel_half_width:g} %)", iv
+        return True, first, f"{reached}; kept from the first cycle's start", iv
+
     def settled(self, t0: float) -> tuple[bool, str]:
         """Whether the seconds from t0 on hold whole congestion cycles (see the module text)."""
         if not self.readings:
@@ -211,9 +239,12 @@ class Cycles:
                     "comes at a cycle's end)"
                 )
             return True, f"{events} congestion events in the kept seconds"
-        if events == 0 and growth is not None and growth <= STEADY_CWND_GROWTH:
-            return True, "no congestion event and a steady window (receive-window or buffer bound)"
         share = self.limited_share(t0)
+        if events == 0 and growth is not None and growth <= STEADY_CWND_GROWTH and share is None:
+            # only where tcp_info's limits cannot be read: near the window of its last loss
+            # cubic's curve is flat for seconds (the plateau around K), a steady window there
+            # is a cycle's middle, which only those limits tell apart from a window-bound flow
+            return True, "no congestion event and a steady window (receive-window or buffer bound)"
         if events == 0 and growth is not None and share is not None and share >= LIMITED_SHARE:
             # the window grew, but the receiver's window or the send buffer held the flow: an
             # unused congestion window opens without filling a queue (cubic grows it anyway)

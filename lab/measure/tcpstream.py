@@ -27,13 +27,19 @@ rates inside one cycle are correlated beyond any 2-s batch, so an interval over 
 cycle looks narrow and says little (the openvpn case at 60 ms each way stopped at 15 s, 30 %
 above a 60-s run: its window was still opening). So the sender's socket is read too (``ss``
 on the sending node: congestion control, cwnd, ssthresh), and a stop also needs the kept
-seconds to hold MIN_EPOCHS congestion events (ssthresh set anew), or none and a window that
-did not grow (a flow held by its receive window or buffers, whose per-second rate is steady),
-or grew while the receive window or the send buffer limited the sender (tcp_info's
-rwnd_limited + sndbuf_limited at least LIMITED_SHARE of its busy time over the kept seconds:
-cubic opens an unused window too, and the baseline at 80 ms, flat at 189 Mbit/s from its
-third second, waited 45 s for its window to stop growing). A window growing while the flow is
-not so limited (a queue filling at the bottleneck, rate flat until the loss) still holds it.
+seconds to hold MIN_EPOCHS congestion events (ssthresh set anew), or none while the receive
+window or the send buffer limited the sender (tcp_info's rwnd_limited + sndbuf_limited at
+least LIMITED_SHARE of its busy time over the kept seconds: cubic opens an unused window too,
+and the baseline at 80 ms, flat at 189 Mbit/s from its third second, waited 45 s for its
+window to stop growing). A window growing or steady while the flow is not so limited still
+holds it: a queue filling at the bottleneck, rate flat until the loss, or cubic's own plateau
+(its window stays within a few % of the last loss's for seconds around K: WireGuard at 40 ms
+each way stopped there 20 s in, 13 % above its 300-s run, s16). Only where ss prints no such
+limits (older iproute2) a window that did not grow settles alone.
+Where the kept seconds hold events, the interval over whole cycles (the regenerative
+method, lab.model.stoprule.regenerative_interval, at least MIN_CYCLES cycles counted from the
+run's second event) must hold the target too, and the kept seconds then start at the first
+whole cycle: 2-s batches inside one long ramp agree and say little about the next cycle.
 BBR does not cycle on losses and is not held; without a sender reading the rule decides alone
 (the record says which). And a stop comes at a cycle's end (the reading that saw an event or
 the next, CYCLE_END_S): the seconds after the last event are the start of a cycle, its lowest
@@ -343,6 +349,14 @@ def run_streaming(
                     if not (settled and rto_ok):
                         held_s += SAMPLE_S
                         continue
+                    whole = cycles.whole_cycles(series.rates, series.starts, w, rule)
+                    if whole is not None:
+                        ok, first, cycle_why, _ = whole
+                        if not ok:
+                            held_s += SAMPLE_S
+                            continue
+                        # the kept seconds start where the first whole cycle did
+                        decision = replace(decision, warmup_samples=first)
                     stopped = True
                     p.send_signal(signal.SIGINT)  # iperf3 prints its document and exits
                     try:

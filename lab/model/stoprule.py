@@ -175,6 +175,41 @@ def evaluate(
     return Decision(False, "continue", iv, drop, len(means), min(more, cap_s - elapsed))
 
 
+# ---------------------------------------------------------------------- whole cycles
+
+
+#: whole cycles the regenerative interval needs (its t has MIN_CYCLES - 1 degrees of freedom)
+MIN_CYCLES = 3
+
+
+def regenerative_interval(
+    rates: list[float], cuts: list[int], confidence: float = 0.95
+) -> Interval | None:
+    """The interval of a long-run rate over whole cycles (the regenerative method: Crane &
+    Iglehart, Operations Research 23(1), 1975; Law & Kelton, "Simulation Modeling and
+    Analysis", the regenerative method). `cuts` are indices of `rates` (per-second samples) in
+    which a cycle ended (a loss-based sender's congestion events); cycle k is the samples
+    after cut k up to and including cut k+1. Its rate is the ratio estimator R = sum Y / sum d
+    (Y a cycle's samples summed, d its length); s^2 = sum (Y - R d)^2 / (n - 1) over the n
+    cycles; half-width t(n-1) s / (mean d sqrt n). None for fewer than MIN_CYCLES cycles.
+
+    Samples inside one cycle are correlated over the whole cycle (a sawtooth's ramp), so an
+    interval over batches shorter than a cycle is too narrow where cycles are long; cycles
+    themselves are nearly independent (each starts from the window a loss left)."""
+    cuts = sorted(set(cuts))
+    cycles = [rates[a + 1 : b + 1] for a, b in zip(cuts, cuts[1:], strict=False)]
+    cycles = [c for c in cycles if c]
+    n = len(cycles)
+    if n < MIN_CYCLES:
+        return None
+    ys = [sum(c) for c in cycles]
+    ds = [len(c) for c in cycles]
+    r = sum(ys) / sum(ds)
+    s = math.sqrt(sum((y - r * d) ** 2 for y, d in zip(ys, ds, strict=True)) / (n - 1))
+    t = t_quantile(1 - (1 - confidence) / 2, n - 1)
+    return Interval(r, t * s / (sum(ds) / n * math.sqrt(n)), n, confidence)
+
+
 # ---------------------------------------------------------------------- loss (rare events)
 
 
