@@ -304,10 +304,27 @@ def test_cubics_plateau_is_not_a_steady_flow_where_the_limits_are_read():
     within 3 % for 10 s near the last loss's (the plateau around K) while nothing but the
     window limited the sender; the rule stopped there, 13 % above the 300-s run."""
     c = tcpsender.Cycles()
-    for t in range(12):
+    c.add(0, tcpsender.SenderState("cubic", 2750, 5463, 0, 1988))
+    c.add(1, tcpsender.SenderState("cubic", 1978, 1889, 1000, 1988))  # the loss: W 2750
+    for t in range(2, 14):
         c.add(t, tcpsender.SenderState("cubic", 2262 + 7 * t, 1889, 1000 * t, 1988))
-    ok, why = c.settled(0)
+    ok, why = c.settled(3)
     assert not ok and why == "0 congestion events of 2, cwnd x1.03"
+    assert not c.past_plateau()  # 12 s after the loss; K = cbrt(2750 x 0.3 / 0.4) = 12.7 s
+    for t in range(14, 28):
+        c.add(t, tcpsender.SenderState("cubic", 2350, 1889, 1000 * t, 1988))
+    assert c.past_plateau() and c.settled(16)[0]  # 26 s after: past 2 K, a window-bound flow
+
+
+def test_a_window_bound_flow_that_never_lost_settles():
+    """s16, the baseline at 80 ms each way: slow start's window held at 5431 segments for 300 s,
+    no loss ever, the receive window limiting 80 % of its busy time (under LIMITED_SHARE)."""
+    c = tcpsender.Cycles()
+    for t in range(20):
+        c.add(t, tcpsender.SenderState("cubic", 5431, None, 1000 * t, 800 * t))
+    assert c.settled(5) == (
+        True, "no congestion event and a steady window (receive-window or buffer bound)"
+    )  # fmt: skip
 
 
 def test_bbr_and_a_sender_without_readings_leave_the_decision_to_the_interval():

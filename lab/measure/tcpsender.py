@@ -27,6 +27,10 @@ CYCLE_END_S = 1.0
 #: a window that grew without congestion events settles when the receive window or the send
 #: buffer limited the sender at least this share of its busy time (the cwnd did not bind)
 LIMITED_SHARE = 0.9
+#: cubic's multiplicative decrease and scaling constant (RFC 9438 section 4.6/4.7, Linux's
+#: tcp_cubic beta 717/1024 ~ 0.7, C 0.4 segments/s^3)
+CUBIC_BETA = 0.7
+CUBIC_C = 0.4
 #: congestion controls that do not cycle on losses (their rate is not a sawtooth)
 MODEL_BASED_CC = frozenset({"bbr", "bbr2", "bbr3"})
 
@@ -223,6 +227,24 @@ class Cycles:
             return False, first, f"{reached} (more than +-{100 * rule.rel_half_width:g} %)", iv
         return True, first, f"{reached}; kept from the first cycle's start", iv
 
+    def past_plateau(self) -> bool:
+        """Whether a steady window now can be a cycle's middle: cubic's window stays within a
+        few % of the window at its last loss (W) for seconds around K = cbrt(W x (1 - 0.7) /
+        0.4) s after it (RFC 9438's beta and C; WireGuard at 40 ms: W ~2750 segments, K ~13 s,
+        within 3 % for 10 s). True without a congestion event in the run (slow start held by
+        the receive window or buffers never lost a packet), for a non-cubic sender, or once
+        2 K has passed since the last event (cubic's window then grows again, convex)."""
+        times = self.event_times()
+        if not times or not self.readings:
+            return True
+        cc = self.readings[-1][1].cc
+        if cc is not None and cc != "cubic":
+            return True
+        before = [st.cwnd for t, st in self.readings if t < times[-1]]
+        w_max = before[-1] if before else self.readings[0][1].cwnd
+        k = (w_max * (1 - CUBIC_BETA) / CUBIC_C) ** (1 / 3)
+        return self.readings[-1][0] - times[-1] > 2 * k
+
     def settled(self, t0: float) -> tuple[bool, str]:
         """Whether the seconds from t0 on hold whole congestion cycles (see the module text)."""
         if not self.readings:
@@ -240,10 +262,8 @@ class Cycles:
                 )
             return True, f"{events} congestion events in the kept seconds"
         share = self.limited_share(t0)
-        if events == 0 and growth is not None and growth <= STEADY_CWND_GROWTH and share is None:
-            # only where tcp_info's limits cannot be read: near the window of its last loss
-            # cubic's curve is flat for seconds (the plateau around K), a steady window there
-            # is a cycle's middle, which only those limits tell apart from a window-bound flow
+        steady = events == 0 and growth is not None and growth <= STEADY_CWND_GROWTH
+        if steady and (share is None or self.past_plateau()):
             return True, "no congestion event and a steady window (receive-window or buffer bound)"
         if events == 0 and growth is not None and share is not None and share >= LIMITED_SHARE:
             # the window grew, but the receiver's window or the send buffer held the flow: an

@@ -34,8 +34,9 @@ and the baseline at 80 ms, flat at 189 Mbit/s from its third second, waited 45 s
 window to stop growing). A window growing or steady while the flow is not so limited still
 holds it: a queue filling at the bottleneck, rate flat until the loss, or cubic's own plateau
 (its window stays within a few % of the last loss's for seconds around K: WireGuard at 40 ms
-each way stopped there 20 s in, 13 % above its 300-s run, s16). Only where ss prints no such
-limits (older iproute2) a window that did not grow settles alone.
+each way stopped there 20 s in, 13 % above its 300-s run, s16). A window that did not grow
+settles alone only where it cannot be that plateau (Cycles.past_plateau: no loss in the run,
+2 K after the last, not cubic) or where ss prints no such limits (older iproute2).
 Where the kept seconds hold events, the interval over whole cycles (the regenerative
 method, lab.model.stoprule.regenerative_interval, at least MIN_CYCLES cycles counted from the
 run's second event) must hold the target too, and the kept seconds then start at the first
