@@ -40,7 +40,7 @@ from bench.adaptive import run_test  # noqa: E402
 from lab.campaign.load import load_plan  # noqa: E402
 from lab.core.errors import LabError  # noqa: E402
 from lab.core.state import new_lab_id  # noqa: E402
-from lab.model.stoprule import Rule, evaluate  # noqa: E402
+from lab.model.stoprule import Rule  # noqa: E402
 from lab.substrate.local.preflight import preflight  # noqa: E402
 from lab.substrate.local.substrate import LocalSubstrate  # noqa: E402
 from lab.vpn.profiles import load_profile  # noqa: E402
@@ -210,9 +210,12 @@ def whole_seconds(ivs: list[dict]) -> list[dict]:
 
 def replay(a) -> int:
     """The rule at --rel-pct replayed second by second on each case's adaptive leg's receiver
-    rates (iperf3's server intervals, standing in for the live ss rates they track): where it
-    would have stopped, and the mean after its warm-up there. A replay, not a run: a leg that
-    stopped early at the bench's own target has no seconds beyond its stop."""
+    rates (iperf3's server intervals, standing in for the live ss rates they track) with the
+    sender's rules on what the leg kept (bench/adaptive_spread.replay_leg): where it would have
+    stopped, and the figure there. A replay, not a run: a leg that stopped early at the bench's
+    own target has no seconds beyond its stop."""
+    from bench.adaptive_spread import replay_leg
+
     src = json.loads(a.replay.read_text())
     plan = load_plan("plans/study_a.toml", [f"profiles={PROFILES}", "tests=tcp"])
     tcp = plan.tests[0].params
@@ -221,15 +224,10 @@ def replay(a) -> int:
     rows, dump = [], []
     for case in src["cases"]:
         ad, row = dict(case["adaptive"]), dict(case["row"])
-        rates = [iv["bps"] for iv in whole_seconds(ad["server_intervals"])]
         overhead = ad["wall_s"] - ad["measured_s"]
-        for t in range(1, len(rates) + 1):
-            d = evaluate(rates[:t], rule, cap_s=src["cap_s"])
-            if d.stop and d.reason == "ci":
-                kept = rates[d.warmup_samples : t]
-                ad.update(stop_reason="ci", measured_s=float(t), ci_rel_pct=100 * d.interval.rel,
-                          receiver_bps=sum(kept) / len(kept))  # fmt: skip
-                break
+        got = replay_leg(ad, rule, src["cap_s"])  # the interval and the sender's rules
+        if got is not None:
+            ad.update(stop_reason="ci", measured_s=float(got[1]), receiver_bps=got[0])
         ad["wall_s"] = ad["measured_s"] + overhead
         lo, hi = row["low"] * 1e6, row["high"] * 1e6
         row.update(adaptive=ad["receiver_bps"] * 1e-6, measured_s=ad["measured_s"],
