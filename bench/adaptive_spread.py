@@ -37,12 +37,13 @@ receiver rate after the rule's warm-up, as in the first check.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 
 from scipy import stats
 
 from lab.measure.tcpsender import CYCLE_END_S, MIN_EPOCHS, Cycles, timeouts_settled
-from lab.model.stoprule import Rule, evaluate
+from lab.model.stoprule import Rule, evaluate, mean_interval
 
 
 def figure(leg: dict, mode: str) -> float:
@@ -75,6 +76,17 @@ def pooled_var(groups: list[list[float]]) -> tuple[float, int]:
             ss += sum((x - m) ** 2 for x in g)
             df += len(g) - 1
     return (ss / df if df else math.nan), df
+
+
+def _log_interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, 95 % t half-width, sd) of log figures (lab.model.stoprule.mean_interval); nan
+    where there are too few."""
+    if not values:
+        return math.nan, math.nan, math.nan
+    iv = mean_interval(values)
+    if iv is None:
+        return values[0], math.nan, math.nan
+    return iv.mean, iv.half_width, statistics.stdev(values)
 
 
 def analyse(docs: list[dict], fixed_only: list[dict] = ()) -> dict:
@@ -114,13 +126,7 @@ def analyse(docs: list[dict], fixed_only: list[dict] = ()) -> dict:
             "low_mbit": math.exp(mf - half) / 1e6, "high_mbit": math.exp(mf + half) / 1e6,
             "inside": inside,
         })  # fmt: skip
-    n = len(diffs)
-    bias = sum(diffs) / n if n else math.nan
-    if n >= 2:
-        sd = math.sqrt(sum((d - bias) ** 2 for d in diffs) / (n - 1))
-        bh = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    else:
-        bh = math.nan
+    bias, bh, _ = _log_interval(diffs)
     f_p = stats.f.sf(var_a / var_f, df_a, df_f) if df_a and df_f and var_f > 0 else math.nan
     return {
         "rows": rows,
@@ -280,15 +286,9 @@ def self_check(docs: list[dict], rel_pct: float = 5.0, min_s: float = 10.0) -> d
                 rows.append(row)
                 if row["ratio"]:
                     logs.append(math.log(row["ratio"]))
-    n = len(logs)
-    m = sum(logs) / n if n else math.nan
-    if n >= 2:
-        sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
-        h = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    else:
-        sd = h = math.nan
+    m, h, sd = _log_interval(logs)
     return {
-        "rows": rows, "stopped": n, "legs": len(rows), "ratio": math.exp(m),
+        "rows": rows, "stopped": len(logs), "legs": len(rows), "ratio": math.exp(m),
         "low": math.exp(m - h), "high": math.exp(m + h), "rel_sd": sd,
     }  # fmt: skip
 

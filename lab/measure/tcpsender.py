@@ -184,11 +184,11 @@ class Cycles:
         ]
 
     @classmethod
-    def from_record(cls, rows: list[list], t0: float = 0.0) -> Cycles:
-        """The readings `record` wrote (congestion control unknown: a loss-based one)."""
+    def from_record(cls, rows: list[list]) -> Cycles:
+        """The readings `record` wrote, times from its t0 (congestion control unknown)."""
         out = cls()
         for t, cwnd, ssthresh, busy, limited in rows:
-            out.add(t0 + t, SenderState(None, cwnd, ssthresh, busy, limited))
+            out.add(t, SenderState(None, cwnd, ssthresh, busy, limited))
         return out
 
     def limited_share(self, t0: float) -> float | None:
