@@ -173,3 +173,73 @@ def test_killed_while_the_receiver_still_receives_names_the_backlog(tmp_path, mo
 def test_killed_with_an_idle_receiver_is_a_plain_time_out(tmp_path, monkeypatch):
     msg = kill_message(tmp_path, monkeypatch, counts=[500])
     assert "timed out" in msg and "backlog" not in msg
+
+
+# --- a lost set-up told early ---------------------------------------------------------------
+
+
+class Scripted(FakeNode):
+    """`ss` answers with the next number of stream sockets, `cat` with the next counters."""
+
+    def __init__(self, name, sockets=(), datagrams=()):
+        super().__init__(name)
+        self.sockets, self.datagrams = list(sockets), list(datagrams)
+
+    def run(self, argv, *, check=True, timeout=60, input=None, env=None):
+        self.ran.append(list(argv))
+        if argv[0] == "ss":
+            out = "ESTAB 0 0 198.18.0.1:40000 198.18.0.2:5201\n" * self.sockets.pop(0)
+        else:
+            out = SNMP.format(n=self.datagrams.pop(0), m=0)
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+
+def test_setup_watch_stalls_only_once_streams_exist_and_nothing_arrives():
+    from lab.measure.iperf3loss import SetupWatch
+
+    client = Scripted("client", sockets=[0, 0, 1, 1, 1])
+    server = Scripted("server", datagrams=[100, 101, 103])
+    watch = SetupWatch(client, server, 5201, stall_s=0.0)
+    assert [watch(), watch()] == [False, False]  # control connection still being set up
+    assert watch() is False  # the stream appears: its set-up starts now
+    assert watch() is True and watch() is True  # 1, then 3 datagrams: no stream data
+    assert ["ss", "-Hun", "dport = :5201"] in client.ran
+
+
+def test_setup_watch_lets_flowing_data_be_and_stops_reading():
+    from lab.measure.iperf3loss import SetupWatch
+
+    client = Scripted("client", sockets=[1, 1])
+    server = Scripted("server", datagrams=[100, 100 + 10])
+    watch = SetupWatch(client, server, 5201, stall_s=0.0)
+    assert [watch(), watch()] == [False, False]
+    ran = len(client.ran) + len(server.ran)
+    assert [watch() for _ in range(3)] == [False] * 3
+    assert len(client.ran) + len(server.ran) == ran  # done: nothing more is read
+
+
+def test_setup_watch_restarts_its_clock_for_each_new_stream():
+    from lab.measure.iperf3loss import SetupWatch
+
+    client = Scripted("client", sockets=[1, 2, 2])
+    server = Scripted("server", datagrams=[5, 6, 6])
+    watch = SetupWatch(client, server, 5201, stall_s=3600.0)
+    assert [watch(), watch(), watch()] == [False, False, False]  # within stall_s of stream 2
+    assert watch.sockets == 2
+
+
+def test_invoke_ends_a_stalled_process_with_sigint(tmp_path):
+    class Sleeper(FakeNode):
+        def popen(self, argv, *, stdout=None, stderr=None, env=None):
+            script = "trap 'kill $!; echo interrupted; exit 1' INT; sleep 60 & wait"
+            return subprocess.Popen(["sh", "-c", script], stdout=stdout, stderr=stderr)
+
+    node = Sleeper("client")
+    ctx = Context(node, FakeNode("server"), "198.18.0.2", tmp_path / "raw", timeout_s=5)
+    calls = []
+    inv = invoke(
+        ctx, node, ["x"], label="t", timeout=60, stall=lambda: calls.append(1) or len(calls) >= 2
+    )
+    assert inv.stalled and not inv.timed_out
+    assert "interrupted" in inv.stdout and len(calls) == 2
+    assert inv.seconds < 30

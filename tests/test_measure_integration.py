@@ -190,6 +190,58 @@ def test_udp_and_sweep(pair, tmp_path):
     assert recs[1]["sent_pps"] > recs[0]["sent_pps"]
 
 
+@pytest.mark.parametrize(
+    ("lost", "direction"),
+    [("hello", "client-to-server"), ("reply", "server-to-client")],
+)
+def test_a_lost_udp_setup_is_told_early_and_tried_again(pair, tmp_path, lost, direction):
+    """The set-up datagram (at the server) or its reply (at the client) is dropped by a tc
+    filter until the first attempt has stalled: the second attempt runs, long before iperf3's
+    own 30-s wait would have ended the first (lab.measure.iperf3loss.SetupWatch)."""
+    import threading
+    import time
+
+    from lab.measure.iperf3loss import SETUP_STALL_S, UDP_SETUP_WAIT_S
+
+    client, server, cdev = pair
+    node, dev, port = (server, cdev[:-1] + "s", 5311) if lost == "hello" else (client, cdev, 5312)
+    match = ["dport" if lost == "hello" else "sport", str(port), "0xffff"]
+    ns = ["ip", "-n", node.netns]
+    # a redirect to a veth end whose peer is down drops (this kernel has no act_gact)
+    proc.run([*ns, "link", "add", "sinkx", "type", "veth", "peer", "name", "sinky"])
+    try:
+        proc.run([*ns, "link", "set", "sinkx", "up"])
+        proc.run(["tc", "-n", node.netns, "qdisc", "add", "dev", dev, "ingress"])
+        proc.run(
+            ["tc", "-n", node.netns, "filter", "add", "dev", dev, "parent", "ffff:"]
+            + ["protocol", "ip", "prio", "1", "u32", "match", "ip", "protocol", "17", "0xff"]
+            + ["match", "ip", *match, "action", "mirred", "egress", "redirect", "dev", "sinkx"]
+        )
+        lift = threading.Timer(
+            SETUP_STALL_S / 2,
+            lambda: proc.run(["tc", "-n", node.netns, "qdisc", "del", "dev", dev, "ingress"]),
+        )
+        lift.start()
+        t0 = time.monotonic()
+        [r] = run(
+            "udp",
+            ctx_for(pair, tmp_path),
+            rate_mbit=1,
+            size=256,
+            duration_s=2,
+            port=port,
+            direction=direction,
+        )
+        took = time.monotonic() - t0
+        lift.join()
+    finally:
+        proc.run(["tc", "-n", node.netns, "qdisc", "del", "dev", dev, "ingress"], check=False)
+        proc.run([*ns, "link", "del", "sinkx"], check=False)
+    assert r["ok"], r["error"]
+    assert r["setup_retries"] == 1 and r["packets_received"] > 100
+    assert took < UDP_SETUP_WAIT_S  # iperf3 alone would have waited that long on attempt 1
+
+
 def test_ping_ok_v4_v6_and_total_loss(pair, tmp_path):
     [r] = run("ping", ctx_for(pair, tmp_path), count=20, interval_s=0.01)
     assert r["ok"] and r["received"] == 20 and len(r["rtts"]) == 20

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import ipaddress
+import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
@@ -325,6 +326,13 @@ class Invocation:
     raw_files: list[Path]
     timed_out: bool
     seconds: float
+    #: ended by invoke because `stall` said it would not move on (not a time-out)
+    stalled: bool = False
+
+
+#: how often invoke asks `stall`, and how long a process ended for it gets after SIGINT
+STALL_STEP_S = 0.5
+STALL_GRACE_S = 3.0
 
 
 def invoke(
@@ -338,6 +346,7 @@ def invoke(
     progress: Callable[[], bool] | None = None,
     max_timeout: float | None = None,
     step_s: float = 2.0,
+    stall: Callable[[], bool] | None = None,
 ) -> Invocation:
     """Run argv on `node`, streaming stdout into a fresh raw file as it arrives.
 
@@ -348,22 +357,33 @@ def invoke(
     `progress`: asked when `timeout` has passed, then every `step_s`; while it answers True
     (the run still moves, e.g. its receiver still receives) the wait goes on, up to
     `max_timeout` seconds in all.
+
+    `stall`: asked every STALL_STEP_S from the start; when it answers True (the process waits
+    for something that will not come, e.g. a lost UDP set-up reply) the process gets SIGINT,
+    then SIGKILL after STALL_GRACE_S, and the Invocation says `stalled`.
     """
     argv = [str(a) for a in argv]
     out_path = ctx.next_raw(label, suffix)
     err_path = out_path.with_suffix(out_path.suffix + ".stderr")
-    timed_out = False
+    timed_out = stalled = False
     t0 = time.monotonic()
     deadline, last = t0 + timeout, t0 + max(timeout, max_timeout or 0.0)
     with open(out_path, "w") as out, open(err_path, "w") as err:
         out.write("")  # the file exists even if the tool never writes
         p = node.popen(argv, stdout=out, stderr=err)
         while True:
+            until = deadline if stall is None else min(deadline, time.monotonic() + STALL_STEP_S)
             try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                p.wait(timeout=max(0.0, until - time.monotonic()))
                 break
             except subprocess.TimeoutExpired:
                 now = time.monotonic()
+                if now < deadline:  # only the stall check's step has passed
+                    if stall is not None and stall():
+                        stalled = True
+                        _interrupt(p)
+                        break
+                    continue
                 if progress is not None and now < last and progress():
                     deadline = min(now + step_s, last)
                     continue
@@ -371,7 +391,19 @@ def invoke(
                 p.kill()
                 p.wait()
                 break
-    return collected(argv, p.returncode, out_path, err_path, timed_out, time.monotonic() - t0)
+    inv = collected(argv, p.returncode, out_path, err_path, timed_out, time.monotonic() - t0)
+    inv.stalled = stalled
+    return inv
+
+
+def _interrupt(p: subprocess.Popen) -> None:
+    """SIGINT (a tool ends its session and prints what it has), SIGKILL if it lingers."""
+    p.send_signal(signal.SIGINT)
+    try:
+        p.wait(timeout=STALL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 def collected(

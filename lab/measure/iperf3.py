@@ -24,7 +24,9 @@ from lab.measure.iperf3loss import (
     DRAIN_FACTOR,
     UDP_SETUP_ATTEMPTS,
     UDP_SETUP_WAIT_S,
+    SetupWatch,
     UdpReceiving,
+    lost_in_all,
     setup_lost,
 )
 from lab.measure.base import (
@@ -231,6 +233,7 @@ def run_client(
             timeout=base_s + ctx.timeout_s,
             progress=UdpReceiving(receiver) if udp else None,
             max_timeout=base_s + expected_s * DRAIN_FACTOR + ctx.timeout_s,
+            stall=SetupWatch(ctx.client, receiver, _port(argv)) if udp else None,
         )
         files += inv.raw_files
         if inv.timed_out:
@@ -243,27 +246,32 @@ def run_client(
                     "docs/measurements.md 'iperf3 UDP under loss')"
                 )
             raise MeasurementFailed(msg)
-        try:
-            doc = json.loads(inv.stdout)
-        except ValueError:
-            raise MeasurementFailed(describe_failure(inv, "iperf3") + " (no JSON output)") from None
+        doc: dict[str, Any] = {}
+        if not inv.stalled:
+            try:
+                doc = json.loads(inv.stdout)
+            except ValueError:
+                msg = describe_failure(inv, "iperf3") + " (no JSON output)"
+                raise MeasurementFailed(msg) from None
         if BUSY in str(doc.get("error", "")) and busy < busy_retries:
             busy += 1
             time.sleep(0.5 * busy)
             continue
-        if setup_lost(argv, doc):
+        # a lost set-up: told early (iperf3loss.SetupWatch) or by iperf3 after its 30 s
+        if inv.stalled or setup_lost(argv, doc):
             lost += 1
             if lost < UDP_SETUP_ATTEMPTS:
                 if lost_setups is not None:
                     lost_setups.append(inv.raw_files[0])
                 continue
-            raise MeasurementFailed(
-                f"iperf3: {doc['error']} (the UDP stream's set-up datagram or its reply was "
-                f"lost in all {UDP_SETUP_ATTEMPTS} attempts: iperf3 sends each once)"
-            )
+            raise MeasurementFailed(lost_in_all(doc.get("error"), receiver.name))
         if inv.returncode != 0 and not doc.get("error"):
             raise MeasurementFailed(describe_failure(inv, "iperf3"))
         return inv.stdout
+
+
+def _port(argv: list[str]) -> int:
+    return int(argv[argv.index("-p") + 1]) if "-p" in argv else DEFAULT_PORT
 
 
 def _num(x: float) -> str:

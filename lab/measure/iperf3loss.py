@@ -16,6 +16,10 @@ receives. lab.measure.iperf3.run_client acts on both:
   time-out (-t + Context.timeout_s) is extended while the receiving node still receives
   datagrams (up to DRAIN_FACTOR x -t more); a client killed while its receiver still received
   fails with a message that says so.
+- **Told early.** A client whose stream sockets exist while its receiver gets no datagrams
+  for SETUP_STALL_S is waiting for a reply that will not come (SetupWatch): it is ended then
+  and tried again, not after iperf3's 30 s (study A's loss sweep loses about one UDP set-up
+  in twenty; each cost 30 s).
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ UDP_SETUP_ATTEMPTS = 3
 DRAIN_FACTOR = 3.0
 #: datagrams the receiving node must get in one probe step to count as still receiving
 DRAIN_MIN_DATAGRAMS = 10
+#: a UDP client whose last stream socket appeared this long ago while its receiver got fewer
+#: than DRAIN_MIN_DATAGRAMS has lost its set-up. After the reply, the streams' start is one
+#: more round trip of control messages over TCP: 6 s covers 800 ms round trips (study D's
+#: 400 ms each way) with one retransmission time-out of the control connection on top
+SETUP_STALL_S = 6.0
 
 
 def setup_lost(argv: list[str], doc: dict[str, Any]) -> bool:
@@ -46,6 +55,21 @@ def setup_lost(argv: list[str], doc: dict[str, Any]) -> bool:
         "-u" in argv
         and str(doc.get("error", "")).startswith(SETUP_LOST)
         and not doc.get("intervals")
+    )
+
+
+def lost_in_all(error: str | None, receiver: str) -> str:
+    """The failure of a UDP run whose set-up was lost in every attempt: iperf3's own error
+    after its 30 s, or the early verdict (SetupWatch) without one."""
+    what = (
+        f"iperf3: {error}"
+        if error
+        else f"iperf3: no UDP datagram reached {receiver} within {SETUP_STALL_S:.0f} s of "
+        "the client's stream set-up"
+    )
+    return (
+        f"{what} (the UDP stream's set-up datagram or its reply was lost in all "
+        f"{UDP_SETUP_ATTEMPTS} attempts: iperf3 sends each once)"
     )
 
 
@@ -95,3 +119,43 @@ def udp_in_datagrams(text: str) -> int | None:
             total += int(parts[1])
             found = True
     return total if found else None
+
+
+class SetupWatch:
+    """Whether a UDP client has lost its set-up (invoke's `stall`): its stream sockets (UDP,
+    connected to the server's `port`, in `client`'s namespace) exist, the last appeared at
+    least SETUP_STALL_S ago, and `receiver` got fewer than DRAIN_MIN_DATAGRAMS since. Before
+    the sockets exist the control connection is still being set up (TCP retransmits that
+    itself): no verdict. Once data flows, or where either reading is unavailable, it answers
+    False from then on and reads nothing more."""
+
+    def __init__(self, client: Node, receiver: Node, port: int, *, stall_s: float = SETUP_STALL_S):
+        self.client, self.receiver, self.port, self.stall_s = client, receiver, port, stall_s
+        self.sockets = 0
+        self.since: float | None = None
+        self.base: int | None = None
+        self.done = False
+
+    def stream_sockets(self) -> int | None:
+        cp = self.client.run(["ss", "-Hun", f"dport = :{self.port}"], check=False, timeout=10)
+        return len(cp.stdout.splitlines()) if cp.returncode == 0 else None
+
+    def __call__(self) -> bool:
+        if self.done:
+            return False
+        n, now = self.stream_sockets(), time.monotonic()
+        if n is None:
+            self.done = True
+            return False
+        if n > self.sockets:  # a new stream: its set-up datagram goes out now
+            self.sockets, self.since = n, now
+            self.base = UdpReceiving(self.receiver).datagrams()
+            self.done = self.base is None
+            return False
+        if self.since is None or self.base is None:
+            return False
+        got = UdpReceiving(self.receiver).datagrams()
+        if got is None or got - self.base >= DRAIN_MIN_DATAGRAMS:
+            self.done = True  # data flows (or the counters went away): nothing more to watch
+            return False
+        return now - self.since >= self.stall_s
