@@ -19,6 +19,11 @@ changes made since the run). The extrapolation, printed with every input:
 - **impairment changes**: their mean times one per (profile, point).
 - **other** (gaps between cases: monitors, result files, progress): the run's per-case mean
   times the plan's cases.
+- **how sure**: each (label, group) row is a stratum of a stratified sample (Cochran 1977,
+  ch. 5): its total has variance cases^2 x s^2 / sampled x (1 - sampled / cases), s the
+  row's spread over its sampled cases (a row of one: its label's spread over every sampled
+  case of that kind); the printed 95 % interval of the total is the tests' part's alone, and
+  a stand-in row's bias (a group measured by another) is not in it.
 - **floor**: the tests' time if every adaptive test stopped at its first check (tcp/udp:
   one segment of adaptive_min_s + 5 s; ping: adaptive_min_s), the others as measured: no
   stop rule can make the plan shorter than that.
@@ -135,13 +140,21 @@ def extrapolate(runs: list[RunDir], plan, tcp: dict[str, list[float]] | None = N
         counts[(c.test.label, c.point.group)] += 1
         impaired[(c.test.label, c.point.group)] = c.point.impaired
     rows = []
-    tests_s = floor_s = 0.0
+    tests_s = floor_s = var_s = 0.0
     for (label, group), n in counts.items():
         measured = per.get((label, group))
         stand_in = not measured
         kind = impaired[(label, group)]
         pool = measured or per_label.get((label, kind)) or per_label.get((label, not kind)) or []
         mean = statistics.fmean(pool) if pool else 0.0
+        # stratified sampling (Cochran 1977, ch. 5): the row's total n x mean has variance
+        # n^2 s^2 / k (1 - k / n); a row of one sampled case takes its label's spread over
+        # every sampled case of that kind (s of one case is not defined)
+        spread = pool if len(pool) >= 2 else per_label.get((label, kind)) or []
+        sd = statistics.stdev(spread) if len(spread) >= 2 else 0.0
+        k = len(pool)
+        var = n * n * sd * sd / k * max(0.0, 1 - k / n) if k else 0.0
+        var_s += var
         tests_s += mean * n
         floor_s += (floor[label] if floor[label] is not None else mean) * n
         rows.append(
@@ -153,6 +166,7 @@ def extrapolate(runs: list[RunDir], plan, tcp: dict[str, list[float]] | None = N
                 "stand_in": stand_in,
                 "cases": n,
                 "seconds": mean * n,
+                "se_s": math.sqrt(var),
             }
         )
     labs = len(plan.profiles) * len(plan.groups())
@@ -174,6 +188,7 @@ def extrapolate(runs: list[RunDir], plan, tcp: dict[str, list[float]] | None = N
         "rows": sorted(rows, key=lambda r: -r["seconds"]),
         "parts": parts,
         "total_s": sum(parts.values()),
+        "tests_se_s": math.sqrt(var_s),
         "floor_s": floor_s,
     }
 
@@ -228,16 +243,22 @@ def main() -> None:
         f"\nplan {plan.name}: {x['plan_cases']} cases, {len(plan.profiles)} profiles, "
         f"{x['points']} (profile, point) cells, {x['labs']} bring-ups"
     )
-    print(f"{'test':<16}{'group':<10}{'sampled':>8}{'mean s':>9}{'cases':>7}{'hours':>8}")
+    print(f"{'test':<16}{'group':<10}{'sampled':>8}{'mean s':>9}{'cases':>7}{'hours':>8}{'+-h':>7}")
     for r in x["rows"]:
         mark = " (stand-in: not sampled)" if r["stand_in"] else ""
         print(
             f"{r['label']:<16}{r['group']:<10}{r['sampled']:>8}{r['mean_s']:>9.1f}"
-            f"{r['cases']:>7}{r['seconds'] / 3600:>8.2f}{mark}"
+            f"{r['cases']:>7}{r['seconds'] / 3600:>8.2f}{1.96 * r['se_s'] / 3600:>7.2f}{mark}"
         )
     for k, v in x["parts"].items():
         print(f"  {k:<12}{v / 3600:8.2f} h")
     print(f"  {'total':<12}{x['total_s'] / 3600:8.2f} h")
+    half = 1.96 * x["tests_se_s"] / 3600
+    print(
+        f"  95 % interval of the total from the sampled tests' spread alone (stratified, "
+        f"rows as strata): {x['total_s'] / 3600 - half:.2f} to {x['total_s'] / 3600 + half:.2f} h"
+        " (a stand-in row's bias is not in it)"
+    )
     print(f"floor (every adaptive test stops at its first check): {x['floor_s'] / 3600:.2f} h")
 
 
