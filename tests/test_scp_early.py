@@ -357,6 +357,8 @@ def test_adaptive_copy_stops_as_it_streams_and_projects_its_time(slow_lab, tmp_p
     assert rec["projected"] is True and rec["stop_reason"] == "ci", str(
         {k: v for k, v in rec.items() if k != "raw_files"}
     )
+    # the rule read the receiving sshd's socket (its bytes move smoothly; the file in writes)
+    assert "bytes_received" in rec["adaptive"]["stream"]["source"]
     # stopped by the rule: what was received is part of the file, what the stream file says
     assert 0 < rec["copied_bytes"] < 16 * MIB
     stream = [f for f in rec["raw_files"] if "scp-stream" in f]

@@ -192,3 +192,39 @@ def test_the_give_up_rule_waits_while_the_copy_streams(tmp_path, monkeypatch):
     )  # fmt: skip
     assert watch.stopped is None and watch.checks >= 2 and inv.timed_out
     assert watch.stream is stream and stream.decision is None
+
+
+def _stepped(stream: Stream, rate: float, seconds: int, step: int) -> int | None:
+    """A copy at a steady `rate` whose file grows in `step`-byte writes (scp's sink buffers a
+    block of the file system's size) while its socket's bytes grow smoothly: the second the
+    stream said stop, else None."""
+    for t in range(1, seconds + 1):
+        wire = int(rate * t)
+        stream.size_of = lambda w=wire: w // step * step
+        if stream.received is not None:
+            stream.received = lambda w=wire: w + 4000  # + the SSH handshake's bytes
+        if stream.read(float(t)):
+            return t
+    return None
+
+
+def test_a_buffering_writer_is_read_at_its_socket():
+    rule = Rule(rel_half_width=0.10, min_s=10.0)
+    # 55 kB/s in 256 KiB writes: the file moves every 4.8 s, its per-second rates are 0 or 5x
+    by_file = Stream(rule, 256 * MIB, lambda: 0)
+    assert _stepped(by_file, 55e3, 200, 256 * 1024) is None
+    assert "file's size" in by_file.source
+    by_wire = Stream(rule, 256 * MIB, lambda: 0, received=lambda: 0)
+    at = _stepped(by_wire, 55e3, 200, 256 * 1024)
+    assert at is not None and at <= 20
+    assert "bytes_received" in by_wire.source
+    assert by_wire.decision.interval.mean == pytest.approx(55e3, rel=0.01)
+    # the projection takes the bytes still to come from the file, the rate from the socket
+    now, got = by_wire.samples[-1]
+    assert by_wire.projected_s() == pytest.approx(now + (256 * MIB - got) / 55e3, rel=0.01)
+
+
+def test_a_socket_that_cannot_be_read_leaves_the_file_to_decide():
+    s = Stream(RULE, 256 * MIB, lambda: 0, received=lambda: None)
+    assert _feed(s, 1e6, 30, wobble=0.02) is not None
+    assert s.wire is None and "file's size" in s.source

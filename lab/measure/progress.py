@@ -223,10 +223,24 @@ class Stream:
     held_by_cycles: int = 0
     #: the cycles' and the timeouts' last word (tcpsender)
     why: dict = field(default_factory=dict)
+    #: the receiving socket's bytes now (the sshd's tcp_info bytes_received), or None: a finer
+    #: reading than the file's size, which a writer that buffers (scp's sink: a buffer of the
+    #: file system's block size, 256 KiB on a node's card) moves in steps; its rates are the
+    #: rule's while every reading has one (SSH's framing adds ~0.2 % to the file's bytes)
+    received: Callable[[], int | None] | None = None
+    wire: list[tuple[float, int]] | None = field(default_factory=lambda: [(0.0, 0)])
+
+    @property
+    def source(self) -> str:
+        if self.received is not None and self.wire is not None:
+            return "the receiving socket's bytes (ss bytes_received on the server), every 1 s"
+        return "the received file's size on the server, every 1 s"
 
     def rates(self) -> list[float]:
-        """Bytes/s between consecutive readings."""
+        """Bytes/s between consecutive readings (the socket's while it has every one)."""
         s = self.samples
+        if self.received is not None and self.wire is not None:
+            s = self.wire
         return [
             (b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(s, s[1:], strict=False) if b[0] > a[0]
         ]
@@ -237,6 +251,12 @@ class Stream:
     def read(self, now: float) -> bool:
         """Take a reading at `now` (seconds since the copy started); True: stop the copy."""
         self.samples.append((now, self.size_of()))
+        if self.received is not None and self.wire is not None:
+            got = self.received()
+            if got is None:  # the socket could not be read: the file's size from now on
+                self.wire = None
+            else:
+                self.wire.append((now, got))
         if self.sender is not None:
             out = self.sender()
             self.cycles.add(now, sender_state(out))

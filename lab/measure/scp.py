@@ -44,7 +44,7 @@ from lab.core.tools import SS, Tool
 from lab.measure.adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, adaptive_block, columns, rule_of
 from lab.measure.progress import Stream, file_bytes, watch_copy
 from lab.measure.tcpsender import sender_argv
-from lab.measure.tcpstream import ss_argv
+from lab.measure.tcpstream import bytes_received, ss_argv
 
 MIB = 1024 * 1024
 #: OpenSSH >= 9.0 speaks SFTP underneath scp; -O forces the legacy protocol that older
@@ -141,10 +141,24 @@ def _sender(client: Node, port: int):
     return read
 
 
+def _received(server: Node, port: int):
+    """The receiving sshd's socket's bytes_received (tcp_info), None where ss fails."""
+    argv = ss_argv(port, local=True)
+
+    def read() -> int | None:
+        try:
+            cp = server.run(argv, check=False, timeout=10)
+        except LabError:
+            return None
+        return bytes_received(cp.stdout) if cp.returncode == 0 else None
+
+    return read
+
+
 def _stream_info(st: Stream) -> dict:
     """What held a streamed copy (the record's adaptive.stream)."""
     return {
-        "source": "the received file's size on the server, every 1 s",
+        "source": st.source,
         "held_by_card": st.held_by_card,
         "held_by_cycles": st.held_by_cycles,
         **st.why,
@@ -324,6 +338,7 @@ class ScpTest(Test):
                     lambda: file_bytes(ctx.server, dest),
                     card_Bps=float(write) * 1e6 if write else None,
                     sender=_sender(ctx.client, params["port"]),
+                    received=_received(ctx.server, params["port"]),
                 )
             elif params["adaptive"]:
                 base["adaptive_note"] = "not applied: the file goes to /dev/null, no bytes to read"
