@@ -224,9 +224,9 @@ class Stream:
     #: the cycles' and the timeouts' last word (tcpsender)
     why: dict = field(default_factory=dict)
     #: the receiving socket's bytes now (the sshd's tcp_info bytes_received), or None: a finer
-    #: reading than the file's size, which a writer that buffers (scp's sink: a buffer of the
-    #: file system's block size, 256 KiB on a node's card) moves in steps; its rates are the
-    #: rule's while every reading has one (SSH's framing adds ~0.2 % to the file's bytes)
+    #: reading than the file's size, which moves a whole sftp write at a time (up to 255 KiB:
+    #: 5 s at study A's slowest points); its rates are the rule's while every reading has one
+    #: (SSH's framing adds ~0.2 % to the file's bytes)
     received: Callable[[], int | None] | None = None
     wire: list[tuple[float, int]] | None = field(default_factory=lambda: [(0.0, 0)])
 
