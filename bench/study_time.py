@@ -60,6 +60,7 @@ from dataclasses import replace  # noqa: E402
 from lab.measure.adaptive import FIRST_EXTRA_S  # noqa: E402
 from lab.model.stoprule import Rule, evaluate, mser5  # noqa: E402
 from lab.campaign.load import load_plan  # noqa: E402
+from lab.measure import get_test  # noqa: E402
 from lab.results.rundir import RunDir  # noqa: E402
 from lab.results.timebudget import time_budget  # noqa: E402
 from lab.campaign.shard import plan_from_json  # noqa: E402
@@ -136,6 +137,7 @@ def extrapolate(runs: list[RunDir], plan, tcp: dict[str, list[float]] | None = N
     counts: dict[tuple[str, str], int] = defaultdict(int)
     impaired: dict[tuple[str, str], bool] = {}
     floor = {t.label: first_check_s(t.test, t.params) for t in plan.tests}
+    nominal = {t.label: get_test(t.test).estimate_s(t.params) for t in plan.tests}
     for c in cases:
         counts[(c.test.label, c.point.group)] += 1
         impaired[(c.test.label, c.point.group)] = c.point.impaired
@@ -146,7 +148,9 @@ def extrapolate(runs: list[RunDir], plan, tcp: dict[str, list[float]] | None = N
         stand_in = not measured
         kind = impaired[(label, group)]
         pool = measured or per_label.get((label, kind)) or per_label.get((label, not kind)) or []
-        mean = statistics.fmean(pool) if pool else 0.0
+        # a label no run sampled at all: the test's own estimate of its length (udp-sweep:
+        # steps x duration, fixed-length), never 0
+        mean = statistics.fmean(pool) if pool else nominal[label]
         # stratified sampling (Cochran 1977, ch. 5): the row's total n x mean has variance
         # n^2 s^2 / k (1 - k / n); a row of one sampled case takes its label's spread over
         # every sampled case of that kind (s of one case is not defined)
@@ -164,6 +168,7 @@ def extrapolate(runs: list[RunDir], plan, tcp: dict[str, list[float]] | None = N
                 "sampled": len(measured or []),
                 "mean_s": mean,
                 "stand_in": stand_in,
+                "pooled": bool(pool),
                 "cases": n,
                 "seconds": mean * n,
                 "se_s": math.sqrt(var),
@@ -246,6 +251,8 @@ def main() -> None:
     print(f"{'test':<16}{'group':<10}{'sampled':>8}{'mean s':>9}{'cases':>7}{'hours':>8}{'+-h':>7}")
     for r in x["rows"]:
         mark = " (stand-in: not sampled)" if r["stand_in"] else ""
+        if r["stand_in"] and not r["pooled"]:
+            mark = " (the test's own estimate: not sampled)"
         print(
             f"{r['label']:<16}{r['group']:<10}{r['sampled']:>8}{r['mean_s']:>9.1f}"
             f"{r['cases']:>7}{r['seconds'] / 3600:>8.2f}{1.96 * r['se_s'] / 3600:>7.2f}{mark}"
