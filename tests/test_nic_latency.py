@@ -427,8 +427,9 @@ def test_side_path_carries_the_four_nics_only_while_steered(nic_lab_id, tmp_path
     built; steered on, a ping's round trip crosses the engine's four NIC traversals (its
     minimum cannot be below 4 x nic_latency_us, load only adds) and the side interfaces carry
     it; steered off, the plain veth carries it and the side interfaces send nothing. A ping
-    run through the measurement layer's hook comes out with the NICs in force; `lab down`
-    leaves no namespace, interface or engine."""
+    run through the measurement layer's hook comes out with the NICs in force, a tcp test's
+    hook leaves the veth; `lab impair set` moves the NICs onto the engine it splices in and
+    removes the side path; `lab down` leaves no namespace, interface or engine."""
     import os
 
     from lab.core import netops, proc
@@ -477,8 +478,17 @@ def test_side_path_carries_the_four_nics_only_while_steered(nic_lab_id, tmp_path
     with nicside.steering(lab, TESTS["tcp"]) as nic:  # a throughput test: the plain veth
         assert nic is False and moved_during_ping()[1] == [0, 0]
 
-    assert run_lab("down", "--id", lab_id).returncode == 0
+    # `lab impair set` puts the engine on the link: it carries the NICs for every test from
+    # then on, and the side path goes
+    r = run_lab("impair", "set", "--id", lab_id, "all", "delay", "2ms")
+    assert r.returncode == 0, r.stderr
+    rec = Lab.open(lab_id).info["nic_latency"]
+    assert rec["applied"] is True and "side_path" not in rec, rec
     assert not netops.netns_exists(side["netns"])
+    assert not proc.is_same_process(side["pid"], side["start_time"])
+    assert _rtt_min_ms(lab_id, "10.0.1.2", 10) >= 2 * 2 + floor
+
+    assert run_lab("down", "--id", lab_id).returncode == 0
     assert not any(netops.netns_exists(ns) for ns, _ in ends)
     assert not proc.is_same_process(side["pid"], side["start_time"])
     assert not os.path.exists(side["control"])
