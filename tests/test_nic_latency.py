@@ -493,3 +493,35 @@ def test_side_path_carries_the_four_nics_only_while_steered(nic_lab_id, tmp_path
     assert not proc.is_same_process(side["pid"], side["start_time"])
     assert not os.path.exists(side["control"])
     assert teardown(lab_id) == []
+
+
+@pytest.mark.root
+def test_a_side_path_that_cannot_be_built_leaves_the_lab_up_as_before(nic_lab_id, tmp_path):
+    """No engine (LAB_ENGINE_DIR names a build that is not there): `lab up` still succeeds, the
+    NICs are not applied and lab.json and the warnings say why, and nothing of the side path
+    is left (its namespace, the side interfaces, the clsact on the link interfaces)."""
+    from lab.core import netops
+    from lab.core.teardown import teardown
+    from lab.impair.kernel import probe_netem
+    from lab.substrate.local.lab import Lab
+
+    lab_id = nic_lab_id
+    env = {"LAB_ENGINE_DIR": str(tmp_path / "no-engine")}
+    up = run_lab("up", TOPOS / "pi_pair.py", "-p", "cpu=pi4", "--id", lab_id, env=env)
+    assert up.returncode == 0, up.stderr
+    lab = Lab.open(lab_id)
+    if probe_netem(lab.node("client")).ok:
+        pytest.skip("kernel netem is present: nic_latency=auto applies it there, no side path")
+    rec = lab.info["nic_latency"]
+    assert rec["applied"] is False and "side_path" not in rec, rec
+    assert "side path for latency tests could not be built" in rec["why"]
+    assert "no-engine" in rec["why"]  # the engine's own error, naming the missing build
+    assert any("could not be built" in w for w in lab.info["warnings"])
+    assert not netops.netns_exists(f"{lab_id}-nic0")
+    for node in ("client", "server"):
+        assert not netops.link_exists(f"{lab_id}-{node}", "nic0")
+        r = run_lab("exec", "--id", lab_id, node, "--", "tc", "qdisc", "show")
+        assert r.returncode == 0 and "clsact" not in r.stdout, r.stdout
+    assert _rtt_min_ms(lab_id, "10.0.1.2", 5) < 10  # the plain link works
+    assert run_lab("down", "--id", lab_id).returncode == 0
+    assert teardown(lab_id) == []

@@ -383,7 +383,7 @@ def build_lab(
                 runtime.set_base(lab, lk.impair, f"{lk.node1}-{lk.node2}")
         runtime.set_point(lab, iplan.initial)
     if side:  # the boards' NICs beside the link, for latency tests (docs/cpu.md "The side path")
-        info["warnings"] += nicside.build(Lab(lab_id, info), nic, all_cpus)
+        info["warnings"] += nicside.build(Lab(lab_id, info), nic, all_cpus, nic_warnings)
 
 
 def offloads_off(lab: Lab, iplan) -> None:

@@ -100,23 +100,25 @@ def steer_argv(ns: str, ifname: str, side: str, on: bool) -> list[str]:
     ]  # fmt: skip
 
 
-def build(lab: Lab, record: dict, all_cpus: str) -> list[str]:
+def build(lab: Lab, record: dict, all_cpus: str, fallback: list[str]) -> list[str]:
     """Build the side path of `lab` (its nodes and links configured, nothing steered) and
     record it in `record` (lab.json's nic_latency). A failure unwinds what was built and is
-    recorded, never raised: the lab goes on without the NICs, as before. Returns warnings."""
+    recorded, never raised: the lab goes on without the NICs, as before, with `fallback` (the
+    "not applied" warnings) and why. Returns warnings."""
     links = side_links(lab.spec, record)
     sides: list[dict] = []
     record["side_path"] = {"links": sides}
     try:
         for spec_link in links:
-            sides.append(_build_one(lab, spec_link, all_cpus))
+            _build_one(lab, spec_link, all_cpus, sides)
         _start(lab, sides)
     except Exception as e:  # noqa: BLE001 -- the lab goes on as without it (module doc)
         remove(lab, sides)
         record.pop("side_path")
-        record["why"] += f"; the side path for latency tests could not be built: {e}"
+        why = f"the side path for latency tests could not be built: {e}"
+        record["why"] += f"; {why}"
         lab.save()
-        return [f"the boards' NIC latency is not applied: {record['why']}"]
+        return [*fallback, f"the boards' NIC latency: {why}"]
     record.update(
         applied="latency tests",
         backend=BACKEND,
@@ -131,7 +133,7 @@ def build(lab: Lab, record: dict, all_cpus: str) -> list[str]:
     return []
 
 
-def _build_one(lab: Lab, want: dict, all_cpus: str) -> dict:
+def _build_one(lab: Lab, want: dict, all_cpus: str, sides: list[dict]) -> None:
     lk = lab.spec.links[want["link"]]
     names = {f"{lab.id}-{n}" for n in lab.spec.nodes}
     ns = free_name(f"{lab.id}-nic{lk.index}", names)
@@ -144,6 +146,7 @@ def _build_one(lab: Lab, want: dict, all_cpus: str) -> dict:
                      "side": free_name(f"nic{lk.index}", taken)})  # fmt: skip
     rec = {"name": name, "link": lk.index, "netns": ns, "cgroup": rel, "ends": ends,
            "a2b_us": want["a2b_us"], "b2a_us": want["b2a_us"]}  # fmt: skip
+    sides.append(rec)  # before anything of it exists: a failure removes what there is
     lab.ledger.record("cgroup", rel=rel, node=name)
     cgroups.ensure_dir(lab.cg, rel)
     cgroups.set_cpu(lab.cg, rel, None, all_cpus)
@@ -163,7 +166,6 @@ def _build_one(lab: Lab, want: dict, all_cpus: str) -> dict:
             lab.ledger.record("qdisc", ns=end["ns"], ifname=end["side"], qdisc="tbf")
             netops.set_tbf(end["ns"], end["side"], lk.bw, limit_pkts=lk.max_queue_size,
                            dilation=dilation.factor(lab.spec.dilation))  # fmt: skip
-    return rec
 
 
 def _start(lab: Lab, sides: list[dict]) -> None:
