@@ -289,3 +289,239 @@ def test_pi_pair_with_nic_latency_on_carries_four_nic_traversals(lab_id):
     assert _rtt_min_ms(lab_id, "10.0.1.2", 10) >= 2 * 2 + floor
     assert run_lab("down", "--id", lab_id).returncode == 0
     assert teardown(lab_id) == []
+
+
+# ------------------------------------------------------------------ the side path (no netem)
+
+
+def _decided(mode: str, topo: str = "pi_pair.py", **params) -> tuple:
+    spec = load_topology(TOPOS / topo, None, {"cpu": "pi4", **params})
+    rec, _ = cpuplan.nic_latency_plan(
+        spec, _cpu(spec), lambda: (False, "no sch_netem here"), engine_anyway=mode == "engine"
+    )
+    if mode != "engine":
+        spec = load_topology(TOPOS / topo, None, {"cpu": "pi4", "nic_latency": mode, **params})
+        rec, _ = cpuplan.nic_latency_plan(spec, _cpu(spec), lambda: (False, "no sch_netem here"))
+    return spec, rec
+
+
+def test_only_auto_without_netem_and_without_the_engine_gets_a_side_path():
+    from lab.substrate.local import nicside
+
+    assert nicside.wanted(_decided("auto")[1])
+    assert not nicside.wanted(_decided("engine")[1])  # impaired lab: the engine carries it
+    assert not nicside.wanted(_decided("on")[1])  # the engine on every link
+    assert not nicside.wanted(_decided("off")[1])
+    spec = load_topology(TOPOS / "pi_pair.py", None, {"cpu": "pi4"})
+    rec, _ = cpuplan.nic_latency_plan(spec, _cpu(spec), lambda: (True, None))
+    assert rec["applied"] is True and not nicside.wanted(rec)  # kernel netem carries it
+    for cpu in ("host", 0.5):  # no NIC on the path: nothing to add
+        spec = load_topology(TOPOS / "pi_pair.py", None, {"cpu": cpu})
+        rec, _ = cpuplan.nic_latency_plan(spec, _cpu(spec), lambda: (False, "no"))
+        assert not nicside.wanted(rec)
+
+
+def test_side_links_carry_each_links_own_nics_per_direction():
+    from lab.substrate.local import nicside
+
+    spec, rec = _decided("auto")
+    assert nicside.side_links(spec, rec) == [{"link": 0, "a2b_us": 80.0, "b2a_us": 80.0}]
+    spec, rec = _decided("auto", "pi_pair_middlebox.py")
+    got = nicside.side_links(spec, rec)
+    # an unprofiled router: each hop has one board NIC (40 us), and both hops get a side bump
+    assert [(s["a2b_us"], s["b2a_us"]) for s in got] == [(40.0, 40.0), (40.0, 40.0)]
+    assert len({s["link"] for s in got}) == 2
+    spec, rec = _decided("auto", "pi_pair_middlebox.py", router_cpu="pi4")
+    assert [(s["a2b_us"], s["b2a_us"]) for s in nicside.side_links(spec, rec)] == [(80.0, 80.0)] * 2
+
+
+def test_side_interface_names_never_take_a_topologys_name():
+    from lab.substrate.local import nicside
+
+    assert nicside.free_name("nic0", {"eth0", "client-eth0"}) == "nic0"
+    assert nicside.free_name("nic0", {"nic0", "nic0s1"}) == "nic0s2"
+
+
+def test_side_path_commands():
+    from lab.substrate.local import nicside
+
+    cmds = nicside.setup_argvs("L-client", "client-eth0", "nic0", "42:00:00:00:00:01")
+    text = [" ".join(c) for c in cmds]
+    assert text[0] == "ip -n L-client link set dev nic0 address 42:00:00:00:00:01"
+    assert "ip -n L-client link set dev nic0 addrgenmode none" in text
+    assert "tc -n L-client qdisc add dev client-eth0 clsact" in text
+    assert "tc -n L-client qdisc add dev nic0 clsact" in text
+    # the engine's frames are received as if on the link interface, permanently
+    assert text[-1].startswith("tc -n L-client filter add dev nic0 ingress protocol all")
+    assert text[-1].endswith("action mirred ingress redirect dev client-eth0")
+    on = " ".join(nicside.steer_argv("L-client", "client-eth0", "nic0", True))
+    off = " ".join(nicside.steer_argv("L-client", "client-eth0", "nic0", False))
+    prio = f"protocol all prio {nicside.STEER_PRIO}"
+    assert on.startswith(f"tc -n L-client filter add dev client-eth0 egress {prio} u32")
+    assert on.endswith("action mirred egress redirect dev nic0")
+    assert off == f"tc -n L-client filter del dev client-eth0 egress {prio}"  # that filter only
+
+
+def test_steering_only_around_latency_tests_and_off_whatever_happens(monkeypatch):
+    from lab.measure import TESTS
+    from lab.substrate.local import nicside
+
+    calls = []
+    monkeypatch.setattr(nicside, "steer", lambda lab, on: calls.append(on))
+    side = SimpleNamespace(info={"nic_latency": {"applied": "latency tests", "side_path": {}}})
+    side.info["nic_latency"]["side_path"] = {"links": [{}]}
+    assert {n for n, t in TESTS.items() if t.nic_side_path} == {"ping", "rr", "handshake"}
+    for name, want in (("ping", True), ("rr", True), ("handshake", True), ("tcp", False),
+                       ("udp", False), ("scp", False), ("rrul", False)):  # fmt: skip
+        calls.clear()
+        with nicside.steering(side, TESTS[name]) as nic:
+            assert calls == ([True] if want else [])
+        assert nic is want and calls == ([True, False] if want else [])
+    calls.clear()
+    with pytest.raises(RuntimeError), nicside.steering(side, TESTS["ping"]):
+        raise RuntimeError("the test failed")
+    assert calls == [True, False]
+    # a lab whose netem or engine carries the NICs: every test has them; a lab without: none
+    for rec, want in (({"applied": True}, True), ({"applied": False}, False), ({}, False)):
+        calls.clear()
+        with nicside.steering(SimpleNamespace(info={"nic_latency": rec}), TESTS["tcp"]) as nic:
+            pass
+        assert nic is want and calls == []
+
+
+def test_results_row_says_whether_the_nics_were_in_force():
+    from lab.results.rundir import COLUMN_NAMES, rows
+
+    base = {"case": "p|none|t|0", "profile": "p", "test": "ping", "label": "t", "rep": 0,
+            "ok": True, "records": [{"ok": True}]}  # fmt: skip
+    assert "nic_latency_applied" in COLUMN_NAMES
+    assert rows("r", [{**base, "nic_latency_applied": True}])[0]["nic_latency_applied"] == 1.0
+    assert rows("r", [{**base, "nic_latency_applied": False}])[0]["nic_latency_applied"] == 0.0
+    assert rows("r", [base])[0]["nic_latency_applied"] is None  # a run from before
+
+
+@pytest.fixture
+def nic_lab_id():
+    """A fresh lab id of this file's side-path test, always torn down afterwards."""
+    import secrets
+
+    from lab.core.teardown import teardown
+
+    lid = "nic" + secrets.token_hex(3)
+    yield lid
+    teardown(lid)
+
+
+def _tx(ns: str, ifname: str) -> int:
+    import subprocess
+
+    path = f"/sys/class/net/{ifname}/statistics/tx_packets"
+    cp = subprocess.run(["ip", "netns", "exec", ns, "cat", path], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    return int(cp.stdout)
+
+
+@pytest.mark.root
+def test_side_path_carries_the_four_nics_only_while_steered(nic_lab_id, tmp_path):
+    """pi_pair with the default nic_latency=auto on a kernel without netem: the side path is
+    built; steered on, a ping's round trip crosses the engine's four NIC traversals (its
+    minimum cannot be below 4 x nic_latency_us, load only adds) and the side interfaces carry
+    it; steered off, the plain veth carries it and the side interfaces send nothing. A ping
+    run through the measurement layer's hook comes out with the NICs in force, a tcp test's
+    hook leaves the veth; `lab impair set` moves the NICs onto the engine it splices in and
+    removes the side path; `lab down` leaves no namespace, interface or engine."""
+    import os
+
+    from lab.core import netops, proc
+    from lab.core.teardown import teardown
+    from lab.impair.kernel import probe_netem
+    from lab.measure import TESTS, Context
+    from lab.substrate.local import nicside
+    from lab.substrate.local.lab import Lab
+
+    lab_id = nic_lab_id
+    up = run_lab("up", TOPOS / "pi_pair.py", "-p", "cpu=pi4", "--id", lab_id)
+    assert up.returncode == 0, up.stderr
+    lab = Lab.open(lab_id)
+    if probe_netem(lab.node("client")).ok:
+        pytest.skip("kernel netem is present: nic_latency=auto applies it there, no side path")
+    rec = lab.info["nic_latency"]
+    assert rec["applied"] == "latency tests" and rec["backend"] == "side path", rec
+    assert rec["tests"] == ["ping", "rr", "handshake"]
+    (side,) = rec["side_path"]["links"]
+    assert (side["a2b_us"], side["b2a_us"]) == (2 * NIC, 2 * NIC)
+    ends = [(e["ns"], e["side"]) for e in side["ends"]]
+    floor = 4 * NIC / 1000
+
+    def moved_during_ping() -> tuple[float, list[int]]:
+        before = [_tx(ns, ifname) for ns, ifname in ends]
+        rtt = _rtt_min_ms(lab_id, "10.0.1.2", 20)
+        return rtt, [_tx(ns, ifname) - b for (ns, ifname), b in zip(ends, before, strict=True)]
+
+    _rtt, moved = moved_during_ping()
+    assert moved == [0, 0]  # nothing steered at lab up: the plain veth
+    nicside.steer(lab, True)
+    try:
+        rtt, moved = moved_during_ping()
+        assert rtt >= floor and all(m >= 20 for m in moved), (rtt, moved)
+    finally:
+        nicside.steer(lab, False)
+    _rtt, moved = moved_during_ping()
+    assert moved == [0, 0]  # off again: the plain veth
+
+    ping = TESTS["ping"]
+    ctx = Context(lab.node("client"), lab.node("server"), "10.0.1.2", tmp_path / "raw")
+    params = ping.validate({"count": 20, "interval_s": 0.02}, source="test")
+    with nicside.steering(lab, ping) as nic:
+        (r,) = ping.run(ctx, params)
+    assert nic is True and r["ok"] and r["rtt_min_ms"] >= floor, r
+    with nicside.steering(lab, TESTS["tcp"]) as nic:  # a throughput test: the plain veth
+        assert nic is False and moved_during_ping()[1] == [0, 0]
+
+    # `lab impair set` puts the engine on the link: it carries the NICs for every test from
+    # then on, and the side path goes
+    r = run_lab("impair", "set", "--id", lab_id, "all", "delay", "2ms")
+    assert r.returncode == 0, r.stderr
+    rec = Lab.open(lab_id).info["nic_latency"]
+    assert rec["applied"] is True and "side_path" not in rec, rec
+    assert not netops.netns_exists(side["netns"])
+    assert not proc.is_same_process(side["pid"], side["start_time"])
+    assert _rtt_min_ms(lab_id, "10.0.1.2", 10) >= 2 * 2 + floor
+
+    assert run_lab("down", "--id", lab_id).returncode == 0
+    assert not any(netops.netns_exists(ns) for ns, _ in ends)
+    assert not proc.is_same_process(side["pid"], side["start_time"])
+    assert not os.path.exists(side["control"])
+    assert teardown(lab_id) == []
+
+
+@pytest.mark.root
+def test_a_side_path_that_cannot_be_built_leaves_the_lab_up_as_before(nic_lab_id, tmp_path):
+    """No engine (LAB_ENGINE_DIR names a build that is not there): `lab up` still succeeds, the
+    NICs are not applied and lab.json and the warnings say why, and nothing of the side path
+    is left (its namespace, the side interfaces, the clsact on the link interfaces)."""
+    from lab.core import netops
+    from lab.core.teardown import teardown
+    from lab.impair.kernel import probe_netem
+    from lab.substrate.local.lab import Lab
+
+    lab_id = nic_lab_id
+    env = {"LAB_ENGINE_DIR": str(tmp_path / "no-engine")}
+    up = run_lab("up", TOPOS / "pi_pair.py", "-p", "cpu=pi4", "--id", lab_id, env=env)
+    assert up.returncode == 0, up.stderr
+    lab = Lab.open(lab_id)
+    if probe_netem(lab.node("client")).ok:
+        pytest.skip("kernel netem is present: nic_latency=auto applies it there, no side path")
+    rec = lab.info["nic_latency"]
+    assert rec["applied"] is False and "side_path" not in rec, rec
+    assert "side path for latency tests could not be built" in rec["why"]
+    assert "no-engine" in rec["why"]  # the engine's own error, naming the missing build
+    assert any("could not be built" in w for w in lab.info["warnings"])
+    assert not netops.netns_exists(f"{lab_id}-nic0")
+    for node in ("client", "server"):
+        assert not netops.link_exists(f"{lab_id}-{node}", "nic0")
+        r = run_lab("exec", "--id", lab_id, node, "--", "tc", "qdisc", "show")
+        assert r.returncode == 0 and "clsact" not in r.stdout, r.stdout
+    assert _rtt_min_ms(lab_id, "10.0.1.2", 5) < 10  # the plain link works
+    assert run_lab("down", "--id", lab_id).returncode == 0
+    assert teardown(lab_id) == []

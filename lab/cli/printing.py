@@ -117,7 +117,14 @@ def status_lines(s: dict) -> list[str]:
         each = ", ".join(f"{k} {v['us']:g} us" for k, v in nic["directions"].items())
         lines.append(
             f"boards' NIC latency ({each}): "
-            + (f"applied ({nic.get('backend')})" if nic.get("applied") else "not applied")
+            + (
+                f"applied ({nic.get('backend')})"
+                if nic.get("applied") is True
+                else f"applied to latency tests ({', '.join(nic.get('tests') or [])}; "
+                f"{nic.get('backend')})"
+                if nic.get("applied")
+                else "not applied"
+            )
             + f", {short_warning(str(nic.get('why')), WARNING_CHARS)}"
         )
     return lines

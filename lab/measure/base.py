@@ -206,6 +206,9 @@ class Test(ABC):
     #: entry at that value leaves them out of its digest (digest_params), so runs recorded
     #: before them can still be resumed and merged
     since_plans: ClassVar[Mapping[str, Any]] = {}
+    #: an RTT-bound test: a local lab's boards' NIC latency on its side path is steered onto
+    #: while it runs (lab.substrate.local.nicside; ping, rr, handshake)
+    nic_side_path: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

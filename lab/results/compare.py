@@ -188,6 +188,8 @@ def _nic_text(rec: dict | None) -> str:
     each = ", ".join(f"{k} {v.get('us', 0):g} us" for k, v in sorted((rec.get("directions") or
                      {}).items()))  # fmt: skip
     state = f"applied ({rec.get('backend')})" if rec.get("applied") else "not applied"
+    if rec.get("applied") not in (True, False, None):  # a side path: some tests only
+        state = f"applied to {rec['applied']} ({', '.join(rec.get('tests') or [])}; side path)"
     return f"{rec.get('mode')}: {each or 'none'}, {state}"
 
 

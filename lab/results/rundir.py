@@ -155,6 +155,12 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
     "rtt_loaded_loss_pct",
     "latency_inflation_ms",
     "responsiveness_rpm",
+    *(
+        "quiet_wait_s quiet_status key_exchange_ms key_exchange_bytes key_exchange_packets "
+        "link_rtt_idle_p50_ms link_rtt_loaded_p50_ms link_inflation_ms vpn_inflation_ms "
+        "copied_bytes setup_retries"
+    ).split(),  # fmt: skip
+    ("nic_latency_applied", "float64", "1: the boards' NIC latency was in force, 0: not"),
 ]
 
 
@@ -317,6 +323,7 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
         avail = _num(mem.get("available_bytes_min"))
         firmware = (host.get("vcgencmd") or {}).get("throttled")
         cfs_s, cfs_periods = cfs_throttling(mon)
+        nic = r.get("nic_latency_applied")  # docs/cpu.md "The side path"
         common = {
             "run": run_name,
             "case": r["case"],
@@ -351,6 +358,7 @@ def rows(run_name: str, results: list[dict]) -> list[dict]:
             "throttled": cfs_s,
             "throttled_periods": cfs_periods,
             "firmware_throttled": None if firmware is None else float(bool(firmware)),
+            "nic_latency_applied": None if nic is None else float(bool(nic)),
         }
         records = r.get("records") or [{}]
         for i, rec in enumerate(records):

@@ -14,11 +14,12 @@ from lab.core.state import Ledger, create_lab_dir, lab_dir, run_root, write_json
 from lab.core.teardown import teardown
 from lab.impair import runtime
 from lab.model.impairment.directional import needs_engine
-from lab.impair.engine import EngineClient, engine_argv
 from lab.impair.kernel import probe_netem
 from lab.model import dilation
 from lab.model.labspec import LabSpec
 from lab.substrate import lifecycle
+from lab.substrate.local import nicside
+from lab.substrate.local.engines import spawn_engine
 from lab.substrate.local.dataplane import dataplane_plan, group_rel
 from lab.substrate.local.cpuplan import (
     cpu_plan,
@@ -34,11 +35,9 @@ from lab.substrate.local.lab import (
     NodeRuntime,
     current_substrate,
 )
-from lab.substrate.local.node import LocalNode
 from lab.substrate.local.storage import build_storage, storage_plan
 from lab.vpn.profiles import Profile
 from lab.vpn.tunnel import check_plan, place, prepare
-from lab.core.errors import StartupError
 
 
 class LocalBuild(lifecycle.Build):
@@ -239,34 +238,9 @@ def _build_bump(lab_id, lk, layout, ledger, info, all_cpus) -> None:
 def start_engines(lab: Lab, iplan) -> None:
     """Start one engine per bump with the initial spec; wait until each answers."""
 
-    st = lab.info["impair"]
-    idir = lab.dir / "impair"
-    idir.mkdir(mode=0o700, exist_ok=True)
-    for eng in st["engines"]:
-        procs = cgroups.procs_files(lab.cg, eng["cgroup"])
-        if lab.cg.version == 1:
-            # v1 child cpu groups get no realtime budget (cpu.rt_runtime_us = 0), and the engine
-            # times delays with SCHED_FIFO threads: keep it in the root cpu group. It still joins
-            # the cpuacct (accounting) and cpuset groups, by which teardown finds it.
-            procs = [p for p in procs if not p.startswith(str(lab.cg.root / "cpu") + "/")]
-        node = LocalNode(
-            lab.id,
-            eng["name"],
-            netns=eng["netns"],
-            mntns=None,
-            procs_files=procs,
-            ledger=lab.ledger,
-            log_dir=lab.dir / "logs",
-        )
-        control = idir / f"{eng['name']}.sock"
-        eng["control"] = str(control)
+    for eng in lab.info["impair"]["engines"]:
         eng["fwd_dir"] = runtime.engine_fwd_dir(lab.spec, eng["link"])
-        d = node.spawn("lab-impaird", engine_argv(runtime.BUMP_A, runtime.BUMP_B, str(control)))
-        eng["pid"], eng["start_time"] = d.pid, d.start_time
-        try:
-            EngineClient(control).wait_ready(5.0, proc=d.popen)
-        except Exception as e:
-            raise StartupError(f"{e}\n{d.log_tail()}") from e
+        spawn_engine(lab, eng, runtime.BUMP_A, runtime.BUMP_B)
     lab.save()
 
 
@@ -349,7 +323,8 @@ def build_lab(
         spec, cpu, lambda: _netem_here(spec, lab_id, info), engine_anyway=impair is not None
     )
     info["nic_latency"] = nic
-    info["warnings"] += nic_warnings
+    side = nicside.wanted(nic)  # its warning only if the side path cannot be built (nicside)
+    info["warnings"] += [] if side else nic_warnings
     if nic["applied"] and impair is None:
         impair = "none"
 
@@ -407,6 +382,8 @@ def build_lab(
             if lk.impair:
                 runtime.set_base(lab, lk.impair, f"{lk.node1}-{lk.node2}")
         runtime.set_point(lab, iplan.initial)
+    if side:  # the boards' NICs beside the link, for latency tests (docs/cpu.md "The side path")
+        info["warnings"] += nicside.build(Lab(lab_id, info), nic, all_cpus, nic_warnings)
 
 
 def offloads_off(lab: Lab, iplan) -> None:

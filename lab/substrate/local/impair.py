@@ -20,6 +20,8 @@ from __future__ import annotations
 from lab.core import cgroups, netops
 from lab.model import dilation
 from lab.substrate.local.build import impair_plan, offloads_off, start_engines
+from lab.substrate.local import nicside
+from lab.substrate.local.cpuplan import nic_to_points
 from lab.substrate.local.lab import CGROUP_PARENT, Lab
 from lab.core.state import write_json_atomic
 from lab.impair import runtime
@@ -36,6 +38,15 @@ def ensure_points(lab: Lab) -> bool:
     st = runtime.plan_json(iplan)
     st["added_at_run_time"] = True
     lab.info["impair"] = st
+    nic = lab.info.get("nic_latency") or {}
+    if nic.get("side_path"):
+        # the engine is on the path now: it carries the NICs for every test, as for a lab built
+        # with impairment ("auto" with the engine on the path), and the side path goes first
+        nicside.remove(lab, nic.pop("side_path")["links"])
+        nic.pop("tests", None)
+        nic.update(applied=True, why=nic["why"].split(";")[0] + "; `lab impair set` put the "
+                   "lab's engine on the path, which carries it since (side path removed)")  # fmt: skip
+        nic_to_points(nic, st)
     write_json_atomic(lab.dir / "lab.json", lab.info)
     if iplan.backend == "userspace":
         for idx in iplan.engine_links:
