@@ -11,6 +11,7 @@ imports nothing of lab.
 from __future__ import annotations
 
 import ast
+import threading
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -38,10 +39,26 @@ def _lab_imports(tree: ast.Module) -> list[ast.stmt]:
     return out
 
 
+#: one assembly at a time, kept: CPython 3.11 before 3.11.8 keeps ast's recursion depth in
+#: state that threads share, and ast.parse in two threads at once can fail with "AST
+#: constructor recursion depth mismatch" (python/cpython#106905; seen here connecting to an
+#: emulated farm's boards in parallel)
+_LOCK = threading.Lock()
+_BUILT: dict[tuple[str, str], bytes] = {}
+
+
 def agent_source() -> bytes:
     """The agent script that runs in the VM and on boards (python3 -I -S SCRIPT, or its text
     exec'd as __main__)."""
-    commands = COMMANDS.read_text()
+    with _LOCK:
+        key = (COMMANDS.read_text(), AGENT.read_text())
+        if key not in _BUILT:
+            _BUILT.clear()
+            _BUILT[key] = _assemble(*key)
+        return _BUILT[key]
+
+
+def _assemble(commands: str, agent: str) -> bytes:
     ctree = ast.parse(commands, str(COMMANDS))
     head = [n for n in ctree.body[:1] if isinstance(n, ast.Expr)]  # the docstring
     future = [n for n in ctree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
@@ -49,7 +66,6 @@ def agent_source() -> bytes:
         raise RuntimeError(f"{COMMANDS} imports lab; it ships without the lab package")
     body = _without(commands, _lines_of(head + future)).strip("\n") + "\n"
 
-    agent = AGENT.read_text()
     imports = _lab_imports(ast.parse(agent, str(AGENT)))
     if len(imports) != 1 or getattr(imports[0], "module", None) != COMMANDS_MODULE:
         raise RuntimeError(f"{AGENT} must import lab only once, from {COMMANDS_MODULE}")
