@@ -87,7 +87,13 @@ def test_node_has_private_run_and_own_sys(lab_id):
     c.run(["sh", "-c", "echo client > /run/who"])
     assert c.run(["cat", "/run/who"]).stdout.strip() == "client"
     assert s.run(["sh", "-c", "cat /run/who 2>/dev/null || echo none"]).stdout.strip() == "none"
-    assert sorted(c.run(["ls", "/sys/class/net"]).stdout.split()) == ["client-eth0", "lo"]
+    # its own interfaces only: the topology's, and the side interface of the boards' NICs
+    # where the lab built that side path (lab.substrate.local.nicside; recorded in lab.json)
+    side = (lab.info.get("nic_latency") or {}).get("side_path") or {}
+    own = [e["side"] for lk in side.get("links", []) for e in lk["ends"] if e["node"] == "client"]
+    assert sorted(c.run(["ls", "/sys/class/net"]).stdout.split()) == sorted(
+        ["client-eth0", "lo", *own]
+    )
     # every process started in a node is inside the node's cgroup
     cg = c.run(["cat", "/proc/self/cgroup"]).stdout
     assert f"/lab/{lab_id}/client" in cg
