@@ -119,6 +119,7 @@ def capped_runner(
         try:
             cgroups.ensure_dir(layout, "lab")
             cgroups.ensure_dir(layout, rel)
+            cgroups.weigh_lab(layout, "lab", rel, capped=True)  # as a capped lab's
             period = cfs_period_us(1.0, min_share=share)
             cgroups.set_cpu(layout, rel, share, cgroups.all_cpus(layout), period_us=period)
             files = cgroups.procs_files(layout, rel)

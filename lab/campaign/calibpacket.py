@@ -152,6 +152,7 @@ def run_capped(
     try:
         cgroups.ensure_dir(layout, "lab")  # shared parent of every lab; left in place
         cgroups.ensure_dir(layout, rel)
+        cgroups.weigh_lab(layout, "lab", rel, capped=True)  # as a capped lab's
         where["period_us"] = period = cfs_period_us(1.0, min_share=share)
         cgroups.set_cpu(layout, rel, share, cgroups.all_cpus(layout), period_us=period)
         files = cgroups.procs_files(layout, rel)

@@ -458,6 +458,7 @@ def verify_in_cgroup(
     try:
         cgroups.ensure_dir(layout, "lab")  # shared parent of every lab; left in place
         cgroups.ensure_dir(layout, rel)
+        cgroups.weigh_lab(layout, "lab", rel, capped=True)  # as a capped lab's
         # the CFS period a lab's nodes get (docs/cpu.md "The CFS period"), so the check runs
         # as the nodes will
 

@@ -127,6 +127,13 @@ def status_lines(s: dict) -> list[str]:
             )
             + f", {short_warning(str(nic.get('why')), WARNING_CHARS)}"
         )
+    if w := s.get("cpu_weight"):
+        # lab.core.cgroups.weigh_lab: a capped lab's weight against the host's other work
+        lines.append(
+            f"CPU weight against the host's other work: x{w['lab']:g} (its parent x{w['parent']:g}"
+            + (f", held at x1 by {', '.join(w['held_back_by'])}" if w.get("held_back_by") else "")
+            + '; docs/cpu.md "The lab\'s CPU weight")'
+        )
     return lines
 
 

@@ -144,6 +144,52 @@ def set_cpu(
         _write(layout.root / "cpuset" / rel / "cpuset.cpus", cpus)
 
 
+#: a lab's CPU weight against the host's other work, as a multiple of the default (a nice-0 task
+#: or a sibling group): cgroup v2's largest cpu.weight (10000 against 100), the same factor on v1
+#: (cpu.shares 102400 against 1024); about nice -20's 87 (docs/cpu.md "The lab's CPU weight")
+WEIGHT_FACTOR = 100
+_DEFAULT_WEIGHT = {1: 1024, 2: 100}
+
+
+def _weight_file(layout: CgroupLayout, rel: str) -> Path:
+    return cpu_dir(layout, rel) / ("cpu.weight" if layout.version == 2 else "cpu.shares")
+
+
+def weight(layout: CgroupLayout, rel: str) -> float | None:
+    """Group `rel`'s CPU weight as a multiple of the default (None: no such group here)."""
+    try:
+        return int(_weight_file(layout, rel).read_text()) / _DEFAULT_WEIGHT[layout.version]
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def set_weight(layout: CgroupLayout, rel: str, factor: float) -> None:
+    _write(_weight_file(layout, rel), str(round(factor * _DEFAULT_WEIGHT[layout.version])))
+
+
+def weigh_lab(layout: CgroupLayout, parent: str, rel: str, *, capped: bool) -> dict:
+    """Give lab group `rel` (a child of the shared `parent`) WEIGHT_FACTOR when every host of
+    the lab is capped, else the default, and the parent WEIGHT_FACTOR only while every group
+    under it has it: a capped node then gets its quota whenever it is runnable, as a board's
+    cores are its own, while host work it competes with still gets what the caps leave; an
+    uncapped host (cpu = host speed) never runs above the host's other work. What was set and
+    which sibling groups held the parent back, for lab.json."""
+    mine = WEIGHT_FACTOR if capped else 1
+    set_weight(layout, rel, mine)
+    held = sorted(
+        d.name
+        for d in cpu_dir(layout, parent).iterdir()
+        if d.is_dir() and (weight(layout, f"{parent}/{d.name}") or 0) < WEIGHT_FACTOR
+    )
+    set_weight(layout, parent, 1 if held else WEIGHT_FACTOR)
+    return {
+        "file": _weight_file(layout, rel).name,
+        "lab": mine,
+        "parent": 1 if held else WEIGHT_FACTOR,
+        "held_back_by": held,
+    }
+
+
 def slot_rel(rel: str, i: int) -> str:
     """The i-th per-core group of node group `rel` (lab/substrate/local/coreslots.py: one board
     core each)."""

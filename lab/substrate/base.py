@@ -202,8 +202,12 @@ class Substrate(ABC):
 
     def lab_record(self, lab) -> dict[str, Any]:
         """What the run manifest records of a lab built here beyond its nodes' CPU: e.g. the
-        boards it ran on; the per-hop NIC latency when the substrate decides it."""
-        return {"nic_latency": lab.info.get("nic_latency")}
+        boards it ran on; the per-hop NIC latency when the substrate decides it; the lab's CPU
+        weight (lab.core.cgroups.weigh_lab) where its nodes are cgroups."""
+        return {
+            "nic_latency": lab.info.get("nic_latency"),
+            "cpu_weight": lab.info.get("cpu_weight"),
+        }
 
     def tool_nodes(self, lab) -> dict[str, str]:
         """{node: "own" | "arch"}: nodes whose tool versions differ from this machine's, "own"

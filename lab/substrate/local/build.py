@@ -259,6 +259,11 @@ def build_lab(
     for rel in (CGROUP_PARENT, f"{CGROUP_PARENT}/{lab_id}"):
         ledger.record("cgroup", rel=rel, shared=rel == CGROUP_PARENT)
         cgroups.ensure_dir(layout, rel)
+    # a capped lab's weight against the host's other work (docs/cpu.md "The lab's CPU weight")
+    capped = all((cpu.get(n.name) or {}).get("cores") for n in spec.hosts())
+    info["cpu_weight"] = cgroups.weigh_lab(
+        layout, CGROUP_PARENT, f"{CGROUP_PARENT}/{lab_id}", capped=capped
+    )
 
     all_cpus = cgroups.all_cpus(layout)
     for n in spec.nodes.values():

@@ -146,7 +146,7 @@ def lab_status(lab_id: str, info: dict, spec: LabSpec, where: dict[str, dict]) -
                 for i in n.interfaces
             ],
         }
-    for k in ("vpn", "impair", "nic_latency", "warnings", "substrate"):
+    for k in ("vpn", "impair", "nic_latency", "cpu_weight", "warnings", "substrate"):
         if k in info:
             out[k] = info[k]
     return out
