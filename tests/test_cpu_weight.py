@@ -92,8 +92,8 @@ def test_a_pi4_lab_is_weighted_and_a_host_speed_lab_holds_the_parent(lab_id):
         assert prec["lab"] == 1 and other in prec["held_back_by"]
         assert cgroups.weight(layout, f"lab/{other}") == 1
         assert cgroups.weight(layout, "lab") == 1
-        st = run_lab("status", "--id", lab_id)
-        assert "CPU weight against the host's other work: x100" in st.stdout
+        st = run_lab("status", "--id", lab_id)  # the parent as it is now, lowered by `other`
+        assert "CPU weight against the host's other work: x100 (its parent x1" in st.stdout
         assert f"held at x1 by {other}" in run_lab("status", "--id", other).stdout
     finally:
         assert teardown(other) == []

@@ -109,9 +109,14 @@ class Lab:
         return {n: self.node(n) for n, r in self.runtime.items() if r.kind == "host"}
 
     def status(self) -> dict:
+        info = self.info
+        if w := info.get("cpu_weight"):
+            # the shared parent's weight now: a host-speed lab built since lowers it
+            now = cgroups.weight(self.cg, CGROUP_PARENT)
+            info = {**info, "cpu_weight": {**w, "parent": now if now is not None else w["parent"]}}
         return lab_status(
             self.id,
-            self.info,
+            info,
             self.spec,
             {
                 name: {
