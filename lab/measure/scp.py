@@ -213,7 +213,8 @@ class ScpTest(Test):
         Metric(
             "copied_bytes",
             unit="B",
-            description="adaptive: bytes of the file received when the rule stopped the copy",
+            description="adaptive: bytes of the file received when the copy was stopped (by "
+            "the rule, or at its time-out with the rule's interval: `projected`)",
             summarised=False,
         ),
         *ADAPTIVE_METRICS,
