@@ -160,8 +160,24 @@ def kill_message(tmp_path, monkeypatch, counts) -> str:
     client, server = SlowClient("client"), SlowClient("server", counts=counts)
     ctx = Context(client, server, "198.18.0.2", tmp_path / "raw", timeout_s=0.2)
     with pytest.raises(MeasurementFailed) as e:
-        run_client(ctx, UDP_ARGV, expected_s=0.2, label="iperf3-udp", files=[])
+        run_client(ctx, UDP_ARGV, port=5201, expected_s=0.2, label="iperf3-udp", files=[])
     return str(e.value)
+
+
+def test_the_setup_watch_looks_for_the_stream_sockets_at_the_port_it_is_given(
+    tmp_path, monkeypatch
+):
+    # a UDP client at a port of its own: while it runs (1.2 s, the watch asked every 0.5 s)
+    # the client's sockets connected to that port are what is looked for
+    monkeypatch.setattr(iperf3, "UDP_SETUP_WAIT_S", 0.0)
+    monkeypatch.setattr(iperf3, "DRAIN_FACTOR", 1.0)
+    client, server = SlowClient("client"), SlowClient("server", counts=[500])
+    ctx = Context(client, server, "198.18.0.2", tmp_path / "raw", timeout_s=0.2)
+    argv = client_argv("198.18.0.2", 5300, duration=1, udp=True, rate_bps=1e6, length=256)
+    with pytest.raises(MeasurementFailed, match="timed out"):
+        run_client(ctx, argv, port=5300, expected_s=1.0, label="iperf3-udp", files=[])
+    asked = [a for a in client.ran if a[0] == "ss"]
+    assert asked and all(a == ["ss", "-Hun", "dport = :5300"] for a in asked)
 
 
 def test_killed_while_the_receiver_still_receives_names_the_backlog(tmp_path, monkeypatch):

@@ -298,7 +298,8 @@ def test_tcp_unreachable_port_is_failed_record(pair, tmp_path):
 
     ctx = ctx_for(pair, tmp_path)
     files: list[Path] = []
-    text = run_client(ctx, client_argv(S4, 5999, duration=1), expected_s=1, label="x", files=files)
+    argv = client_argv(S4, 5999, duration=1)
+    text = run_client(ctx, argv, port=5999, expected_s=1, label="x", files=files)
     assert "Connection refused" in text and files
 
 

@@ -21,6 +21,7 @@ from lab.results.rundir import (
     summarize,
     write_tables,
 )
+from lab.measure import metric_columns
 from lab.results.timebudget import time_budget
 from lab.core.state import read_jsonl
 
@@ -28,7 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "results.md"
 
 
-def documented_columns() -> list[tuple[str, str]]:
+def documented_columns(*, meaning: bool = False) -> list[tuple[str, ...]]:
+    """docs/results.md's column table: (name, dtype), with `meaning` (name, dtype, meaning)."""
     text = DOC.read_text()
     block = text.split("<!-- columns: name | dtype | meaning -->", 1)[1]
     out = []
@@ -36,7 +38,7 @@ def documented_columns() -> list[tuple[str, str]]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        out.append((cells[0], cells[1]))
+        out.append((cells[0], cells[1], cells[2]) if meaning else (cells[0], cells[1]))
     return out
 
 
@@ -180,6 +182,25 @@ def make_run(path: Path, *, profiles=("baseline", "wireguard"), scale=1.0) -> Ru
 
 def test_documented_schema_matches_code():
     assert documented_columns() == [(n, t) for n, t, _ in CSV_COLUMNS]
+
+
+#: metric columns rundir._LAYOUT names without a word of their own (added after the rrul test's
+#: columns): docs/results.md is where each is explained
+LATER_COLUMNS = (
+    "quiet_wait_s quiet_status key_exchange_ms key_exchange_bytes key_exchange_packets "
+    "link_rtt_idle_p50_ms link_rtt_loaded_p50_ms link_inflation_ms vpn_inflation_ms "
+    "copied_bytes setup_retries"
+).split()
+
+
+def test_the_later_columns_are_explained_naming_the_tests_that_fill_them():
+    meanings = {n: m for n, _, m in documented_columns(meaning=True)}
+    declared = metric_columns()
+    for name in LATER_COLUMNS:
+        assert name in COLUMN_NAMES and name in declared, name
+        assert len(meanings[name].split()) >= 4, (name, meanings[name])
+        for test in declared[name].tests:
+            assert re.search(rf"\b{re.escape(test)}\b", meanings[name]), (name, test)
 
 
 #: results.csv's columns as runs have been written so far: they keep these places whatever test

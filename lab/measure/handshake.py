@@ -391,7 +391,12 @@ class HandshakeTest(Test):
         def client() -> None:
             try:
                 got["text"] = run_client(
-                    ctx, argv, label="iperf3-tcp-rekey", files=files, expected_s=duration
+                    ctx,
+                    argv,
+                    port=port,
+                    label="iperf3-tcp-rekey",
+                    files=files,
+                    expected_s=duration,
                 )
             except MeasurementFailed as e:
                 got["error"] = e

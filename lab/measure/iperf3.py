@@ -203,6 +203,7 @@ def run_client(
     ctx: Context,
     argv: list[str],
     *,
+    port: int,
     expected_s: float,
     label: str,
     files: list[Path],
@@ -211,6 +212,9 @@ def run_client(
 ) -> str:
     """Run the client and return its JSON text; retry while the server is still busy, and a
     UDP run whose stream set-up was lost (setup_lost) up to UDP_SETUP_ATTEMPTS times.
+
+    `port`: the server's port `argv` connects to (the one given to client_argv), where a UDP
+    run's set-up watch (iperf3loss.SetupWatch) looks for the client's stream sockets.
 
     Appends every attempt's raw files to `files`, and the JSON file of every lost set-up that
     was tried again to `lost_setups` (its length is the record's `setup_retries`). Raises
@@ -233,7 +237,7 @@ def run_client(
             timeout=base_s + ctx.timeout_s,
             progress=UdpReceiving(receiver) if udp else None,
             max_timeout=base_s + expected_s * DRAIN_FACTOR + ctx.timeout_s,
-            stall=SetupWatch(ctx.client, receiver, _port(argv)) if udp else None,
+            stall=SetupWatch(ctx.client, receiver, port) if udp else None,
         )
         files += inv.raw_files
         if inv.timed_out:
@@ -268,10 +272,6 @@ def run_client(
         if inv.returncode != 0 and not doc.get("error"):
             raise MeasurementFailed(describe_failure(inv, "iperf3"))
         return inv.stdout
-
-
-def _port(argv: list[str]) -> int:
-    return int(argv[argv.index("-p") + 1]) if "-p" in argv else DEFAULT_PORT
 
 
 def _num(x: float) -> str:

@@ -402,7 +402,7 @@ class RrulTest(Test):
         def client() -> None:
             try:
                 got["text"] = run_client(
-                    ctx, argv, label="iperf3-rrul", files=files, expected_s=duration
+                    ctx, argv, port=port, label="iperf3-rrul", files=files, expected_s=duration
                 )
             except MeasurementFailed as e:
                 got["error"] = e

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lab.core import proc
-from lab.core.errors import LabError, StartupError
+from lab.core.errors import StartupError
 from lab.core.node import Node
 from lab.measure.base import (
     Context,
@@ -44,7 +44,7 @@ from lab.core.tools import SS, Tool
 from lab.measure.adaptive import ADAPTIVE_METRICS, ADAPTIVE_SCHEMA, adaptive_block, columns, rule_of
 from lab.measure.progress import Stream, file_bytes, watch_copy
 from lab.measure.tcpsender import sender_argv
-from lab.measure.tcpstream import bytes_received, ss_argv
+from lab.measure.tcpstream import bytes_received, socket_reader, ss_argv
 
 MIB = 1024 * 1024
 #: OpenSSH >= 9.0 speaks SFTP underneath scp; -O forces the legacy protocol that older
@@ -124,35 +124,6 @@ def scp_argv(
         argv += ["-c", cipher]
     argv += PROTOCOL_FLAGS[protocol]
     return argv + [str(src), f"{user}@{host}:{dest}"]
-
-
-def _sender(client: Node, port: int):
-    """The copy's sending socket (ssh's, to the server's `port`) and the client's counters,
-    read each second by the streaming stop; an empty reading where ss fails (the interval then
-    decides alone, as tcp's rule does without ss)."""
-    argv = sender_argv(ss_argv(port, local=False))
-
-    def read() -> str:
-        try:
-            return client.run(argv, check=False, timeout=10).stdout
-        except LabError:
-            return ""
-
-    return read
-
-
-def _received(server: Node, port: int):
-    """The receiving sshd's socket's bytes_received (tcp_info), None where ss fails."""
-    argv = ss_argv(port, local=True)
-
-    def read() -> int | None:
-        try:
-            cp = server.run(argv, check=False, timeout=10)
-        except LabError:
-            return None
-        return bytes_received(cp.stdout) if cp.returncode == 0 else None
-
-    return read
 
 
 def _stream_info(st: Stream) -> dict:
@@ -242,7 +213,8 @@ class ScpTest(Test):
         Metric(
             "copied_bytes",
             unit="B",
-            description="adaptive: bytes of the file received when the rule stopped the copy",
+            description="adaptive: bytes of the file received when the copy was stopped (by "
+            "the rule, or at its time-out with the rule's interval: `projected`)",
             summarised=False,
         ),
         *ADAPTIVE_METRICS,
@@ -337,8 +309,17 @@ class ScpTest(Test):
                     size,
                     lambda: file_bytes(ctx.server, dest),
                     card_Bps=float(write) * 1e6 if write else None,
-                    sender=_sender(ctx.client, params["port"]),
-                    received=_received(ctx.server, params["port"]),
+                    # ssh's sending socket and the client's counters (the interval decides
+                    # alone where ss fails: ""), and the receiving sshd's bytes_received (the
+                    # file's size decides where ss fails: None)
+                    sender=socket_reader(
+                        ctx.client,
+                        sender_argv(ss_argv(params["port"], local=False)),
+                        lambda text: text,  # sender_state and tcp_timeouts read it each
+                    ),
+                    received=socket_reader(
+                        ctx.server, ss_argv(params["port"], local=True), bytes_received
+                    ),
                 )
             elif params["adaptive"]:
                 base["adaptive_note"] = "not applied: the file goes to /dev/null, no bytes to read"

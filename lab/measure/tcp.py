@@ -129,7 +129,12 @@ class TcpTest(Test):
         def run_one(duration: float) -> dict[str, Any]:
             argv = argv_of(duration)
             text = run_client(
-                ctx, argv, label="iperf3-tcp", files=files, expected_s=duration + params["omit_s"]
+                ctx,
+                argv,
+                port=params["port"],
+                label="iperf3-tcp",
+                files=files,
+                expected_s=duration + params["omit_s"],
             )
             return parse_iperf3_tcp(text)
 

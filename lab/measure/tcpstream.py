@@ -80,8 +80,9 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
+from lab.core.errors import LabError
 from lab.core.node import Node
 from lab.measure.adaptive import adaptive_block, receiver_rates
 from lab.measure.base import Context, MeasurementFailed, collected, describe_failure
@@ -105,6 +106,8 @@ CLIENT_INTERRUPTED = "interrupt - the client has terminated"
 
 _BYTES_RECEIVED = re.compile(r"\bbytes_received:(\d+)")
 
+T = TypeVar("T")
+
 
 def ss_argv(port: int, *, local: bool) -> list[str]:
     """ss listing the established TCP sockets of the test on one node, with tcp_info, no
@@ -118,6 +121,23 @@ def bytes_received(ss_text: str) -> int | None:
     hundred bytes stay constant after the start), None when no socket reported any."""
     found = [int(m) for m in _BYTES_RECEIVED.findall(ss_text)]
     return sum(found) if found else None
+
+
+def socket_reader(node: Node, argv: list[str], parse: Callable[[str], T]) -> Callable[[], T]:
+    """A reading of a test's TCP socket on `node`, to call once a second: `argv` (ss_argv, or
+    tcpsender.sender_argv around it) run there and its output parsed (bytes_received,
+    sender_state, ...). A reading that cannot be taken (the command cannot run on the node, a
+    lost session, a time-out, or it exits non-zero) parses as no output, `parse("")`: None for
+    bytes_received, "" for the text itself, so the caller falls back as it does without ss."""
+
+    def read() -> T:
+        try:
+            cp = node.run(argv, check=False, timeout=10)
+        except LabError:
+            return parse("")
+        return parse(cp.stdout if cp.returncode == 0 else "")
+
+    return read
 
 
 @dataclass

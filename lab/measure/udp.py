@@ -91,7 +91,13 @@ def _one(
             bidir=bidir,
         )
         text = run_client(
-            ctx, argv, label=label, files=files, expected_s=duration, lost_setups=lost
+            ctx,
+            argv,
+            port=params["port"],
+            label=label,
+            files=files,
+            expected_s=duration,
+            lost_setups=lost,
         )
         return parse_iperf3_udp(text)
 

@@ -155,11 +155,11 @@ _LAYOUT: list[tuple[str, str, str] | str] = [
     "rtt_loaded_loss_pct",
     "latency_inflation_ms",
     "responsiveness_rpm",
-    *(
-        "quiet_wait_s quiet_status key_exchange_ms key_exchange_bytes key_exchange_packets "
-        "link_rtt_idle_p50_ms link_rtt_loaded_p50_ms link_inflation_ms vpn_inflation_ms "
-        "copied_bytes setup_retries"
-    ).split(),  # fmt: skip
+    # added later, frozen here (what each holds, which test fills it: docs/results.md): handshake
+    # (quiet_*, key_exchange_*), rrul (link_*, vpn_inflation_ms), scp, udp and udp-sweep
+    *"quiet_wait_s quiet_status key_exchange_ms key_exchange_bytes key_exchange_packets".split(),
+    *"link_rtt_idle_p50_ms link_rtt_loaded_p50_ms link_inflation_ms vpn_inflation_ms".split(),
+    *"copied_bytes setup_retries".split(),
     ("nic_latency_applied", "float64", "1: the boards' NIC latency was in force, 0: not"),
 ]
 
