@@ -133,8 +133,48 @@ def _add_id(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", dest="lab_id", help="lab id (default: the only lab that is up)")
 
 
-def _add_boards(p: argparse.ArgumentParser, boards_help: str) -> None:
-    """--boards INVENTORY and --map NODE=BOARD (lab up, lab run)."""
+def _actions(sub: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
+    """A command made of actions (lab impair set, lab boards check, ...): its ACTION is
+    required and lands in args.<name>_cmd."""
+    p = sub.add_parser(name, help=help)
+    return p.add_subparsers(dest=f"{name}_cmd", required=True, metavar="ACTION")
+
+
+def _add_topology(p: argparse.ArgumentParser, **topology: str) -> None:
+    """TOPOLOGY, --topo and -p KEY=VALUE (lab up, lab render, lab boards emulate)."""
+    topology.setdefault("help", "topology file (Python module with topos = {...})")
+    p.add_argument("topology", **topology)
+    p.add_argument("--topo", help="which entry of the file's topos dict")
+    p.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="parameter passed to the Topo constructor (repeatable)",
+    )
+
+
+def _add_inventory(p: argparse.ArgumentParser, profiles_help: str) -> None:
+    """INVENTORY and --profiles P1,P2 (lab boards check, lab boards prepare)."""
+    p.add_argument("inventory", help="boards.toml or an Ansible inventory")
+    p.add_argument("--profiles", metavar="P1,P2", help=profiles_help)
+
+
+def _add_plan_out(p: argparse.ArgumentParser, override_help: str) -> None:
+    """-o KEY=VALUE and --out RUN_DIR (lab run, lab check)."""
+    p.add_argument(
+        "-o", dest="override", action="append", default=[], metavar="KEY=VALUE", help=override_help
+    )
+    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default ./runs/<UTC>_<plan>)")
+
+
+def _add_vm_boards(p: argparse.ArgumentParser, vm_help: str, boards_help: str) -> None:
+    """--vm, --vm-mem MB, --boards INVENTORY and --map NODE=BOARD (lab up, lab run, lab check)."""
+    p.add_argument("--vm", action="store_true", help=vm_help)
+    p.add_argument(
+        "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
+    )
     p.add_argument("--boards", metavar="INVENTORY", help=boards_help)
     p.add_argument(
         "--map",
@@ -156,16 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     p = sub.add_parser("up", help="build a topology (and optionally a VPN) as namespaces")
-    p.add_argument("topology", help="topology file (Python module with topos = {...})")
-    p.add_argument("--topo", help="which entry of the file's topos dict")
-    p.add_argument(
-        "-p",
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="parameter passed to the Topo constructor (repeatable)",
-    )
+    _add_topology(p)
     p.add_argument("--id", dest="lab_id", default=None, help="lab id (default: lab)")
     p.add_argument("--json", action="store_true", help="print the lab's status as JSON")
     p.add_argument(
@@ -191,32 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="impairment back end: kernel netem, the lab's own engine (userspace), or auto "
         "(netem when the kernel has it; default)",
     )
-    p.add_argument(
-        "--vm",
-        action="store_true",
-        help="run the lab inside the full-kernel VM (netem, WireGuard, ESP, MACsec, GRE, "
-        "L2TP when this kernel lacks them); exec/impair/status/down reach into it",
-    )
-    p.add_argument(
-        "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
-    )
-    _add_boards(
+    _add_vm_boards(
         p,
+        "run the lab inside the full-kernel VM (netem, WireGuard, ESP, MACsec, GRE, "
+        "L2TP when this kernel lacks them); exec/impair/status/down reach into it",
         "build it on real boards over SSH (boards.toml or an Ansible inventory; "
         "docs/boards.md); everything changed on a board is restored at `lab down`",
     )
 
     p = sub.add_parser("render", help="write a VPN profile's config files for a topology")
-    p.add_argument("topology", help="topology file (Python module with topos = {...})")
-    p.add_argument("--topo", help="which entry of the file's topos dict")
-    p.add_argument(
-        "-p",
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="parameter passed to the Topo constructor (repeatable)",
-    )
+    _add_topology(p)
     p.add_argument(
         "--vpn",
         required=True,
@@ -286,8 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="-- CMD ARGS...: after '--' every word is the command's; --id may come before it",
     )
 
-    p = sub.add_parser("impair", help="show or change impairment at run time")
-    isub = p.add_subparsers(dest="impair_cmd", required=True, metavar="ACTION")
+    isub = _actions(sub, "impair", help="show or change impairment at run time")
     q = isub.add_parser(
         "set", help="lab impair set TARGET SPEC...  (TARGET: LINK, NODE, NODE:IFACE or all)"
     )
@@ -303,12 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="tc-netem words (negative values included); parameters not given keep their values",
     )
     q.add_argument("--json", action="store_true", help="print the result as JSON")
-    q = isub.add_parser("show", help="what is really applied, plus the engine's counters")
-    _add_id(q)
-    q.add_argument("--json", action="store_true", help="print the result as JSON")
-    q = isub.add_parser("clear", help="remove all impairment (undisturbed forwarding)")
-    _add_id(q)
-    q.add_argument("--json", action="store_true", help="print the result as JSON")
+    for name, what in (
+        ("show", "what is really applied, plus the engine's counters"),
+        ("clear", "remove all impairment (undisturbed forwarding)"),
+    ):
+        q = isub.add_parser(name, help=what)
+        _add_id(q)
+        q.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("shell", help="open a shell in a node")
     _add_id(p)
@@ -327,15 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a plan (profiles x impairments x tests x repetitions)")
     p.add_argument("plan", nargs="?", help="plan file or name in plans/ (optional with --resume)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run, skipping finished cases")
-    p.add_argument(
-        "-o",
-        dest="override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a plan value: reps=1, duration=3, profiles=a,b, ...",
-    )
-    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default ./runs/<UTC>_<plan>)")
+    _add_plan_out(p, "override a plan value: reps=1, duration=3, profiles=a,b, ...")
     p.add_argument(
         "--shard",
         metavar="I/N",
@@ -353,33 +360,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --jobs N: run N labs even when they exceed the CPU budget or the probe",
     )
-    p.add_argument(
-        "--vm",
-        action="store_true",
-        help="run the whole plan in a throwaway full-kernel VM (same as -o vm=true)",
+    _add_vm_boards(
+        p,
+        "run the whole plan in a throwaway full-kernel VM (same as -o vm=true)",
+        "run every case on real boards over SSH (boards.toml or an Ansible inventory)",
     )
-    p.add_argument(
-        "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
-    )
-    _add_boards(p, "run every case on real boards over SSH (boards.toml or an Ansible inventory)")
 
-    p = sub.add_parser("boards", help="real boards over SSH: an emulated board farm for tests")
-    bsub = p.add_subparsers(dest="boards_cmd", required=True, metavar="ACTION")
+    bsub = _actions(sub, "boards", help="real boards over SSH: an emulated board farm for tests")
     q = bsub.add_parser(
         "emulate",
         help="build an emulated board farm for a topology (real sshd per board) and write its "
         "inventory; --down removes it",
     )
-    q.add_argument("topology", nargs="?", help="topology file whose hosts become boards")
-    q.add_argument("--topo", help="which entry of the file's topos dict")
-    q.add_argument(
-        "-p",
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="parameter passed to the Topo constructor (repeatable)",
-    )
+    _add_topology(q, nargs="?", help="topology file whose hosts become boards")
     q.add_argument("--out", metavar="INVENTORY", help="where to write the farm's boards.toml")
     q.add_argument(
         "--sudo",
@@ -394,16 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="what each board is and whether the lab and the profiles can run on it "
         "(exit 3 when a board is unreachable or has no root)",
     )
-    q.add_argument("inventory", help="boards.toml or an Ansible inventory")
-    q.add_argument("--profiles", metavar="P1,P2", help="profiles to check (default: all)")
+    _add_inventory(q, "profiles to check (default: all)")
     q.add_argument("--json", action="store_true", help="print each board's findings as JSON")
     q = bsub.add_parser(
         "prepare",
         help="install the Debian packages the lab and the profiles need on each board "
         "(lists them and asks; --yes for scripts)",
     )
-    q.add_argument("inventory", help="boards.toml or an Ansible inventory")
-    q.add_argument("--profiles", metavar="P1,P2", help="profiles to prepare for (default: all)")
+    _add_inventory(q, "profiles to prepare for (default: all)")
     q.add_argument("--yes", action="store_true", help="install without asking")
     q.add_argument("--dry-run", action="store_true", help="list only, install nothing")
     q.add_argument("--json", action="store_true", help="print the packages per board as JSON")
@@ -452,27 +443,15 @@ def build_parser() -> argparse.ArgumentParser:
         "profile or test it did not run, or whose repetitions all failed there)",
     )
     p.add_argument("--junit", metavar="FILE", help="write the verdicts as JUnit XML")
-    p.add_argument(
-        "-o",
-        dest="override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a plan value, as lab run -o",
-    )
-    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default ./runs/<UTC>_<plan>)")
-    p.add_argument("--vm", action="store_true", help="run the plan in the full-kernel VM")
-    p.add_argument(
-        "--vm-mem", type=_mem_mb, default=2048, metavar="MB", help="VM memory (with --vm)"
-    )
-    _add_boards(
+    _add_plan_out(p, "override a plan value, as lab run -o")
+    _add_vm_boards(
         p,
+        "run the plan in the full-kernel VM",
         "run the plan on real boards over SSH, as lab run --boards (boards.toml or an Ansible "
         "inventory; docs/boards.md)",
     )
 
-    p = sub.add_parser("arch", help="another architecture's binaries (a board's own) in nodes")
-    asub = p.add_subparsers(dest="arch_cmd", required=True, metavar="ACTION")
+    asub = _actions(sub, "arch", help="another architecture's binaries (a board's own) in nodes")
     q = asub.add_parser(
         "fetch",
         help="download that architecture's Debian 12 packages of the lab's tools into "
@@ -481,8 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("arch", metavar="ARCH", help="arm64 or armhf")
     q.add_argument("--force", action="store_true", help="fetch again even if present")
 
-    p = sub.add_parser("ci", help="continuous integration: lab ci init writes a workflow")
-    csub = p.add_subparsers(dest="ci_cmd", required=True, metavar="ACTION")
+    csub = _actions(sub, "ci", help="continuous integration: lab ci init writes a workflow")
     q = csub.add_parser(
         "init",
         help="write .github/workflows/lab-check.yml and lab-check.toml (lab check on every "

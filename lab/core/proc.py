@@ -12,8 +12,11 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from lab.core.errors import CommandError, PreconditionError
+
+_T = TypeVar("_T")
 
 
 def which(tool: str) -> str | None:
@@ -28,6 +31,23 @@ def require(tool: str, why: str = "") -> str:
         hint = f" ({why})" if why else ""
         raise PreconditionError(f"required tool '{tool}' not found on PATH{hint}; run ./setup.sh")
     return found
+
+
+def _launch(
+    start: Callable[..., _T],
+    argv: list[str],
+    env: Mapping[str, str] | None,
+    preexec: Callable[[], None] | None,
+    cwd: str | None,
+    **kw: Any,
+) -> _T:
+    """start(argv, ...) (subprocess.run or subprocess.Popen) with what run and spawn share: env
+    as a dict, preexec, cwd; a program that is not there is a PreconditionError naming it."""
+    try:
+        env_ = dict(env) if env is not None else None
+        return start(argv, env=env_, preexec_fn=preexec, cwd=cwd, **kw)
+    except FileNotFoundError as e:
+        raise PreconditionError(f"required tool '{argv[0]}' not found; run ./setup.sh") from e
 
 
 def run(
@@ -45,18 +65,17 @@ def run(
     """Run argv to completion, capturing output. Raises CommandError on non-zero exit if check."""
     argv = [str(a) for a in argv]
     try:
-        cp = subprocess.run(
+        cp = _launch(
+            subprocess.run,
             argv,
+            env,
+            preexec,
+            cwd,
             input=input,
             capture_output=True,
             timeout=timeout,
-            env=dict(env) if env is not None else None,
-            preexec_fn=preexec,
             text=text,
-            cwd=cwd,
         )
-    except FileNotFoundError as e:
-        raise PreconditionError(f"required tool '{argv[0]}' not found; run ./setup.sh") from e
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         raise CommandError(argv, -1, f"timed out after {timeout}s\n{err}", where=where) from e
@@ -79,20 +98,18 @@ def spawn(
 ) -> subprocess.Popen:
     """Start argv in the background and return the Popen handle."""
     argv = [str(a) for a in argv]
-    try:
-        return subprocess.Popen(
-            argv,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            env=dict(env) if env is not None else None,
-            preexec_fn=preexec,
-            start_new_session=new_session,
-            cwd=cwd,
-            pass_fds=tuple(pass_fds),
-        )
-    except FileNotFoundError as e:
-        raise PreconditionError(f"required tool '{argv[0]}' not found; run ./setup.sh") from e
+    return _launch(
+        subprocess.Popen,
+        argv,
+        env,
+        preexec,
+        cwd,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=new_session,
+        pass_fds=tuple(pass_fds),
+    )
 
 
 def proc_start_time(pid: int) -> int | None:

@@ -245,6 +245,12 @@ def _str(v: Any, src: str, fld: str) -> str:
     return v
 
 
+def _choice(v: Any, accepted: tuple[str, ...], src: str, fld: str) -> str:
+    if v not in accepted:
+        raise ConfigError(f"must be one of {', '.join(accepted)}, got {v!r}", source=src, field=fld)
+    return v
+
+
 def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
     """Validate a profile's TOML data. Errors name the file, the field and what is accepted."""
     reject_unknown(data, sorted(_TOP_FIELDS), source=src)
@@ -314,20 +320,8 @@ def parse_profile(name: str, data: dict, src: str) -> CpuProfile:
                     source=src,
                     field=f"{where}.{req}",
                 )
-        conf = r.get("confidence", "medium")
-        if conf not in _CONFIDENCE:
-            raise ConfigError(
-                f"must be one of {', '.join(_CONFIDENCE)}, got {conf!r}",
-                source=src,
-                field=f"{where}.confidence",
-            )
-        unit = r.get("unit", "MB/s")
-        if unit not in REF_UNITS:
-            raise ConfigError(
-                f"must be one of {', '.join(REF_UNITS)}, got {unit!r}",
-                source=src,
-                field=f"{where}.unit",
-            )
+        conf = _choice(r.get("confidence", "medium"), _CONFIDENCE, src, f"{where}.confidence")
+        unit = _choice(r.get("unit", "MB/s"), REF_UNITS, src, f"{where}.unit")
         refs[prim] = Reference(
             primitive=prim,
             mbps=float(_num(r["mbps"], src, f"{where}.mbps", positive=True)),

@@ -139,14 +139,16 @@ def fmt_rate(bps: int) -> str:
     return f"{bps}bit"
 
 
-def parse_pct(tok: str, name: str, source: str) -> float:
-    m = re.fullmatch(rf"({NUM})(%?)", tok)
+def _match(pattern: str, tok: str, name: str, expected: str, source: str) -> re.Match[str]:
+    """`tok` read whole by `pattern`, else a ConfigError: "NAME must be EXPECTED, got 'TOK'"."""
+    m = re.fullmatch(pattern, tok)
     if not m:
-        raise ConfigError(
-            f"{name} must be a percentage {PCT_RANGE} (e.g. 0.5 or 0.5%), got {tok!r}",
-            source=source,
-            field=name,
-        )
+        raise ConfigError(f"{name} must be {expected}, got {tok!r}", source=source, field=name)
+    return m
+
+
+def parse_pct(tok: str, name: str, source: str) -> float:
+    m = _match(rf"({NUM})(%?)", tok, name, f"a percentage {PCT_RANGE} (e.g. 0.5 or 0.5%)", source)
     v = float(m[1])
     if not 0 <= v <= 100:
         raise ConfigError(f"{name} must be {PCT_RANGE}, got {m[1]}", source=source, field=name)
@@ -154,14 +156,8 @@ def parse_pct(tok: str, name: str, source: str) -> float:
 
 
 def parse_time_us(tok: str, name: str, source: str) -> int:
-    m = re.fullmatch(rf"({NUM})([A-Za-z]*)", tok)
-    if not m:
-        raise ConfigError(
-            f"{name} must be a time {TIME_RANGE} such as 40ms (units: {units_list(TIME_UNITS)}), "
-            f"got {tok!r}",
-            source=source,
-            field=name,
-        )
+    time = f"a time {TIME_RANGE} such as 40ms (units: {units_list(TIME_UNITS)})"
+    m = _match(rf"({NUM})([A-Za-z]*)", tok, name, time, source)
     value, unit = Decimal(m[1]), m[2].lower()
     if value < 0:
         raise ConfigError(f"{name} must be {TIME_RANGE}, got {tok}", source=source, field=name)
@@ -202,13 +198,8 @@ def parse_rate_bps(tok: str, source: str) -> int:
             source=source,
             field=name,
         )
-    m = re.fullmatch(rf"({NUM})([A-Za-z]*)", tok)
-    if not m:
-        raise ConfigError(
-            f"rate must be a rate > 0 such as 100mbit (units: {units_list(RATE_UNITS)}), got {tok!r}",
-            source=source,
-            field=name,
-        )
+    rate = f"a rate > 0 such as 100mbit (units: {units_list(RATE_UNITS)})"
+    m = _match(rf"({NUM})([A-Za-z]*)", tok, name, rate, source)
     unit = m[2].lower() or "bit"  # tc(8): a bare number is bit/s
     if unit not in RATE_UNITS:
         raise ConfigError(
@@ -229,13 +220,7 @@ def parse_rate_bps(tok: str, source: str) -> int:
 
 
 def parse_int(tok: str, name: str, lo: int, hi: int, what: str, source: str) -> int:
-    m = re.fullmatch(r"[+-]?\d+", tok)
-    if not m:
-        raise ConfigError(
-            f"{name} must be a whole number {lo}..{hi} {what}, got {tok!r}",
-            source=source,
-            field=name,
-        )
+    _match(r"[+-]?\d+", tok, name, f"a whole number {lo}..{hi} {what}", source)
     v = int(tok)
     if not lo <= v <= hi:
         raise ConfigError(f"{name} must be {lo}..{hi} {what}, got {tok}", source=source, field=name)

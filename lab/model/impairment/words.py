@@ -171,6 +171,36 @@ def _kw_distribution(t: _Tokens, source: str) -> dict:
     return {"distribution": tok}
 
 
+#: `loss state` and `loss gemodel`: the model's class, and the usage said when its first percent
+#: is missing
+_LOSS_USAGE: dict[str, tuple[type[StateLoss] | type[GELoss], str]] = {
+    "state": (StateLoss, "P13 (percent 0..100): loss state P13 [P31 [P32 [P23 [P14]]]]"),
+    "gemodel": (GELoss, "P (percent 0..100): loss gemodel P [R [1-H [1-K]]]"),
+}
+
+
+def _kw_loss_model(t: _Tokens, source: str, model: str) -> dict:
+    """`loss state ...` or `loss gemodel ...`: the model's first percent, then up to the rest
+    of its PARAMS in order; the second defaults to 100 - the first."""
+    cls, usage = _LOSS_USAGE[model]
+    names = getattr(cls, "NAMES", {})
+    first, second = cls.PARAMS[:2]
+
+    def name(p: str) -> str:
+        return f"loss {model} {names.get(p, p)}"
+
+    if t.peek() is None or t.peek()[0] not in VALUE_START:
+        raise ConfigError(f"loss {model} needs {usage}", source=source, field=name(first))
+    vals = {first: parse_pct(t.take(), name(first), source)}
+    for p in cls.PARAMS[1:]:
+        tok = t.optional()
+        if tok is None:
+            break
+        vals[p] = parse_pct(tok, name(p), source)
+    vals.setdefault(second, 100.0 - vals[first])
+    return {"loss": cls(**vals)}
+
+
 def _kw_loss(t: _Tokens, source: str) -> dict:
     tok = t.value("loss", "a model or PERCENT", source)
     if tok == "random" or tok[0] in VALUE_START:
@@ -180,36 +210,8 @@ def _kw_loss(t: _Tokens, source: str) -> dict:
         c = t.optional()
         corr = parse_pct(c, "loss correlation", source) if c is not None else 0.0
         return {"loss": RandomLoss(p, corr)}
-    if tok == "state":
-        if t.peek() is None or t.peek()[0] not in VALUE_START:
-            raise ConfigError(
-                "loss state needs P13 (percent 0..100): loss state P13 [P31 [P32 [P23 [P14]]]]",
-                source=source,
-                field="loss state p13",
-            )
-        vals = {"p13": parse_pct(t.take(), "loss state p13", source)}
-        for p in StateLoss.PARAMS[1:]:
-            tok = t.optional()
-            if tok is None:
-                break
-            vals[p] = parse_pct(tok, f"loss state {p}", source)
-        vals.setdefault("p31", 100.0 - vals["p13"])
-        return {"loss": StateLoss(**vals)}
-    if tok == "gemodel":
-        if t.peek() is None or t.peek()[0] not in VALUE_START:
-            raise ConfigError(
-                "loss gemodel needs P (percent 0..100): loss gemodel P [R [1-H [1-K]]]",
-                source=source,
-                field="loss gemodel p",
-            )
-        vals = {"p": parse_pct(t.take(), "loss gemodel p", source)}
-        for p in GELoss.PARAMS[1:]:
-            tok = t.optional()
-            if tok is None:
-                break
-            vals[p] = parse_pct(tok, f"loss gemodel {GELoss.NAMES[p]}", source)
-        vals.setdefault("r", 100.0 - vals["p"])
-        return {"loss": GELoss(**vals)}
+    if tok in _LOSS_USAGE:
+        return _kw_loss_model(t, source, tok)
     raise ConfigError(
         f"loss model must be one of {', '.join(LOSS_MODELS)} or a PERCENT, got {tok!r}; "
         f"{SYNTAX['loss']}",
