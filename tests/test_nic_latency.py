@@ -376,7 +376,7 @@ def test_steering_only_around_latency_tests_and_off_whatever_happens(monkeypatch
         calls.clear()
         with nicside.steering(side, TESTS[name]) as nic:
             assert calls == ([True] if want else [])
-        assert nic is want and calls == ([True, False] if want else [])
+        assert nic == {"applied": want} and calls == ([True, False] if want else [])
     calls.clear()
     with pytest.raises(RuntimeError), nicside.steering(side, TESTS["ping"]):
         raise RuntimeError("the test failed")
@@ -386,7 +386,32 @@ def test_steering_only_around_latency_tests_and_off_whatever_happens(monkeypatch
         calls.clear()
         with nicside.steering(SimpleNamespace(info={"nic_latency": rec}), TESTS["tcp"]) as nic:
             pass
-        assert nic is want and calls == []
+        assert nic == {"applied": want} and calls == []
+
+
+def test_each_substrate_steers_the_nics_through_its_own_interface():
+    """The runner asks its substrate (Substrate.nic_steering), never a substrate's module: the
+    local substrate's is the side path's steering, the boards' and the VM's a no-op that says
+    "not applied", as the runner recorded for them before."""
+    from lab.measure import TESTS
+    from lab.substrate.base import Substrate
+    from lab.substrate.local import nicside
+    from lab.substrate.registry import get
+    from tests.test_layers import LAB, import_graph
+
+    runner = import_graph(LAB)["lab.campaign.runner"]
+    assert not any(m.startswith("lab.substrate.local") for m in runner), runner
+    for kind in ("boards", "vm"):
+        assert get(kind).nic_steering is Substrate.nic_steering
+        lab = SimpleNamespace(info={"nic_latency": {"applied": True}})
+        with get(kind).nic_steering(object.__new__(get(kind)), lab, TESTS["ping"]) as nic:
+            assert nic == {"applied": False}
+    local = get("local")()
+    side = SimpleNamespace(info={"nic_latency": {"applied": True}})
+    with local.nic_steering(side, TESTS["tcp"]) as nic:  # netem carries them: every test
+        assert nic == {"applied": True}
+    assert local.nic_steering.__func__.__code__.co_names.count("steering") == 1
+    assert nicside.steering.__module__ == "lab.substrate.local.nicside"
 
 
 def test_results_row_says_whether_the_nics_were_in_force():
@@ -474,9 +499,9 @@ def test_side_path_carries_the_four_nics_only_while_steered(nic_lab_id, tmp_path
     params = ping.validate({"count": 20, "interval_s": 0.02}, source="test")
     with nicside.steering(lab, ping) as nic:
         (r,) = ping.run(ctx, params)
-    assert nic is True and r["ok"] and r["rtt_min_ms"] >= floor, r
+    assert nic == {"applied": True} and r["ok"] and r["rtt_min_ms"] >= floor, r
     with nicside.steering(lab, TESTS["tcp"]) as nic:  # a throughput test: the plain veth
-        assert nic is False and moved_during_ping()[1] == [0, 0]
+        assert nic == {"applied": False} and moved_during_ping()[1] == [0, 0]
 
     # `lab impair set` puts the engine on the link: it carries the NICs for every test from
     # then on, and the side path goes

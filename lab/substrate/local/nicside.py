@@ -212,19 +212,20 @@ def steer(lab: Lab, on: bool) -> None:
 
 
 @contextmanager
-def steering(lab: Any, test: Any) -> Iterator[bool]:
-    """Around one test run: the side path steered on when the lab has one and the test is a
-    latency test (its `nic_side_path`), off again after, whatever happens. Yields whether the
-    boards' NIC latency is in force for the test (results.csv's nic_latency_applied)."""
+def steering(lab: Any, test: Any) -> Iterator[dict]:
+    """Around one test run (LocalSubstrate.nic_steering): the side path steered on when the lab
+    has one and the test is a latency test (its `nic_side_path`), off again after, whatever
+    happens. Yields {"applied": whether the boards' NIC latency is in force for the test}
+    (results.jsonl's nic_latency_applied)."""
     rec = (getattr(lab, "info", None) or {}).get("nic_latency") or {}
     if not rec.get("side_path"):
-        yield rec.get("applied") is True
+        yield {"applied": rec.get("applied") is True}
         return
     if not getattr(test, "nic_side_path", False):
-        yield False
+        yield {"applied": False}
         return
     try:
         steer(lab, True)
-        yield True
+        yield {"applied": True}
     finally:
         steer(lab, False)
