@@ -27,8 +27,8 @@ from lab.impair.runtime import path_links
 from lab.model import dilation
 from lab.model.impairment.model import Impairment
 from lab.model.labspec import LabSpec
-from lab.substrate.local.engines import spawn_engine
-from lab.substrate.local.lab import CGROUP_PARENT, Lab
+from lab.substrate.local.engines import bump_cgroup, create_bump, spawn_engine
+from lab.substrate.local.lab import Lab
 
 #: the engine's two interfaces in the side bump: towards the link's node1, node2
 SIDE_A, SIDE_B = "nic-a", "nic-b"
@@ -138,7 +138,7 @@ def _build_one(lab: Lab, want: dict, all_cpus: str, sides: list[dict]) -> None:
     names = {f"{lab.id}-{n}" for n in lab.spec.nodes}
     ns = free_name(f"{lab.id}-nic{lk.index}", names)
     name = ns[len(lab.id) + 1 :]
-    rel = f"{CGROUP_PARENT}/{lab.id}/{name}"
+    rel = bump_cgroup(lab.id, name)
     ends = []
     for node, ifname in ((lk.node1, lk.intf1), (lk.node2, lk.intf2)):
         taken = {i.name for i in lab.spec.nodes[node].interfaces}
@@ -147,11 +147,7 @@ def _build_one(lab: Lab, want: dict, all_cpus: str, sides: list[dict]) -> None:
     rec = {"name": name, "link": lk.index, "netns": ns, "cgroup": rel, "ends": ends,
            "a2b_us": want["a2b_us"], "b2a_us": want["b2a_us"]}  # fmt: skip
     sides.append(rec)  # before anything of it exists: a failure removes what there is
-    lab.ledger.record("cgroup", rel=rel, node=name)
-    cgroups.ensure_dir(lab.cg, rel)
-    cgroups.set_cpu(lab.cg, rel, None, all_cpus)
-    lab.ledger.record("netns", name=ns, node=name)
-    netops.create_netns(ns)
+    create_bump(lab.ledger, lab.cg, lab.id, name, ns, all_cpus)
     for end, inner in zip(ends, (SIDE_A, SIDE_B), strict=True):
         lab.ledger.record("veth", ns=end["ns"], ifname=end["side"], peer_ns=ns, peer=inner)
         netops.create_veth(end["ns"], end["side"], ns, inner, lk.mtu)
