@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import re
+import secrets
 import tomllib
 from types import SimpleNamespace
 
@@ -354,12 +355,55 @@ def test_side_path_commands():
     # the engine's frames are received as if on the link interface, permanently
     assert text[-1].startswith("tc -n L-client filter add dev nic0 ingress protocol all")
     assert text[-1].endswith("action mirred ingress redirect dev client-eth0")
-    on = " ".join(nicside.steer_argv("L-client", "client-eth0", "nic0", True))
-    off = " ".join(nicside.steer_argv("L-client", "client-eth0", "nic0", False))
-    prio = f"protocol all prio {nicside.STEER_PRIO}"
-    assert on.startswith(f"tc -n L-client filter add dev client-eth0 egress {prio} u32")
-    assert on.endswith("action mirred egress redirect dev nic0")
-    assert off == f"tc -n L-client filter del dev client-eth0 egress {prio}"  # that filter only
+    assert text[-1] == (
+        f"tc -n L-client filter add dev nic0 ingress protocol all prio {nicside.PASS_PRIO} u32 "
+        "match u32 0 0 action mirred ingress redirect dev client-eth0"
+    )
+    ends = [
+        {"ns": "L-client", "ifname": "client-eth0", "side": "nic0", "mac": "42:00:00:00:00:01"},
+        {"ns": "L-server", "ifname": "server-eth0", "side": "nic0", "mac": "42:00:00:00:00:02"},
+    ]
+    s = {"netns": "L-nic0", "ends": ends}
+    on = [" ".join(c) for c in nicside.steer_argvs(s, True)]
+    off = [" ".join(c) for c in nicside.steer_argvs(s, False)]
+    prio = f"prio {nicside.STEER_PRIO}"
+    assert on == [
+        f"tc -n L-{n} filter add dev {n}-eth0 egress protocol all {prio} u32 match u32 0 0 "
+        "action mirred egress redirect dev nic0"
+        for n in ("client", "server")
+    ]
+    # that filter only, the last one on first
+    assert off == [
+        f"tc -n L-{n} filter del dev {n}-eth0 egress {prio}" for n in ("server", "client")
+    ]
+    # ICMP only: ICMP (IPv4 protocol 1) and ICMPv6 (next header 58); the engine's output back to
+    # the node it came from (by source MAC) and out through its link interface's qdisc, exempt
+    # from steering there (its input device is the side interface)
+    on = [" ".join(c) for c in nicside.steer_argvs(s, True, "icmp")]
+    off = [" ".join(c) for c in nicside.steer_argvs(s, False, "icmp")]
+    hp, p0, p1 = nicside.HAIRPIN_PRIO, nicside.STEER_PRIO - 1, nicside.STEER_PRIO + 1
+    egress = "tc -n L-client filter add dev client-eth0 egress"
+    assert on[:2] == [
+        f"tc -n L-nic0 filter add dev nic-b egress protocol all prio {hp} u32 "
+        "match ether src 42:00:00:00:00:01 action mirred egress redirect dev nic-a",
+        f"tc -n L-nic0 filter add dev nic-a egress protocol all prio {hp} u32 "
+        "match ether src 42:00:00:00:00:02 action mirred egress redirect dev nic-b",
+    ]
+    assert on[2:6] == [
+        f"tc -n L-client filter add dev nic0 ingress protocol all prio {hp} u32 match u32 0 0 "
+        "action mirred egress redirect dev client-eth0",
+        f"{egress} protocol all prio {p0} u32 match u32 0 0 indev nic0 classid 1:1",
+        f"{egress} protocol ip {prio} u32 match ip protocol 1 0xff "
+        "action mirred egress redirect dev nic0",
+        f"{egress} protocol ipv6 prio {p1} u32 match ip6 protocol 58 0xff "
+        "action mirred egress redirect dev nic0",
+    ]
+    assert len(on) == len(off) == 10 and "L-server" in on[-1]
+    assert off[0] == f"tc -n L-server filter del dev server-eth0 egress prio {p1}"  # steering first
+    assert off[-1] == f"tc -n L-nic0 filter del dev nic-b egress prio {hp}"
+    assert nicside.HAIRPIN_PRIO < nicside.PASS_PRIO  # the hairpin goes before the hand-back
+    with pytest.raises(ValueError, match="accepted: all, icmp"):
+        nicside.steer_argvs(s, True, "tcp")
 
 
 def test_steering_only_around_latency_tests_and_off_whatever_happens(monkeypatch):
@@ -367,26 +411,68 @@ def test_steering_only_around_latency_tests_and_off_whatever_happens(monkeypatch
     from lab.substrate.local import nicside
 
     calls = []
-    monkeypatch.setattr(nicside, "steer", lambda lab, on: calls.append(on))
+    monkeypatch.setattr(nicside, "steer", lambda lab, on, match="all": calls.append((on, match)))
     side = SimpleNamespace(info={"nic_latency": {"applied": "latency tests", "side_path": {}}})
     side.info["nic_latency"]["side_path"] = {"links": [{}]}
-    assert {n for n, t in TESTS.items() if t.nic_side_path} == {"ping", "rr", "handshake"}
-    for name, want in (("ping", True), ("rr", True), ("handshake", True), ("tcp", False),
-                       ("udp", False), ("scp", False), ("rrul", False)):  # fmt: skip
+    kinds = {n: t.nic_side_path for n, t in TESTS.items() if t.nic_side_path}
+    assert kinds == {"ping": "all", "rr": "all", "handshake": "all", "rrul": "icmp"}
+    assert set(nicside.LATENCY_TESTS) | set(nicside.ICMP_TESTS) == set(kinds)
+    assert all(kinds[n] == "icmp" for n in nicside.ICMP_TESTS)
+    for name, want in (("ping", "all"), ("rr", "all"), ("handshake", "all"), ("tcp", None),
+                       ("udp", None), ("scp", None), ("rrul", "icmp")):  # fmt: skip
         calls.clear()
         with nicside.steering(side, TESTS[name]) as nic:
-            assert calls == ([True] if want else [])
-        assert nic is want and calls == ([True, False] if want else [])
+            assert calls == ([(True, want)] if want else [])
+        assert calls == ([(True, want), (False, want)] if want else [])
+        assert nic["applied"] == {"all": True, "icmp": "icmp", None: False}[want], (name, nic)
+        assert ("ICMP only" in nic["note"]) if want == "icmp" else "note" not in nic
     calls.clear()
     with pytest.raises(RuntimeError), nicside.steering(side, TESTS["ping"]):
         raise RuntimeError("the test failed")
-    assert calls == [True, False]
+    assert calls == [(True, "all"), (False, "all")]
+    # a tunnel encapsulates rrul's pings: no ICMP on the link to steer, nothing steered, and
+    # the result says so; the no-VPN baseline's pings are ICMP there
+    for driver, want in (("wireguard", False), ("openvpn", False), ("none", "icmp")):
+        calls.clear()
+        side.info["vpn"] = {"driver": driver}
+        with nicside.steering(side, TESTS["rrul"]) as nic:
+            pass
+        steered = [(True, "icmp"), (False, "icmp")] if want else []
+        assert nic["applied"] == want and calls == steered, (driver, nic, calls)
+        assert (f"the {driver} tunnel carries its pings encapsulated" in nic["note"]) != bool(want)
+    with nicside.steering(side, TESTS["ping"]) as nic:  # every frame: the tunnel's too
+        assert nic == {"applied": True}
     # a lab whose netem or engine carries the NICs: every test has them; a lab without: none
     for rec, want in (({"applied": True}, True), ({"applied": False}, False), ({}, False)):
         calls.clear()
         with nicside.steering(SimpleNamespace(info={"nic_latency": rec}), TESTS["tcp"]) as nic:
             pass
-        assert nic is want and calls == []
+        assert nic == {"applied": want} and calls == []
+
+
+def test_each_substrate_steers_the_nics_through_its_own_interface():
+    """The runner asks its substrate (Substrate.nic_steering), never a substrate's module: the
+    local substrate's is the side path's steering, the boards' and the VM's a no-op that says
+    "not applied", as the runner recorded for them before."""
+    from lab.measure import TESTS
+    from lab.substrate.base import Substrate
+    from lab.substrate.local import nicside
+    from lab.substrate.registry import get
+    from tests.test_layers import LAB, import_graph
+
+    runner = import_graph(LAB)["lab.campaign.runner"]
+    assert not any(m.startswith("lab.substrate.local") for m in runner), runner
+    for kind in ("boards", "vm"):
+        assert get(kind).nic_steering is Substrate.nic_steering
+        lab = SimpleNamespace(info={"nic_latency": {"applied": True}})
+        with get(kind).nic_steering(object.__new__(get(kind)), lab, TESTS["ping"]) as nic:
+            assert nic == {"applied": False}
+    local = get("local")()
+    side = SimpleNamespace(info={"nic_latency": {"applied": True}})
+    with local.nic_steering(side, TESTS["tcp"]) as nic:  # netem carries them: every test
+        assert nic == {"applied": True}
+    assert local.nic_steering.__func__.__code__.co_names.count("steering") == 1
+    assert nicside.steering.__module__ == "lab.substrate.local.nicside"
 
 
 def test_results_row_says_whether_the_nics_were_in_force():
@@ -474,9 +560,9 @@ def test_side_path_carries_the_four_nics_only_while_steered(nic_lab_id, tmp_path
     params = ping.validate({"count": 20, "interval_s": 0.02}, source="test")
     with nicside.steering(lab, ping) as nic:
         (r,) = ping.run(ctx, params)
-    assert nic is True and r["ok"] and r["rtt_min_ms"] >= floor, r
+    assert nic == {"applied": True} and r["ok"] and r["rtt_min_ms"] >= floor, r
     with nicside.steering(lab, TESTS["tcp"]) as nic:  # a throughput test: the plain veth
-        assert nic is False and moved_during_ping()[1] == [0, 0]
+        assert nic == {"applied": False} and moved_during_ping()[1] == [0, 0]
 
     # `lab impair set` puts the engine on the link: it carries the NICs for every test from
     # then on, and the side path goes
@@ -493,6 +579,108 @@ def test_side_path_carries_the_four_nics_only_while_steered(nic_lab_id, tmp_path
     assert not proc.is_same_process(side["pid"], side["start_time"])
     assert not os.path.exists(side["control"])
     assert teardown(lab_id) == []
+
+
+def _tcp_transfer(lab_id: str, addr: str, megabytes: int) -> int:
+    """Send `megabytes` MiB over one TCP connection client -> server (a Python listener in the
+    server's network namespace); returns the bytes the server received."""
+    import subprocess
+    import sys
+
+    port = 20000 + secrets.randbelow(20000)
+    srv = (
+        "import socket\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(({addr!r}, {port})); s.listen(1); print('ready', flush=True)\n"
+        "c, _ = s.accept(); n = 0\n"
+        "while (d := c.recv(1 << 16)):\n    n += len(d)\n"
+        "print(n, flush=True)\n"
+    )
+    cli = (
+        "import socket\n"
+        f"c = socket.create_connection(({addr!r}, {port}), timeout=20)\n"
+        f"for _ in range({megabytes}):\n    c.sendall(b'x' * (1 << 20))\n"
+        "c.close()\n"
+    )
+    netns = ["ip", "netns", "exec"]
+    with subprocess.Popen([*netns, f"{lab_id}-server", sys.executable, "-c", srv],
+                          stdout=subprocess.PIPE, text=True) as server:  # fmt: skip
+        try:
+            assert server.stdout.readline().strip() == "ready"
+            cp = subprocess.run([*netns, f"{lab_id}-client", sys.executable, "-c", cli],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert cp.returncode == 0, cp.stderr
+            out, _ = server.communicate(timeout=30)
+        finally:
+            server.kill()
+    return int(out.strip())
+
+
+@pytest.mark.root
+def test_icmp_steering_puts_the_pings_on_the_nics_and_leaves_tcp_on_the_veth(nic_lab_id, tmp_path):
+    """rrul's steering on a side path (pi_pair, nic_latency=auto, no netem, no tunnel): ICMP
+    only. While it is on, a ping's minimum round trip carries the four NIC traversals and its
+    echoes cross both side interfaces, while 40 MiB of TCP client -> server crosses the link
+    interface and not the side interfaces (it would if the match steered everything; the ping
+    floor would fail if it steered nothing). rrul itself run under it: its idle and loaded ping
+    p50 carry the NICs, its flows stay off the side path, its pings still wait in the link's
+    tbf queue with the flows (the hairpin: its loaded inflation is kept, where pings steered
+    past the queue lost it, 8.5 -> 0.26 ms), and the result says "icmp" with a note. Off again
+    afterwards: nothing on the side path."""
+    from lab.measure import TESTS, Context
+    from lab.impair.kernel import probe_netem
+    from lab.substrate.local import nicside
+    from lab.substrate.local.lab import Lab
+
+    lab_id = nic_lab_id
+    up = run_lab("up", TOPOS / "pi_pair.py", "-p", "cpu=pi4", "--id", lab_id)
+    assert up.returncode == 0, up.stderr
+    lab = Lab.open(lab_id)
+    if probe_netem(lab.node("client")).ok:
+        pytest.skip("kernel netem is present: nic_latency=auto applies it there, no side path")
+    rec = lab.info["nic_latency"]
+    assert rec["icmp_tests"] == ["rrul"] and "rrul: its ICMP only" in rec["why"], rec
+    (side,) = rec["side_path"]["links"]
+    sides = [(e["ns"], e["side"]) for e in side["ends"]]
+    link = [(e["ns"], e["ifname"]) for e in side["ends"]]
+    floor = 4 * NIC / 1000
+
+    def moved(what, run):
+        before = [_tx(ns, ifname) for ns, ifname in what]
+        out = run()
+        return out, [_tx(ns, ifname) - b for (ns, ifname), b in zip(what, before, strict=True)]
+
+    rrul = TESTS["rrul"]
+    ctx = Context(lab.node("client"), lab.node("server"), "10.0.1.2", tmp_path / "raw")
+    params = rrul.validate(
+        {"flows": 2, "duration_s": 3, "idle_s": 1, "ping_interval_s": 0.05}, source="test"
+    )
+    (plain,) = rrul.run(ctx, params)  # not steered: no NICs, the link's queue under load
+    assert plain["ok"], plain
+    with nicside.steering(lab, rrul) as nic:
+        assert nic["applied"] == "icmp" and "its TCP flows the plain veth" in nic["note"], nic
+        rtt, on_side = moved(sides, lambda: _rtt_min_ms(lab_id, "10.0.1.2", 20))
+        assert rtt >= floor and all(m >= 20 for m in on_side), (rtt, on_side)
+        before = [_tx(ns, ifname) for ns, ifname in link]
+        got, on_side = moved(sides, lambda: _tcp_transfer(lab_id, "10.0.1.2", 40))
+        on_link = [_tx(ns, ifname) - b for (ns, ifname), b in zip(link, before, strict=True)]
+        assert got == 40 << 20
+        # the flow's segments and ACKs (hundreds of packets even at 64 KiB GSO) on the link
+        # interfaces; the side interfaces at most a stray ICMPv6 neighbour message
+        assert all(n >= 300 for n in on_link) and all(m <= 5 for m in on_side), (on_link, on_side)
+
+        (r,), on_side = moved(sides, lambda: rrul.run(ctx, params))
+    assert r["ok"], r
+    assert r["rtt_idle_p50_ms"] >= floor and r["rtt_loaded_p50_ms"] >= floor, r
+    # the pings still queue with the flows: the loaded inflation is not lost to the side path
+    inflation = r["rtt_loaded_p50_ms"] - r["rtt_idle_p50_ms"]
+    plain_inflation = plain["rtt_loaded_p50_ms"] - plain["rtt_idle_p50_ms"]
+    assert inflation >= 0.5 * plain_inflation - 0.2, (r, plain)
+    pings = (1 + 3) / 0.05  # at most this many echoes each way, both phases
+    assert all(20 <= m <= pings + 10 for m in on_side), (on_side, pings)
+    _rtt, on_side = moved(sides, lambda: _rtt_min_ms(lab_id, "10.0.1.2", 10))
+    assert on_side == [0, 0]  # off again: the plain veth
+    assert run_lab("down", "--id", lab_id).returncode == 0
 
 
 @pytest.mark.root

@@ -32,7 +32,6 @@ from lab.campaign.runrecord import RunRecord, utc_now
 from lab.results.rundir import RESULT_SCHEMA, RunDir
 from lab.campaign.shard import case_id, case_seed, shard_cases
 from lab.substrate.registry import select
-from lab.substrate.local.nicside import steering
 from lab.core.state import lab_dir, new_lab_id, write_json_atomic
 from lab.vpn.control import TunnelControl
 from lab.vpn.record import TrafficTarget, TunnelRecord
@@ -258,10 +257,10 @@ class Runner(RunRecord):
         started = utc_now()
         mon = self.target.monitor(lab).start()
         t0 = time.monotonic()
-        error, records, nic = None, [], False
+        error, records, nic = None, [], {"applied": False}
         try:
-            # the boards' NICs on their side path for a latency test only (nicside)
-            with steering(lab, test) as nic:
+            # the boards' NICs put in force for this test where the substrate does it per test
+            with self.target.nic_steering(lab, test) as nic:
                 records = test.run(ctx, dilation.dilate_params(case.test.params, d))
         except KeyboardInterrupt:
             mon.stop()
@@ -299,7 +298,8 @@ class Runner(RunRecord):
             raw_dir=self.run_dir.rel(raw_dir),
             target=target,
             impairment_applied=_slim(impairment_applied),
-            nic_latency_applied=nic,
+            nic_latency_applied=nic["applied"],
+            **({"nic_latency_note": nic["note"]} if nic.get("note") else {}),
         )
         if not ok:
             entry["raw_tail"] = _raw_tails(raw_dir, self.run_dir)

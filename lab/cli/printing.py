@@ -121,7 +121,8 @@ def status_lines(s: dict) -> list[str]:
                 f"applied ({nic.get('backend')})"
                 if nic.get("applied") is True
                 else f"applied to latency tests ({', '.join(nic.get('tests') or [])}; "
-                f"{nic.get('backend')})"
+                + "".join(f"{t}'s ICMP; " for t in nic.get("icmp_tests") or [])
+                + f"{nic.get('backend')})"
                 if nic.get("applied")
                 else "not applied"
             )

@@ -206,9 +206,11 @@ class Test(ABC):
     #: entry at that value leaves them out of its digest (digest_params), so runs recorded
     #: before them can still be resumed and merged
     since_plans: ClassVar[Mapping[str, Any]] = {}
-    #: an RTT-bound test: a local lab's boards' NIC latency on its side path is steered onto
-    #: while it runs (lab.substrate.local.nicside; ping, rr, handshake)
-    nic_side_path: ClassVar[bool] = False
+    #: what of the test's traffic a local lab's side path for the boards' NIC latency is steered
+    #: onto while it runs (lab.substrate.local.nicside, docs/cpu.md "The side path"): "all"
+    #: (an RTT-bound test: ping, rr, handshake), "icmp" (only its ICMP/ICMPv6, the pings of a
+    #: test that also carries bulk flows: rrul) or None (nothing: the throughput tests)
+    nic_side_path: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -262,6 +264,8 @@ class Test(ABC):
             )
         if cls.ranks is not None and cls.ranks not in RANKS:
             raise TypeError(f"{where}: ranks must be None or one of {', '.join(RANKS)}")
+        if cls.nic_side_path not in (None, "all", "icmp"):
+            raise TypeError(f"{where}: nic_side_path must be None, 'all' or 'icmp'")
         if not isinstance(cls.primary, Primary):
             raise TypeError(f"{where}: primary must be a Primary(column, unit, scale, higher)")
 

@@ -173,7 +173,7 @@ def with_interval(argv: list[str], interval_s: float) -> list[str]:
 
 class HandshakeTest(Test):
     name = "handshake"
-    nic_side_path = True  # the boards' NICs on their side path (docs/cpu.md)
+    nic_side_path = "all"  # the boards' NICs on their side path (docs/cpu.md)
     client_tools = ("iperf3",)
     server_tools = ("iperf3", "ss")
     requires = (IPERF3, SS)

@@ -144,7 +144,7 @@ def ping_argv(
 
 class PingTest(Test):
     name = "ping"
-    nic_side_path = True  # the boards' NICs on their side path (docs/cpu.md)
+    nic_side_path = "all"  # the boards' NICs on their side path (docs/cpu.md)
     plots = ("rtt",)
     ranks = "rtt"
     client_tools = ("ping",)

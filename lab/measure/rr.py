@@ -64,7 +64,7 @@ def rr_argv(role: str, params: Mapping[str, Any], addr: str) -> list[str]:
 
 class RrTest(Test):
     name = "rr"
-    nic_side_path = True  # the boards' NICs on their side path (docs/cpu.md)
+    nic_side_path = "all"  # the boards' NICs on their side path (docs/cpu.md)
     client_tools = (PYTHON,)
     server_tools = (PYTHON, "ss")
     requires = (Tool(PYTHON, "python3", (PYTHON, "--version"), label="python"), SS)

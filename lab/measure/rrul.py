@@ -196,6 +196,8 @@ class RrulTest(Test):
     client_tools = ("iperf3", "ping")
     server_tools = ("iperf3", "ss")
     requires = (IPERF3, PING, SS)
+    #: its pings on the boards' NICs' side path, its flows not (docs/cpu.md "The side path")
+    nic_side_path = "icmp"
     schema: ClassVar[dict[str, Param]] = {
         "flows": Param(
             int, 4, min=1, max=64, doc="TCP flows each way (iperf3 --bidir -P): 4 = RRUL's 4 + 4"

@@ -3,8 +3,8 @@ full-kernel VM, boards over SSH) behind `Substrate`, and a running lab behind `L
 
 A substrate answers every question the layers above would otherwise ask by kind: how to build a
 lab (`bring_up`), how to open and remove one of its labs, what the plan's
-runner needs (`preflight`, `up`, `down`, `tunnel_alive`, `monitor`, `describe`, `lab_record`,
-`tool_nodes`), and its capabilities (`runs_whole_plan`, `supports_shards`, `supports_jobs`). The
+runner needs (`preflight`, `up`, `down`, `tunnel_alive`, `monitor`, `nic_steering`, `describe`,
+`lab_record`, `tool_nodes`), and its capabilities (`runs_whole_plan`, `supports_shards`, `supports_jobs`). The
 CLI, the runner, the report and compare hold a Substrate or a LabHandle and never ask which kind
 it is; lab.substrate.registry is the one place that lists the kinds.
 """
@@ -12,6 +12,8 @@ it is; lab.substrate.registry is the one place that lists the kinds.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -199,6 +201,15 @@ class Substrate(ABC):
     def monitor(self, lab):
         """The resource monitor sampled while a test runs on `lab` (start() / stop())."""
         raise self._no_runner()
+
+    @contextmanager
+    def nic_steering(self, lab, test) -> Iterator[dict[str, Any]]:
+        """Around one run of `test` on `lab`: the boards' NIC latency put in force for that test
+        where this substrate does so per test (the local substrate's side path,
+        lab.substrate.local.nicside), and taken off after, whatever happens. Yields what the
+        result records of it: {"applied": ..., "note": ... (when there is one)}, "applied" being
+        results.jsonl's nic_latency_applied. Here nothing is steered: not applied."""
+        yield {"applied": False}
 
     def lab_record(self, lab) -> dict[str, Any]:
         """What the run manifest records of a lab built here beyond its nodes' CPU: e.g. the

@@ -19,7 +19,7 @@ from lab.model import dilation
 from lab.model.labspec import LabSpec
 from lab.substrate import lifecycle
 from lab.substrate.local import nicside
-from lab.substrate.local.engines import spawn_engine
+from lab.substrate.local.engines import create_bump, spawn_engine
 from lab.substrate.local.dataplane import dataplane_plan, group_rel
 from lab.substrate.local.cpuplan import (
     cpu_plan,
@@ -211,12 +211,7 @@ def _build_bump(lab_id, lk, layout, ledger, info, all_cpus) -> None:
 
     name = f"imp{lk.index}"
     ns = runtime.bump_ns(lab_id, lk.index)
-    rel = f"{CGROUP_PARENT}/{lab_id}/{name}"
-    ledger.record("cgroup", rel=rel, node=name)
-    cgroups.ensure_dir(layout, rel)
-    cgroups.set_cpu(layout, rel, None, all_cpus)
-    ledger.record("netns", name=ns, node=name)
-    netops.create_netns(ns)
+    rel = create_bump(ledger, layout, lab_id, name, ns, all_cpus)
     ns1, ns2 = f"{lab_id}-{lk.node1}", f"{lab_id}-{lk.node2}"
     ledger.record("veth", ns=ns1, ifname=lk.intf1, peer_ns=ns, peer=runtime.BUMP_A)
     netops.create_veth(ns1, lk.intf1, ns, runtime.BUMP_A, lk.mtu)

@@ -4,11 +4,31 @@ impairment bumps (lab.substrate.local.build.start_engines) and the NICs' side pa
 
 from __future__ import annotations
 
-from lab.core import cgroups
+from lab.core import cgroups, netops
 from lab.core.errors import StartupError
+from lab.core.state import Ledger
 from lab.impair.engine import EngineClient, engine_argv
-from lab.substrate.local.lab import Lab
+from lab.substrate.local.lab import CGROUP_PARENT, Lab
 from lab.substrate.local.node import LocalNode
+
+
+def bump_cgroup(lab_id: str, name: str) -> str:
+    """The cgroup (relative path) of engine bump `name` of lab `lab_id`."""
+    return f"{CGROUP_PARENT}/{lab_id}/{name}"
+
+
+def create_bump(ledger: Ledger, layout, lab_id: str, name: str, ns: str, all_cpus: str) -> str:
+    """The cgroup (on every CPU of the lab) and network namespace `ns` of engine bump `name`,
+    each recorded in the ledger before it is created: the impairment bumps
+    (lab.substrate.local.build) and the NICs' side bumps (lab.substrate.local.nicside). Returns
+    the cgroup's relative path."""
+    rel = bump_cgroup(lab_id, name)
+    ledger.record("cgroup", rel=rel, node=name)
+    cgroups.ensure_dir(layout, rel)
+    cgroups.set_cpu(layout, rel, None, all_cpus)
+    ledger.record("netns", name=ns, node=name)
+    netops.create_netns(ns)
+    return rel
 
 
 def spawn_engine(lab: Lab, eng: dict, a: str, b: str) -> None:

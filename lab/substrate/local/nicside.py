@@ -7,11 +7,17 @@ joined to the link's two nodes by two veth pairs of its own: a "side" interface 
 (same MAC as the node's link interface, no addresses, no IPv6 link-local) and `nic-a` / `nic-b`
 in the bump. A permanent tc filter on each side interface's ingress hands whatever the engine
 sends back to the link interface as if received there (act_mirred ingress redirect). Only while a
-latency test runs (a Test with `nic_side_path = True`: ping, rr, handshake) a second filter on
+latency test runs (a Test with `nic_side_path = "all"`: ping, rr, handshake) a second filter on
 each link interface's egress redirects every frame onto the side interface, so the frame crosses
-the engine and gets the NICs' delay; otherwise the engine sits idle, blocked on its sockets, and
-throughput tests see the plain veth at full speed. Everything is in the ledger before it is
-created; the bump namespace takes both veth pairs with it at `lab down`.
+the engine and gets the NICs' delay; for a test with `nic_side_path = "icmp"` (rrul: pings beside
+bulk TCP flows) that filter matches only ICMP and ICMPv6 (u32 on the IP protocol / IPv6 next
+header), and the engine's output is hairpinned back to the sending node and out through the link
+interface's qdisc (steer_filters), so its pings get the NICs and still queue with its flows,
+which do not cross the engine -- where the pings cross the link as ICMP, i.e. no tunnel
+encapsulates them (otherwise nothing is steered and the result says why). Otherwise the engine
+sits idle, blocked on its sockets, and throughput tests see the plain veth at full speed.
+Everything is in the ledger before it is created; the bump namespace takes both veth pairs with
+it at `lab down`.
 """
 
 from __future__ import annotations
@@ -27,16 +33,26 @@ from lab.impair.runtime import path_links
 from lab.model import dilation
 from lab.model.impairment.model import Impairment
 from lab.model.labspec import LabSpec
-from lab.substrate.local.engines import spawn_engine
-from lab.substrate.local.lab import CGROUP_PARENT, Lab
+from lab.substrate.local.engines import bump_cgroup, create_bump, spawn_engine
+from lab.substrate.local.lab import Lab
 
 #: the engine's two interfaces in the side bump: towards the link's node1, node2
 SIDE_A, SIDE_B = "nic-a", "nic-b"
-#: the tests that get the side path (their `nic_side_path`): RTT-bound ones. rrul mixes load and
-#: latency and is left out, like tcp, udp and scp (the engine would sit in their packets' path)
+#: the tests whose every frame gets the side path (their `nic_side_path` "all"): RTT-bound ones
 LATENCY_TESTS = ("ping", "rr", "handshake")
-#: the tc filter priority of the steering filter on a link interface's egress (deleted by it)
-STEER_PRIO = 4917
+#: the tests whose ICMP only gets it ("icmp"): rrul, whose bulk flows stay on the plain veth like
+#: tcp, udp and scp (the engine would sit in their packets' path)
+ICMP_TESTS = ("rrul",)
+#: tc filter priorities: the steering filter(s) on a link interface's egress (ICMP at STEER_PRIO,
+#: ICMPv6 at STEER_PRIO + 1; ICMP steering exempts the frames coming back at STEER_PRIO - 1);
+#: on a side interface's ingress the permanent hand-back (PASS_PRIO) and, while ICMP steering
+#: is on, the hairpin before it (HAIRPIN_PRIO); in the bump the hairpin on nic-a/nic-b egress
+STEER_PRIO, PASS_PRIO, HAIRPIN_PRIO = 4917, 2, 1
+ICMP = {"ip": ["match", "ip", "protocol", "1", "0xff"],
+        "ipv6": ["match", "ip6", "protocol", "58", "0xff"]}  # fmt: skip
+MATCH_KINDS = ("all", "icmp")
+#: the VPN drivers that leave a ping ICMP on the link (no tunnel): ICMP-only steering finds it
+PLAIN_DRIVERS = ("none",)
 BACKEND = "side path"
 
 
@@ -84,20 +100,63 @@ def setup_argvs(ns: str, ifname: str, side: str, mac: str) -> list[list[str]]:
         ["ip", "-n", ns, "link", "set", "dev", side, "up"],
         [*tc, "qdisc", "add", "dev", ifname, "clsact"],
         [*tc, "qdisc", "add", "dev", side, "clsact"],
-        [*tc, "filter", "add", "dev", side, "ingress", "protocol", "all", "prio", "1", "u32"]
-        + ["match", "u32", "0", "0", "action", "mirred", "ingress", "redirect", "dev", ifname],
+        [*tc, "filter", "add", "dev", side, "ingress", "protocol", "all", "prio", str(PASS_PRIO)]
+        + ["u32", "match", "u32", "0", "0"]
+        + ["action", "mirred", "ingress", "redirect", "dev", ifname],
     ]
 
 
-def steer_argv(ns: str, ifname: str, side: str, on: bool) -> list[str]:
-    """The command putting (`on`) or taking off the redirect of `ifname`'s egress onto `side`."""
-    base = ["tc", "-n", ns, "filter", "add" if on else "del", "dev", ifname, "egress"]
-    base += ["protocol", "all", "prio", str(STEER_PRIO)]
-    if not on:
-        return base
-    return base + ["u32", "match", "u32", "0", "0"] + [
-        "action", "mirred", "egress", "redirect", "dev", side,
+def _redirect(dev: str) -> list[str]:
+    return ["action", "mirred", "egress", "redirect", "dev", dev]
+
+
+def steer_filters(s: dict, match: str = "all") -> list[tuple[str, str, str, int, str, list]]:
+    """The filters steering side bump `s`'s link onto it, in the order they go on: (netns, dev,
+    "egress" | "ingress", priority, tc protocol, u32 words). "all": every frame of each link
+    interface's egress onto the side interface. "icmp": ICMP and ICMPv6 only, and on a hairpin:
+    the engine's output is sent back to the node it came from (in the bump, by its source
+    MAC), whose side interface puts it out through the link interface's egress -- its qdisc
+    (a link's tbf, the queue its flows build) included -- exempt from being steered again (its
+    input device is the side interface). So a ping gets its NIC delay and then queues with the
+    flows, as on a board (NIC after the queue: the same sum), and crosses the link as usual."""
+    if match not in MATCH_KINDS:
+        raise ValueError(f"steering match {match!r}; accepted: {', '.join(MATCH_KINDS)}")
+    everything = ["match", "u32", "0", "0"]
+    if match == "all":
+        return [
+            (e["ns"], e["ifname"], "egress", STEER_PRIO, "all", everything + _redirect(e["side"]))
+            for e in s["ends"]
+        ]
+    a, b = s["ends"]
+    out = [  # the engine's a->b output back to a, its b->a output back to b
+        (s["netns"], SIDE_B, "egress", HAIRPIN_PRIO, "all",
+         ["match", "ether", "src", a["mac"], *_redirect(SIDE_A)]),
+        (s["netns"], SIDE_A, "egress", HAIRPIN_PRIO, "all",
+         ["match", "ether", "src", b["mac"], *_redirect(SIDE_B)]),
     ]  # fmt: skip
+    for e in s["ends"]:
+        ns, link, side = e["ns"], e["ifname"], e["side"]
+        exempt = [*everything, "indev", side, "classid", "1:1"]  # no action: on to the qdisc
+        out += [
+            (ns, side, "ingress", HAIRPIN_PRIO, "all", everything + _redirect(link)),
+            (ns, link, "egress", STEER_PRIO - 1, "all", exempt),
+            (ns, link, "egress", STEER_PRIO, "ip", ICMP["ip"] + _redirect(side)),
+            (ns, link, "egress", STEER_PRIO + 1, "ipv6", ICMP["ipv6"] + _redirect(side)),
+        ]
+    return out
+
+
+def steer_argvs(s: dict, on: bool, match: str = "all") -> list[list[str]]:
+    """The commands putting (`on`) or taking off (in the reverse order, each filter by its
+    priority alone) the steering of side bump `s` (steer_filters)."""
+    out = []
+    for ns, dev, hook, prio, proto, words in steer_filters(s, match):
+        base = ["tc", "-n", ns, "filter", "add" if on else "del", "dev", dev, hook]
+        if on:
+            out.append(base + ["protocol", proto, "prio", str(prio), "u32", *words])
+        else:
+            out.append(base + ["prio", str(prio)])
+    return out if on else out[::-1]
 
 
 def build(lab: Lab, record: dict, all_cpus: str, fallback: list[str]) -> list[str]:
@@ -123,10 +182,11 @@ def build(lab: Lab, record: dict, all_cpus: str, fallback: list[str]) -> list[st
         applied="latency tests",
         backend=BACKEND,
         tests=list(LATENCY_TESTS),
+        icmp_tests=list(ICMP_TESTS),
         why=record["why"].split(";")[0]
         + "; applied on a side path beside the link, the lab's engine steered onto only while a "
-        f"latency test runs ({', '.join(LATENCY_TESTS)}); other tests and `lab exec` see the "
-        "plain veth",
+        f"latency test runs ({', '.join(LATENCY_TESTS)}; {', '.join(ICMP_TESTS)}: its ICMP "
+        "only, where no tunnel encapsulates it); other tests and `lab exec` see the plain veth",
     )
     record.pop("warned", None)
     lab.save()
@@ -138,7 +198,7 @@ def _build_one(lab: Lab, want: dict, all_cpus: str, sides: list[dict]) -> None:
     names = {f"{lab.id}-{n}" for n in lab.spec.nodes}
     ns = free_name(f"{lab.id}-nic{lk.index}", names)
     name = ns[len(lab.id) + 1 :]
-    rel = f"{CGROUP_PARENT}/{lab.id}/{name}"
+    rel = bump_cgroup(lab.id, name)
     ends = []
     for node, ifname in ((lk.node1, lk.intf1), (lk.node2, lk.intf2)):
         taken = {i.name for i in lab.spec.nodes[node].interfaces}
@@ -147,17 +207,16 @@ def _build_one(lab: Lab, want: dict, all_cpus: str, sides: list[dict]) -> None:
     rec = {"name": name, "link": lk.index, "netns": ns, "cgroup": rel, "ends": ends,
            "a2b_us": want["a2b_us"], "b2a_us": want["b2a_us"]}  # fmt: skip
     sides.append(rec)  # before anything of it exists: a failure removes what there is
-    lab.ledger.record("cgroup", rel=rel, node=name)
-    cgroups.ensure_dir(lab.cg, rel)
-    cgroups.set_cpu(lab.cg, rel, None, all_cpus)
-    lab.ledger.record("netns", name=ns, node=name)
-    netops.create_netns(ns)
+    create_bump(lab.ledger, lab.cg, lab.id, name, ns, all_cpus)
     for end, inner in zip(ends, (SIDE_A, SIDE_B), strict=True):
         lab.ledger.record("veth", ns=end["ns"], ifname=end["side"], peer_ns=ns, peer=inner)
         netops.create_veth(end["ns"], end["side"], ns, inner, lk.mtu)
     netops.configure_node(ns, [{"name": SIDE_A}, {"name": SIDE_B}], [])
+    for inner in (SIDE_A, SIDE_B):  # for ICMP steering's hairpin (steer_filters)
+        lab.ledger.record("qdisc", ns=ns, ifname=inner, qdisc="clsact")
+        proc.run(["tc", "-n", ns, "qdisc", "add", "dev", inner, "clsact"], where=f"netns {ns}")
     for end in ends:
-        mac = netops.read_interface(end["ns"], end["ifname"])["mac"]
+        mac = end["mac"] = netops.read_interface(end["ns"], end["ifname"])["mac"]
         lab.ledger.record("qdisc", ns=end["ns"], ifname=end["ifname"], qdisc="clsact")
         lab.ledger.record("qdisc", ns=end["ns"], ifname=end["side"], qdisc="clsact")
         for argv in setup_argvs(end["ns"], end["ifname"], end["side"], mac):
@@ -197,34 +256,63 @@ def remove(lab: Lab, sides: list[dict]) -> None:
         cgroups.remove_dir(lab.cg, s["cgroup"])
 
 
-def steer(lab: Lab, on: bool) -> None:
-    """Put the lab's VPN path onto its side path (`on`) or back onto the plain veth. Off is
-    done on every end whatever fails, and raises only afterwards."""
+def steer(lab: Lab, on: bool, match: str = "all") -> None:
+    """Put the lab's VPN path onto its side path (`on`; every frame, or with `match` "icmp" its
+    ICMP and ICMPv6 only) or back onto the plain veth (the same `match`). Off is done on every
+    end whatever fails, and raises only afterwards."""
     sides = ((lab.info.get("nic_latency") or {}).get("side_path") or {}).get("links") or []
     errors = []
     for s in sides:
-        for end in s["ends"]:
-            cp = proc.run(steer_argv(end["ns"], end["ifname"], end["side"], on), check=on)
+        for argv in steer_argvs(s, on, match):
+            cp = proc.run(argv, check=on)
             if not on and cp.returncode and "No such file" not in (cp.stderr or ""):
-                errors.append(f"{end['ns']}:{end['ifname']}: {cp.stderr.strip()}")
+                errors.append(f"{argv[2]}:{argv[6]}: {cp.stderr.strip()}")
     if errors:
         raise RuntimeError("taking the NIC side path's steering off failed: " + "; ".join(errors))
 
 
+def icmp_note(lab: Any) -> tuple[bool, str]:
+    """(whether ICMP-only steering reaches the test's pings, what the result says of it): only
+    where the lab's pings cross the link as ICMP, i.e. no tunnel encapsulates them (the `none`
+    driver); a tunnel's packets are UDP, ESP, TCP or MACsec frames there."""
+    driver = ((getattr(lab, "info", None) or {}).get("vpn") or {}).get("driver") or "none"
+    if driver in PLAIN_DRIVERS:
+        return True, (
+            "ICMP only: the test's pings (ICMP/ICMPv6) crossed the boards' NICs on the side "
+            "path and then the link's queue with its flows; its TCP flows the plain veth "
+            "without the NICs"
+        )
+    return False, (
+        f"not applied: the test's NICs are steered by ICMP on the link, and the {driver} tunnel "
+        "carries its pings encapsulated (not ICMP there); its pings and flows ran on the plain "
+        "veth without the NICs"
+    )
+
+
 @contextmanager
-def steering(lab: Any, test: Any) -> Iterator[bool]:
-    """Around one test run: the side path steered on when the lab has one and the test is a
-    latency test (its `nic_side_path`), off again after, whatever happens. Yields whether the
-    boards' NIC latency is in force for the test (results.csv's nic_latency_applied)."""
+def steering(lab: Any, test: Any) -> Iterator[dict]:
+    """Around one test run (LocalSubstrate.nic_steering): the side path steered on when the lab
+    has one and the test's `nic_side_path` asks for it (every frame, or its ICMP only), off
+    again after, whatever happens. Yields {"applied": True (every frame), "icmp" (its ICMP only)
+    or False, "note": what it means, when there is more to say} (results.jsonl's
+    nic_latency_applied and nic_latency_note)."""
     rec = (getattr(lab, "info", None) or {}).get("nic_latency") or {}
+    match = getattr(test, "nic_side_path", None)
     if not rec.get("side_path"):
-        yield rec.get("applied") is True
+        yield {"applied": rec.get("applied") is True}
         return
-    if not getattr(test, "nic_side_path", False):
-        yield False
+    if match is None:
+        yield {"applied": False}
         return
+    out: dict = {"applied": True}
+    if match == "icmp":
+        reached, note = icmp_note(lab)
+        if not reached:
+            yield {"applied": False, "note": note}
+            return
+        out = {"applied": "icmp", "note": note}
     try:
-        steer(lab, True)
-        yield True
+        steer(lab, True, match)
+        yield out
     finally:
-        steer(lab, False)
+        steer(lab, False, match)

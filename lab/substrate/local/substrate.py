@@ -17,6 +17,7 @@ from lab.substrate.local.impair import ensure_points
 from lab.substrate.local.build import up
 from lab.substrate.local.lab import Lab, current_substrate
 from lab.substrate.local.monitor import Monitor
+from lab.substrate.local.nicside import steering
 from lab.substrate.local.preflight import preflight
 from lab.vpn.record import daemons_of, half_up
 from lab.vpn.tunnel import prepare
@@ -111,3 +112,7 @@ class LocalSubstrate(Substrate):
 
     def monitor(self, lab) -> Monitor:
         return Monitor.for_lab(lab)
+
+    def nic_steering(self, lab, test):
+        """The NICs' side path steered on around a latency test (lab.substrate.local.nicside)."""
+        return steering(lab, test)
