@@ -16,7 +16,8 @@ from lab.results.doc import Doc
 from lab.results.expect import parse_expectations
 from lab.results.verdicts import judge
 from lab.results.report import _results_tables
-from lab.results.rundir import COLUMN_NAMES, SUMMARY_METRICS, rows
+from lab.results.columns import COLUMN_NAMES, SUMMARY_METRICS
+from lab.results.rundir import rows
 from tests.test_measure_commands import golden, make, run
 
 C2S, S2C = "client-to-server", "server-to-client"

@@ -13,7 +13,7 @@ from lab.core import proc
 from lab.measure import TESTS
 from lab.measure.base import MeasurementFailed
 from lab.measure.pingflood import parse_ping_flood, ping_flood_argv
-from lab.results.rundir import COLUMN_NAMES
+from lab.results.columns import COLUMN_NAMES
 
 from .conftest import lab_traces
 from .test_measure_commands import golden, make, run

@@ -19,7 +19,7 @@ from lab.measure import TESTS, Metric, Param, Primary, Test, get_test, metric_co
 from lab.measure.base import PLOTS, RANKS, REGISTRY
 from lab.campaign.plan import estimate_s
 from lab.results.doc import DEFAULT_PRIMARY, primary
-from lab.results.rundir import COLUMN_NAMES
+from lab.results.columns import COLUMN_NAMES
 
 from .conftest import REPO
 
@@ -169,7 +169,8 @@ import json
 from lab.measure import TESTS, get_test
 from lab.campaign.plan import estimate_s
 from lab.results.doc import primary
-from lab.results.rundir import COLUMN_NAMES, CSV_COLUMNS, SUMMARY_METRICS, rows
+from lab.results.columns import COLUMN_NAMES, CSV_COLUMNS, SUMMARY_METRICS
+from lab.results.rundir import rows
 from lab.core.errors import ConfigError
 
 try:

@@ -476,7 +476,8 @@ def test_each_substrate_steers_the_nics_through_its_own_interface():
 
 
 def test_results_row_says_whether_the_nics_were_in_force():
-    from lab.results.rundir import COLUMN_NAMES, rows
+    from lab.results.columns import COLUMN_NAMES
+    from lab.results.rundir import rows
 
     base = {"case": "p|none|t|0", "profile": "p", "test": "ping", "label": "t", "rep": 0,
             "ok": True, "records": [{"ok": True}]}  # fmt: skip

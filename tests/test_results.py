@@ -184,7 +184,7 @@ def test_documented_schema_matches_code():
     assert documented_columns() == [(n, t) for n, t, _ in CSV_COLUMNS]
 
 
-#: metric columns rundir._LAYOUT names without a word of their own (added after the rrul test's
+#: metric columns lab.results.columns.LAYOUT names without a word of their own (added after the rrul test's
 #: columns): docs/results.md is where each is explained
 LATER_COLUMNS = (
     "quiet_wait_s quiet_status key_exchange_ms key_exchange_bytes key_exchange_packets "

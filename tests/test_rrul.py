@@ -26,7 +26,7 @@ from lab.measure.rrul import (
     responsiveness_rpm,
     rtt_summary,
 )
-from lab.results.rundir import COLUMN_NAMES, SUMMARY_METRICS
+from lab.results.columns import COLUMN_NAMES, SUMMARY_METRICS
 
 from .conftest import REPO, lab_traces
 from .test_measure_commands import golden, make

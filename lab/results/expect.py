@@ -30,7 +30,7 @@ from typing import Any
 
 from lab.core.errors import ConfigError
 from lab.results.directions import DIRECTION_DOC, check_direction
-from lab.results.rundir import SUMMARY_METRICS
+from lab.results.columns import SUMMARY_METRICS
 from lab.vpn.profiles import split_spec
 
 #: keys of one [[expect]] table -> meaning (for error messages and docs/ci.md)
