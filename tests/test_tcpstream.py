@@ -13,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from lab.core.errors import LabError
+
 from lab.measure import tcpsender, tcpstream
 from lab.measure.base import Context, MeasurementFailed
 from lab.measure.tcpstream import (
@@ -253,6 +255,32 @@ def test_a_stream_the_rule_does_not_settle_runs_to_its_end_and_is_parsed_as_ever
     assert info["reason"] == "cap" and info["stopped_early"] is False
     doc = json.loads(done)
     assert metrics["receiver_bps"] == doc["end"]["sum_received"]["bits_per_second"]
+
+
+def test_a_reading_that_cannot_be_taken_is_no_sample_not_a_crash(fakes):
+    """A board's lost session (LabError) or a failing ss at some seconds: those seconds make no
+    rate (the byte count's next origin is the next reading), the run goes on to its stop."""
+    ctx, client, server = fakes
+    real_run = server.run
+
+    def flaky(argv, **kw):
+        if 2 <= server.clock.t < 4:
+            raise LabError("ssh session lost")
+        if 4 <= server.clock.t < 5:
+            return subprocess.CompletedProcess(argv, 1, "garbage bytes_received:1\n", "")
+        return real_run(argv, **kw)
+
+    server.run = flaky
+    metrics, info = tcpstream.run_streaming(
+        ctx, ["iperf3", "-c", "10.0.0.2"], port=5201, reverse=False, rule=Rule(min_s=4),
+        cap_s=300.0, omit_s=0.0, read_server_log=lambda: SERVER, files=[],
+    )  # fmt: skip
+    assert info["reason"] == "ci" and client.procs[0].signals == [signal.SIGINT]
+    # the failed readings made no sample: the rate across the gap is the bytes over its
+    # seconds, so every rate is the stream's 100 Mbit/s (a count parsed from the failed ss's
+    # output would have made one far off)
+    why = info["stopped_early_because"]
+    assert why["live_interval"]["mean"] == pytest.approx(100e6, rel=1e-6)
 
 
 # ---------------------------------------------------------------- whole congestion cycles

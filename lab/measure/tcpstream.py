@@ -325,10 +325,9 @@ def run_streaming(
     """Run the client (argv asks -t cap_s), sampling the receiver's bytes every second; SIGINT
     it when the rule holds. Returns (metrics, adaptive) like run_segments."""
     receiver, sender = (ctx.client, ctx.server) if reverse else (ctx.server, ctx.client)
-    probe, sender_probe = (
-        ss_argv(port, local=not reverse),
-        sender_argv(ss_argv(port, local=reverse)),
-    )
+    # a reading that cannot be taken (a board's lost session, ss failing) is no sample
+    read_received = socket_reader(receiver, ss_argv(port, local=not reverse), bytes_received)
+    read_sender = socket_reader(sender, sender_argv(ss_argv(port, local=reverse)), str)
     series = LiveSeries(omit_s=omit_s)
     cycles = Cycles()
     timeouts = Timeouts()
@@ -351,14 +350,13 @@ def run_streaming(
                     break
                 tick += SAMPLE_S
                 time.sleep(max(0.0, tick - time.monotonic()))
-                cp = receiver.run(probe, check=False, timeout=10)
-                sp = sender.run(sender_probe, check=False, timeout=10)
+                received, sent = read_received(), read_sender()
                 if p.poll() is not None:
                     break  # the run ended meanwhile: its JSON is complete
                 now = time.monotonic()
-                series.add(now, bytes_received(cp.stdout))
-                cycles.add(now, sender_state(sp.stdout))
-                timeouts.add(now, tcp_timeouts(sp.stdout))
+                series.add(now, received)
+                cycles.add(now, sender_state(sent))
+                timeouts.add(now, tcp_timeouts(sent))
                 decision = live_decision(series, mser, cap_s)
                 if decision.stop and decision.reason == "ci":
                     w = decision.warmup_samples
