@@ -295,6 +295,20 @@ def test_pi_pair_with_nic_latency_on_carries_four_nic_traversals(lab_id):
 # ------------------------------------------------------------------ the side path (no netem)
 
 
+def _side_path_lab(lab_id: str):
+    """A pi4 pi_pair lab up (an ideal network: the side path where netem is missing) and its
+    nic_latency record; skipped where kernel netem is present (nic_latency=auto uses it)."""
+    from lab.impair.kernel import probe_netem
+    from lab.substrate.local.lab import Lab
+
+    up = run_lab("up", TOPOS / "pi_pair.py", "-p", "cpu=pi4", "--id", lab_id)
+    assert up.returncode == 0, up.stderr
+    lab = Lab.open(lab_id)
+    if probe_netem(lab.node("client")).ok:
+        pytest.skip("kernel netem is present: nic_latency=auto applies it there, no side path")
+    return lab, lab.info["nic_latency"]
+
+
 def _decided(mode: str, topo: str = "pi_pair.py", **params) -> tuple:
     spec = load_topology(TOPOS / topo, None, {"cpu": "pi4", **params})
     rec, _ = cpuplan.nic_latency_plan(
@@ -416,8 +430,8 @@ def test_steering_only_around_latency_tests_and_off_whatever_happens(monkeypatch
     side.info["nic_latency"]["side_path"] = {"links": [{}]}
     kinds = {n: t.nic_side_path for n, t in TESTS.items() if t.nic_side_path}
     assert kinds == {"ping": "all", "rr": "all", "handshake": "all", "rrul": "icmp"}
-    assert set(nicside.LATENCY_TESTS) | set(nicside.ICMP_TESTS) == set(kinds)
-    assert all(kinds[n] == "icmp" for n in nicside.ICMP_TESTS)
+    assert nicside.side_path_tests("all") == ["handshake", "ping", "rr"]
+    assert nicside.side_path_tests("icmp") == ["rrul"]
     for name, want in (("ping", "all"), ("rr", "all"), ("handshake", "all"), ("tcp", None),
                        ("udp", None), ("scp", None), ("rrul", "icmp")):  # fmt: skip
         calls.clear()
@@ -521,20 +535,14 @@ def test_side_path_carries_the_four_nics_only_while_steered(nic_lab_id, tmp_path
 
     from lab.core import netops, proc
     from lab.core.teardown import teardown
-    from lab.impair.kernel import probe_netem
     from lab.measure import TESTS, Context
     from lab.substrate.local import nicside
     from lab.substrate.local.lab import Lab
 
     lab_id = nic_lab_id
-    up = run_lab("up", TOPOS / "pi_pair.py", "-p", "cpu=pi4", "--id", lab_id)
-    assert up.returncode == 0, up.stderr
-    lab = Lab.open(lab_id)
-    if probe_netem(lab.node("client")).ok:
-        pytest.skip("kernel netem is present: nic_latency=auto applies it there, no side path")
-    rec = lab.info["nic_latency"]
+    lab, rec = _side_path_lab(lab_id)
     assert rec["applied"] == "latency tests" and rec["backend"] == "side path", rec
-    assert rec["tests"] == ["ping", "rr", "handshake"]
+    assert rec["tests"] == ["handshake", "ping", "rr"]
     (side,) = rec["side_path"]["links"]
     assert (side["a2b_us"], side["b2a_us"]) == (2 * NIC, 2 * NIC)
     ends = [(e["ns"], e["side"]) for e in side["ends"]]
@@ -629,17 +637,10 @@ def test_icmp_steering_puts_the_pings_on_the_nics_and_leaves_tcp_on_the_veth(nic
     past the queue lost it, 8.5 -> 0.26 ms), and the result says "icmp" with a note. Off again
     afterwards: nothing on the side path."""
     from lab.measure import TESTS, Context
-    from lab.impair.kernel import probe_netem
     from lab.substrate.local import nicside
-    from lab.substrate.local.lab import Lab
 
     lab_id = nic_lab_id
-    up = run_lab("up", TOPOS / "pi_pair.py", "-p", "cpu=pi4", "--id", lab_id)
-    assert up.returncode == 0, up.stderr
-    lab = Lab.open(lab_id)
-    if probe_netem(lab.node("client")).ok:
-        pytest.skip("kernel netem is present: nic_latency=auto applies it there, no side path")
-    rec = lab.info["nic_latency"]
+    lab, rec = _side_path_lab(lab_id)
     assert rec["icmp_tests"] == ["rrul"] and "rrul: its ICMP only" in rec["why"], rec
     (side,) = rec["side_path"]["links"]
     sides = [(e["ns"], e["side"]) for e in side["ends"]]

@@ -32,17 +32,13 @@ from lab.impair.engine import EngineClient
 from lab.impair.runtime import path_links
 from lab.model import dilation
 from lab.model.impairment.model import Impairment
+from lab.measure import TESTS
 from lab.model.labspec import LabSpec
 from lab.substrate.local.engines import bump_cgroup, create_bump, spawn_engine
 from lab.substrate.local.lab import Lab
 
 #: the engine's two interfaces in the side bump: towards the link's node1, node2
 SIDE_A, SIDE_B = "nic-a", "nic-b"
-#: the tests whose every frame gets the side path (their `nic_side_path` "all"): RTT-bound ones
-LATENCY_TESTS = ("ping", "rr", "handshake")
-#: the tests whose ICMP only gets it ("icmp"): rrul, whose bulk flows stay on the plain veth like
-#: tcp, udp and scp (the engine would sit in their packets' path)
-ICMP_TESTS = ("rrul",)
 #: tc filter priorities: the steering filter(s) on a link interface's egress (ICMP at STEER_PRIO,
 #: ICMPv6 at STEER_PRIO + 1; ICMP steering exempts the frames coming back at STEER_PRIO - 1);
 #: on a side interface's ingress the permanent hand-back (PASS_PRIO) and, while ICMP steering
@@ -106,6 +102,13 @@ def setup_argvs(ns: str, ifname: str, side: str, mac: str) -> list[list[str]]:
     ]
 
 
+def side_path_tests(match: str) -> list[str]:
+    """The registered tests whose `nic_side_path` is `match`: "all" (RTT-bound: ping, rr,
+    handshake) or "icmp" (rrul, whose bulk flows stay on the plain veth like tcp, udp and scp:
+    the engine would sit in their packets' path)."""
+    return [n for n, t in TESTS.items() if t.nic_side_path == match]
+
+
 def _redirect(dev: str) -> list[str]:
     return ["action", "mirred", "egress", "redirect", "dev", dev]
 
@@ -146,17 +149,20 @@ def steer_filters(s: dict, match: str = "all") -> list[tuple[str, str, str, int,
     return out
 
 
-def steer_argvs(s: dict, on: bool, match: str = "all") -> list[list[str]]:
-    """The commands putting (`on`) or taking off (in the reverse order, each filter by its
-    priority alone) the steering of side bump `s` (steer_filters)."""
+def _steer_commands(s: dict, on: bool, match: str) -> list[tuple[str, list[str]]]:
+    """(where: "netns:dev", command) putting (`on`) or taking off (in the reverse order, each
+    filter by its priority alone) the steering of side bump `s` (steer_filters)."""
     out = []
     for ns, dev, hook, prio, proto, words in steer_filters(s, match):
         base = ["tc", "-n", ns, "filter", "add" if on else "del", "dev", dev, hook]
-        if on:
-            out.append(base + ["protocol", proto, "prio", str(prio), "u32", *words])
-        else:
-            out.append(base + ["prio", str(prio)])
+        tail = ["protocol", proto, "prio", str(prio), "u32", *words] if on else ["prio", str(prio)]
+        out.append((f"{ns}:{dev}", base + tail))
     return out if on else out[::-1]
+
+
+def steer_argvs(s: dict, on: bool, match: str = "all") -> list[list[str]]:
+    """The commands of _steer_commands alone."""
+    return [argv for _, argv in _steer_commands(s, on, match)]
 
 
 def build(lab: Lab, record: dict, all_cpus: str, fallback: list[str]) -> list[str]:
@@ -181,11 +187,12 @@ def build(lab: Lab, record: dict, all_cpus: str, fallback: list[str]) -> list[st
     record.update(
         applied="latency tests",
         backend=BACKEND,
-        tests=list(LATENCY_TESTS),
-        icmp_tests=list(ICMP_TESTS),
+        tests=side_path_tests("all"),
+        icmp_tests=side_path_tests("icmp"),
         why=record["why"].split(";")[0]
         + "; applied on a side path beside the link, the lab's engine steered onto only while a "
-        f"latency test runs ({', '.join(LATENCY_TESTS)}; {', '.join(ICMP_TESTS)}: its ICMP "
+        f"latency test runs ({', '.join(side_path_tests('all'))}; "
+        f"{', '.join(side_path_tests('icmp'))}: its ICMP "
         "only, where no tunnel encapsulates it); other tests and `lab exec` see the plain veth",
     )
     record.pop("warned", None)
@@ -263,10 +270,10 @@ def steer(lab: Lab, on: bool, match: str = "all") -> None:
     sides = ((lab.info.get("nic_latency") or {}).get("side_path") or {}).get("links") or []
     errors = []
     for s in sides:
-        for argv in steer_argvs(s, on, match):
+        for where, argv in _steer_commands(s, on, match):
             cp = proc.run(argv, check=on)
             if not on and cp.returncode and "No such file" not in (cp.stderr or ""):
-                errors.append(f"{argv[2]}:{argv[6]}: {cp.stderr.strip()}")
+                errors.append(f"{where}: {cp.stderr.strip()}")
     if errors:
         raise RuntimeError("taking the NIC side path's steering off failed: " + "; ".join(errors))
 
