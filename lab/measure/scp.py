@@ -315,7 +315,7 @@ class ScpTest(Test):
                     sender=socket_reader(
                         ctx.client,
                         sender_argv(ss_argv(params["port"], local=False)),
-                        lambda text: text,  # sender_state and tcp_timeouts read it each
+                        str,  # the text itself: sender_state and tcp_timeouts read it each
                     ),
                     received=socket_reader(
                         ctx.server, ss_argv(params["port"], local=True), bytes_received
