@@ -271,8 +271,20 @@ def test_scp(pair, tmp_path):
     [r] = run("scp", ctx, size_mb=8, port=2299)
     assert r["ok"], r["error"]
     assert r["rate_bps"] > 0 and r["size_bytes"] == 8 * 1024 * 1024
-    assert list((tmp_path / "state").iterdir()) == []  # keys and payload removed
+    # the keys and the received file are removed; the payload stays for the lab's next copy
+    [kept] = list((tmp_path / "state").iterdir())
+    assert kept.name == "scp-payload-8MiB.bin" and kept.stat().st_size == 8 * 1024 * 1024
+    assert r["payload"]["reused"] is False and r["payload"]["prepare_s"] > 0
     assert not any("PRIVATE KEY" in Path(f).read_text() for f in r["raw_files"])
+    ino = kept.stat().st_ino
+    [again] = run("scp", ctx, size_mb=8, port=2299)
+    assert again["ok"], again["error"]
+    assert kept.stat().st_ino == ino  # the same file sent, not written again
+    assert again["payload"] == {"reused": True, "prepare_s": None}
+    kept.write_bytes(b"short")  # a file of another size is never sent: written anew
+    [third] = run("scp", ctx, size_mb=8, port=2299)
+    assert third["ok"] and third["payload"]["reused"] is False
+    assert kept.stat().st_size == 8 * 1024 * 1024
 
 
 def test_rr_tcp_and_udp(pair, tmp_path):

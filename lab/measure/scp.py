@@ -2,7 +2,8 @@
 
 sshd runs from an explicit config (no PAM, no passwords, listening only on the target address,
 its own host key, authorized_keys and pid file) written into a fresh 0700 directory under the
-lab's private state, never into results; keys are generated per run and removed after it. The
+lab's private state, never into results; keys are generated per run and removed after it.
+The file sent is written once per lab, node and size and reused (`prepare_payload`). The
 client pins the host key (StrictHostKeyChecking=yes with its own known_hosts) and ignores every
 user or system ssh config (-F /dev/null), so the same cipher negotiation happens everywhere
 unless `cipher` is set. The time includes the SSH handshake, as a user's scp does.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -134,6 +136,35 @@ def _stream_info(st: Stream) -> dict:
         "held_by_cycles": st.held_by_cycles,
         **st.why,
     }
+
+
+def payload_path(root: Path, size_mb: int) -> Path:
+    return root / f"scp-payload-{size_mb}MiB.bin"
+
+
+def prepare_payload(node: Node, root: Path, size_mb: int) -> tuple[Path, float | None]:
+    """The file a copy sends: one per lab, node and size in the lab's scratch directory `root`
+    (on the node's card where its board profile models one), written once from /dev/urandom and
+    synced, then reused by every later copy of the lab, as a board's file sits on its card
+    before a copy is timed. Returns the path and the seconds the writing took (None: reused).
+    Written under a temporary name and renamed, so a copy never sends a half-written file; it
+    goes with the lab's directory at teardown."""
+    path = payload_path(root, size_mb)
+    r = node.run(["stat", "-c", "%s", str(path)], check=False)
+    if r.returncode == 0 and r.stdout.strip() == str(size_mb * MIB):
+        return path, None
+    part = path.with_name(f"{path.name}.{secrets.token_hex(4)}.part")
+    t0 = time.monotonic()
+    try:
+        # conv=fsync: the card has written the file back before the copy starts, so the
+        # first copy of a lab meets an idle card as every later one does
+        argv = ["dd", "if=/dev/urandom", f"of={part}", "bs=1M", f"count={size_mb}"]
+        node.run([*argv, "conv=fsync", "status=none"], timeout=600)
+        node.run(["mv", "-f", "--", str(part), str(path)])
+    except BaseException:
+        node.run(["rm", "-f", "--", str(part)], check=False)
+        raise
+    return path, round(time.monotonic() - t0, 3)
 
 
 def _write(node: Node, path: Path, text: str) -> None:
@@ -261,18 +292,9 @@ class ScpTest(Test):
             cfg = state / "sshd_config"
             _write(ctx.server, cfg, sshd_config(addr=host, port=params["port"], state=state))
             user = ctx.server.run(["id", "-un"]).stdout.strip()
-            payload = state / "payload.bin"
-            ctx.client.run(
-                [
-                    "dd",
-                    "if=/dev/urandom",
-                    f"of={payload}",
-                    "bs=1M",
-                    f"count={params['size_mb']}",
-                    "status=none",
-                ],
-                timeout=600,
-            )
+            payload, prepared_s = prepare_payload(ctx.client, ctx.state_path(), params["size_mb"])
+            # the lab's first copy of this size wrote it (seconds), a later one reused it
+            base["payload"] = {"reused": prepared_s is None, "prepare_s": prepared_s}
 
             sshd = proc.which("sshd") or "/usr/sbin/sshd"  # sshd re-execs itself: absolute path
             # privilege separation directory Debian's service unit normally creates
