@@ -16,6 +16,8 @@ changes made since the run). The extrapolation, printed with every input:
   then only as good as that stand-in.
 - **bring-ups and teardowns**: their mean (timeline `up`/`down`) times the plan's count (a
   lab per profile and point group kind, lab.campaign.plan.Plan.groups: at most two per profile).
+- **payloads**: a file a lab writes once and reuses (scp's, per size: the records'
+  `payload.prepare_s`, taken out of the case that wrote it), its mean times the plan's labs.
 - **impairment changes**: their mean times one per (profile, point).
 - **other** (gaps between cases: monitors, result files, progress): the run's per-case mean
   times the plan's cases.
@@ -27,6 +29,11 @@ changes made since the run). The extrapolation, printed with every input:
 - **floor**: the tests' time if every adaptive test stopped at its first check (tcp/udp:
   one segment of adaptive_min_s + 5 s; ping: adaptive_min_s), the others as measured: no
   stop rule can make the plan shorter than that.
+
+**--replace RUN_DIR ...**: runs re-measured after a change (e.g. one test's cases on the same
+shards, `-o tests=LABEL`, or one point group run whole on one machine, `-o impairments=none`,
+where adaptive repetitions can stop): their cases replace the RUN_DIRs' cases of each (test
+label, point group) they hold; their bring-ups, teardowns and gaps join the others'.
 
 **--tcp-bench FILE** (bench/adaptive_tcp.py's records) takes the `tcp` label's seconds per
 point group from that bench's adaptive legs instead (RUN_DIRs are then optional: without one
@@ -114,19 +121,51 @@ def tcp_bench_seconds(bench: dict, plan, *, before: bool) -> dict[str, list[floa
     return out
 
 
-def extrapolate(runs: list[RunDir], plan, tcp: dict[str, list[float]] | None = None) -> dict:
+def prepared_s(line: dict) -> float:
+    """Seconds a case spent writing a file a lab writes once and reuses (scp's payload:
+    `payload.prepare_s` of its records; 0 when it reused one or the run predates it)."""
+    return sum(
+        float(((rec or {}).get("payload") or {}).get("prepare_s") or 0.0)
+        for rec in line.get("records") or []
+    )
+
+
+def _cases(results: list[dict]) -> list[tuple[str, str, bool, float]]:
+    """(label, point group, impaired, seconds less prepared_s) of each results line."""
+    return [
+        (
+            r["label"],
+            _group(r["impairment"]),
+            bool(r["impairment"].get("spec")),
+            float(r.get("seconds") or 0.0) - prepared_s(r),
+        )
+        for r in results
+    ]
+
+
+def extrapolate(
+    runs: list[RunDir],
+    plan,
+    tcp: dict[str, list[float]] | None = None,
+    replace: list[RunDir] | tuple = (),
+) -> dict:
+    """`replace`: runs re-measured after a change, whose cases replace the other runs' cases of
+    every (label, point group) they hold."""
+    newer = _cases([r for run in replace for r in run.load_results()])
+    redone = {(label, group) for label, group, _, _ in newer}
+    runs = [*runs, *replace]
     results = [r for run in runs for r in run.load_results()]
     timeline = [e for run in runs for e in run.load_timeline()]
     budget = time_budget(results, timeline)
     per: dict[tuple[str, str], list[float]] = defaultdict(list)
     # stand-ins: per label and whether the point was impaired
     per_label: dict[tuple[str, bool], list[float]] = defaultdict(list)
-    for r in results:
-        if tcp is not None and r["label"] == "tcp":
+    older = [c for run in runs[: len(runs) - len(replace)] for c in _cases(run.load_results())]
+    for label, group, impaired, s in [c for c in older if c[:2] not in redone] + newer:
+        if tcp is not None and label == "tcp":
             continue
-        s = float(r.get("seconds") or 0.0)
-        per[(r["label"], _group(r["impairment"]))].append(s)
-        per_label[(r["label"], bool(r["impairment"].get("spec")))].append(s)
+        per[(label, group)].append(s)
+        per_label[(label, impaired)].append(s)
     for group, secs in (tcp or {}).items():
         per[("tcp", group)] = list(secs)
         per_label[("tcp", group != "none")] += secs
@@ -177,8 +216,12 @@ def extrapolate(runs: list[RunDir], plan, tcp: dict[str, list[float]] | None = N
     labs = len(plan.profiles) * len(plan.groups())
     points = len({(c.profile, c.point.name) for c in cases})
     other_per_case = budget["other_s"] / len(results) if results else 0.0
+    # a file a lab writes once (scp's payload, per client node and size): once per lab
+    prepared = [p for p in map(prepared_s, results) if p > 0]
+    sizes = {t.params.get("size_mb") for t in plan.tests if t.test == "scp"}
     parts = {
         "tests": tests_s,
+        "payloads": (statistics.fmean(prepared) if prepared else 0.0) * labs * len(sizes),
         "bring-up": (statistics.fmean(ups) if ups else 0.0) * labs,
         "teardown": (statistics.fmean(downs) if downs else 0.0) * labs,
         "impairment": (statistics.fmean(imps) if imps else 0.0) * points,
@@ -206,17 +249,21 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--tcp-bench", metavar="FILE", nargs="+",
                     help="bench/adaptive_tcp.py's JSON (several: their legs pooled)")  # fmt: skip
+    ap.add_argument("--replace", nargs="+", default=[], metavar="RUN_DIR",
+                    help="runs re-measured after a change: their cases replace the RUN_DIRs' "
+                    "cases of every (test label, point group) they hold")  # fmt: skip
     ap.add_argument("--before", action="store_true", help="--tcp-bench as the segments rule")
     ap.add_argument("--tcp-rel", type=float, metavar="PCT",
                     help="--tcp-bench's adaptive legs replayed at +-PCT (bench/adaptive_spread.py)")  # fmt: skip
     a = ap.parse_args()
-    if not a.runs and not (a.tcp_bench and a.plan):
+    if not a.runs and not a.replace and not (a.tcp_bench and a.plan):
         ap.error("give RUN_DIR, or --tcp-bench FILE with --plan PLAN")
     runs = [RunDir(Path(r)).check() for r in a.runs]
+    replace = [RunDir(Path(r)).check() for r in a.replace]
     if a.plan:
         plan = load_plan(a.plan, a.overrides)
     else:
-        run = runs[0]
+        run = (runs or replace)[0]
         plan = plan_from_json(run.plan_json(), source=str(run.path / "plan.json"))
     tcp = None
     if a.tcp_bench:
@@ -229,13 +276,13 @@ def main() -> None:
                 doc = replayed(doc, a.tcp_rel)
             for group, secs in tcp_bench_seconds(doc, plan, before=a.before).items():
                 tcp[group] += secs
-    x = extrapolate(runs, plan, tcp)
+    x = extrapolate(runs, plan, tcp, replace)
     if a.json:
         print(json.dumps(x, indent=2))
         return
     b = x["run_budget"]
-    names = ", ".join(str(r.path) for r in runs)
-    if runs:
+    names = ", ".join(str(r.path) for r in [*runs, *replace])
+    if runs or replace:
         print(f"run {names}: {x['run_cases']} cases, wall {b['wall_s']:.0f} s")
         for k in ("measurement_s", "setup_s", "teardown_s", "impairment_s", "other_s"):
             print(f"  {k[:-2]:<12} {b[k]:8.1f} s  {100 * b[k] / b['wall_s']:5.1f} %")
