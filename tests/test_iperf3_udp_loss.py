@@ -14,14 +14,13 @@ import pytest
 
 from lab.measure import TESTS, Context, iperf3
 from lab.measure.base import MeasurementFailed, invoke
-from lab.measure.iperf3 import client_argv, run_client
+from lab.measure.iperf3 import client_call, run_client
 from lab.measure.iperf3loss import UDP_SETUP_ATTEMPTS, setup_lost, udp_in_datagrams
 from tests.test_measure_commands import FakeNode, golden
 
 LOST = "iperf3_udp_setup_lost.json"  # iperf3 3.12's client, its set-up reply lost (study A)
 GOOD = "iperf3_udp_1m_256.json"
-UDP_ARGV = client_argv("198.18.0.2", 5201, duration=2, udp=True, rate_bps=1e6, length=256)
-TCP_ARGV = client_argv("198.18.0.2", 5201, duration=2)
+UDP_CALL = client_call("198.18.0.2", 5201, duration=2, udp=True, rate_bps=1e6, length=256)
 
 
 def run_udp(tmp_path, answers: list[str], **params):
@@ -37,14 +36,14 @@ def run_udp(tmp_path, answers: list[str], **params):
 
 def test_a_lost_setup_is_the_stream_read_error_before_any_interval():
     doc = json.loads(golden(LOST))
-    assert setup_lost(UDP_ARGV, doc)
-    assert not setup_lost(TCP_ARGV, doc)  # a TCP stream is set up by TCP, which retransmits
+    assert setup_lost(True, doc)
+    assert not setup_lost(False, doc)  # a TCP stream is set up by TCP, which retransmits
     # the same error once data flowed is a failure of the run, not of its set-up
     ran = json.loads(golden(GOOD))
-    assert not setup_lost(UDP_ARGV, {**ran, "error": doc["error"]})
-    assert not setup_lost(UDP_ARGV, json.loads(golden("iperf3_connection_refused.json")))
-    assert not setup_lost(UDP_ARGV, {**doc, "error": "unable to write to stream socket: x"})
-    assert not setup_lost(UDP_ARGV, ran)
+    assert not setup_lost(True, {**ran, "error": doc["error"]})
+    assert not setup_lost(True, json.loads(golden("iperf3_connection_refused.json")))
+    assert not setup_lost(True, {**doc, "error": "unable to write to stream socket: x"})
+    assert not setup_lost(True, ran)
 
 
 # --- bounded retry --------------------------------------------------------------------------
@@ -160,7 +159,7 @@ def kill_message(tmp_path, monkeypatch, counts) -> str:
     client, server = SlowClient("client"), SlowClient("server", counts=counts)
     ctx = Context(client, server, "198.18.0.2", tmp_path / "raw", timeout_s=0.2)
     with pytest.raises(MeasurementFailed) as e:
-        run_client(ctx, UDP_ARGV, port=5201, expected_s=0.2, label="iperf3-udp", files=[])
+        run_client(ctx, UDP_CALL, expected_s=0.2, label="iperf3-udp", files=[])
     return str(e.value)
 
 
@@ -173,9 +172,10 @@ def test_the_setup_watch_looks_for_the_stream_sockets_at_the_port_it_is_given(
     monkeypatch.setattr(iperf3, "DRAIN_FACTOR", 1.0)
     client, server = SlowClient("client"), SlowClient("server", counts=[500])
     ctx = Context(client, server, "198.18.0.2", tmp_path / "raw", timeout_s=0.2)
-    argv = client_argv("198.18.0.2", 5300, duration=1, udp=True, rate_bps=1e6, length=256)
+    call = client_call("198.18.0.2", 5300, duration=1, udp=True, rate_bps=1e6, length=256)
+    assert (call.port, call.udp, call.reverse) == (5300, True, False)
     with pytest.raises(MeasurementFailed, match="timed out"):
-        run_client(ctx, argv, port=5300, expected_s=1.0, label="iperf3-udp", files=[])
+        run_client(ctx, call, expected_s=1.0, label="iperf3-udp", files=[])
     asked = [a for a in client.ran if a[0] == "ss"]
     assert asked and all(a == ["ss", "-Hun", "dport = :5300"] for a in asked)
 

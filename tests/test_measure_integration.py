@@ -306,12 +306,12 @@ def test_contention_wraps_and_stops_hog(pair, tmp_path):
 
 def test_tcp_unreachable_port_is_failed_record(pair, tmp_path):
     """Connect to a port nobody listens on: the server-side bind still works, the client fails."""
-    from lab.measure.iperf3 import client_argv, run_client
+    from lab.measure.iperf3 import client_call, run_client
 
     ctx = ctx_for(pair, tmp_path)
     files: list[Path] = []
-    argv = client_argv(S4, 5999, duration=1)
-    text = run_client(ctx, argv, port=5999, expected_s=1, label="x", files=files)
+    call = client_call(S4, 5999, duration=1)
+    text = run_client(ctx, call, expected_s=1, label="x", files=files)
     assert "Connection refused" in text and files
 
 

@@ -34,6 +34,7 @@ lab.campaign.load), before anything is built.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -53,7 +54,7 @@ from lab.measure.base import (
 from lab.measure.iperf3 import (
     DEFAULT_PORT,
     IPERF3,
-    client_argv,
+    client_call,
     flow_start,
     iperf3_server,
     parse_iperf3_tcp,
@@ -384,16 +385,15 @@ class HandshakeTest(Test):
     # ------------------------------------------------------------------ rekey under a flow
     def _rekey(self, ctx: Context, params: Mapping[str, Any], files: list[Path]) -> dict:
         port, duration = params["port"], params["duration_s"]
-        argv = client_argv(ctx.server_addr, port, duration=duration, server_output=True)
-        argv = with_interval(argv, params["interval_s"])
+        call = client_call(ctx.server_addr, port, duration=duration, server_output=True)
+        call = replace(call, argv=with_interval(call.argv, params["interval_s"]))
         got: dict[str, Any] = {}
 
         def client() -> None:
             try:
                 got["text"] = run_client(
                     ctx,
-                    argv,
-                    port=port,
+                    call,
                     label="iperf3-tcp-rekey",
                     files=files,
                     expected_s=duration,

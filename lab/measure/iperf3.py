@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,11 +200,33 @@ def client_argv(
     return argv
 
 
+@dataclass(frozen=True)
+class ClientCall:
+    """One iperf3 client invocation: its argv and what running it needs to know of it (kept
+    beside the argv, never read back from it)."""
+
+    argv: list[str]
+    #: the server's port the client connects to, where a UDP run's set-up watch looks
+    port: int
+    udp: bool = False
+    #: -R: the server sends, the client's node receives
+    reverse: bool = False
+
+
+def client_call(addr: str, port: int, **kw: Any) -> ClientCall:
+    """client_argv's invocation with what run_client needs (same keywords)."""
+    return ClientCall(
+        client_argv(addr, port, **kw),
+        port,
+        udp=bool(kw.get("udp")),
+        reverse=bool(kw.get("reverse")),
+    )
+
+
 def run_client(
     ctx: Context,
-    argv: list[str],
+    call: ClientCall,
     *,
-    port: int,
     expected_s: float,
     label: str,
     files: list[Path],
@@ -213,16 +236,17 @@ def run_client(
     """Run the client and return its JSON text; retry while the server is still busy, and a
     UDP run whose stream set-up was lost (setup_lost) up to UDP_SETUP_ATTEMPTS times.
 
-    `port`: the server's port `argv` connects to (the one given to client_argv), where a UDP
-    run's set-up watch (iperf3loss.SetupWatch) looks for the client's stream sockets.
+    `call` (client_call()): the argv, and its port, protocol and direction: a UDP run's set-up
+    watch (iperf3loss.SetupWatch) looks for the client's stream sockets at the port and for
+    datagrams at the receiving node.
 
     Appends every attempt's raw files to `files`, and the JSON file of every lost set-up that
     was tried again to `lost_setups` (its length is the record's `setup_retries`). Raises
     MeasurementFailed on a time-out or when there is no JSON; an iperf3 error document is left
     to the parser to report (a set-up lost in every attempt says so).
     """
-    udp = "-u" in argv
-    receiver = ctx.client if "-R" in argv else ctx.server
+    argv, udp = call.argv, call.udp
+    receiver = ctx.client if call.reverse else ctx.server
     # a lost set-up ends the client UDP_SETUP_WAIT_S after it starts, whatever -t is: that
     # error must come before the lab's time-out, or it is not told from a hang
     base_s = max(expected_s, UDP_SETUP_WAIT_S) if udp else expected_s
@@ -237,7 +261,7 @@ def run_client(
             timeout=base_s + ctx.timeout_s,
             progress=UdpReceiving(receiver) if udp else None,
             max_timeout=base_s + expected_s * DRAIN_FACTOR + ctx.timeout_s,
-            stall=SetupWatch(ctx.client, receiver, port) if udp else None,
+            stall=SetupWatch(ctx.client, receiver, call.port) if udp else None,
         )
         files += inv.raw_files
         if inv.timed_out:
@@ -262,7 +286,7 @@ def run_client(
             time.sleep(0.5 * busy)
             continue
         # a lost set-up: told early (iperf3loss.SetupWatch) or by iperf3 after its 30 s
-        if inv.stalled or setup_lost(argv, doc):
+        if inv.stalled or setup_lost(udp, doc):
             lost += 1
             if lost < UDP_SETUP_ATTEMPTS:
                 if lost_setups is not None:

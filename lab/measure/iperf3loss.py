@@ -47,15 +47,11 @@ DRAIN_MIN_DATAGRAMS = 10
 SETUP_STALL_S = 6.0
 
 
-def setup_lost(argv: list[str], doc: dict[str, Any]) -> bool:
-    """A UDP run (-u in argv) whose stream set-up datagram or the server's reply was lost: the
+def setup_lost(udp: bool, doc: dict[str, Any]) -> bool:
+    """A UDP run (`udp`) whose stream set-up datagram or the server's reply was lost: the
     client's error is iperf3's IESTREAMREAD and it measured no interval. Any other failure is
     not this one (a read error once data flowed, a refused connection, a time-out)."""
-    return (
-        "-u" in argv
-        and str(doc.get("error", "")).startswith(SETUP_LOST)
-        and not doc.get("intervals")
-    )
+    return udp and str(doc.get("error", "")).startswith(SETUP_LOST) and not doc.get("intervals")
 
 
 def lost_in_all(error: str | None, receiver: str) -> str:

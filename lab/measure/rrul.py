@@ -50,7 +50,7 @@ from lab.measure.base import (
 from lab.measure.iperf3 import (
     DEFAULT_PORT,
     IPERF3,
-    client_argv,
+    client_call,
     flow_start,
     iperf3_server,
     parse_iperf3_tcp,
@@ -398,13 +398,13 @@ class RrulTest(Test):
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The flows and, meanwhile, the loaded ping: (its parse_ping(), flows_of())."""
         port, duration, n = params["port"], params["duration_s"], params["flows"]
-        argv = client_argv(ctx.server_addr, port, duration=duration, streams=n, bidir=True)
+        call = client_call(ctx.server_addr, port, duration=duration, streams=n, bidir=True)
         got: dict[str, Any] = {}
 
         def client() -> None:
             try:
                 got["text"] = run_client(
-                    ctx, argv, port=port, label="iperf3-rrul", files=files, expected_s=duration
+                    ctx, call, label="iperf3-rrul", files=files, expected_s=duration
                 )
             except MeasurementFailed as e:
                 got["error"] = e

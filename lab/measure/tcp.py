@@ -19,7 +19,8 @@ from lab.measure.iperf3 import (
     DEFAULT_PORT,
     IPERF3_METRICS,
     check_bidir,
-    client_argv,
+    ClientCall,
+    client_call,
     iperf3_server,
     parse_iperf3_tcp,
     records_of,
@@ -113,8 +114,8 @@ class TcpTest(Test):
         return params["duration_s"] + params["omit_s"] + 0.5
 
     def run(self, ctx: Context, params: Mapping[str, Any]) -> list[Record]:
-        def argv_of(duration: float) -> list[str]:
-            return client_argv(
+        def call_of(duration: float) -> ClientCall:
+            return client_call(
                 ctx.server_addr,
                 params["port"],
                 duration=duration,
@@ -127,11 +128,9 @@ class TcpTest(Test):
             )
 
         def run_one(duration: float) -> dict[str, Any]:
-            argv = argv_of(duration)
             text = run_client(
                 ctx,
-                argv,
-                port=params["port"],
+                call_of(duration),
                 label="iperf3-tcp",
                 files=files,
                 expected_s=duration + params["omit_s"],
@@ -150,7 +149,7 @@ class TcpTest(Test):
                     # one connection, stopped as it streams (lab/measure/tcpstream.py)
                     metrics, info = run_streaming(
                         ctx,
-                        argv_of(params["duration_s"]),
+                        call_of(params["duration_s"]).argv,
                         port=params["port"],
                         reverse=reverse,
                         rule=rule_of(params),

@@ -23,7 +23,7 @@ from lab.measure.iperf3 import (
     DEFAULT_PORT,
     IPERF3_METRICS,
     check_bidir,
-    client_argv,
+    client_call,
     iperf3_server,
     parse_iperf3_udp,
     records_of,
@@ -77,7 +77,7 @@ def _one(
     streams, bidir = params.get("streams", 1), bool(params.get("bidir"))
 
     def run_one(duration: float) -> dict[str, Any]:
-        argv = client_argv(
+        call = client_call(
             ctx.server_addr,
             params["port"],
             duration=duration,
@@ -92,8 +92,7 @@ def _one(
         )
         text = run_client(
             ctx,
-            argv,
-            port=params["port"],
+            call,
             label=label,
             files=files,
             expected_s=duration,
