@@ -11,7 +11,8 @@ import pytest
 from lab.campaign.load import load_plan
 from lab.core.errors import ConfigError
 from lab.measure import TESTS
-from lab.measure.iperf3 import client_argv, parse_iperf3_tcp, parse_iperf3_udp, records_of
+from lab.measure.iperf3 import client_argv
+from lab.measure.iperf3json import parse_iperf3_tcp, parse_iperf3_udp, records_of
 from lab.results.doc import Doc
 from lab.results.expect import parse_expectations
 from lab.results.verdicts import judge

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lab.measure.base import MeasurementFailed
-from lab.measure.iperf3 import parse_iperf3_tcp, parse_iperf3_udp
+from lab.measure.iperf3json import parse_iperf3_tcp, parse_iperf3_udp
 from lab.measure.mtu import parse_ip_link_mtu
 from lab.measure.ping import parse_ping
 from lab.measure.rr import parse_rr

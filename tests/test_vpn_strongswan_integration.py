@@ -24,7 +24,7 @@ from lab.substrate.local import build as labmod
 from lab.core import proc
 from lab.core.errors import StartupError
 from lab.measure.base import wait_listening
-from lab.measure.iperf3 import parse_iperf3_tcp
+from lab.measure.iperf3json import parse_iperf3_tcp
 from lab.core.teardown import teardown
 from lab.model.topology import load_topology
 from lab.vpn.drivers import strongswan as sw

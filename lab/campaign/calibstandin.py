@@ -33,7 +33,7 @@ from pathlib import Path
 
 from lab import REPO
 from lab.core.teardown import teardown
-from lab.measure.iperf3 import parse_iperf3_udp
+from lab.measure.iperf3json import parse_iperf3_udp
 from lab.model.cpuprofile import MASK_VARS, CpuProfile
 from lab.model.topology import load_topology
 from lab.substrate.local.build import up

@@ -57,9 +57,9 @@ from lab.measure.iperf3 import (
     client_call,
     flow_start,
     iperf3_server,
-    parse_iperf3_tcp,
     run_client,
 )
+from lab.measure.iperf3json import parse_iperf3_tcp
 from lab.model.params import Param
 
 #: an interval within this share of the median before the rekey counts as recovered

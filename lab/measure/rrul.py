@@ -53,10 +53,9 @@ from lab.measure.iperf3 import (
     client_call,
     flow_start,
     iperf3_server,
-    parse_iperf3_tcp,
-    records_of,
     run_client,
 )
+from lab.measure.iperf3json import parse_iperf3_tcp, records_of
 from lab.measure.ping import parse_ping, ping_argv
 from lab.model.params import Param
 

@@ -22,10 +22,9 @@ from lab.measure.iperf3 import (
     ClientCall,
     client_call,
     iperf3_server,
-    parse_iperf3_tcp,
-    records_of,
     run_client,
 )
+from lab.measure.iperf3json import parse_iperf3_tcp, records_of
 
 DIRECTIONS = ("client-to-server", "server-to-client")
 

@@ -86,7 +86,7 @@ from lab.core.errors import LabError
 from lab.core.node import Node
 from lab.measure.adaptive import adaptive_block, receiver_rates
 from lab.measure.base import Context, MeasurementFailed, collected, describe_failure
-from lab.measure.iperf3 import common_fields, parse_iperf3_tcp
+from lab.measure.iperf3json import common_fields, parse_iperf3_tcp
 from lab.measure.tcpsender import (
     Cycles,
     Timeouts,
@@ -225,7 +225,7 @@ def _rate(ivs: list[dict[str, Any]]) -> tuple[float | None, int, float]:
 
 
 def _rows(ivs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Whole intervals as the record's `intervals` rows (lab.measure.iperf3._intervals)."""
+    """Whole intervals as the record's `intervals` rows (lab.measure.iperf3json._intervals)."""
     out = []
     for s in ivs:
         row = {"start": s["start"], "end": s["end"], "bps": s["bits_per_second"]}

@@ -25,10 +25,9 @@ from lab.measure.iperf3 import (
     check_bidir,
     client_call,
     iperf3_server,
-    parse_iperf3_udp,
-    records_of,
     run_client,
 )
+from lab.measure.iperf3json import parse_iperf3_udp, records_of
 from lab.measure.tcp import DIRECTIONS
 
 MBIT = 1_000_000

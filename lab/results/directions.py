@@ -1,5 +1,5 @@
 """Which direction a result is about. A tcp or udp test with `bidir = true` returns one record per
-direction (lab.measure.iperf3), so its results.csv rows have `point` 0 client-to-server and 1
+direction (lab.measure.iperf3json), so its results.csv rows have `point` 0 client-to-server and 1
 server-to-client: the report titles its tables, and `lab check` names its verdicts, by that
 direction, and an `[[expect]]` table's `direction` picks one. Pure."""
 
