@@ -127,6 +127,8 @@ LOG = """\
 04:20:10 12[ESP] libipsec outbound queue (limit 1000): 52311 packets dropped
 04:20:11 07[ESP] libipsec outbound queue (limit 1000): 60002 packets dropped
 04:20:11 08[ESP] libipsec inbound queue (limit 1256): 17 packets dropped
+04:20:11 09[ESP] libipsec encrypted queue (limit 1000): 4 packets dropped
+04:20:12 09[ESP] libipsec encrypted queue (limit 1000): 9975 packets dropped
 """
 
 
@@ -154,8 +156,8 @@ def test_the_record_says_why_a_charon_ran_unbounded(tmp_path, monkeypatch):
 
 
 def test_drops_are_the_last_running_total_per_direction():
-    assert libipsec.drops(LOG) == {"inbound": 17, "outbound": 60002}
-    assert libipsec.drops("nothing dropped\n") == {"inbound": 0, "outbound": 0}
+    assert libipsec.drops(LOG) == {"inbound": 17, "outbound": 60002, "encrypted": 9975}
+    assert libipsec.drops("nothing dropped\n") == {"inbound": 0, "outbound": 0, "encrypted": 0}
 
 
 def test_status_words_say_whether_libipsec_was_bounded():

@@ -4,7 +4,10 @@ strongSwan's libipsec (charon's userspace ESP, the stand-in for a board's XFRM E
 packets it reads from its TUN device (outbound, before encryption) and from its UDP socket
 (inbound, before decryption) without any limit: above the tunnel's rate the stand-in builds a
 backlog of GBs and delivers it for seconds after the sender stopped, where the board's kernel
-drops at its queues. tools/libipsec/build.sh (run by setup.sh) builds libipsec from the
+drops at its queues. Its encrypted packets then wait in charon's sender (libcharon's
+network/sender.c, a list without a limit that one thread sends from): the patch holds those to the
+outbound limit too, counted from the hand-over until the sender destroys them (`encrypted` in
+DROPS_RE), since a board's ESP has only its egress device's queue there. tools/libipsec/build.sh (run by setup.sh) builds libipsec from the
 installed strongSwan's upstream source with tools/libipsec/queue-limit.patch into LIBRARY_DIR.
 With it, each queue drops beyond `charon.plugins.kernel-libipsec.queue_limit_in` / `_out`
 packets (strongswan.conf; 0 or absent: upstream's unbounded queue) and logs its running total of
@@ -42,7 +45,9 @@ KEY_IN = "queue_limit_in"
 KEY_OUT = "queue_limit_out"
 #: the patched library's lines in charon's log (DBG1, ESP group)
 LIMITS_RE = re.compile(r"libipsec queue limits \(lab patch\): inbound (\d+), outbound (\d+)")
-DROPS_RE = re.compile(r"libipsec (inbound|outbound) queue \(limit (\d+)\): (\d+) packets dropped")
+DROPS_RE = re.compile(
+    r"libipsec (inbound|outbound|encrypted) queue \(limit (\d+)\): (\d+) packets dropped"
+)
 
 
 def limits(node: Node | None) -> dict[str, int] | None:
@@ -99,9 +104,11 @@ def record(node: Node, mapped: str | None, log_text: str) -> dict:
 
 
 def drops(log_text: str) -> dict[str, int]:
-    """{"inbound": n, "outbound": n}: packets the patched libipsec dropped at its full queues,
-    the last running total charon logged per direction (0 where it logged none)."""
-    out = {"inbound": 0, "outbound": 0}
+    """{"inbound": n, "outbound": n, "encrypted": n}: packets the patched libipsec dropped at
+    its full queues (encrypted: beyond the outbound limit of encrypted packets waiting in
+    charon's sender), the last running total charon logged per queue (0 where it logged
+    none)."""
+    out = {"inbound": 0, "outbound": 0, "encrypted": 0}
     for m in DROPS_RE.finditer(log_text):
         out[m.group(1)] = int(m.group(3))
     return out
