@@ -151,17 +151,18 @@ def extrapolate(
 ) -> dict:
     """`replace`: runs re-measured after a change, whose cases replace the other runs' cases of
     every (label, point group) they hold."""
-    newer = _cases([r for run in replace for r in run.load_results()])
-    redone = {(label, group) for label, group, _, _ in newer}
-    runs = [*runs, *replace]
-    results = [r for run in runs for r in run.load_results()]
-    timeline = [e for run in runs for e in run.load_timeline()]
+    older = [r for run in runs for r in run.load_results()]
+    newer = [r for run in replace for r in run.load_results()]
+    results = older + newer
+    timeline = [e for run in [*runs, *replace] for e in run.load_timeline()]
     budget = time_budget(results, timeline)
     per: dict[tuple[str, str], list[float]] = defaultdict(list)
     # stand-ins: per label and whether the point was impaired
     per_label: dict[tuple[str, bool], list[float]] = defaultdict(list)
-    older = [c for run in runs[: len(runs) - len(replace)] for c in _cases(run.load_results())]
-    for label, group, impaired, s in [c for c in older if c[:2] not in redone] + newer:
+    remeasured = _cases(newer)
+    redone = {c[:2] for c in remeasured}
+    kept = [c for c in _cases(older) if c[:2] not in redone]
+    for label, group, impaired, s in kept + remeasured:
         if tcp is not None and label == "tcp":
             continue
         per[(label, group)].append(s)

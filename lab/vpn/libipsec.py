@@ -5,9 +5,10 @@ packets it reads from its TUN device (outbound, before encryption) and from its 
 (inbound, before decryption) without any limit: above the tunnel's rate the stand-in builds a
 backlog of GBs and delivers it for seconds after the sender stopped, where the board's kernel
 drops at its queues. Its encrypted packets then wait in charon's sender (libcharon's
-network/sender.c, a list without a limit that one thread sends from): the patch holds those to the
-outbound limit too, counted from the hand-over until the sender destroys them (`encrypted` in
-DROPS_RE), since a board's ESP has only its egress device's queue there. tools/libipsec/build.sh (run by setup.sh) builds libipsec from the
+network/sender.c, a list without a limit that one thread sends from): the patch holds those to
+the outbound limit too, counted from the hand-over until the sender destroys them (`encrypted`
+in DROPS_RE), since a board's ESP has only its egress device's queue there.
+tools/libipsec/build.sh (run by setup.sh) builds libipsec from the
 installed strongSwan's upstream source with tools/libipsec/queue-limit.patch into LIBRARY_DIR.
 With it, each queue drops beyond `charon.plugins.kernel-libipsec.queue_limit_in` / `_out`
 packets (strongswan.conf; 0 or absent: upstream's unbounded queue) and logs its running total of
