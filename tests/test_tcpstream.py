@@ -17,6 +17,7 @@ from lab.core.errors import LabError
 
 from lab.measure import tcpsender, tcpstream
 from lab.measure.base import Context, MeasurementFailed
+from lab.measure.iperf3 import ClientCall
 from lab.measure.tcpstream import (
     LiveSeries,
     bytes_received,
@@ -205,7 +206,7 @@ def test_a_steady_stream_is_stopped_with_sigint_once_the_rule_holds(fakes):
     argv = ["iperf3", "-c", "10.0.0.2", "-J", "-t", "300"]
     files: list = []
     metrics, info = tcpstream.run_streaming(
-        ctx, argv, port=5201, reverse=False, rule=Rule(min_s=4), cap_s=300.0, omit_s=0.0,
+        ctx, ClientCall(argv, 5201, reverse=False), rule=Rule(min_s=4), cap_s=300.0, omit_s=0.0,
         read_server_log=lambda: SERVER, files=files,
     )  # fmt: skip
     # the client is asked for its sending socket's state and its namespace's TCP counters
@@ -233,7 +234,7 @@ def test_reverse_reads_the_clients_sockets(fakes):
     ctx, client, server = fakes
     client.rate, server.rate = 100e6, None
     tcpstream.run_streaming(
-        ctx, ["iperf3", "-R"], port=5202, reverse=True, rule=Rule(min_s=4), cap_s=300.0,
+        ctx, ClientCall(["iperf3", "-R"], 5202, reverse=True), rule=Rule(min_s=4), cap_s=300.0,
         omit_s=0.0, read_server_log=lambda: SERVER, files=[],
     )  # fmt: skip
     assert client.calls[1:] == [ss_argv(5202, local=False)] * 5
@@ -247,8 +248,8 @@ def test_a_stream_the_rule_does_not_settle_runs_to_its_end_and_is_parsed_as_ever
     client.iperf3 = {"ends_at": 10.5, "final": done}
     server.rate = lambda t: 10e6 if int(t) % 6 < 3 else 100e6  # +-80 % swings
     metrics, info = tcpstream.run_streaming(
-        ctx, ["iperf3"], port=5201, reverse=False, rule=Rule(min_s=4), cap_s=10.0, omit_s=0.0,
-        read_server_log=lambda: pytest.fail("the server's log is read only after a stop"),
+        ctx, ClientCall(["iperf3"], 5201, reverse=False), rule=Rule(min_s=4), cap_s=10.0,
+        omit_s=0.0, read_server_log=lambda: pytest.fail("the server's log is read only after a stop"),
         files=[],
     )  # fmt: skip
     assert client.procs[0].signals == []
@@ -272,7 +273,7 @@ def test_a_reading_that_cannot_be_taken_is_no_sample_not_a_crash(fakes):
 
     server.run = flaky
     metrics, info = tcpstream.run_streaming(
-        ctx, ["iperf3", "-c", "10.0.0.2"], port=5201, reverse=False, rule=Rule(min_s=4),
+        ctx, ClientCall(["iperf3", "-c", "10.0.0.2"], 5201, reverse=False), rule=Rule(min_s=4),
         cap_s=300.0, omit_s=0.0, read_server_log=lambda: SERVER, files=[],
     )  # fmt: skip
     assert info["reason"] == "ci" and client.procs[0].signals == [signal.SIGINT]
@@ -369,7 +370,7 @@ def test_a_stream_whose_window_is_still_opening_runs_on_to_three_whole_cycles(fa
 
     client.sender = sender
     metrics, info = tcpstream.run_streaming(
-        ctx, ["iperf3"], port=5201, reverse=False, rule=Rule(min_s=4), cap_s=300.0,
+        ctx, ClientCall(["iperf3"], 5201, reverse=False), rule=Rule(min_s=4), cap_s=300.0,
         omit_s=0.0, read_server_log=lambda: SERVER, files=[],
     )  # fmt: skip
     assert client.procs[0].signals == [signal.SIGINT]
@@ -392,7 +393,7 @@ def test_a_stream_that_never_completes_a_cycle_runs_to_the_cap(fakes):
     client.iperf3 = {"ends_at": 10.5, "final": done}
     client.sender = lambda t: ("cubic", int(100 + 30 * t), None)
     metrics, info = tcpstream.run_streaming(
-        ctx, ["iperf3"], port=5201, reverse=False, rule=Rule(min_s=4), cap_s=10.0,
+        ctx, ClientCall(["iperf3"], 5201, reverse=False), rule=Rule(min_s=4), cap_s=10.0,
         omit_s=0.0, read_server_log=lambda: pytest.fail("no stop, no server log"), files=[],
     )  # fmt: skip
     assert client.procs[0].signals == []
@@ -467,7 +468,7 @@ def test_a_streams_timeouts_are_counted_in_the_seconds_the_rule_kept(fakes):
     server.rate = lambda t: cumulative(t) / t if t else 0.0
     client.timeouts = lambda t: 5 if t < 12 else 6
     metrics, info = tcpstream.run_streaming(
-        ctx, ["iperf3"], port=5201, reverse=False, rule=Rule(min_s=12, rel_half_width=0.2),
+        ctx, ClientCall(["iperf3"], 5201, reverse=False), rule=Rule(min_s=12, rel_half_width=0.2),
         cap_s=300.0, omit_s=0.0, read_server_log=lambda: SERVER, files=[],
     )  # fmt: skip
     why = info["stopped_early_because"]

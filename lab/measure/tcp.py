@@ -148,9 +148,7 @@ class TcpTest(Test):
                     # one connection, stopped as it streams (lab/measure/tcpstream.py)
                     metrics, info = run_streaming(
                         ctx,
-                        call_of(params["duration_s"]).argv,
-                        port=params["port"],
-                        reverse=reverse,
+                        call_of(params["duration_s"]),
                         rule=rule_of(params),
                         cap_s=params["duration_s"],
                         omit_s=params["omit_s"],

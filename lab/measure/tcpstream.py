@@ -86,6 +86,7 @@ from lab.core.errors import LabError
 from lab.core.node import Node
 from lab.measure.adaptive import adaptive_block, receiver_rates
 from lab.measure.base import Context, MeasurementFailed, collected, describe_failure
+from lab.measure.iperf3 import ClientCall
 from lab.measure.iperf3json import common_fields, parse_iperf3_tcp
 from lab.measure.tcpsender import (
     Cycles,
@@ -311,10 +312,8 @@ def streams_here(receiver: Node) -> bool:
 
 def run_streaming(
     ctx: Context,
-    argv: list[str],
+    call: ClientCall,
     *,
-    port: int,
-    reverse: bool,
     rule: Rule,
     cap_s: float,
     omit_s: float,
@@ -322,8 +321,10 @@ def run_streaming(
     files: list,
     label: str = "iperf3-tcp",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run the client (argv asks -t cap_s), sampling the receiver's bytes every second; SIGINT
-    it when the rule holds. Returns (metrics, adaptive) like run_segments."""
+    """Run the client (call's argv asks -t cap_s), sampling the receiver's bytes at call's port
+    every second; SIGINT it when the rule holds. Returns (metrics, adaptive) like
+    run_segments."""
+    argv, port, reverse = call.argv, call.port, call.reverse
     receiver, sender = (ctx.client, ctx.server) if reverse else (ctx.server, ctx.client)
     # a reading that cannot be taken (a board's lost session, ss failing) is no sample
     read_received = socket_reader(receiver, ss_argv(port, local=not reverse), bytes_received)
