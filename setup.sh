@@ -55,6 +55,8 @@ APT_PACKAGES=(
   qemu-system-arm
   # bench/kernel_dataplane.py: UnixBench's syscall and pipe loops assembled for the ARM guest
   binutils-arm-linux-gnueabihf
+  # bench/kernel_ipc.py: the board kernel's crypto loops on LLVM's Cortex-A72 model (llvm-mca)
+  llvm-14
   # nodes of another architecture (arch="arm64"): the board's binaries under qemu-user, called
   # explicitly (no binfmt_misc needed)
   qemu-user-static
