@@ -208,6 +208,23 @@ def test_stale_calibration_is_not_used(profdir, tmp_path, over, why):
     assert why in p.uncalibrated_reason and "lab calibrate board" in p.uncalibrated_reason
 
 
+def test_a_board_kernel_figure_is_not_in_the_fingerprint(profdir, tmp_path):
+    """Calibration runs no kernel-* reference: editing one keeps the calibration, editing a
+    measured reference makes it stale."""
+    kernel = '[reference.kernel-gcm-aes-128]\nmbps = 44.3\nsource = "x"\n'
+    (profdir / "board.toml").write_text(GOOD + kernel)
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "cal" / "board.json").write_text(
+        json.dumps(_calibration(load_cpu_profile("board")))
+    )
+    (profdir / "board.toml").write_text(GOOD + kernel.replace("44.3", "45.7"))
+    p = load_cpu_profile("board")
+    assert p.calibrated and p.references["kernel-gcm-aes-128"].mbps == 45.7
+    (profdir / "board.toml").write_text(GOOD.replace("mbps = 70", "mbps = 71") + kernel)
+    p = load_cpu_profile("board")
+    assert not p.calibrated and "references or masks changed" in p.uncalibrated_reason
+
+
 # ---------------------------------------------------------------- fitting
 
 

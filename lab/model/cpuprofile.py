@@ -197,10 +197,18 @@ class CpuProfile:
         return None if not self.capped else self.emulated_cores * self.core_share
 
     def fingerprint(self) -> str:
-        """Hash of what a calibration depends on: references and masks. Editing either
-        makes an existing calibration stale."""
+        """Hash of what a calibration depends on: the references it measures or fits, and the
+        masks. Editing either makes an existing calibration stale. The board kernel's figures
+        (tool "kernel") are left out: `lab calibrate` runs none of them, and a lab prices its
+        stand-ins with the profile's figure when it comes up (lab.model.boardkernel.plan), as it
+        does with the board's packet paths, so editing one needs no new calibration."""
+        measured = {
+            k: r
+            for k, r in self.references.items()
+            if PRIMITIVES.get(k, {}).get("tool") != "kernel"
+        }
         data = {
-            "references": {k: [r.mbps, r.weight] for k, r in sorted(self.references.items())},
+            "references": {k: [r.mbps, r.weight] for k, r in sorted(measured.items())},
             "env": dict(sorted(self.env.items())),
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
