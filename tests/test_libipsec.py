@@ -66,6 +66,7 @@ def test_a_board_nodes_strongswan_conf_holds_its_queue_limits_in_the_plugins_sec
     section = _section(confs["client"])
     assert re.search(r"^\s*queue_limit_in = 1256$", section, re.MULTILINE)
     assert re.search(r"^\s*queue_limit_out = 1000$", section, re.MULTILINE)
+    assert re.search(r"^\s*queue_full = wait$", section, re.MULTILINE)
     # the server runs at this host's speed (cpu="host"): upstream's unbounded queues
     assert "queue_limit" not in confs["server"]
 
@@ -123,7 +124,7 @@ def test_no_library_built_says_how_to_build_it(tmp_path, monkeypatch):
 
 
 LOG = """\
-04:20:01 00[ESP] libipsec queue limits (lab patch): inbound 1256, outbound 1000 packets (0: none)
+04:20:01 00[ESP] libipsec queue limits (lab patch): inbound 1256, outbound 1000 packets (0: none), full queues drop
 04:20:09 12[ESP] libipsec outbound queue (limit 1000): 1 packets dropped
 04:20:10 12[ESP] libipsec outbound queue (limit 1000): 52311 packets dropped
 04:20:11 07[ESP] libipsec outbound queue (limit 1000): 60002 packets dropped
@@ -136,7 +137,9 @@ LOG = """\
 def test_the_record_says_bounded_with_the_limits_the_library_itself_logged(built):
     rec = libipsec.record(_node("a", GCM_QUEUE), str(libipsec.LIBRARY), LOG)
     assert rec["bounded"] is True
-    assert (rec["limit_in"], rec["limit_out"]) == (1256, 1000)
+    assert (rec["limit_in"], rec["limit_out"], rec["full"]) == (1256, 1000, "drop")
+    waiting = LOG.replace("full queues drop", "full queues wait")
+    assert libipsec.record(_node("a", GCM_QUEUE), "/x/libipsec.so.0", waiting)["full"] == "wait"
     assert rec["library"] == str(libipsec.LIBRARY)
 
 
@@ -159,16 +162,27 @@ def test_the_record_says_why_a_charon_ran_unbounded(tmp_path, monkeypatch):
 def test_drops_are_the_last_running_total_per_direction():
     assert libipsec.drops(LOG) == {"inbound": 17, "outbound": 60002, "encrypted": 9975}
     assert libipsec.drops("nothing dropped\n") == {"inbound": 0, "outbound": 0, "encrypted": 0}
+    assert libipsec.waits(LOG) == {"inbound": 0, "outbound": 0, "encrypted": 0}
+
+
+def test_waits_are_counted_apart_from_drops():
+    log = (
+        "libipsec outbound queue (limit 1000): 12 packets waited\n"
+        "libipsec outbound queue (limit 1000): 4410 packets waited\n"
+        "libipsec encrypted queue (limit 1000): 7 packets waited\n"
+    )
+    assert libipsec.waits(log) == {"inbound": 0, "outbound": 4410, "encrypted": 7}
+    assert libipsec.drops(log) == {"inbound": 0, "outbound": 0, "encrypted": 0}
 
 
 def test_status_words_say_whether_libipsec_was_bounded():
     bounded = {
         "daemon": "charon",
-        "libipsec": {"bounded": True, "limit_in": 256, "limit_out": 1000},
+        "libipsec": {"bounded": True, "limit_in": 256, "limit_out": 1000, "full": "wait"},
     }
     free = {"daemon": "charon", "libipsec": {"bounded": False, "why": "not built"}}
     words = queue_words({"client": bounded, "server": free})
-    assert "client charon: libipsec queues in 256 / out 1000" in words
+    assert "client charon: libipsec queues in 256 / out 1000 (full: wait)" in words
     assert "server charon: libipsec unbounded (not built)" in words
 
 
@@ -196,7 +210,10 @@ def test_a_flood_through_bounded_libipsec_stops_arriving_with_its_sender(lab_id,
     """Two pi4 nodes, IPsec over kernel-libipsec: iperf3 sends UDP of 1300 B at study A's 400
     Mbit/s for 10 s, above the capped tunnel's rate. With every queue bounded (libipsec's inbound
     and outbound queues, and the encrypted packets handed to charon's sender) the server receives
-    for the client's 5 s and the client ends then, and charon counted drops at its full queues.
+    for the client's 10 s and the client ends then. The bounds hold their producers
+    (queue_full = wait): charon dropped nothing itself, its TUN reader waited, and the packets
+    were dropped in front of it, at the client's TUN device (its tx drops), as a board drops
+    before doing any work on them.
     Unbounded, the backlog is delivered for seconds after the sender stopped: ahead of it in
     AES-GCM's outbound queue; behind ChaCha20's encryption, in charon's sender. Checked by hand
     against the library of s18's patch (in and out bounded, the sender not): ChaCha20's server
@@ -224,7 +241,8 @@ def test_a_flood_through_bounded_libipsec_stops_arriving_with_its_sender(lab_id,
             pytest.skip("pi4 not applied here (no per-core groups): no board queue to hold")
         assert held["libipsec"]["library"] == str(lib), held["libipsec"]
         target = vpn["tunnel"]["server"]["v4"].split("/")[0]
-        server = lab.node("server")
+        server, client = lab.node("server"), lab.node("client")
+        tun0 = _tx_dropped(client, "ipsec0")
         srv = server.popen(["iperf3", "-s", "-1", "-p", "5999"], stdout=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 10
@@ -232,7 +250,7 @@ def test_a_flood_through_bounded_libipsec_stops_arriving_with_its_sender(lab_id,
                 assert time.monotonic() < deadline, "iperf3 -s did not listen on port 5999"
                 time.sleep(0.05)
             t0 = time.monotonic()
-            cp = lab.node("client").run(
+            cp = client.run(
                 ["iperf3", "-c", target, "-p", "5999", "-u", "-b", "400M", "-l", "1300",
                  "-t", str(FLOOD_S), "-J"],
                 timeout=FLOOD_S + 90,
@@ -241,6 +259,8 @@ def test_a_flood_through_bounded_libipsec_stops_arriving_with_its_sender(lab_id,
         finally:
             srv.kill()
             srv.wait()
+        time.sleep(1.0)  # the dequeuing threads log their totals once the queues ran empty
+        tun_dropped = _tx_dropped(client, "ipsec0") - tun0
         logs = "".join(
             Path(d["log"]).read_text(errors="replace")
             for d in vpn.get("daemons", [])
@@ -256,7 +276,15 @@ def test_a_flood_through_bounded_libipsec_stops_arriving_with_its_sender(lab_id,
     served = json.loads(cp.stdout)["end"]["sum_received"]["seconds"]
     assert served < FLOOD_S + 1.0, f"the server received for {served:.2f} s of {FLOOD_S}"
     assert wall < FLOOD_S + 2.0, f"the client ran {wall:.2f} s for -t {FLOOD_S}"
-    assert sum(libipsec.drops(logs).values()) > 0, logs[-2000:]
+    assert libipsec.drops(logs) == {"inbound": 0, "outbound": 0, "encrypted": 0}, logs[-2000:]
+    assert libipsec.waits(logs)["outbound"] > 0, logs[-2000:]
+    assert tun_dropped > 0, "the client's TUN device dropped nothing"
+
+
+def _tx_dropped(node, dev: str) -> int:
+    """The tx drops of `dev` on `node`, from the kernel's own counters (ip -j -s link)."""
+    cp = node.run(["ip", "-j", "-s", "link", "show", "dev", dev])
+    return int(json.loads(cp.stdout)[0]["stats64"]["tx"]["dropped"])
 
 
 def test_a_result_line_says_whether_libipsec_bounded_its_queues():

@@ -72,6 +72,7 @@ def queue_words(queues: dict) -> str:
         if li := q.get("libipsec"):
             bits.append(
                 f"libipsec queues in {li.get('limit_in')} / out {li.get('limit_out')}"
+                f" (full: {li.get('full', 'drop')})"
                 if li.get("bounded")
                 else f"libipsec unbounded ({li.get('why')})"
             )

@@ -194,6 +194,7 @@ def render_configs(
             mtu=params["mtu"],
             # the board kernel's queues (lab.vpn.libipsec): read by the lab's patched libipsec
             queue_limits=libipsec.limits(end.node) if dataplane == "kernel-libipsec" else None,
+            queue_full=libipsec.FULL,
             dpd_timeout=params["dpd_timeout"],
             retransmit_timeout=rt,
             retransmit_base=RETRANSMIT_BASE,

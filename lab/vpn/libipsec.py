@@ -7,12 +7,23 @@ backlog of GBs and delivers it for seconds after the sender stopped, where the b
 drops at its queues. Its encrypted packets then wait in charon's sender (libcharon's
 network/sender.c, a list without a limit that one thread sends from): the patch holds those to
 the outbound limit too, counted from the hand-over until the sender destroys them (`encrypted`
-in DROPS_RE), since a board's ESP has only its egress device's queue there.
+in FULL_RE), since a board's ESP has only its egress device's queue there.
 tools/libipsec/build.sh (run by setup.sh) builds libipsec from the
 installed strongSwan's upstream source with tools/libipsec/queue-limit.patch into LIBRARY_DIR.
-With it, each queue drops beyond `charon.plugins.kernel-libipsec.queue_limit_in` / `_out`
-packets (strongswan.conf; 0 or absent: upstream's unbounded queue) and logs its running total of
-drops (DROPS_RE).
+With it, each queue holds at most `charon.plugins.kernel-libipsec.queue_limit_in` / `_out`
+packets (strongswan.conf; 0 or absent: upstream's unbounded queue).
+
+What a full queue does is `queue_full` (FULL, rendered by the lab): `wait`, the board's
+back-pressure. On a board a local sender's ESP encrypts inside the sender's own sendmsg, so
+nothing is encrypted only to be dropped, and a receiving core that cannot keep up drops at its
+NIC's ring before doing any work. So the producer of a full bound waits for room: the TUN reader
+(outbound; the TUN device's queue of the board's txqueuelen then drops, counted in its tx
+drops), the encrypting thread (the sender's list), charon's receiver (inbound; its UDP socket's
+buffer then drops, counted in the socket's drops). With `drop` (the patch's default) a full
+queue drops the packet after charon read it, or after it was encrypted: work a board does not
+do, which cost the capped stand-in 17-40 % of its figure at twice its rate
+(bench/standin_capped.py, docs/fidelity.md). The library logs the running total of packets
+that found each bound full (FULL_RE: dropped or waited).
 
 The limits are the board profile's `[kernel.dataplane.xfrm-esp.queue]` (lab.model.dpqueue, the
 node's `dataplane_queue`): inbound = rx packets for the SA's AEAD, outbound = tx packets. A node
@@ -44,10 +55,17 @@ DEBIAN_LIBRARY = "/usr/lib/ipsec/libipsec.so.0"
 #: strongswan.conf keys the patch reads (in charon's `plugins.kernel-libipsec` section)
 KEY_IN = "queue_limit_in"
 KEY_OUT = "queue_limit_out"
+KEY_FULL = "queue_full"
+#: what the lab's charons do at a full bound: wait for room (the board's back-pressure)
+FULL = "wait"
 #: the patched library's lines in charon's log (DBG1, ESP group)
-LIMITS_RE = re.compile(r"libipsec queue limits \(lab patch\): inbound (\d+), outbound (\d+)")
-DROPS_RE = re.compile(
-    r"libipsec (inbound|outbound|encrypted) queue \(limit (\d+)\): (\d+) packets dropped"
+LIMITS_RE = re.compile(
+    r"libipsec queue limits \(lab patch\): inbound (\d+), outbound (\d+)"
+    r" packets \(0: none\)(?:, full queues (wait|drop))?"
+)
+FULL_RE = re.compile(
+    r"libipsec (inbound|outbound|encrypted) queue \(limit (\d+)\): (\d+) packets"
+    r" (dropped|waited)"
 )
 
 
@@ -91,6 +109,7 @@ def record(node: Node, mapped: str | None, log_text: str) -> dict:
     m = ([None, *LIMITS_RE.finditer(log_text)])[-1]  # the last start's (a restarted charon)
     if m is not None and (int(m.group(1)) or int(m.group(2))):
         out.update(bounded=True, limit_in=int(m.group(1)), limit_out=int(m.group(2)))
+        out["full"] = m.group(3) or "drop"  # a library before queue_full: it dropped
         lib, why = library()
         out["build"] = _stamp() if lib else why
         return out
@@ -106,12 +125,23 @@ def record(node: Node, mapped: str | None, log_text: str) -> dict:
 
 def drops(log_text: str) -> dict[str, int]:
     """{"inbound": n, "outbound": n, "encrypted": n}: packets the patched libipsec dropped at
-    its full queues (encrypted: beyond the outbound limit of encrypted packets waiting in
-    charon's sender), the last running total charon logged per queue (0 where it logged
-    none)."""
+    its full queues (`queue_full = drop`; encrypted: beyond the outbound limit of encrypted
+    packets waiting in charon's sender), the last running total charon logged per queue (0
+    where it logged none)."""
+    return _totals(log_text, "dropped")
+
+
+def waits(log_text: str) -> dict[str, int]:
+    """The same for `queue_full = wait`: packets whose producer waited for room in a full
+    queue (the drops are then the TUN device's and the UDP socket's, in the kernel)."""
+    return _totals(log_text, "waited")
+
+
+def _totals(log_text: str, verb: str) -> dict[str, int]:
     out = {"inbound": 0, "outbound": 0, "encrypted": 0}
-    for m in DROPS_RE.finditer(log_text):
-        out[m.group(1)] = int(m.group(3))
+    for m in FULL_RE.finditer(log_text):
+        if m.group(4) == verb:
+            out[m.group(1)] = int(m.group(3))
     return out
 
 
