@@ -14,8 +14,8 @@ patched library and charon loads Debian's). In each: iperf3 UDP 400 Mbit/s of 13
 datagrams for --duration s, then TCP for --duration s, through the tunnel. Recorded per test:
 the receiver's Mbit/s and (UDP) loss and seconds, the client's wall time (the drain of a
 backlog shows there: iperf3 ends once its last message got through), the packets the patched
-libipsec counted as dropped (charon's log lines, lab.vpn.libipsec.drops, both nodes), ipsec0's
-tx drops on the client, and the client charon's resident memory after the test. Which library
+libipsec counted as dropped or held waiting (charon's log lines, lab.vpn.libipsec.drops and
+waits, both nodes; the lab's charons wait, queue_full = wait), ipsec0's tx drops on the client, and the client charon's resident memory after the test. Which library
 each lab's charons ran is read from lab.json (vpn.queues.NODE.libipsec). Bench output from one
 run on this machine, never a test's assertion.
 """
@@ -84,13 +84,13 @@ def rss_mb(pid: int) -> float | None:
 def iperf3(lab: Lab, target: str, duration: int, udp: bool) -> dict:
     lab.exec("server", "iperf3", "-s", "-D", "-1")
     time.sleep(0.5)
-    drops0, tun0 = libipsec.drops(lab.charon_logs()), tx_drops(lab, "client")
+    logs0, tun0 = lab.charon_logs(), tx_drops(lab, "client")
     extra = ["-u", "-b", "400M", "-l", "1300"] if udp else []
     t0 = time.monotonic()
     cp = lab.exec("client", "iperf3", "-c", target, "-t", str(duration), "-J", *extra)
     wall = time.monotonic() - t0
     time.sleep(1.0)  # the dequeuing threads log their totals once the queues ran empty
-    drops1, tun1 = libipsec.drops(lab.charon_logs()), tx_drops(lab, "client")
+    logs1, tun1 = lab.charon_logs(), tx_drops(lab, "client")
     out: dict = {"wall_s": round(wall, 2), "rc": cp.returncode}
     try:
         end = json.loads(cp.stdout)["end"]
@@ -102,7 +102,9 @@ def iperf3(lab: Lab, target: str, duration: int, udp: bool) -> dict:
             out["retransmits"] = end["sum_sent"].get("retransmits")
     except (ValueError, KeyError):
         out.update(mbit=float("nan"), error=(cp.stdout + cp.stderr)[-300:])
-    out["libipsec_drops"] = {k: drops1[k] - drops0[k] for k in drops1}
+    for key, totals in (("libipsec_drops", libipsec.drops), ("libipsec_waits", libipsec.waits)):
+        before, after = totals(logs0), totals(logs1)
+        out[key] = {k: after[k] - before[k] for k in after}
     out["ipsec0_tx_drops"] = tun1 - tun0
     return out
 
