@@ -15,9 +15,10 @@ datagrams for --duration s, then TCP for --duration s, through the tunnel. Recor
 the receiver's Mbit/s and (UDP) loss and seconds, the client's wall time (the drain of a
 backlog shows there: iperf3 ends once its last message got through), the packets the patched
 libipsec counted as dropped or held waiting (charon's log lines, lab.vpn.libipsec.drops and
-waits, both nodes; the lab's charons wait, queue_full = wait), ipsec0's tx drops on the client, and the client charon's resident memory after the test. Which library
-each lab's charons ran is read from lab.json (vpn.queues.NODE.libipsec). Bench output from one
-run on this machine, never a test's assertion.
+waits, both nodes; the lab's charons wait, queue_full = wait), ipsec0's tx drops on the
+client, and the client charon's resident memory after the test. Which library each lab's
+charons ran is read from lab.json (vpn.queues.NODE.libipsec). Bench output from one run on
+this machine, never a test's assertion.
 """
 
 from __future__ import annotations

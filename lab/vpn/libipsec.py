@@ -55,8 +55,8 @@ DEBIAN_LIBRARY = "/usr/lib/ipsec/libipsec.so.0"
 #: strongswan.conf keys the patch reads (in charon's `plugins.kernel-libipsec` section)
 KEY_IN = "queue_limit_in"
 KEY_OUT = "queue_limit_out"
-KEY_FULL = "queue_full"
-#: what the lab's charons do at a full bound: wait for room (the board's back-pressure)
+#: `queue_full`, what the lab's charons do at a full bound: wait for room (the board's
+#: back-pressure; the patch's default, `drop`, drops there)
 FULL = "wait"
 #: the patched library's lines in charon's log (DBG1, ESP group)
 LIMITS_RE = re.compile(
