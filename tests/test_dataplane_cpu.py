@@ -499,8 +499,9 @@ def test_data_plane_runs_in_its_own_groups(lab_id):
 @pytest.mark.root
 def test_a_stand_in_is_measured_as_a_whole_process_and_its_lab_removed():
     """lab calibrate's stand-in run: a real charon kernel-libipsec tunnel, the CPU of both
-    daemons against the bytes carried; the stand-in costs more per byte than its cipher alone
-    (TUN, sockets, threads), and the throwaway lab is gone afterwards."""
+    daemons against the bytes each handled (read from / written to its TUN, the kernel's
+    counters); the stand-in costs more per byte than its cipher alone (TUN, sockets, threads),
+    and the throwaway lab is gone afterwards."""
     from lab.campaign import calibstandin
     from lab.core.state import list_lab_ids
 
@@ -511,6 +512,9 @@ def test_a_stand_in_is_measured_as_a_whole_process_and_its_lab_removed():
     rec = calibstandin.measure(vpn, daemon, prof.env, seconds=2)
     assert set(rec["cpu_s"]) == {"client", "server"} and all(c > 0 for c in rec["cpu_s"].values())
     assert rec["host_mbps"] == min(rec["mbps_per_cpu_s"].values()) > 0
+    assert rec["basis"] == {"client": "handled", "server": "handled"}, rec
+    # the server wrote no more than the client read, and the receiver got no more than that
+    assert rec["handled_mb"]["client"] >= rec["handled_mb"]["server"] >= rec["delivered_mb"] > 0
     assert set(list_lab_ids()) == before
 
 

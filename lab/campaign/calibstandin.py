@@ -19,8 +19,15 @@ How: a throwaway lab `cal<pid>` of topologies/pi_pair.py without CPU caps, the p
 masks in every process (the same code paths as a capped node), the stand-in's profile with its
 userspace data plane forced; iperf3 UDP at RATE_MBIT with SIZE-byte datagrams through the
 tunnel for SECONDS; each end's daemon's CPU time (/proc/PID/stat, every thread) against the bytes
-the tunnel delivered. The slower end (encrypting client or decrypting server) counts. The lab is
-torn down in `finally`.
+that daemon handled: the client's, the packets it read from its TUN device (the TUN's tx
+packets, the kernel's counter), the server's, those it wrote into its TUN (rx packets). Not the
+bytes the receiver got: where a run loses packets after the client's daemon worked on them (at
+the server's sockets, on a host busy with both ends and both iperf3s: 16-23 % of AES-GCM's at
+200 Mbit/s here), pricing the client by delivered bytes counts that work as the cost of the
+others and makes the share too large (the capped stand-in then carried 1.10-1.21 of its figure
+under overload, bench/standin_capped.py, docs/fidelity.md). Where a node has no TUN device the
+delivered bytes count (`basis`). The slower end (encrypting client or decrypting server) counts.
+The lab is torn down in `finally`.
 """
 
 from __future__ import annotations
@@ -51,6 +58,26 @@ RATE_MBIT = 200  # well below what an uncapped stand-in carries here: no loss, a
 SIZE = 1300  # study A's datagram (1400 would be fragmented through the tunnels)
 SECONDS = 3
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def tun_packets(node) -> dict[str, int] | None:
+    """{"tx": packets, "rx": packets} over the TUN devices in `node`'s network namespace (the
+    kernel's counters: tx is what the kernel handed the daemon's reader, rx what the daemon
+    wrote), None where it has none."""
+    cp = node.run(["ip", "-j", "-s", "-d", "link", "show"], check=False)
+    try:
+        links = [
+            link
+            for link in json.loads(cp.stdout or "[]")
+            if (link.get("linkinfo") or {}).get("info_kind") == "tun"
+        ]
+    except ValueError:
+        return None
+    if not links:
+        return None
+    return {
+        way: sum(int(link["stats64"][way]["packets"]) for link in links) for way in ("tx", "rx")
+    }
 
 
 def process_cpu_s(pid: int) -> float:
@@ -94,6 +121,7 @@ def measure(vpn: str, daemon: str, env: dict[str, str], *, seconds: int = SECOND
             srv = server.spawn("calib-iperf3", ["iperf3", "-s", "-1", "-p", "5299"])
             client.run(["sleep", "0.3"])
             cpu0 = {n: process_cpu_s(p) for n, p in pids.items()}
+            tun0 = {"client": tun_packets(client), "server": tun_packets(server)}
             r = client.run(
                 [
                     "iperf3",
@@ -113,12 +141,17 @@ def measure(vpn: str, daemon: str, env: dict[str, str], *, seconds: int = SECOND
                 timeout=seconds + 30,
             )
             cpu = {n: process_cpu_s(p) - cpu0[n] for n, p in pids.items()}
+            tun1 = {"client": tun_packets(client), "server": tun_packets(server)}
             server.stop(srv)
         finally:
             teardown(lab_id)
     m = parse_iperf3_udp(r.stdout)
     carried = m["packets_received"] * SIZE / 1e6  # MB of payload the tunnel delivered
-    per_end = {n: round(carried / c, 1) for n, c in cpu.items() if c > 0}
+    handled = {}  # MB of payload each end's daemon handled: read from / written to its TUN
+    for node, way in (("client", "tx"), ("server", "rx")):
+        if tun0[node] and tun1[node]:
+            handled[node] = (tun1[node][way] - tun0[node][way]) * SIZE / 1e6
+    per_end = {n: round(handled.get(n, carried) / c, 1) for n, c in cpu.items() if c > 0}
     return {
         "vpn": vpn,
         "daemon": daemon,
@@ -126,6 +159,9 @@ def measure(vpn: str, daemon: str, env: dict[str, str], *, seconds: int = SECOND
         "size": SIZE,
         "seconds": seconds,
         "loss_pct": m["loss_pct"],
+        "delivered_mb": round(carried, 2),
+        "handled_mb": {n: round(v, 2) for n, v in handled.items()},
+        "basis": {n: "handled" if n in handled else "delivered" for n in cpu},
         "cpu_s": {n: round(c, 3) for n, c in cpu.items()},
         "mbps_per_cpu_s": per_end,
         # the slower end bounds the tunnel
