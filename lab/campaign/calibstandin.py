@@ -22,7 +22,7 @@ tunnel for SECONDS; each end's daemon's CPU time (/proc/PID/stat, every thread) 
 that daemon handled: the client's, the packets it read from its TUN device (the TUN's tx
 packets, the kernel's counter), the server's, those it wrote into its TUN (rx packets). Not the
 bytes the receiver got: where a run loses packets after the client's daemon worked on them (at
-the server's sockets, on a host busy with both ends and both iperf3s: 16-23 % of AES-GCM's at
+the server's sockets, on a host busy with both ends and both iperf3s: 5-16 % at
 200 Mbit/s here), pricing the client by delivered bytes counts that work as the cost of the
 others and makes the share too large (the capped stand-in then carried 1.10-1.21 of its figure
 under overload, bench/standin_capped.py, docs/fidelity.md). Where a node has no TUN device the
@@ -44,6 +44,7 @@ from lab.measure.iperf3json import parse_iperf3_udp
 from lab.model.cpuprofile import MASK_VARS, CpuProfile
 from lab.model.topology import load_topology
 from lab.substrate.local.build import up
+from lab.substrate.local.queues import tun_links
 
 #: (daemon, its primitive) -> the VPN profile that runs it (userspace data plane forced): every
 #: process a data plane's groups may hold (lab/substrate/local/dataplane.py)
@@ -64,15 +65,7 @@ def tun_packets(node) -> dict[str, int] | None:
     """{"tx": packets, "rx": packets} over the TUN devices in `node`'s network namespace (the
     kernel's counters: tx is what the kernel handed the daemon's reader, rx what the daemon
     wrote), None where it has none."""
-    cp = node.run(["ip", "-j", "-s", "-d", "link", "show"], check=False)
-    try:
-        links = [
-            link
-            for link in json.loads(cp.stdout or "[]")
-            if (link.get("linkinfo") or {}).get("info_kind") == "tun"
-        ]
-    except ValueError:
-        return None
+    links = tun_links(node, stats=True)
     if not links:
         return None
     return {

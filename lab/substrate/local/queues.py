@@ -33,18 +33,20 @@ def stand_in_pids(name: str, groups: Sequence[str], daemons: list[Daemon], node:
     return sorted(pids)
 
 
-def tun_devices(node: Node) -> dict[str, int]:
-    """{TUN device: txqueuelen} in the node's network namespace (`ip -j -d link`)."""
-    cp = node.run(["ip", "-j", "-d", "link", "show"], check=False)
+def tun_links(node: Node, *, stats: bool = False) -> list[dict]:
+    """The TUN devices in the node's network namespace, as `ip -j -d link` shows them (with
+    `stats`, their counters too: `-s`); [] where there are none or ip's output is unreadable."""
+    cp = node.run(["ip", "-j", "-d", *(["-s"] if stats else []), "link", "show"], check=False)
     try:
         links = json.loads(cp.stdout or "[]")
     except ValueError:
-        return {}
-    return {
-        link["ifname"]: int(link.get("txqlen", 0))
-        for link in links
-        if (link.get("linkinfo") or {}).get("info_kind") == "tun"
-    }
+        return []
+    return [link for link in links if (link.get("linkinfo") or {}).get("info_kind") == "tun"]
+
+
+def tun_devices(node: Node) -> dict[str, int]:
+    """{TUN device: txqueuelen} in the node's network namespace."""
+    return {link["ifname"]: int(link.get("txqlen", 0)) for link in tun_links(node)}
 
 
 def hold_queues(
